@@ -1,0 +1,49 @@
+// A block is a piece of a segment: allocated to the program, or free and cached.
+// The blocks of a segment tile it exactly and are linked in address order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "pool/types.hpp"
+
+namespace gpupool {
+
+struct Block;
+
+// One upstream allocation. Its head block always starts at `base` (merging keeps
+// the lower block), so the head never changes while the segment lives.
+struct Segment {
+  DevicePtr base = 0;
+  std::size_t size = 0;
+  PoolKind kind = PoolKind::Small;
+  Block* head = nullptr;
+  // garbage collection: the pool's reuse-attempt counter when the segment last
+  // became entirely free (its "age" is how many attempts passed since).
+  std::uint64_t idle_since = 0;
+};
+
+struct Block {
+  DevicePtr addr = 0;
+  std::size_t size = 0;
+  std::size_t requested = 0;  // allocated: the bytes the program asked for
+  // Allocated: the stream the program named (kAnyStream for cudaMalloc).
+  // Free: the stream on which the block may be reused with no ordering step
+  // (kAnyStream: reuse needs the device barrier to cover device_epoch).
+  StreamId stream = kAnyStream;
+  std::uint64_t stream_epoch = 0;  // free: `stream`'s free epoch at the free
+  std::uint64_t device_epoch = 0;  // free: the device free epoch at the free
+  Block* prev = nullptr;           // neighbours in the segment, by address
+  Block* next = nullptr;
+  Segment* segment = nullptr;
+  std::uint32_t site = 0;  // allocation call site (0: not recorded)
+  bool allocated = false;
+  // Freed inside a stream capture: the free happens when the graph runs, which
+  // the pool cannot see, so the block is kept out of reuse for good.
+  bool quarantined = false;
+
+  bool is_split() const { return prev != nullptr || next != nullptr; }
+  bool is_free() const { return !allocated && !quarantined; }
+};
+
+}  // namespace gpupool

@@ -1,0 +1,498 @@
+#include "pool/device_pool.hpp"
+
+#include <algorithm>
+#include <new>
+
+#include "pool/size_rules.hpp"
+
+namespace gpupool {
+
+namespace {
+// One operation in this many is timed, so the pool's own cost can be reported
+// without two clock reads on every call.
+constexpr std::uint64_t kTimingSample = 64;
+// Out-of-memory records kept (the count is exact; details of the first ones).
+constexpr std::size_t kOomRecordsKept = 32;
+}  // namespace
+
+DevicePool::DevicePool(Upstream& upstream, const PoolOptions& options,
+                       std::size_t device_capacity, Clock* clock)
+    : upstream_(upstream),
+      options_(options),
+      device_capacity_(device_capacity),
+      clock_(clock),
+      ordering_(upstream, options_) {}
+
+DevicePool::~DevicePool() {
+  for (auto& [base, seg] : segments_) {
+    Block* b = seg->head;
+    while (b != nullptr) {
+      Block* next = b->next;
+      delete_block(b);
+      b = next;
+    }
+    delete seg;
+  }
+}
+
+Block* DevicePool::new_block() { return new (block_nodes_.take(sizeof(Block))) Block(); }
+
+void DevicePool::delete_block(Block* b) {
+  b->~Block();
+  block_nodes_.give_back(b, sizeof(Block));
+}
+
+bool DevicePool::owns(DevicePtr ptr) const {
+  auto it = segments_.upper_bound(ptr);
+  if (it == segments_.begin()) return false;
+  --it;
+  return ptr < it->second->base + it->second->size;
+}
+
+// ---------------------------------------------------------------- allocation
+
+Allocation DevicePool::allocate(std::size_t size, StreamId consumer, std::uint32_t site) {
+  if (size == 0) return Allocation{0, true};
+  ++stats_.pool_ops;
+  if (clock_ == nullptr || stats_.pool_ops % kTimingSample != 0) {
+    return allocate_unsampled(size, consumer, site);
+  }
+  const std::uint64_t start = clock_->now_ns();
+  const std::uint64_t upstream_before = stats_.upstream_alloc_ns + stats_.upstream_free_ns;
+  Allocation a = allocate_unsampled(size, consumer, site);
+  const std::uint64_t upstream_spent =
+      stats_.upstream_alloc_ns + stats_.upstream_free_ns - upstream_before;
+  const std::uint64_t spent = clock_->now_ns() - start;
+  stats_.pool_ns_sampled += spent > upstream_spent ? spent - upstream_spent : 0;
+  ++stats_.pool_ops_sampled;
+  return a;
+}
+
+Allocation DevicePool::allocate_unsampled(std::size_t size, StreamId consumer,
+                                          std::uint32_t site) {
+  request_histogram_.add(size);
+  if (size > kMaxRequest) {
+    record_oom(size, size, PoolKind::Large, consumer, 0, false, fragmentation());
+    return Allocation{};
+  }
+  const std::size_t rounded = round_size(size, options_.roundup_divisions);
+  const PoolKind kind = pool_kind(rounded);
+  const std::int64_t reserved_peak_before = stats_.reserved_bytes[kAll].peak;
+
+  Block* b = take_cached(kind, rounded, consumer);
+  if (b != nullptr) {
+    ++stats_.cache_hits;
+  } else {
+    ++stats_.cache_misses;
+    const Fragmentation before = fragmentation();
+    bool limit_reached = false;
+    b = grow(kind, rounded, consumer, &limit_reached);
+    if (b == nullptr) {
+      record_oom(size, rounded, kind, consumer, segment_size(rounded, options_), limit_reached,
+                 before);
+      return Allocation{};
+    }
+  }
+  carve(b, rounded);
+
+  b->allocated = true;
+  b->requested = size;
+  b->stream = consumer;
+  b->site = site;
+  allocated_.insert(b->addr, b);
+  increase(stats_.allocation, kind, 1);
+  increase(stats_.allocated_bytes, kind, static_cast<std::int64_t>(b->size));
+  increase(stats_.active, kind, 1);
+  increase(stats_.active_bytes, kind, static_cast<std::int64_t>(b->size));
+  increase(stats_.requested_bytes, kind, static_cast<std::int64_t>(size));
+  if (b->size >= options_.max_split_size) stats_.oversize_allocations.increase(1);
+
+  const bool new_peak = stats_.reserved_bytes[kAll].peak > reserved_peak_before;
+  if (new_peak) {
+    free_blocks_at_peak_ = free_block_histogram();
+    fragmentation_at_peak_ = fragmentation();
+  }
+  observe(new_peak);
+  return Allocation{b->addr, true};
+}
+
+bool DevicePool::fits_size_rules(const Block* b, std::size_t rounded) const {
+  const std::size_t max_split = options_.max_split_size;
+  // Oversize blocks never serve smaller requests, and serve oversize requests
+  // only when the waste stays under max_non_split_rounding.
+  if (rounded < max_split && b->size >= max_split) return false;
+  if (rounded >= max_split && b->size - rounded >= options_.max_non_split_rounding) return false;
+  return true;
+}
+
+bool DevicePool::ready_for(Block* b, StreamId consumer) {
+  const bool completed_only = options_.cross_stream_reuse == CrossStreamReuse::Completed;
+  if (consumer == kAnyStream) {
+    // Plain cudaMalloc: the block may be used on any stream.
+    if (b->stream != kAnyStream && completed_only) return ordering_.device_complete(b->device_epoch);
+    return ordering_.device_ready(b->device_epoch);
+  }
+  if (b->stream == consumer) return true;
+  if (b->stream == kAnyStream) {
+    return completed_only ? ordering_.device_complete(b->device_epoch)
+                          : ordering_.device_ready(b->device_epoch);
+  }
+  return ordering_.stream_ready(b->stream, b->stream_epoch, b->device_epoch, consumer);
+}
+
+Block* DevicePool::take_cached(PoolKind kind, std::size_t rounded, StreamId consumer) {
+  BlockPool& pool = pool_of(kind);
+  ++reuse_attempts_;
+  StreamCounters& counters =
+      consumer == kAnyStream ? ordering_.device().counters : ordering_.stream(consumer).counters;
+
+  // Blocks keyed to the consumer's own stream first: no cross-stream ordering.
+  Block* own = pool.best_fit(consumer, rounded);
+  if (own != nullptr && fits_size_rules(own, rounded) && ready_for(own, consumer)) {
+    remove_free(own);
+    ++counters.same_stream_reuses;
+    return own;
+  }
+  if (options_.cross_stream_reuse == CrossStreamReuse::Never) return nullptr;
+
+  // Then the best fit of every other stream's blocks, smallest first.
+  Block* candidates[64];
+  int found = 0;
+  StreamId key = 0;
+  for (bool first = true; found < 64 && pool.next_stream(key, &key, first); first = false) {
+    if (key == consumer) continue;
+    Block* c = pool.best_fit(key, rounded);
+    if (c != nullptr && fits_size_rules(c, rounded)) candidates[found++] = c;
+  }
+  std::sort(candidates, candidates + found, [](const Block* a, const Block* b) {
+    return a->size != b->size ? a->size < b->size : a->addr < b->addr;
+  });
+  for (int i = 0; i < found; ++i) {
+    if (ready_for(candidates[i], consumer)) {
+      remove_free(candidates[i]);
+      ++counters.cross_stream_reuses;
+      return candidates[i];
+    }
+  }
+  return nullptr;
+}
+
+Block* DevicePool::grow(PoolKind kind, std::size_t rounded, StreamId consumer,
+                        bool* limit_reached) {
+  const std::size_t bytes = segment_size(rounded, options_);
+  if (options_.garbage_collection_threshold > 0.0) garbage_collect();
+  Block* b = new_segment(kind, bytes, consumer, limit_reached);
+  if (b != nullptr || ordering_.capture_active()) return b;
+  // Like PyTorch: release oversize blocks that could make room, then all cache.
+  if (release_oversize_for(rounded)) {
+    b = new_segment(kind, bytes, consumer, limit_reached);
+    if (b != nullptr) return b;
+  }
+  ++stats_.num_alloc_retries;
+  if (release_cached() > 0) b = new_segment(kind, bytes, consumer, limit_reached);
+  return b;
+}
+
+Block* DevicePool::new_segment(PoolKind kind, std::size_t bytes, StreamId consumer,
+                               bool* limit_reached) {
+  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
+  if (options_.memory_limit != kUnlimited &&
+      (bytes > options_.memory_limit || reserved > options_.memory_limit - bytes)) {
+    *limit_reached = true;
+    return nullptr;
+  }
+  *limit_reached = false;
+  const std::uint64_t start = now();
+  const DevicePtr base = upstream_.allocate_segment(bytes);
+  stats_.upstream_alloc_ns += now() - start;
+  if (base == 0) {
+    ++stats_.num_device_alloc_failures;
+    return nullptr;
+  }
+  ++stats_.num_device_alloc;
+  auto* seg = new Segment();
+  seg->base = base;
+  seg->size = bytes;
+  seg->kind = kind;
+  Block* b = new_block();
+  b->addr = base;
+  b->size = bytes;
+  b->segment = seg;
+  b->stream = consumer;  // a fresh block carries no history: epochs stay 0
+  seg->head = b;
+  segments_.emplace(base, seg);
+  increase(stats_.segment, kind, 1);
+  increase(stats_.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
+  if (bytes >= options_.max_split_size) stats_.oversize_segments.increase(1);
+  return b;
+}
+
+void DevicePool::carve(Block* b, std::size_t rounded) {
+  const PoolKind kind = b->segment->kind;
+  if (!should_split(b->size, rounded, kind, options_)) return;
+  Block* rest = new_block();
+  rest->addr = b->addr + rounded;
+  rest->size = b->size - rounded;
+  rest->segment = b->segment;
+  rest->prev = b;
+  rest->next = b->next;
+  if (b->next != nullptr) b->next->prev = rest;
+  b->next = rest;
+  b->size = rounded;
+  // The remainder was part of the same freed block: same history.
+  rest->stream = b->stream;
+  rest->stream_epoch = b->stream_epoch;
+  rest->device_epoch = b->device_epoch;
+  add_free(rest);
+}
+
+void DevicePool::add_free(Block* b) {
+  pool_of(b->segment->kind).insert(b);
+  if (b->is_split()) {
+    increase(stats_.inactive_split, b->segment->kind, 1);
+    increase(stats_.inactive_split_bytes, b->segment->kind, static_cast<std::int64_t>(b->size));
+  }
+}
+
+void DevicePool::remove_free(Block* b) {
+  pool_of(b->segment->kind).erase(b);
+  if (b->is_split()) {
+    decrease(stats_.inactive_split, b->segment->kind, 1);
+    decrease(stats_.inactive_split_bytes, b->segment->kind, static_cast<std::int64_t>(b->size));
+  }
+}
+
+// ---------------------------------------------------------------- free
+
+FreeResult DevicePool::deallocate(DevicePtr ptr, StreamId site) {
+  ++stats_.pool_ops;
+  if (clock_ == nullptr || stats_.pool_ops % kTimingSample != 0) {
+    return deallocate_unsampled(ptr, site);
+  }
+  const std::uint64_t start = clock_->now_ns();
+  const FreeResult r = deallocate_unsampled(ptr, site);
+  stats_.pool_ns_sampled += clock_->now_ns() - start;
+  ++stats_.pool_ops_sampled;
+  return r;
+}
+
+FreeResult DevicePool::deallocate_unsampled(DevicePtr ptr, StreamId site) {
+  Block* b = allocated_.find(ptr);
+  if (b == nullptr) return owns(ptr) ? FreeResult::NotAllocated : FreeResult::NotOwned;
+  allocated_.erase(ptr);
+  const PoolKind kind = b->segment->kind;
+  decrease(stats_.allocation, kind, 1);
+  decrease(stats_.allocated_bytes, kind, static_cast<std::int64_t>(b->size));
+  decrease(stats_.active, kind, 1);
+  decrease(stats_.active_bytes, kind, static_cast<std::int64_t>(b->size));
+  decrease(stats_.requested_bytes, kind, static_cast<std::int64_t>(b->requested));
+  if (b->size >= options_.max_split_size) stats_.oversize_allocations.decrease(1);
+  b->allocated = false;
+  b->requested = 0;
+
+  if (site != kAnyStream && ordering_.is_capturing(site)) {
+    // A stream-ordered free inside a capture happens when the graph runs.
+    b->quarantined = true;
+    quarantined_bytes_ += b->size;
+    observe(false);
+    return FreeResult::Freed;
+  }
+  const StreamOrdering::FreeStamp stamp = ordering_.stamp_free(site);
+  b->stream = site;
+  b->stream_epoch = stamp.stream_epoch;
+  b->device_epoch = stamp.device_epoch;
+
+  if (b->prev != nullptr && b->prev->is_free()) {
+    Block* prev = b->prev;
+    remove_free(prev);
+    absorb_next(prev);
+    b = prev;
+  }
+  if (b->next != nullptr && b->next->is_free()) {
+    remove_free(b->next);
+    absorb_next(b);
+  }
+  add_free(b);
+  if (!b->is_split()) b->segment->idle_since = reuse_attempts_;
+  observe(false);
+  return FreeResult::Freed;
+}
+
+// Merges low->next into low. The merged block keeps the strictest history: a
+// never-used side adds nothing; two histories on one stream keep that stream;
+// different streams leave only the device barrier as a safe way to reuse it.
+void DevicePool::absorb_next(Block* low) {
+  Block* high = low->next;
+  if (high->device_epoch != 0) {
+    if (low->device_epoch == 0) {
+      low->stream = high->stream;
+      low->stream_epoch = high->stream_epoch;
+      low->device_epoch = high->device_epoch;
+    } else if (low->stream == high->stream) {
+      low->stream_epoch = std::max(low->stream_epoch, high->stream_epoch);
+      low->device_epoch = std::max(low->device_epoch, high->device_epoch);
+    } else {
+      low->stream = kAnyStream;
+      low->stream_epoch = 0;
+      low->device_epoch = std::max(low->device_epoch, high->device_epoch);
+    }
+  }
+  low->size += high->size;
+  low->next = high->next;
+  if (high->next != nullptr) high->next->prev = low;
+  delete_block(high);
+}
+
+// ---------------------------------------------------------------- release
+
+void DevicePool::release_segment(Segment* seg) {
+  Block* b = seg->head;
+  remove_free(b);
+  const std::uint64_t start = now();
+  upstream_.release_segment(seg->base, seg->size);
+  stats_.upstream_free_ns += now() - start;
+  ++stats_.num_device_free;
+  decrease(stats_.segment, seg->kind, 1);
+  decrease(stats_.reserved_bytes, seg->kind, static_cast<std::int64_t>(seg->size));
+  if (seg->size >= options_.max_split_size) stats_.oversize_segments.decrease(1);
+  segments_.erase(seg->base);
+  delete_block(b);
+  delete seg;
+}
+
+std::size_t DevicePool::release_cached() {
+  if (ordering_.capture_active()) return 0;  // cudaFree would break the capture
+  std::vector<Segment*> idle;
+  for (const auto& [base, seg] : segments_) {
+    if (seg->head->is_free() && seg->head->next == nullptr) idle.push_back(seg);
+  }
+  std::size_t released = 0;
+  for (Segment* seg : idle) {
+    released += seg->size;
+    release_segment(seg);
+  }
+  return released;
+}
+
+bool DevicePool::release_oversize_for(std::size_t rounded) {
+  if (options_.max_split_size == kUnlimited) return false;
+  std::vector<Segment*> oversize;
+  for (const auto& [base, seg] : segments_) {
+    if (seg->size >= options_.max_split_size && seg->head->is_free() && seg->head->next == nullptr) {
+      oversize.push_back(seg);
+    }
+  }
+  if (oversize.empty()) return false;
+  std::sort(oversize.begin(), oversize.end(),
+            [](const Segment* a, const Segment* b) { return a->size < b->size; });
+  // The smallest one that covers the request alone, else largest first until
+  // enough is released.
+  for (Segment* seg : oversize) {
+    if (seg->size >= rounded) {
+      release_segment(seg);
+      return true;
+    }
+  }
+  std::size_t released = 0;
+  while (!oversize.empty() && released < rounded) {
+    released += oversize.back()->size;
+    release_segment(oversize.back());
+    oversize.pop_back();
+  }
+  return true;
+}
+
+void DevicePool::garbage_collect() {
+  const std::size_t allowed = std::min(options_.memory_limit, device_capacity_);
+  if (allowed == kUnlimited || allowed == 0 || ordering_.capture_active()) return;
+  const auto threshold =
+      static_cast<std::size_t>(options_.garbage_collection_threshold * static_cast<double>(allowed));
+  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
+  if (reserved <= threshold) return;
+  const std::size_t target = reserved - threshold;
+
+  // PyTorch's rule: release idle segments at least as old as the average,
+  // oldest first, until enough is released.
+  std::vector<Segment*> idle;
+  std::uint64_t total_age = 0;
+  for (const auto& [base, seg] : segments_) {
+    if (seg->head->is_free() && seg->head->next == nullptr) {
+      idle.push_back(seg);
+      total_age += reuse_attempts_ - seg->idle_since;
+    }
+  }
+  std::sort(idle.begin(), idle.end(),
+            [](const Segment* a, const Segment* b) { return a->idle_since < b->idle_since; });
+  std::size_t released = 0;
+  bool progress = true;
+  while (released < target && progress && !idle.empty()) {
+    progress = false;
+    const std::uint64_t average = total_age / idle.size();
+    for (auto it = idle.begin(); it != idle.end() && released < target;) {
+      const std::uint64_t age = reuse_attempts_ - (*it)->idle_since;
+      if (age < average) {
+        ++it;
+        continue;
+      }
+      released += (*it)->size;
+      total_age -= age;
+      release_segment(*it);
+      ++stats_.num_gc_releases;
+      it = idle.erase(it);
+      progress = true;
+    }
+  }
+}
+
+void DevicePool::stream_destroying(StreamId id) {
+  ordering_.stream_destroying(id);
+  // Blocks keyed to the stream: from now on only the device barrier (which the
+  // retired fence feeds) orders their reuse. A new stream may get the same
+  // handle, so none may stay keyed to it.
+  for (BlockPool& pool : pools_) {
+    std::vector<Block*> keyed;
+    for (Block* b = pool.best_fit(id, 0); b != nullptr && b->stream == id;
+         b = pool.best_fit(id, 0)) {
+      remove_free(b);
+      keyed.push_back(b);
+    }
+    for (Block* b : keyed) {
+      b->stream = kAnyStream;
+      b->stream_epoch = 0;
+      add_free(b);
+    }
+  }
+}
+
+void DevicePool::record_oom(std::size_t size, std::size_t rounded, PoolKind kind,
+                            StreamId stream, std::size_t segment_asked, bool limit_reached,
+                            const Fragmentation& before) {
+  ++stats_.num_ooms;
+  if (ooms_.size() >= kOomRecordsKept) return;
+  const Fragmentation now_frag = fragmentation();
+  OomRecord r;
+  r.time_ns = now();
+  r.requested = size;
+  r.rounded = rounded;
+  r.segment_asked = segment_asked;
+  r.kind = kind;
+  r.stream = stream;
+  r.reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
+  r.allocated = static_cast<std::size_t>(stats_.allocated_bytes[kAll].current);
+  r.free_in_pool = now_frag.free_bytes;
+  r.largest_free_block = now_frag.largest_free_block;
+  r.free_before_release = before.free_bytes;
+  r.largest_free_before_release = before.largest_free_block;
+  r.limit_reached = limit_reached;
+  r.memory_limit = options_.memory_limit;
+  r.max_split_size = options_.max_split_size;
+  upstream_.memory_info(&r.device_free, &r.device_total);
+  ooms_.push_back(r);
+}
+
+void DevicePool::observe(bool new_peak) {
+  if (!timeline_.wants(stats_.pool_ops, new_peak)) return;
+  timeline_.record(stats_.pool_ops, now(), stats_);
+}
+
+}  // namespace gpupool

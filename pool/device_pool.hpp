@@ -1,0 +1,131 @@
+// The caching allocator for one device: best-fit block pools with splitting and
+// coalescing, stream-aware reuse (see ordering.hpp), retry on upstream failure,
+// garbage collection, and statistics. Not thread-safe: the caller locks.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "pool/block_pool.hpp"
+#include "pool/node_recycler.hpp"
+#include "pool/options.hpp"
+#include "pool/ordering.hpp"
+#include "pool/ptr_map.hpp"
+#include "pool/stats.hpp"
+#include "pool/timeline.hpp"
+#include "pool/upstream.hpp"
+
+namespace gpupool {
+
+struct Allocation {
+  DevicePtr ptr = 0;
+  bool ok = false;
+};
+
+enum class FreeResult {
+  Freed,
+  NotOwned,      // not inside any segment of this pool: someone else's pointer
+  NotAllocated,  // inside a segment but not a live allocation: double or interior free
+};
+
+class DevicePool {
+ public:
+  // `device_capacity` is what garbage_collection_threshold is a fraction of,
+  // when no memory_limit is set (the device's total memory).
+  DevicePool(Upstream& upstream, const PoolOptions& options, std::size_t device_capacity,
+             Clock* clock = nullptr);
+  // Frees bookkeeping only: never calls upstream (at exit the device may be gone).
+  ~DevicePool();
+  DevicePool(const DevicePool&) = delete;
+  DevicePool& operator=(const DevicePool&) = delete;
+
+  // consumer: the stream the program named, or kAnyStream (plain cudaMalloc).
+  // size 0 succeeds with a null pointer. `site` tags the block (0: none).
+  Allocation allocate(std::size_t size, StreamId consumer, std::uint32_t site = 0);
+  // site: the stream of a stream-ordered free, or kAnyStream (plain cudaFree).
+  FreeResult deallocate(DevicePtr ptr, StreamId site);
+  // Returns every entirely free segment upstream; returns the bytes released.
+  std::size_t release_cached();
+
+  const Block* find_allocated(DevicePtr ptr) const { return allocated_.find(ptr); }
+  bool owns(DevicePtr ptr) const;
+
+  void stream_created(StreamId id, StreamKind kind) { ordering_.stream_created(id, kind); }
+  void stream_destroying(StreamId id);
+  void capture_began(StreamId id) { ordering_.capture_began(id); }
+  void capture_ended(StreamId id) { ordering_.capture_ended(id); }
+  bool is_capturing(StreamId id) const { return ordering_.is_capturing(id); }
+  bool capture_active() const { return ordering_.capture_active(); }
+
+  // --- observation (pool_inspect.cpp) ---
+  const MemoryStats& stats() const { return stats_; }
+  const PoolOptions& options() const { return options_; }
+  Fragmentation fragmentation() const;
+  const Fragmentation& fragmentation_at_peak() const { return fragmentation_at_peak_; }
+  std::vector<StreamReport> streams() const;
+  const SizeHistogram& request_histogram() const { return request_histogram_; }
+  SizeHistogram free_block_histogram() const;
+  const SizeHistogram& free_blocks_at_peak() const { return free_blocks_at_peak_; }
+  const std::vector<OomRecord>& ooms() const { return ooms_; }
+  const Timeline& timeline() const { return timeline_; }
+  std::size_t quarantined_bytes() const { return quarantined_bytes_; }
+
+  template <typename F>
+  void for_each_allocated(F&& f) const {
+    allocated_.for_each([&](DevicePtr, Block* b) { f(*b); });
+  }
+  template <typename F>
+  void for_each_segment(F&& f) const {
+    for (const auto& [base, seg] : segments_) f(*seg);
+  }
+
+  // Checks every invariant; on failure describes the first broken one.
+  bool validate(std::string* error = nullptr) const;
+
+ private:
+  BlockPool& pool_of(PoolKind kind) { return pools_[static_cast<int>(kind)]; }
+  const BlockPool& pool_of(PoolKind kind) const { return pools_[static_cast<int>(kind)]; }
+  Block* new_block();
+  void delete_block(Block* b);
+
+  Allocation allocate_unsampled(std::size_t size, StreamId consumer, std::uint32_t site);
+  FreeResult deallocate_unsampled(DevicePtr ptr, StreamId site);
+  bool fits_size_rules(const Block* b, std::size_t rounded) const;
+  bool ready_for(Block* b, StreamId consumer);
+  Block* take_cached(PoolKind kind, std::size_t rounded, StreamId consumer);
+  Block* grow(PoolKind kind, std::size_t rounded, StreamId consumer, bool* limit_reached);
+  Block* new_segment(PoolKind kind, std::size_t bytes, StreamId consumer, bool* limit_reached);
+  void carve(Block* b, std::size_t rounded);
+  void add_free(Block* b);
+  void remove_free(Block* b);
+  void absorb_next(Block* low);
+  void release_segment(Segment* seg);
+  bool release_oversize_for(std::size_t rounded);
+  void garbage_collect();
+  void record_oom(std::size_t size, std::size_t rounded, PoolKind kind, StreamId stream,
+                  std::size_t segment_asked, bool limit_reached, const Fragmentation& before);
+  void observe(bool new_peak);
+  std::uint64_t now() { return clock_ != nullptr ? clock_->now_ns() : 0; }
+
+  Upstream& upstream_;
+  PoolOptions options_;
+  std::size_t device_capacity_;
+  Clock* clock_;
+  StreamOrdering ordering_;
+  BlockPool pools_[kPoolKinds] = {BlockPool(PoolKind::Small), BlockPool(PoolKind::Large)};
+  NodeRecycler block_nodes_;
+  PtrMap allocated_;
+  std::map<DevicePtr, Segment*> segments_;
+  MemoryStats stats_;
+  SizeHistogram request_histogram_;
+  SizeHistogram free_blocks_at_peak_;
+  Fragmentation fragmentation_at_peak_;
+  std::vector<OomRecord> ooms_;
+  Timeline timeline_;
+  std::uint64_t reuse_attempts_ = 0;  // garbage-collection clock
+  std::size_t quarantined_bytes_ = 0;
+};
+
+}  // namespace gpupool

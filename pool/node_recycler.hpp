@@ -1,0 +1,89 @@
+// Recycles fixed-size nodes so that the hot path (a set insert or erase per
+// split, merge and reuse) does not call malloc: free nodes go on a list and are
+// handed out again. Memory is returned to the heap when the recycler dies.
+#pragma once
+
+#include <cstddef>
+#include <new>
+#include <vector>
+
+namespace gpupool {
+
+class NodeRecycler {
+ public:
+  NodeRecycler() = default;
+  NodeRecycler(const NodeRecycler&) = delete;
+  NodeRecycler& operator=(const NodeRecycler&) = delete;
+  ~NodeRecycler() {
+    for (void* chunk : chunks_) ::operator delete(chunk);
+  }
+
+  // All nodes of one recycler have the same size: the first one asked for.
+  void* take(std::size_t bytes) {
+    if (node_size_ == 0) node_size_ = bytes < sizeof(FreeNode) ? sizeof(FreeNode) : bytes;
+    if (bytes > node_size_) return ::operator new(bytes);
+    if (free_ == nullptr) grow();
+    FreeNode* node = free_;
+    free_ = node->next;
+    return node;
+  }
+
+  void give_back(void* p, std::size_t bytes) {
+    if (bytes > node_size_) {
+      ::operator delete(p);
+      return;
+    }
+    auto* node = static_cast<FreeNode*>(p);
+    node->next = free_;
+    free_ = node;
+  }
+
+ private:
+  struct FreeNode {
+    FreeNode* next;
+  };
+  static constexpr std::size_t kNodesPerChunk = 256;
+
+  void grow() {
+    const std::size_t stride = (node_size_ + alignof(std::max_align_t) - 1) /
+                               alignof(std::max_align_t) * alignof(std::max_align_t);
+    char* chunk = static_cast<char*>(::operator new(stride * kNodesPerChunk));
+    chunks_.push_back(chunk);
+    for (std::size_t i = 0; i < kNodesPerChunk; ++i) {
+      auto* node = reinterpret_cast<FreeNode*>(chunk + i * stride);
+      node->next = free_;
+      free_ = node;
+    }
+    node_size_ = stride;
+  }
+
+  std::size_t node_size_ = 0;
+  FreeNode* free_ = nullptr;
+  std::vector<void*> chunks_;
+};
+
+// A standard allocator over a NodeRecycler, for node-based containers.
+template <typename T>
+class RecyclingAllocator {
+ public:
+  using value_type = T;
+  explicit RecyclingAllocator(NodeRecycler* recycler) : recycler_(recycler) {}
+  template <typename U>
+  RecyclingAllocator(const RecyclingAllocator<U>& other) : recycler_(other.recycler()) {}
+
+  T* allocate(std::size_t n) {
+    return static_cast<T*>(recycler_->take(n * sizeof(T)));
+  }
+  void deallocate(T* p, std::size_t n) { recycler_->give_back(p, n * sizeof(T)); }
+
+  NodeRecycler* recycler() const { return recycler_; }
+  template <typename U>
+  bool operator==(const RecyclingAllocator<U>& other) const {
+    return recycler_ == other.recycler();
+  }
+
+ private:
+  NodeRecycler* recycler_;
+};
+
+}  // namespace gpupool

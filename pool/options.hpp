@@ -1,0 +1,52 @@
+// The pool's typed settings. config/ fills them from the environment; tests and
+// the replay tool set them directly.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "pool/types.hpp"
+
+namespace gpupool {
+
+// roundup_power2_divisions: one entry per power-of-two interval from 1 MiB
+// ([1 MiB, 2 MiB) is entry 0) up to 32 GiB and above (entry 15); sizes below
+// 1 MiB use entry 0. 0 or 1 means "no power-of-two rounding" for that interval.
+inline constexpr int kRoundupIntervals = 16;
+using RoundupDivisions = std::array<std::uint32_t, kRoundupIntervals>;
+
+// Which free blocks a request on one stream may take from another stream.
+enum class CrossStreamReuse : std::uint8_t {
+  Auto,       // any; if the other stream's work may still run, the new stream
+              // waits for it on the device (cudaStreamWaitEvent, no host wait)
+  Completed,  // only blocks whose last use is known complete: no device waits
+  Never,      // none (PyTorch's rule): each stream keeps its own cache
+};
+
+struct PoolOptions {
+  // Blocks at or above this size are never split and never serve a smaller
+  // request (PyTorch's max_split_size_mb). kUnlimited: everything may split.
+  std::size_t max_split_size = kUnlimited;
+  // An oversize request (>= max_split_size) takes a cached oversize block only
+  // if it wastes less than this (PyTorch's max_non_split_rounding_mb).
+  std::size_t max_non_split_rounding = 20 * kMiB;
+  // Segment asked upstream for small requests, and for large requests below
+  // half of large_segment_size.
+  std::size_t small_segment_size = 2 * kMiB;
+  std::size_t large_segment_size = 20 * kMiB;
+  // Granularity of large segments above large_segment_size / 2.
+  std::size_t large_segment_rounding = 2 * kMiB;
+  RoundupDivisions roundup_divisions{};
+  // 0 disables; otherwise (0, 1): once reserved memory passes this fraction of
+  // memory_limit, cached segments unused for longest are returned first.
+  double garbage_collection_threshold = 0.0;
+  // Bytes this device's pool may reserve; kUnlimited: what the device gives.
+  std::size_t memory_limit = kUnlimited;
+  CrossStreamReuse cross_stream_reuse = CrossStreamReuse::Auto;
+  // Testing only: skip every ordering step (fences, barriers, event waits) so
+  // that the hazard tests can show they fail without them. Never safe.
+  bool unsafe_skip_ordering = false;
+};
+
+}  // namespace gpupool

@@ -1,0 +1,264 @@
+#include "pool/ordering.hpp"
+
+namespace gpupool {
+
+namespace {
+// Destroyed streams kept individually in the report; later ones are folded into
+// the last entry.
+constexpr std::size_t kDestroyedStreamsReported = 64;
+
+void add_counters(StreamCounters& into, const StreamCounters& from) {
+  into.same_stream_reuses += from.same_stream_reuses;
+  into.cross_stream_reuses += from.cross_stream_reuses;
+  into.event_waits += from.event_waits;
+  into.fences_recorded += from.fences_recorded;
+  into.host_syncs += from.host_syncs;
+}
+}  // namespace
+
+StreamOrdering::StreamOrdering(Upstream& upstream, const PoolOptions& options)
+    : upstream_(upstream), options_(options) {
+  device_.id = kAnyStream;
+  device_.kind = StreamKind::Legacy;
+}
+
+StreamState& StreamOrdering::stream(StreamId id) {
+  auto [it, added] = streams_.try_emplace(id);
+  if (added) {
+    it->second.id = id;
+    it->second.kind = StreamKind::NonBlocking;
+  }
+  return it->second;
+}
+
+void StreamOrdering::stream_created(StreamId id, StreamKind kind) {
+  StreamState& s = stream(id);
+  // A handle seen before belonged to a stream destroyed behind our back: keep
+  // its fences until they complete, start afresh.
+  for (const Fence& f : s.pending) retired_.push_back(f.event);
+  captures_active_ -= s.captures;
+  s = StreamState{};
+  s.id = id;
+  s.kind = kind;
+  // A non-blocking stream ignores the legacy stream, so it would not be ordered
+  // after barriers recorded before it existed: make it wait for the latest.
+  if (kind == StreamKind::NonBlocking && !device_.pending.empty() && !options_.unsafe_skip_ordering) {
+    if (upstream_.wait_event(id, device_.pending.back().event)) ++s.counters.event_waits;
+  }
+}
+
+void StreamOrdering::stream_destroying(StreamId id) {
+  auto it = streams_.find(id);
+  if (it == streams_.end()) return;
+  StreamState& s = it->second;
+  // Work queued on s may still run after the destroy returns. Keep an event at
+  // its end: barriers make the legacy stream wait for it until it completes.
+  if (!options_.unsafe_skip_ordering && addressable(s)) {
+    const EventHandle event = take_event();
+    if (event != 0 && s.captures == 0 && upstream_.record_event(event, id)) {
+      retired_.push_back(event);
+      ++s.counters.fences_recorded;
+    } else {
+      if (event != 0) give_back_event(event);
+      upstream_.synchronize_stream(id);
+      ++s.counters.host_syncs;
+    }
+  }
+  for (const Fence& f : s.pending) retired_.push_back(f.event);
+  captures_active_ -= s.captures;
+  StreamReport r;
+  r.id = id;
+  r.kind = s.kind;
+  r.alive = false;
+  r.counters = s.counters;
+  if (destroyed_.size() < kDestroyedStreamsReported) {
+    destroyed_.push_back(r);
+  } else {
+    destroyed_.back().id = 0;  // stands for "these and later destroyed streams"
+    add_counters(destroyed_.back().counters, r.counters);
+  }
+  streams_.erase(it);
+}
+
+void StreamOrdering::capture_began(StreamId id) {
+  ++stream(id).captures;
+  ++captures_active_;
+}
+
+void StreamOrdering::capture_ended(StreamId id) {
+  StreamState& s = stream(id);
+  if (s.captures > 0) {
+    --s.captures;
+    --captures_active_;
+  }
+}
+
+bool StreamOrdering::is_capturing(StreamId id) const {
+  auto it = streams_.find(id);
+  return it != streams_.end() && it->second.captures > 0;
+}
+
+StreamOrdering::FreeStamp StreamOrdering::stamp_free(StreamId site) {
+  FreeStamp stamp{0, device_.free_epoch};
+  if (site != kAnyStream) stamp.stream_epoch = stream(site).free_epoch;
+  return stamp;
+}
+
+EventHandle StreamOrdering::take_event() {
+  if (!spare_events_.empty()) {
+    const EventHandle e = spare_events_.back();
+    spare_events_.pop_back();
+    return e;
+  }
+  return upstream_.create_event();
+}
+
+void StreamOrdering::give_back_event(EventHandle event) { spare_events_.push_back(event); }
+
+bool StreamOrdering::record_fence(StreamState& s) {
+  const EventHandle event = take_event();
+  if (event == 0) return false;
+  if (!upstream_.record_event(event, s.id)) {
+    give_back_event(event);
+    return false;
+  }
+  s.pending.push_back(Fence{s.free_epoch, event});
+  s.fenced_epoch = s.free_epoch++;
+  ++s.counters.fences_recorded;
+  return true;
+}
+
+bool StreamOrdering::record_barrier() {
+  if (capture_active()) return false;
+  poll();  // recycle what has completed before taking more events
+  const StreamId legacy = upstream_.legacy_stream();
+  // 1. The legacy stream waits for every stream it does not order implicitly.
+  for (auto& [id, s] : streams_) {
+    if (s.kind != StreamKind::NonBlocking) continue;
+    const EventHandle event = take_event();
+    if (event == 0) return false;
+    const bool ok = upstream_.record_event(event, id) && upstream_.wait_event(legacy, event);
+    give_back_event(event);  // the wait captured it; it may be recorded again
+    if (!ok) return false;
+    ++s.counters.fences_recorded;
+  }
+  for (EventHandle event : retired_) {
+    if (!upstream_.wait_event(legacy, event)) return false;
+  }
+  // 2. The legacy action itself: after all blocking streams' earlier work, and
+  //    before their later work.
+  const EventHandle barrier = take_event();
+  if (barrier == 0) return false;
+  if (!upstream_.record_event(barrier, legacy)) {
+    give_back_event(barrier);
+    return false;
+  }
+  // 3. Non-blocking streams' later work waits for it too.
+  for (auto& [id, s] : streams_) {
+    if (s.kind != StreamKind::NonBlocking) continue;
+    if (!upstream_.wait_event(id, barrier)) {
+      // That stream is unordered: the barrier does not count. Its event is
+      // recycled once complete.
+      retired_.push_back(barrier);
+      return false;
+    }
+    ++s.counters.event_waits;
+  }
+  device_.pending.push_back(Fence{device_.free_epoch, barrier});
+  device_.fenced_epoch = device_.free_epoch++;
+  ++device_.counters.fences_recorded;
+  return true;
+}
+
+void StreamOrdering::poll(StreamState& s) {
+  while (!s.pending.empty()) {
+    const Fence& f = s.pending.front();
+    const EventStatus status = upstream_.query_event(f.event);
+    if (status == EventStatus::Pending) break;
+    // An errored event is treated as complete only for recycling; the epoch is
+    // not advanced, so its blocks keep needing ordering.
+    if (status == EventStatus::Complete && f.epoch > s.completed_epoch) s.completed_epoch = f.epoch;
+    give_back_event(f.event);
+    s.pending.pop_front();
+  }
+}
+
+void StreamOrdering::poll() {
+  poll(device_);
+  for (auto& [id, s] : streams_) poll(s);
+  std::size_t kept = 0;
+  for (EventHandle event : retired_) {
+    if (upstream_.query_event(event) == EventStatus::Pending) {
+      retired_[kept++] = event;
+    } else {
+      give_back_event(event);
+    }
+  }
+  retired_.resize(kept);
+}
+
+bool StreamOrdering::device_complete(std::uint64_t device_epoch) {
+  if (device_epoch <= device_.completed_epoch) return true;
+  poll(device_);
+  return device_epoch <= device_.completed_epoch;
+}
+
+bool StreamOrdering::device_ready(std::uint64_t device_epoch) {
+  if (options_.unsafe_skip_ordering) return true;
+  if (device_epoch <= device_.fenced_epoch) {
+    // A barrier recorded after the free orders every live stream; during a
+    // capture we cannot rely on what a capturing stream will do, so require
+    // completion then.
+    return !capture_active() || device_complete(device_epoch);
+  }
+  if (capture_active()) return false;
+  return record_barrier();
+}
+
+bool StreamOrdering::stream_ready(StreamId from, std::uint64_t stream_epoch,
+                                  std::uint64_t device_epoch, StreamId to) {
+  if (options_.unsafe_skip_ordering) return true;
+  StreamState& src = stream(from);
+  if (stream_epoch <= src.completed_epoch) return true;
+  poll(src);
+  if (stream_epoch <= src.completed_epoch) return true;
+  if (device_complete(device_epoch)) return true;
+
+  if (options_.cross_stream_reuse == CrossStreamReuse::Completed) {
+    // Start a fence now so that a later request can find it complete.
+    if (stream_epoch > src.fenced_epoch && addressable(src) && src.captures == 0) record_fence(src);
+    return false;
+  }
+  StreamState& dst = stream(to);
+  if (dst.captures > 0) return false;
+  if (!addressable(src) || src.captures > 0) {
+    // Cannot record on the freeing stream (another thread's per-thread default
+    // stream, or capturing): the device barrier orders it instead.
+    return device_ready(device_epoch);
+  }
+  // Fenced and still pending: wait for the newest fence (it covers older ones).
+  if ((stream_epoch > src.fenced_epoch || src.pending.empty()) && !record_fence(src)) return false;
+  if (!upstream_.wait_event(to, src.pending.back().event)) return false;
+  ++dst.counters.event_waits;
+  return true;
+}
+
+std::vector<StreamReport> StreamOrdering::stream_reports() const {
+  std::vector<StreamReport> out;
+  StreamReport d;
+  d.id = kAnyStream;
+  d.kind = StreamKind::Legacy;
+  d.counters = device_.counters;
+  out.push_back(d);
+  for (const auto& [id, s] : streams_) {
+    StreamReport r;
+    r.id = id;
+    r.kind = s.kind;
+    r.counters = s.counters;
+    out.push_back(r);
+  }
+  out.insert(out.end(), destroyed_.begin(), destroyed_.end());
+  return out;
+}
+
+}  // namespace gpupool

@@ -1,0 +1,115 @@
+// The cross-stream protocol: when may a cached block be handed to a consumer
+// without racing with work queued before it was freed?
+//
+// Every free is stamped with two epochs: the freeing stream's and the device's.
+// - Reuse on the stream that freed it needs nothing: stream order.
+// - Reuse on another stream t needs a *fence*: an event recorded on the freeing
+//   stream after the free. Either it has completed (checked with a query), or t
+//   waits for it on the device (cudaStreamWaitEvent; no host wait).
+// - Plain cudaFree promised a device-wide synchronization, and plain cudaMalloc
+//   names no stream, so such reuse needs the *device barrier*: each live
+//   non-blocking stream (and each destroyed stream with work in flight) records
+//   an event that the legacy stream waits for; the legacy stream records event
+//   L; each live non-blocking stream waits for L. CUDA's legacy-stream rule does
+//   the rest: a legacy action waits for all prior work of blocking streams, and
+//   later work of blocking streams waits for it. After one barrier, every
+//   stream's later work runs after every stream's earlier work, with no host
+//   wait. Non-blocking streams created later are made to wait for the latest L.
+// Fences and barriers are recorded lazily, when a reuse needs them, so a burst
+// of frees costs one barrier. While any stream capture is active nothing is
+// recorded (it would invalidate the capture): only completed frees are reused.
+#pragma once
+
+#include <deque>
+#include <unordered_map>
+#include <vector>
+
+#include "pool/options.hpp"
+#include "pool/stats.hpp"
+#include "pool/upstream.hpp"
+
+namespace gpupool {
+
+struct Fence {
+  std::uint64_t epoch = 0;  // frees stamped <= epoch are covered
+  EventHandle event = 0;
+};
+
+struct StreamState {
+  StreamId id = 0;
+  StreamKind kind = StreamKind::Blocking;
+  std::uint64_t free_epoch = 1;       // stamped on frees until the next fence
+  std::uint64_t fenced_epoch = 0;     // frees stamped <= this are fenced
+  std::uint64_t completed_epoch = 0;  // frees stamped <= this are complete
+  std::deque<Fence> pending;          // recorded, not yet seen complete
+  int captures = 0;                   // captures under way on this stream
+  StreamCounters counters;
+};
+
+class StreamOrdering {
+ public:
+  StreamOrdering(Upstream& upstream, const PoolOptions& options);
+  // Never calls upstream: at process exit the device may be gone. Events held
+  // are deliberately leaked (as RMM does).
+  ~StreamOrdering() = default;
+  StreamOrdering(const StreamOrdering&) = delete;
+  StreamOrdering& operator=(const StreamOrdering&) = delete;
+
+  // --- stream life ---
+  void stream_created(StreamId id, StreamKind kind);
+  // Before the real destroy: fences the stream's queued work so that nothing it
+  // used is reused early. The caller re-keys the stream's cached blocks.
+  void stream_destroying(StreamId id);
+  void capture_began(StreamId id);
+  void capture_ended(StreamId id);
+  bool capture_active() const { return captures_active_ > 0; }
+  bool is_capturing(StreamId id) const;
+
+  // The stream's state, added on first sight. A stream never seen created is
+  // taken as non-blocking: the kind that needs the most ordering.
+  StreamState& stream(StreamId id);
+  StreamState& device() { return device_; }
+  const StreamState& device() const { return device_; }
+
+  // --- frees and reuse ---
+  struct FreeStamp {
+    std::uint64_t stream_epoch;
+    std::uint64_t device_epoch;
+  };
+  FreeStamp stamp_free(StreamId site);
+
+  // True when a block freed at `device_epoch` may be used on any live stream
+  // (recording a device barrier if needed). False when that is impossible now.
+  bool device_ready(std::uint64_t device_epoch);
+  bool device_complete(std::uint64_t device_epoch);
+
+  // True when a block freed on `from` at `stream_epoch` may be used on `to`.
+  // Auto: completed, or `to` waits for a fence on `from`. Completed: only if
+  // known complete (a fence is recorded so that it can complete later).
+  bool stream_ready(StreamId from, std::uint64_t stream_epoch, std::uint64_t device_epoch,
+                    StreamId to);
+
+  // Queries outstanding fences and recycles completed events. Never blocks.
+  void poll();
+
+  std::vector<StreamReport> stream_reports() const;  // cached_* left for the pool
+
+ private:
+  EventHandle take_event();
+  void give_back_event(EventHandle event);
+  bool record_fence(StreamState& s);  // one event on s covering its frees so far
+  bool record_barrier();
+  void poll(StreamState& s);
+  bool addressable(const StreamState& s) const { return s.kind != StreamKind::PerThread; }
+
+  Upstream& upstream_;
+  const PoolOptions& options_;
+  StreamState device_;
+  std::unordered_map<StreamId, StreamState> streams_;
+  std::vector<EventHandle> spare_events_;
+  std::vector<EventHandle> retired_;  // fences on destroyed streams, until complete
+  std::vector<StreamReport> destroyed_;  // counters of destroyed streams, for the report
+  int captures_active_ = 0;
+};
+
+}  // namespace gpupool

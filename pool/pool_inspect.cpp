@@ -1,0 +1,207 @@
+// Read-only views of a DevicePool: fragmentation, per-stream figures,
+// histograms, and the invariant checker the tests run after every operation.
+#include <sstream>
+
+#include "pool/device_pool.hpp"
+#include "pool/size_rules.hpp"
+
+namespace gpupool {
+
+Fragmentation DevicePool::fragmentation() const {
+  Fragmentation f;
+  for (const BlockPool& pool : pools_) {
+    for (const Block* b : pool.blocks()) {
+      f.free_bytes += b->size;
+      ++f.free_blocks;
+      if (b->size > f.largest_free_block) f.largest_free_block = b->size;
+    }
+  }
+  f.external = f.free_bytes == 0 ? 0.0
+                                 : 1.0 - static_cast<double>(f.largest_free_block) /
+                                             static_cast<double>(f.free_bytes);
+  f.rounding_waste = static_cast<std::size_t>(stats_.allocated_bytes[kAll].current -
+                                              stats_.requested_bytes[kAll].current);
+  const std::int64_t peak_requested = stats_.requested_bytes[kAll].peak;
+  f.peak_reserved_to_peak_requested =
+      peak_requested == 0 ? 0.0
+                          : static_cast<double>(stats_.reserved_bytes[kAll].peak) /
+                                static_cast<double>(peak_requested);
+  return f;
+}
+
+SizeHistogram DevicePool::free_block_histogram() const {
+  SizeHistogram h;
+  for (const BlockPool& pool : pools_) {
+    for (const Block* b : pool.blocks()) h.add(b->size);
+  }
+  return h;
+}
+
+std::vector<StreamReport> DevicePool::streams() const {
+  std::vector<StreamReport> reports = ordering_.stream_reports();
+  for (StreamReport& r : reports) {
+    if (!r.alive) continue;
+    for (const BlockPool& pool : pools_) {
+      for (const Block* b = pool.best_fit(r.id, 0); b != nullptr && b->stream == r.id;) {
+        ++r.cached_blocks;
+        r.cached_bytes += b->size;
+        auto it = pool.blocks().upper_bound(const_cast<Block*>(b));
+        b = it == pool.blocks().end() ? nullptr : *it;
+      }
+    }
+  }
+  return reports;
+}
+
+namespace {
+
+// Accumulates the current value of each statistic from the blocks themselves.
+struct Recount {
+  StatArray allocation, segment, active, inactive_split, allocated_bytes, reserved_bytes,
+      active_bytes, inactive_split_bytes, requested_bytes;
+  std::int64_t oversize_allocations = 0;
+  std::int64_t oversize_segments = 0;
+};
+
+bool check_array(const char* name, const StatArray& kept, const StatArray& counted,
+                 std::ostringstream& why) {
+  static constexpr const char* kNames[kStatIndexes] = {"all", "small_pool", "large_pool"};
+  for (int i = 0; i < kStatIndexes; ++i) {
+    const Stat& s = kept[i];
+    if (s.current != counted[i].current) {
+      why << name << "." << kNames[i] << ".current is " << s.current << " but recount gives "
+          << counted[i].current;
+      return false;
+    }
+    if (s.peak < s.current || s.allocated - s.freed != s.current || s.current < 0) {
+      why << name << "." << kNames[i] << " is inconsistent (current " << s.current << ", peak "
+          << s.peak << ", allocated " << s.allocated << ", freed " << s.freed << ")";
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool DevicePool::validate(std::string* error) const {
+  std::ostringstream why;
+  auto fail = [&]() {
+    if (error != nullptr) *error = why.str();
+    return false;
+  };
+  Recount rc;
+  auto add = [](StatArray& a, PoolKind kind, std::int64_t v) {
+    a[kAll].current += v;
+    a[stat_index(kind)].current += v;
+  };
+  std::size_t free_seen[kPoolKinds] = {0, 0};
+  std::size_t allocated_seen = 0;
+  DevicePtr previous_end = 0;
+
+  for (const auto& [base, seg] : segments_) {
+    if (seg->base != base || base % kMinBlockSize != 0) {
+      why << "segment at " << base << " is misfiled or misaligned";
+      return fail();
+    }
+    if (base < previous_end) {
+      why << "segment at " << base << " overlaps the previous one";
+      return fail();
+    }
+    previous_end = base + seg->size;
+    add(rc.segment, seg->kind, 1);
+    add(rc.reserved_bytes, seg->kind, static_cast<std::int64_t>(seg->size));
+    if (seg->size >= options_.max_split_size) ++rc.oversize_segments;
+
+    DevicePtr expected = base;
+    const Block* prev = nullptr;
+    for (const Block* b = seg->head; b != nullptr; prev = b, b = b->next) {
+      if (b->prev != prev || b->segment != seg) {
+        why << "block at " << b->addr << " has broken links";
+        return fail();
+      }
+      if (b->addr != expected || b->size == 0 || b->size % kMinBlockSize != 0) {
+        why << "block at " << b->addr << " (size " << b->size << ") does not tile its segment";
+        return fail();
+      }
+      expected += b->size;
+      if (prev != nullptr && prev->is_free() && b->is_free()) {
+        why << "free blocks at " << prev->addr << " and " << b->addr << " were not merged";
+        return fail();
+      }
+      const bool in_pool = pool_of(seg->kind).contains(const_cast<Block*>(b));
+      if (b->is_free() != in_pool) {
+        why << "block at " << b->addr << (in_pool ? " is cached but not free" : " is free but not cached");
+        return fail();
+      }
+      if (b->allocated) {
+        ++allocated_seen;
+        if (allocated_.find(b->addr) != b) {
+          why << "allocated block at " << b->addr << " is missing from the address map";
+          return fail();
+        }
+        if (b->requested == 0 || b->requested > b->size) {
+          why << "allocated block at " << b->addr << " has requested size " << b->requested
+              << " for a block of " << b->size;
+          return fail();
+        }
+        add(rc.allocation, seg->kind, 1);
+        add(rc.active, seg->kind, 1);
+        add(rc.allocated_bytes, seg->kind, static_cast<std::int64_t>(b->size));
+        add(rc.active_bytes, seg->kind, static_cast<std::int64_t>(b->size));
+        add(rc.requested_bytes, seg->kind, static_cast<std::int64_t>(b->requested));
+        if (b->size >= options_.max_split_size) ++rc.oversize_allocations;
+      } else if (b->is_free()) {
+        ++free_seen[static_cast<int>(seg->kind)];
+        if (b->is_split()) {
+          add(rc.inactive_split, seg->kind, 1);
+          add(rc.inactive_split_bytes, seg->kind, static_cast<std::int64_t>(b->size));
+        }
+      }
+    }
+    if (expected != base + seg->size) {
+      why << "blocks of segment at " << base << " cover " << (expected - base) << " of "
+          << seg->size << " bytes";
+      return fail();
+    }
+  }
+  for (int k = 0; k < kPoolKinds; ++k) {
+    if (pools_[k].size() != free_seen[k]) {
+      why << "pool " << k << " caches " << pools_[k].size() << " blocks but " << free_seen[k]
+          << " are free";
+      return fail();
+    }
+  }
+  if (allocated_.size() != allocated_seen) {
+    why << "address map holds " << allocated_.size() << " blocks but " << allocated_seen
+        << " are allocated";
+    return fail();
+  }
+  const bool stats_ok =
+      check_array("allocation", stats_.allocation, rc.allocation, why) &&
+      check_array("segment", stats_.segment, rc.segment, why) &&
+      check_array("active", stats_.active, rc.active, why) &&
+      check_array("inactive_split", stats_.inactive_split, rc.inactive_split, why) &&
+      check_array("allocated_bytes", stats_.allocated_bytes, rc.allocated_bytes, why) &&
+      check_array("reserved_bytes", stats_.reserved_bytes, rc.reserved_bytes, why) &&
+      check_array("active_bytes", stats_.active_bytes, rc.active_bytes, why) &&
+      check_array("inactive_split_bytes", stats_.inactive_split_bytes, rc.inactive_split_bytes,
+                  why) &&
+      check_array("requested_bytes", stats_.requested_bytes, rc.requested_bytes, why);
+  if (!stats_ok) return fail();
+  if (stats_.oversize_allocations.current != rc.oversize_allocations ||
+      stats_.oversize_segments.current != rc.oversize_segments) {
+    why << "oversize counts " << stats_.oversize_allocations.current << "/"
+        << stats_.oversize_segments.current << " but recount gives " << rc.oversize_allocations
+        << "/" << rc.oversize_segments;
+    return fail();
+  }
+  if (stats_.num_device_alloc - stats_.num_device_free != stats_.segment[kAll].current) {
+    why << "device allocs minus frees (" << stats_.num_device_alloc - stats_.num_device_free
+        << ") differ from live segments (" << stats_.segment[kAll].current << ")";
+    return fail();
+  }
+  return true;
+}
+
+}  // namespace gpupool

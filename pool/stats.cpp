@@ -1,0 +1,24 @@
+#include "pool/stats.hpp"
+
+#include <bit>
+
+namespace gpupool {
+
+int histogram_bucket(std::size_t size) {
+  return size == 0 ? 0 : static_cast<int>(std::bit_width(size)) - 1;
+}
+
+void SizeHistogram::add(std::size_t size) {
+  const int b = histogram_bucket(size);
+  ++count[b];
+  bytes[b] += size;
+}
+
+bool SizeHistogram::empty() const {
+  for (std::uint64_t c : count) {
+    if (c != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace gpupool

@@ -1,0 +1,185 @@
+// Statistics kept as PyTorch's memory_stats() keeps them, so that numbers and
+// key names mean the same to users of both; plus what gpupool adds (cache hits,
+// upstream time, histograms, per-stream counters, out-of-memory records).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pool/types.hpp"
+
+namespace gpupool {
+
+struct Stat {
+  std::int64_t current = 0;
+  std::int64_t peak = 0;
+  std::int64_t allocated = 0;  // total ever added
+  std::int64_t freed = 0;      // total ever removed
+
+  void increase(std::int64_t amount) {
+    current += amount;
+    allocated += amount;
+    if (current > peak) peak = current;
+  }
+  void decrease(std::int64_t amount) {
+    current -= amount;
+    freed += amount;
+  }
+};
+
+// all / small_pool / large_pool, indexed like PyTorch's StatType.
+enum StatIndex { kAll = 0, kSmallPool = 1, kLargePool = 2, kStatIndexes = 3 };
+using StatArray = std::array<Stat, kStatIndexes>;
+
+inline int stat_index(PoolKind kind) {
+  return kind == PoolKind::Small ? kSmallPool : kLargePool;
+}
+
+// Adds to `all` and to the pool's own entry.
+inline void increase(StatArray& stat, PoolKind kind, std::int64_t amount) {
+  stat[kAll].increase(amount);
+  stat[stat_index(kind)].increase(amount);
+}
+inline void decrease(StatArray& stat, PoolKind kind, std::int64_t amount) {
+  stat[kAll].decrease(amount);
+  stat[stat_index(kind)].decrease(amount);
+}
+
+// Power-of-two size buckets: bucket b holds sizes in [2^b, 2^(b+1)).
+inline constexpr int kHistogramBuckets = 64;
+struct SizeHistogram {
+  std::array<std::uint64_t, kHistogramBuckets> count{};
+  std::array<std::uint64_t, kHistogramBuckets> bytes{};
+  void add(std::size_t size);
+  bool empty() const;
+};
+int histogram_bucket(std::size_t size);
+
+struct MemoryStats {
+  StatArray allocation;
+  StatArray segment;
+  StatArray active;
+  StatArray inactive_split;
+  StatArray allocated_bytes;
+  StatArray reserved_bytes;
+  StatArray active_bytes;
+  StatArray inactive_split_bytes;
+  StatArray requested_bytes;
+  Stat oversize_allocations;
+  Stat oversize_segments;
+  std::int64_t num_alloc_retries = 0;
+  std::int64_t num_ooms = 0;
+  std::int64_t num_device_alloc = 0;
+  std::int64_t num_device_free = 0;
+  // gpupool's own
+  std::int64_t cache_hits = 0;    // allocations served from cached blocks
+  std::int64_t cache_misses = 0;  // allocations that needed a new segment
+  std::int64_t num_device_alloc_failures = 0;
+  std::int64_t num_gc_releases = 0;  // segments returned by garbage collection
+  std::uint64_t upstream_alloc_ns = 0;  // time inside upstream allocate/release
+  std::uint64_t upstream_free_ns = 0;
+  std::uint64_t pool_ns_sampled = 0;   // time inside the pool, 1 op in kTimingSample
+  std::uint64_t pool_ops_sampled = 0;
+  std::uint64_t pool_ops = 0;          // allocations + frees served by the pool
+};
+
+// Calls f(name, value) for every statistic under PyTorch's flat key names
+// ("allocated_bytes.all.peak", "num_device_alloc", ...).
+template <typename F>
+void for_each_flat_stat(const MemoryStats& s, F&& f) {
+  static constexpr const char* kIndexNames[kStatIndexes] = {"all", "small_pool", "large_pool"};
+  auto array = [&](const char* name, const StatArray& a) {
+    for (int i = 0; i < kStatIndexes; ++i) {
+      const std::string prefix = std::string(name) + "." + kIndexNames[i] + ".";
+      f(prefix + "current", a[i].current);
+      f(prefix + "peak", a[i].peak);
+      f(prefix + "allocated", a[i].allocated);
+      f(prefix + "freed", a[i].freed);
+    }
+  };
+  auto single = [&](const char* name, const Stat& st) {
+    const std::string prefix = std::string(name) + ".";
+    f(prefix + "current", st.current);
+    f(prefix + "peak", st.peak);
+    f(prefix + "allocated", st.allocated);
+    f(prefix + "freed", st.freed);
+  };
+  array("allocation", s.allocation);
+  array("segment", s.segment);
+  array("active", s.active);
+  array("inactive_split", s.inactive_split);
+  array("allocated_bytes", s.allocated_bytes);
+  array("reserved_bytes", s.reserved_bytes);
+  array("active_bytes", s.active_bytes);
+  array("inactive_split_bytes", s.inactive_split_bytes);
+  array("requested_bytes", s.requested_bytes);
+  single("oversize_allocations", s.oversize_allocations);
+  single("oversize_segments", s.oversize_segments);
+  f(std::string("num_alloc_retries"), s.num_alloc_retries);
+  f(std::string("num_ooms"), s.num_ooms);
+  f(std::string("num_device_alloc"), s.num_device_alloc);
+  f(std::string("num_device_free"), s.num_device_free);
+}
+
+// What the pool's free space looks like (computed on demand).
+struct Fragmentation {
+  std::size_t free_bytes = 0;          // free bytes inside reserved segments
+  std::size_t largest_free_block = 0;  // the largest single free block
+  std::size_t free_blocks = 0;
+  double external = 0.0;               // 1 - largest / free; 0 when nothing is free
+  std::size_t rounding_waste = 0;      // allocated - requested, now
+  double peak_reserved_to_peak_requested = 0.0;
+};
+
+// Per-stream ordering counters, for the report.
+struct StreamCounters {
+  std::uint64_t same_stream_reuses = 0;   // cached block reused on the stream that freed it
+  std::uint64_t cross_stream_reuses = 0;  // cached block taken from another stream
+  std::uint64_t event_waits = 0;          // cudaStreamWaitEvent calls made for this stream
+  std::uint64_t fences_recorded = 0;      // events recorded on this stream
+  std::uint64_t host_syncs = 0;           // host waits involving this stream
+};
+
+struct StreamReport {
+  StreamId id = 0;
+  StreamKind kind = StreamKind::Blocking;
+  bool alive = true;
+  std::size_t cached_blocks = 0;
+  std::size_t cached_bytes = 0;
+  StreamCounters counters;
+};
+
+// The pool's state when an allocation failed for good.
+struct OomRecord {
+  std::uint64_t time_ns = 0;
+  std::size_t requested = 0;
+  std::size_t rounded = 0;
+  std::size_t segment_asked = 0;  // 0 when the request was refused without asking
+  PoolKind kind = PoolKind::Large;
+  StreamId stream = kAnyStream;
+  std::size_t reserved = 0;
+  std::size_t allocated = 0;
+  std::size_t free_in_pool = 0;        // after releasing what could be released
+  std::size_t largest_free_block = 0;
+  std::size_t largest_free_before_release = 0;
+  std::size_t free_before_release = 0;
+  bool limit_reached = false;          // refused by memory_limit, not by the device
+  std::size_t memory_limit = kUnlimited;
+  std::size_t max_split_size = kUnlimited;
+  std::size_t device_free = 0;         // from upstream, 0 when unknown
+  std::size_t device_total = 0;
+};
+
+// Allocated, reserved and requested bytes over the run, in bounded memory.
+struct TimelineSample {
+  std::uint64_t time_ns = 0;
+  std::uint64_t op = 0;
+  std::int64_t allocated = 0;
+  std::int64_t reserved = 0;
+  std::int64_t requested = 0;
+};
+
+}  // namespace gpupool

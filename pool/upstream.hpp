@@ -1,0 +1,61 @@
+// The only way the pool reaches the device. The shim implements it with the real
+// CUDA runtime, tests with a fake, the replay tool with pure accounting.
+//
+// Contract (in the spirit of RMM's device_memory_resource):
+// - Every call is made with the owning DevicePool's lock held, from whichever
+//   thread called the pool; implementations need no locking of their own for the
+//   pool's sake but must tolerate being called from many threads in turn.
+// - Nothing here throws. Failures are return values.
+// - Stream ordering: record_event(e, s) captures all work queued on s so far;
+//   wait_event(t, e) makes work queued on t afterwards wait for it on the device,
+//   without blocking the host. query_event never blocks. synchronize_* block the
+//   host and are used only off the fast path.
+// - release_segment may block the host (cudaFree synchronizes the device).
+#pragma once
+
+#include <cstddef>
+
+#include "pool/types.hpp"
+
+namespace gpupool {
+
+enum class EventStatus : std::uint8_t { Complete, Pending, Error };
+
+class Upstream {
+ public:
+  virtual ~Upstream() = default;
+
+  // Device memory: a whole segment, at least 512-byte aligned. 0 when the device
+  // cannot provide it (the pool then releases cache and retries once).
+  virtual DevicePtr allocate_segment(std::size_t bytes) = 0;
+  virtual void release_segment(DevicePtr base, std::size_t bytes) = 0;
+
+  // Events used as fences. create_event returns 0 on failure.
+  virtual EventHandle create_event() = 0;
+  virtual void destroy_event(EventHandle event) = 0;
+  virtual bool record_event(EventHandle event, StreamId stream) = 0;
+  virtual bool wait_event(StreamId stream, EventHandle event) = 0;
+  virtual EventStatus query_event(EventHandle event) = 0;
+  virtual bool synchronize_event(EventHandle event) = 0;
+  virtual bool synchronize_stream(StreamId stream) = 0;
+
+  // The stream that is a barrier for all blocking streams.
+  virtual StreamId legacy_stream() const = 0;
+
+  // The device's free and total bytes, for out-of-memory diagnoses. Optional.
+  virtual bool memory_info(std::size_t* free_bytes, std::size_t* total_bytes) {
+    (void)free_bytes;
+    (void)total_bytes;
+    return false;
+  }
+};
+
+// A monotonic clock in nanoseconds; the pool uses it only to time upstream calls
+// and to stamp timeline samples. Optional: without one, times read as zero.
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual std::uint64_t now_ns() = 0;
+};
+
+}  // namespace gpupool

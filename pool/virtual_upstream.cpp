@@ -1,0 +1,95 @@
+#include "pool/virtual_upstream.hpp"
+
+namespace gpupool {
+
+namespace {
+// Segments are placed on 2 MiB boundaries with a gap after each, so that an
+// off-by-one in the pool shows up as an address outside every segment.
+constexpr std::size_t kPlacement = 2 * kMiB;
+// Calls kept for tests; the replay of a long trace must not grow without bound.
+constexpr std::size_t kMaxCallsKept = 1 << 16;
+}  // namespace
+
+DevicePtr VirtualUpstream::allocate_segment(std::size_t bytes) {
+  const std::uint64_t attempt = attempts_++;
+  if ((fail_ && fail_(attempt)) || bytes > capacity_ || in_use_ > capacity_ - bytes) {
+    ++failed_;
+    return 0;
+  }
+  const DevicePtr base = next_address_;
+  next_address_ += contiguous_ ? bytes : (bytes + kPlacement - 1) / kPlacement * kPlacement + kPlacement;
+  live_.emplace(base, bytes);
+  in_use_ += bytes;
+  if (in_use_ > peak_in_use_) peak_in_use_ = in_use_;
+  ++allocations_;
+  return base;
+}
+
+void VirtualUpstream::release_segment(DevicePtr base, std::size_t bytes) {
+  auto it = live_.find(base);
+  if (it == live_.end() || it->second != bytes) return;  // covers() catches misuse
+  in_use_ -= bytes;
+  live_.erase(it);
+  ++releases_;
+}
+
+bool VirtualUpstream::covers(DevicePtr ptr, std::size_t bytes) const {
+  auto it = live_.upper_bound(ptr);
+  if (it == live_.begin()) return false;
+  --it;
+  return ptr >= it->first && ptr + bytes <= it->first + it->second;
+}
+
+EventHandle VirtualUpstream::create_event() {
+  const EventHandle e = next_event_++;
+  events_.emplace(e, true);
+  return e;
+}
+
+void VirtualUpstream::destroy_event(EventHandle event) { events_.erase(event); }
+
+bool VirtualUpstream::record_event(EventHandle event, StreamId stream) {
+  auto it = events_.find(event);
+  if (it == events_.end()) return false;
+  it->second = complete_at_once_;
+  if (calls_.size() < kMaxCallsKept) calls_.push_back(Call{Call::Record, event, stream});
+  return true;
+}
+
+bool VirtualUpstream::wait_event(StreamId stream, EventHandle event) {
+  if (events_.count(event) == 0) return false;
+  if (calls_.size() < kMaxCallsKept) calls_.push_back(Call{Call::Wait, event, stream});
+  return true;
+}
+
+EventStatus VirtualUpstream::query_event(EventHandle event) {
+  auto it = events_.find(event);
+  if (it == events_.end()) return EventStatus::Error;
+  return it->second ? EventStatus::Complete : EventStatus::Pending;
+}
+
+bool VirtualUpstream::synchronize_event(EventHandle event) {
+  auto it = events_.find(event);
+  if (it == events_.end()) return false;
+  it->second = true;
+  if (calls_.size() < kMaxCallsKept) calls_.push_back(Call{Call::SyncEvent, event, 0});
+  return true;
+}
+
+bool VirtualUpstream::synchronize_stream(StreamId stream) {
+  if (calls_.size() < kMaxCallsKept) calls_.push_back(Call{Call::SyncStream, 0, stream});
+  return true;
+}
+
+void VirtualUpstream::complete_all() {
+  for (auto& [e, complete] : events_) complete = true;
+}
+
+bool VirtualUpstream::memory_info(std::size_t* free_bytes, std::size_t* total_bytes) {
+  if (capacity_ == kUnlimited) return false;
+  *free_bytes = capacity_ - in_use_;
+  *total_bytes = capacity_;
+  return true;
+}
+
+}  // namespace gpupool

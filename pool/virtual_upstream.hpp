@@ -1,0 +1,84 @@
+// An Upstream with no device behind it: segments are address ranges handed out
+// from a counter against a capacity, events complete when told to (or at once).
+// The unit tests, the replay tool and the benchmarks run the real pool over it,
+// so an 80 GB workload replays on a laptop.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <unordered_map>
+#include <vector>
+
+#include "pool/upstream.hpp"
+
+namespace gpupool {
+
+class VirtualUpstream final : public Upstream {
+ public:
+  explicit VirtualUpstream(std::size_t capacity = kUnlimited) : capacity_(capacity) {}
+
+  // --- Upstream ---
+  DevicePtr allocate_segment(std::size_t bytes) override;
+  void release_segment(DevicePtr base, std::size_t bytes) override;
+  EventHandle create_event() override;
+  void destroy_event(EventHandle event) override;
+  bool record_event(EventHandle event, StreamId stream) override;
+  bool wait_event(StreamId stream, EventHandle event) override;
+  EventStatus query_event(EventHandle event) override;
+  bool synchronize_event(EventHandle event) override;
+  bool synchronize_stream(StreamId stream) override;
+  StreamId legacy_stream() const override { return kLegacy; }
+  bool memory_info(std::size_t* free_bytes, std::size_t* total_bytes) override;
+
+  static constexpr StreamId kLegacy = 0x1;
+
+  // --- control ---
+  // Events recorded from now on complete at once (true) or only when
+  // complete_all() is called (false).
+  void set_events_complete_at_once(bool yes) { complete_at_once_ = yes; }
+  void complete_all();
+  // Fail the allocation attempts for which `fail` returns true (by call number).
+  void set_failure(std::function<bool(std::uint64_t)> fail) { fail_ = std::move(fail); }
+  void set_capacity(std::size_t capacity) { capacity_ = capacity; }
+  // Place segments back to back (no gap), as a device may: tests use it to show
+  // that blocks of different segments never merge.
+  void set_contiguous(bool yes) { contiguous_ = yes; }
+
+  // --- observation ---
+  struct Call {
+    enum Kind { Record, Wait, SyncEvent, SyncStream } kind;
+    EventHandle event;
+    StreamId stream;
+  };
+  const std::vector<Call>& calls() const { return calls_; }
+  void clear_calls() { calls_.clear(); }
+  std::uint64_t allocations() const { return allocations_; }
+  std::uint64_t releases() const { return releases_; }
+  std::uint64_t failed_allocations() const { return failed_; }
+  std::size_t in_use() const { return in_use_; }
+  std::size_t peak_in_use() const { return peak_in_use_; }
+  std::size_t live_segments() const { return live_.size(); }
+  std::size_t events_created() const { return events_.size(); }
+  // True when [ptr, ptr+bytes) lies inside one live segment.
+  bool covers(DevicePtr ptr, std::size_t bytes) const;
+
+ private:
+  std::size_t capacity_;
+  DevicePtr next_address_ = DevicePtr{1} << 40;
+  std::map<DevicePtr, std::size_t> live_;
+  std::size_t in_use_ = 0;
+  std::size_t peak_in_use_ = 0;
+  std::uint64_t attempts_ = 0;
+  std::uint64_t allocations_ = 0;
+  std::uint64_t releases_ = 0;
+  std::uint64_t failed_ = 0;
+  std::function<bool(std::uint64_t)> fail_;
+  bool complete_at_once_ = true;
+  bool contiguous_ = false;
+  std::unordered_map<EventHandle, bool> events_;  // handle -> complete
+  EventHandle next_event_ = 1;
+  std::vector<Call> calls_;
+};
+
+}  // namespace gpupool

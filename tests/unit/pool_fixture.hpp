@@ -1,0 +1,50 @@
+// A DevicePool over a VirtualUpstream, with helpers that fail the test on any
+// unexpected result and check every invariant after each step.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <memory>
+#include <string>
+
+#include "pool/device_pool.hpp"
+#include "pool/virtual_upstream.hpp"
+
+namespace gpupool::testing {
+
+struct PoolFixture {
+  VirtualUpstream upstream;
+  PoolOptions options;
+  std::unique_ptr<DevicePool> pool;
+
+  DevicePool& make(std::size_t capacity = kUnlimited) {
+    upstream.set_capacity(capacity);
+    pool = std::make_unique<DevicePool>(upstream, options, 80 * kGiB);
+    return *pool;
+  }
+
+  DevicePtr alloc(std::size_t bytes, StreamId stream = kAnyStream) {
+    const Allocation a = pool->allocate(bytes, stream);
+    REQUIRE(a.ok);
+    REQUIRE(a.ptr % 512 == 0);
+    REQUIRE(upstream.covers(a.ptr, bytes));
+    check();
+    return a.ptr;
+  }
+
+  void release(DevicePtr ptr, StreamId stream = kAnyStream) {
+    REQUIRE(pool->deallocate(ptr, stream) == FreeResult::Freed);
+    check();
+  }
+
+  void check() const {
+    std::string why;
+    const bool ok = pool->validate(&why);
+    INFO(why);
+    REQUIRE(ok);
+  }
+
+  std::int64_t current(const StatArray& s, int index = kAll) const { return s[index].current; }
+};
+
+}  // namespace gpupool::testing

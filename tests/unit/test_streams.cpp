@@ -1,0 +1,236 @@
+// The cross-stream protocol, seen through the upstream calls it makes.
+#include "pool_fixture.hpp"
+
+using namespace gpupool;
+using gpupool::testing::PoolFixture;
+using Call = VirtualUpstream::Call;
+
+namespace {
+constexpr StreamId kS1 = 0x1000;  // blocking
+constexpr StreamId kS2 = 0x2000;  // blocking
+constexpr StreamId kNB = 0x3000;  // non-blocking
+constexpr StreamId kLegacy = VirtualUpstream::kLegacy;
+
+int count(const std::vector<Call>& calls, Call::Kind kind, StreamId stream) {
+  int n = 0;
+  for (const Call& c : calls) n += (c.kind == kind && c.stream == stream) ? 1 : 0;
+  return n;
+}
+}  // namespace
+
+TEST_CASE_METHOD(PoolFixture, "same-stream reuse needs no event at all") {
+  make();
+  pool->stream_created(kS1, StreamKind::Blocking);
+  const DevicePtr a = alloc(1000, kS1);
+  release(a, kS1);
+  upstream.clear_calls();
+  CHECK(alloc(1000, kS1) == a);
+  CHECK(upstream.calls().empty());
+}
+
+TEST_CASE_METHOD(PoolFixture, "plain cudaFree then cudaMalloc: one legacy-stream barrier covers a burst") {
+  make();
+  DevicePtr p[10];
+  for (DevicePtr& x : p) x = alloc(1000);
+  for (DevicePtr x : p) release(x);
+  upstream.clear_calls();
+  for (int i = 0; i < 10; ++i) alloc(1000);
+  REQUIRE(upstream.calls().size() == 1);
+  CHECK(upstream.calls()[0].kind == Call::Record);
+  CHECK(upstream.calls()[0].stream == kLegacy);
+}
+
+TEST_CASE_METHOD(PoolFixture, "the barrier brings non-blocking streams in both directions") {
+  make();
+  pool->stream_created(kNB, StreamKind::NonBlocking);
+  const DevicePtr a = alloc(1000);
+  release(a);
+  upstream.clear_calls();
+  CHECK(alloc(1000) == a);
+  const auto& c = upstream.calls();
+  REQUIRE(c.size() == 4);
+  CHECK((c[0].kind == Call::Record && c[0].stream == kNB));
+  CHECK((c[1].kind == Call::Wait && c[1].stream == kLegacy && c[1].event == c[0].event));
+  CHECK((c[2].kind == Call::Record && c[2].stream == kLegacy));
+  CHECK((c[3].kind == Call::Wait && c[3].stream == kNB && c[3].event == c[2].event));
+}
+
+TEST_CASE_METHOD(PoolFixture, "a non-blocking stream created after a pending barrier waits for it") {
+  make();
+  upstream.set_events_complete_at_once(false);
+  release(alloc(1000));
+  alloc(1000);  // records the barrier, still pending
+  upstream.clear_calls();
+  pool->stream_created(kNB, StreamKind::NonBlocking);
+  CHECK(count(upstream.calls(), Call::Wait, kNB) == 1);
+}
+
+TEST_CASE_METHOD(PoolFixture, "auto: another stream takes the block after waiting on a fence") {
+  make();
+  pool->stream_created(kS1, StreamKind::Blocking);
+  pool->stream_created(kS2, StreamKind::Blocking);
+  upstream.set_events_complete_at_once(false);
+  const DevicePtr a = alloc(1000, kS1);
+  release(a, kS1);
+  upstream.clear_calls();
+  CHECK(alloc(1000, kS2) == a);
+  const auto& c = upstream.calls();
+  REQUIRE(c.size() == 2);
+  CHECK((c[0].kind == Call::Record && c[0].stream == kS1));
+  CHECK((c[1].kind == Call::Wait && c[1].stream == kS2 && c[1].event == c[0].event));
+  const auto streams = pool->streams();
+  for (const StreamReport& r : streams) {
+    if (r.id == kS2) {
+      CHECK(r.counters.cross_stream_reuses == 1);
+      CHECK(r.counters.event_waits == 1);
+    }
+  }
+}
+
+TEST_CASE_METHOD(PoolFixture, "auto: a fence seen complete needs no wait") {
+  make();
+  pool->stream_created(kS1, StreamKind::Blocking);
+  pool->stream_created(kS2, StreamKind::Blocking);
+  upstream.set_events_complete_at_once(false);
+  const DevicePtr a = alloc(1000, kS1);
+  const DevicePtr b = alloc(1000, kS1);
+  alloc(1000, kS1);
+  release(a, kS1);
+  release(b, kS1);
+  alloc(1000, kS2);  // records the fence (and waits)
+  upstream.complete_all();
+  upstream.clear_calls();
+  alloc(1000, kS2);  // same epoch, now complete: no calls but the query
+  CHECK(count(upstream.calls(), Call::Wait, kS2) == 0);
+  CHECK(count(upstream.calls(), Call::Record, kS1) == 0);
+}
+
+TEST_CASE_METHOD(PoolFixture, "completed: cross-stream reuse only once the fence has completed") {
+  options.cross_stream_reuse = CrossStreamReuse::Completed;
+  make();
+  pool->stream_created(kS1, StreamKind::Blocking);
+  pool->stream_created(kS2, StreamKind::Blocking);
+  upstream.set_events_complete_at_once(false);
+  const DevicePtr a = alloc(12 * kMiB, kS1);
+  release(a, kS1);
+  const DevicePtr b = alloc(12 * kMiB, kS2);
+  CHECK(b != a);  // pending: a new segment instead
+  CHECK(count(upstream.calls(), Call::Record, kS1) == 1);
+  CHECK(count(upstream.calls(), Call::Wait, kS2) == 0);
+  upstream.complete_all();
+  CHECK(alloc(12 * kMiB, kS2) == a);
+  CHECK(count(upstream.calls(), Call::Wait, kS2) == 0);
+}
+
+TEST_CASE_METHOD(PoolFixture, "never: each stream keeps its own cache") {
+  options.cross_stream_reuse = CrossStreamReuse::Never;
+  make();
+  pool->stream_created(kS1, StreamKind::Blocking);
+  pool->stream_created(kS2, StreamKind::Blocking);
+  const DevicePtr a = alloc(12 * kMiB, kS1);
+  release(a, kS1);
+  CHECK(alloc(12 * kMiB, kS2) != a);
+  CHECK(alloc(12 * kMiB, kS1) == a);
+}
+
+TEST_CASE_METHOD(PoolFixture, "plain cudaMalloc may take a stream-freed block after a barrier") {
+  make();
+  pool->stream_created(kS1, StreamKind::Blocking);
+  const DevicePtr a = alloc(1000, kS1);
+  release(a, kS1);
+  upstream.clear_calls();
+  CHECK(alloc(1000) == a);
+  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);
+}
+
+TEST_CASE_METHOD(PoolFixture, "blocks freed on two streams merge and then need the barrier") {
+  make();
+  pool->stream_created(kS1, StreamKind::Blocking);
+  pool->stream_created(kS2, StreamKind::Blocking);
+  const DevicePtr a = alloc(1024, kS1);
+  const DevicePtr b = alloc(1024, kS1);
+  alloc(2 * kMiB - 2048, kS1);  // the rest of the segment: nothing else is free
+  release(a, kS1);
+  release(b, kS2);  // merges with a: histories on two streams
+  upstream.clear_calls();
+  CHECK(alloc(2048, kS1) == a);
+  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);
+}
+
+TEST_CASE_METHOD(PoolFixture, "during a capture nothing is recorded and only completed blocks are reused") {
+  make();
+  pool->stream_created(kS1, StreamKind::Blocking);
+  const DevicePtr a = alloc(12 * kMiB);
+  release(a);
+  pool->capture_began(kS1);
+  upstream.clear_calls();
+  const DevicePtr b = alloc(12 * kMiB);
+  CHECK(b != a);
+  CHECK(upstream.calls().empty());
+  CHECK(pool->release_cached() == 0);  // cudaFree would break the capture
+  pool->capture_ended(kS1);
+  CHECK(alloc(12 * kMiB) == a);
+}
+
+TEST_CASE_METHOD(PoolFixture, "a stream-ordered free inside a capture is never reused") {
+  make();
+  pool->stream_created(kS1, StreamKind::Blocking);
+  const DevicePtr a = alloc(12 * kMiB, kS1);
+  pool->capture_began(kS1);
+  release(a, kS1);
+  pool->capture_ended(kS1);
+  CHECK(pool->quarantined_bytes() == 12 * kMiB);
+  CHECK(alloc(12 * kMiB, kS1) != a);
+  CHECK(pool->deallocate(a, kS1) == FreeResult::NotAllocated);
+}
+
+TEST_CASE_METHOD(PoolFixture, "a destroyed stream's blocks stay cached and are fenced for reuse") {
+  make();
+  pool->stream_created(kNB, StreamKind::NonBlocking);
+  upstream.set_events_complete_at_once(false);
+  const DevicePtr a = alloc(1000, kNB);
+  release(a, kNB);
+  upstream.clear_calls();
+  pool->stream_destroying(kNB);
+  REQUIRE(count(upstream.calls(), Call::Record, kNB) == 1);
+  const EventHandle retired = upstream.calls()[0].event;
+  check();
+  // A new stream that happens to get the same handle does not inherit them...
+  pool->stream_created(kNB, StreamKind::NonBlocking);
+  upstream.clear_calls();
+  const DevicePtr b = alloc(1000, kNB);
+  // ...it takes it only through the barrier, which waits for the old work.
+  CHECK(b == a);
+  bool legacy_waited = false;
+  for (const Call& c : upstream.calls()) {
+    legacy_waited |= c.kind == Call::Wait && c.stream == kLegacy && c.event == retired;
+  }
+  CHECK(legacy_waited);
+}
+
+TEST_CASE_METHOD(PoolFixture, "another thread's per-thread stream is ordered through the barrier") {
+  make();
+  constexpr StreamId kPtdsA = 0x12;
+  constexpr StreamId kPtdsB = 0x22;
+  pool->stream_created(kPtdsA, StreamKind::PerThread);
+  pool->stream_created(kPtdsB, StreamKind::PerThread);
+  upstream.set_events_complete_at_once(false);
+  const DevicePtr a = alloc(1000, kPtdsA);
+  release(a, kPtdsA);
+  upstream.clear_calls();
+  CHECK(alloc(1000, kPtdsB) == a);
+  CHECK(count(upstream.calls(), Call::Record, kPtdsA) == 0);  // unreachable from here
+  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);
+}
+
+TEST_CASE_METHOD(PoolFixture, "the unsafe debug switch really skips every ordering step") {
+  options.unsafe_skip_ordering = true;
+  make();
+  pool->stream_created(kS1, StreamKind::Blocking);
+  release(alloc(1000, kS1), kS1);
+  release(alloc(1000));
+  upstream.clear_calls();
+  alloc(1000, kS2);
+  alloc(1000);
+  CHECK(upstream.calls().empty());
+}
