@@ -86,15 +86,19 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
-// The known name closest to `name`, if close enough to be a likely typo.
+// The known name closest to `name`, if close enough to be a likely typo: one
+// that starts with it (a missing suffix), else about one typo per four letters.
 std::string suggestion(std::string_view name, bool variables) {
   std::string best;
-  // Allow about one typo per four letters, or a missing suffix.
   std::size_t best_distance = std::max<std::size_t>(2, name.size() / 4 + 1);
   for (const OptionInfo& o : option_table()) {
     const std::string& candidate = variables ? o.variable : o.key;
+    if (name.size() >= 4 && candidate.rfind(name, 0) == 0) {
+      best = candidate;
+      break;
+    }
     const std::size_t d = edit_distance(name, candidate);
-    if (d < best_distance || (name.size() >= 4 && candidate.rfind(name, 0) == 0 && best.empty())) {
+    if (d < best_distance) {
       best_distance = d;
       best = candidate;
     }
