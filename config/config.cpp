@@ -146,8 +146,11 @@ void apply(const OptionInfo& option, std::string variable, std::string_view valu
 }  // namespace
 
 const std::vector<OptionInfo>& option_table() {
-  static const std::vector<OptionInfo> table = [] {
-    std::vector<OptionInfo> t;
+  // Never destroyed: the preload library reads it while the process exits,
+  // after function-local statics would have been destroyed.
+  static const std::vector<OptionInfo>& table = *[] {
+    auto* t_ptr = new std::vector<OptionInfo>();
+    std::vector<OptionInfo>& t = *t_ptr;
 #define GPUPOOL_OPTION(key, Kind, def, lo, hi, desc)                                        \
   t.push_back(OptionInfo{                                                                   \
       #key, "GPUPOOL_" + upper(#key), Kind::kKind, Kind::format(def),                       \
@@ -165,7 +168,7 @@ const std::vector<OptionInfo>& option_table() {
       [](const Config& c) { return Kind::format(c.key); }});
 #include "config/options.def"
 #undef GPUPOOL_OPTION
-    return t;
+    return t_ptr;
   }();
   return table;
 }

@@ -1,0 +1,182 @@
+#include "report/diagnosis.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cstdio>
+
+#include "pool/size_rules.hpp"
+
+namespace gpupool::report {
+
+namespace {
+
+std::string format(const char* fmt, auto... args) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, fmt, args...);
+  return buf;
+}
+
+std::string bytes(std::size_t b) { return human_bytes(static_cast<double>(b)); }
+
+constexpr std::size_t kNoticeable = 64 * kMiB;  // waste below this is not worth a line
+
+// The setting that keeps large blocks whole for large requests.
+std::string split_advice(std::size_t rounded, const PoolOptions& options) {
+  if (options.max_split_size == kUnlimited && rounded >= 64 * kMiB) {
+    const std::size_t threshold = std::max<std::size_t>(32 * kMiB, std::bit_floor(rounded / 2));
+    return format(
+        "set GPUPOOL_MAX_SPLIT_SIZE_MB=%zu: blocks of %s or more are then kept whole for large "
+        "requests instead of being split up by small ones",
+        threshold / kMiB, bytes(threshold).c_str());
+  }
+  if (options.roundup_divisions[roundup_interval(rounded)] <= 1) {
+    return "set GPUPOOL_ROUNDUP_POWER2_DIVISIONS=4: sizes rounded to quarter steps between powers "
+           "of two leave blocks that later requests can reuse";
+  }
+  return "record the workload with GPUPOOL_TRACE=trace.csv and run gpupool-replay --sweep on it "
+         "to find the settings that fragment least";
+}
+
+}  // namespace
+
+std::string human_bytes(double b) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int unit = 0;
+  const bool negative = b < 0;
+  if (negative) b = -b;
+  while (b >= 1024.0 && unit < 5) {
+    b /= 1024.0;
+    ++unit;
+  }
+  if (unit == 0) return format("%s%.0f B", negative ? "-" : "", b);
+  return format("%s%.2f %s", negative ? "-" : "", b, kUnits[unit]);
+}
+
+const char* cause_name(OomCause cause) {
+  switch (cause) {
+    case OomCause::TooLarge: return "too_large";
+    case OomCause::LimitReached: return "limit_reached";
+    case OomCause::Fragmentation: return "fragmentation";
+    case OomCause::OtherUsers: return "other_users";
+    case OomCause::DeviceFull: return "device_full";
+  }
+  return "device_full";
+}
+
+OomDiagnosis diagnose(const OomRecord& oom, const PoolOptions& options) {
+  OomDiagnosis d;
+  const std::size_t asked = oom.requested;
+  if (oom.requested > kMaxRequest || (oom.device_total != 0 && oom.rounded > oom.device_total)) {
+    d.cause = OomCause::TooLarge;
+    d.verdict = format("the request is larger than the device: asked %s%s", bytes(asked).c_str(),
+                       oom.device_total != 0 ? format(" of a %s device", bytes(oom.device_total).c_str()).c_str() : "");
+    return d;
+  }
+  if (oom.free_in_pool >= oom.rounded) {
+    d.cause = OomCause::Fragmentation;
+    d.verdict = format("fragmentation: %s free in the pool but the largest block is %s; asked %s",
+                       bytes(oom.free_in_pool).c_str(), bytes(oom.largest_free_block).c_str(),
+                       bytes(asked).c_str());
+    d.advice = split_advice(oom.rounded, options);
+    return d;
+  }
+  if (oom.limit_reached) {
+    d.cause = OomCause::LimitReached;
+    d.verdict = format("GPUPOOL_MEMORY_LIMIT (%s) reached: asked %s with %s reserved, %s of it allocated",
+                       bytes(oom.memory_limit).c_str(), bytes(asked).c_str(), bytes(oom.reserved).c_str(),
+                       bytes(oom.allocated).c_str());
+    d.advice = "raise GPUPOOL_MEMORY_LIMIT, or allocate less";
+    return d;
+  }
+  if (oom.device_total != 0) {
+    const std::size_t accounted = oom.reserved + oom.device_free;
+    const std::size_t others = oom.device_total > accounted ? oom.device_total - accounted : 0;
+    if (others > oom.device_total / 10 && others > oom.reserved) {
+      d.cause = OomCause::OtherUsers;
+      d.verdict = format(
+          "the device is full, mostly not by this pool: it reserves %s of %s; %s is held by other "
+          "processes or by allocations that bypass gpupool; asked %s with %s free",
+          bytes(oom.reserved).c_str(), bytes(oom.device_total).c_str(), bytes(others).c_str(),
+          bytes(asked).c_str(), bytes(oom.device_free).c_str());
+      return d;
+    }
+  }
+  d.cause = OomCause::DeviceFull;
+  d.verdict = format("the device is full: asked %s; this process has %s allocated in %s reserved",
+                     bytes(asked).c_str(), bytes(oom.allocated).c_str(), bytes(oom.reserved).c_str());
+  if (oom.device_total != 0) {
+    d.verdict += format(", the device has %s free of %s", bytes(oom.device_free).c_str(),
+                        bytes(oom.device_total).c_str());
+  }
+  if (oom.free_in_pool > kNoticeable && oom.free_in_pool * 10 > oom.reserved) {
+    d.advice = format("%s sits free in partly used segments: ", bytes(oom.free_in_pool).c_str()) +
+               split_advice(oom.rounded, options);
+  }
+  return d;
+}
+
+std::vector<std::string> advice(const DeviceReport& dev) {
+  std::vector<std::string> lines;
+  auto add = [&](const std::string& line) {
+    if (!line.empty() && std::find(lines.begin(), lines.end(), line) == lines.end()) lines.push_back(line);
+  };
+  const MemoryStats& s = dev.stats;
+  const PoolOptions& o = dev.options;
+
+  for (const OomRecord& oom : dev.ooms) add(diagnose(oom, o).advice);
+
+  const auto reserved_peak = static_cast<double>(s.reserved_bytes[kAll].peak);
+  const auto requested_peak = static_cast<double>(s.requested_bytes[kAll].peak);
+  if (requested_peak > 0 && reserved_peak > 1.25 * requested_peak &&
+      reserved_peak - requested_peak > static_cast<double>(kNoticeable)) {
+    add(format("reserved memory peaked at %s, %.2fx the most ever requested at once (%s): record "
+               "the run with GPUPOOL_TRACE=trace.csv and run gpupool-replay --sweep to find settings "
+               "that waste less",
+               human_bytes(reserved_peak).c_str(), reserved_peak / requested_peak,
+               human_bytes(requested_peak).c_str()));
+  }
+  const auto allocated_peak = static_cast<double>(s.allocated_bytes[kAll].peak);
+  const bool rounding_on = std::any_of(o.roundup_divisions.begin(), o.roundup_divisions.end(),
+                                       [](std::uint32_t d) { return d > 1; });
+  if (rounding_on && allocated_peak - requested_peak > 0.15 * allocated_peak &&
+      allocated_peak - requested_peak > static_cast<double>(kNoticeable)) {
+    add(format("rounding costs %s at peak (%.0f%% of allocated memory): lower "
+               "GPUPOOL_ROUNDUP_POWER2_DIVISIONS",
+               human_bytes(allocated_peak - requested_peak).c_str(),
+               100.0 * (allocated_peak - requested_peak) / allocated_peak));
+  }
+  if (s.num_alloc_retries > 0) {
+    add(format("%lld allocations had to flush the cache and retry (each flush synchronizes the "
+               "device): memory is tight%s",
+               static_cast<long long>(s.num_alloc_retries),
+               o.garbage_collection_threshold > 0.0
+                   ? ""
+                   : "; GPUPOOL_GARBAGE_COLLECTION_THRESHOLD=0.8 returns idle segments earlier, without a flush"));
+  }
+  if (s.num_gc_releases > 10 && s.cache_misses > s.num_gc_releases) {
+    add(format("garbage collection returned %lld segments that later had to be allocated again: "
+               "raise GPUPOOL_GARBAGE_COLLECTION_THRESHOLD",
+               static_cast<long long>(s.num_gc_releases)));
+  }
+  if (dev.leaks.blocks > 0 && dev.leaks.sites.empty()) {
+    add(format("%llu blocks (%s) were still allocated at exit: GPUPOOL_BACKTRACE=1 lists where they "
+               "were allocated",
+               static_cast<unsigned long long>(dev.leaks.blocks), bytes(dev.leaks.bytes).c_str()));
+  }
+  std::uint64_t waits = 0;
+  for (const StreamReport& r : dev.streams) waits += r.counters.event_waits;
+  const auto allocations = static_cast<std::uint64_t>(s.allocation[kAll].allocated);
+  if (waits > 1000 && waits * 10 > allocations && o.cross_stream_reuse == CrossStreamReuse::Auto) {
+    add(format("streams waited on each other %llu times to reuse memory: "
+               "GPUPOOL_CROSS_STREAM_REUSE=completed avoids those device-side waits at some memory cost",
+               static_cast<unsigned long long>(waits)));
+  }
+  if (dev.quarantined_bytes > 0) {
+    add(format("%s freed with cudaFreeAsync inside a stream capture is never reused: free such "
+               "memory outside the capture",
+               bytes(dev.quarantined_bytes).c_str()));
+  }
+  return lines;
+}
+
+}  // namespace gpupool::report

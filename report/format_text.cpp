@@ -1,0 +1,223 @@
+#include <cstdio>
+#include <string>
+
+#include "report/diagnosis.hpp"
+#include "report/format.hpp"
+
+namespace gpupool::report {
+
+namespace {
+
+constexpr int kWidth = 85;  // the memory_summary table's width
+
+void appendf(std::string& out, const char* fmt, auto... args) {
+  char buf[1024];
+  std::snprintf(buf, sizeof buf, fmt, args...);
+  out += buf;
+}
+
+std::string rule(char c) { return "|" + std::string(kWidth - 2, c) + "|\n"; }
+
+std::string bytes(std::int64_t b) { return human_bytes(static_cast<double>(b)); }
+
+// One memory_summary row group: the total and its two pools.
+void stat_rows(std::string& out, const char* name, const StatArray& s, bool is_bytes) {
+  static constexpr const char* kLabels[kStatIndexes] = {"", "      from small pool", "      from large pool"};
+  static constexpr int kOrder[kStatIndexes] = {kAll, kLargePool, kSmallPool};
+  for (int i : kOrder) {
+    const Stat& st = s[i];
+    auto cell = [&](std::int64_t v) { return is_bytes ? bytes(v) : std::to_string(v); };
+    const std::string label = i == kAll ? std::string(name) : kLabels[i];
+    appendf(out, "| %-26s| %11s | %11s | %11s | %11s |\n", label.c_str(), cell(st.current).c_str(),
+            cell(st.peak).c_str(), cell(st.allocated).c_str(), cell(st.freed).c_str());
+  }
+}
+
+void single_row(std::string& out, const char* name, const Stat& st) {
+  appendf(out, "| %-26s| %11lld | %11lld | %11lld | %11lld |\n", name,
+          static_cast<long long>(st.current), static_cast<long long>(st.peak),
+          static_cast<long long>(st.allocated), static_cast<long long>(st.freed));
+}
+
+void histogram(std::string& out, const char* title, const SizeHistogram& h) {
+  if (h.empty()) return;
+  appendf(out, "  %s\n", title);
+  for (int b = 0; b < kHistogramBuckets; ++b) {
+    if (h.count[b] == 0) continue;
+    const std::string lo = human_bytes(static_cast<double>(std::uint64_t{1} << b));
+    appendf(out, "    >= %-11s %10llu blocks %12s\n", lo.c_str(),
+            static_cast<unsigned long long>(h.count[b]),
+            human_bytes(static_cast<double>(h.bytes[b])).c_str());
+  }
+}
+
+void device_section(std::string& out, const DeviceReport& d) {
+  const MemoryStats& s = d.stats;
+  out += "\n" + rule('=');
+  appendf(out, "| %-*s|\n", kWidth - 3, ("gpupool memory summary, device " + std::to_string(d.device)).c_str());
+  out += rule('-');
+  appendf(out, "| %-26s| %11s | %11s | %11s | %11s |\n", "Metric", "Cur Usage", "Peak Usage",
+          "Tot Alloc", "Tot Freed");
+  out += rule('-');
+  stat_rows(out, "Allocated memory", s.allocated_bytes, true);
+  out += rule('-');
+  stat_rows(out, "Active memory", s.active_bytes, true);
+  out += rule('-');
+  stat_rows(out, "Requested memory", s.requested_bytes, true);
+  out += rule('-');
+  stat_rows(out, "GPU reserved memory", s.reserved_bytes, true);
+  out += rule('-');
+  stat_rows(out, "Non-releasable memory", s.inactive_split_bytes, true);
+  out += rule('-');
+  stat_rows(out, "Allocations", s.allocation, false);
+  out += rule('-');
+  stat_rows(out, "Active allocs", s.active, false);
+  out += rule('-');
+  stat_rows(out, "GPU reserved segments", s.segment, false);
+  out += rule('-');
+  stat_rows(out, "Non-releasable allocs", s.inactive_split, false);
+  out += rule('-');
+  single_row(out, "Oversize allocations", s.oversize_allocations);
+  single_row(out, "Oversize GPU segments", s.oversize_segments);
+  out += rule('=');
+
+  const Fragmentation& f = d.fragmentation;
+  const Fragmentation& p = d.fragmentation_at_peak;
+  out += "\nFragmentation                      now             at reserved peak\n";
+  appendf(out, "  free bytes in segments     %14s      %14s\n", human_bytes(static_cast<double>(f.free_bytes)).c_str(),
+          human_bytes(static_cast<double>(p.free_bytes)).c_str());
+  appendf(out, "  largest free block         %14s      %14s\n",
+          human_bytes(static_cast<double>(f.largest_free_block)).c_str(),
+          human_bytes(static_cast<double>(p.largest_free_block)).c_str());
+  appendf(out, "  external fragmentation     %14.3f      %14.3f   (1 - largest free / free)\n",
+          f.external, p.external);
+  appendf(out, "  rounding waste             %14s      %14s   (allocated - requested)\n",
+          human_bytes(static_cast<double>(f.rounding_waste)).c_str(),
+          human_bytes(static_cast<double>(p.rounding_waste)).c_str());
+  appendf(out, "  peak reserved / peak requested: %.4f\n", f.peak_reserved_to_peak_requested);
+
+  const double hits = static_cast<double>(s.cache_hits);
+  const double total = hits + static_cast<double>(s.cache_misses);
+  out += "\nUpstream and cache\n";
+  appendf(out, "  cudaMalloc calls %lld (%lld failed), cudaFree calls %lld\n",
+          static_cast<long long>(s.num_device_alloc + s.num_device_alloc_failures),
+          static_cast<long long>(s.num_device_alloc_failures), static_cast<long long>(s.num_device_free));
+  appendf(out, "  time in cudaMalloc %.3f ms, in cudaFree %.3f ms, in the pool ~%.3f ms (%llu operations)\n",
+          static_cast<double>(s.upstream_alloc_ns) / 1e6, static_cast<double>(s.upstream_free_ns) / 1e6,
+          s.pool_ops_sampled == 0 ? 0.0
+                                  : static_cast<double>(s.pool_ns_sampled) / static_cast<double>(s.pool_ops_sampled) *
+                                        static_cast<double>(s.pool_ops) / 1e6,
+          static_cast<unsigned long long>(s.pool_ops));
+  appendf(out, "  cache hits %lld of %lld allocations (%.1f%%); retries %lld, out-of-memory %lld, "
+               "segments returned by garbage collection %lld\n",
+          static_cast<long long>(s.cache_hits), static_cast<long long>(total),
+          total == 0 ? 0.0 : 100.0 * hits / total, static_cast<long long>(s.num_alloc_retries),
+          static_cast<long long>(s.num_ooms), static_cast<long long>(s.num_gc_releases));
+
+  if (!d.streams.empty()) {
+    out += "\nStreams                  cached blocks      cached  same-stream  cross-stream  event waits  fences  host syncs\n";
+    for (const StreamReport& r : d.streams) {
+      appendf(out, "  %-20s %14zu %11s %12llu %13llu %12llu %7llu %11llu\n",
+              (stream_name(r.id) + (r.alive ? "" : " (gone)")).c_str(), r.cached_blocks,
+              human_bytes(static_cast<double>(r.cached_bytes)).c_str(),
+              static_cast<unsigned long long>(r.counters.same_stream_reuses),
+              static_cast<unsigned long long>(r.counters.cross_stream_reuses),
+              static_cast<unsigned long long>(r.counters.event_waits),
+              static_cast<unsigned long long>(r.counters.fences_recorded),
+              static_cast<unsigned long long>(r.counters.host_syncs));
+    }
+  }
+
+  out += "\nSizes\n";
+  histogram(out, "requests", d.requests);
+  histogram(out, "free blocks at the reserved peak", d.free_blocks_at_peak);
+  histogram(out, "free blocks now", d.free_blocks_now);
+
+  if (s.num_ooms > 0) {
+    appendf(out, "\nOut of memory: %lld time(s)\n", static_cast<long long>(s.num_ooms));
+    for (const OomRecord& o : d.ooms) {
+      const OomDiagnosis diag = diagnose(o, d.options);
+      appendf(out, "  [%.3f s] asked %s on %s: %s\n", static_cast<double>(o.time_ns) / 1e9,
+              human_bytes(static_cast<double>(o.requested)).c_str(), stream_name(o.stream).c_str(),
+              diag.verdict.c_str());
+      if (!diag.advice.empty()) appendf(out, "      advice: %s\n", diag.advice.c_str());
+    }
+    if (static_cast<std::size_t>(s.num_ooms) > d.ooms.size()) {
+      appendf(out, "  (%lld more not itemized)\n", static_cast<long long>(s.num_ooms) - static_cast<long long>(d.ooms.size()));
+    }
+  }
+
+  if (d.leaks.blocks > 0) {
+    appendf(out, "\nStill allocated at exit: %llu blocks, %s\n", static_cast<unsigned long long>(d.leaks.blocks),
+            human_bytes(static_cast<double>(d.leaks.bytes)).c_str());
+    for (const LeakedBlock& b : d.leaks.largest) {
+      appendf(out, "  %#zx  %s (asked %zu bytes) on %s\n", static_cast<std::size_t>(b.addr),
+              human_bytes(static_cast<double>(b.size)).c_str(), b.requested, stream_name(b.stream).c_str());
+    }
+    for (const LeakSite& site : d.leaks.sites) {
+      appendf(out, "  %s in %llu blocks, allocated at:\n", human_bytes(static_cast<double>(site.bytes)).c_str(),
+              static_cast<unsigned long long>(site.blocks));
+      for (const std::string& frame : site.frames) appendf(out, "      %s\n", frame.c_str());
+    }
+  }
+  if (d.quarantined_bytes > 0) {
+    appendf(out, "\nFreed inside a stream capture (kept out of reuse): %s\n",
+            human_bytes(static_cast<double>(d.quarantined_bytes)).c_str());
+  }
+
+  const std::vector<std::string> lines = advice(d);
+  if (!lines.empty()) {
+    out += "\nAdvice\n";
+    for (const std::string& line : lines) out += "  - " + line + "\n";
+  }
+}
+
+}  // namespace
+
+std::string stream_name(StreamId id) {
+  if (id == kAnyStream) return "cudaMalloc/cudaFree";
+  if (id == 0x1) return "legacy";
+  if (id == 0) return "destroyed streams";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, (id & 0xF) == 0x2 ? "per-thread #%llu" : "%#llx",
+                static_cast<unsigned long long>((id & 0xF) == 0x2 ? id >> 4 : id));
+  return buf;
+}
+
+std::string to_text(const Report& r) {
+  std::string out;
+  appendf(out, "gpupool report: %s (pid %ld), %s after %.3f s\n", r.program.c_str(), r.pid,
+          r.reason == "exit" ? "at exit" : "on signal", r.wall_seconds);
+  out += "\nConfiguration (* = not the default)\n";
+  for (const ConfigRow& c : r.config) {
+    appendf(out, "  %c %-36s %s\n", c.non_default() ? '*' : ' ', c.variable.c_str(), c.value.c_str());
+  }
+  for (const std::string& p : r.config_problems) out += "  problem: " + p + "\n";
+  if (r.devices.empty()) out += "\nNo device memory went through gpupool.\n";
+  for (const DeviceReport& d : r.devices) device_section(out, d);
+  return out;
+}
+
+std::string summary(const Report& r) {
+  std::string out;
+  for (const DeviceReport& d : r.devices) {
+    const MemoryStats& s = d.stats;
+    const double total = static_cast<double>(s.cache_hits + s.cache_misses);
+    appendf(out,
+            "gpupool device %d: peak allocated %s, peak reserved %s (%.3fx peak requested), "
+            "%lld cudaMalloc calls for %lld allocations (%.1f%% cache hits)",
+            d.device, bytes(s.allocated_bytes[kAll].peak).c_str(), bytes(s.reserved_bytes[kAll].peak).c_str(),
+            d.fragmentation.peak_reserved_to_peak_requested, static_cast<long long>(s.num_device_alloc),
+            static_cast<long long>(s.allocation[kAll].allocated),
+            total == 0 ? 0.0 : 100.0 * static_cast<double>(s.cache_hits) / total);
+    if (s.num_ooms > 0) appendf(out, ", %lld out-of-memory", static_cast<long long>(s.num_ooms));
+    if (d.leaks.blocks > 0) {
+      appendf(out, ", %llu blocks (%s) never freed", static_cast<unsigned long long>(d.leaks.blocks),
+              human_bytes(static_cast<double>(d.leaks.bytes)).c_str());
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace gpupool::report

@@ -1,0 +1,71 @@
+// Everything a report says, as plain data. The shim (and the replay tool) fill
+// it from the pools; text and JSON are both produced from it, so they carry the
+// same content.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pool/options.hpp"
+#include "pool/stats.hpp"
+
+namespace gpupool::report {
+
+struct ConfigRow {
+  std::string variable;
+  std::string key;
+  std::string value;
+  std::string default_value;
+  bool non_default() const { return value != default_value; }
+};
+
+struct LeakedBlock {
+  DevicePtr addr = 0;
+  std::size_t size = 0;
+  std::size_t requested = 0;
+  StreamId stream = kAnyStream;
+};
+
+// Allocations still live at exit that came from one call stack.
+struct LeakSite {
+  std::vector<std::string> frames;  // symbolized, innermost first
+  std::uint64_t blocks = 0;
+  std::uint64_t bytes = 0;
+};
+
+struct Leaks {
+  std::uint64_t blocks = 0;
+  std::uint64_t bytes = 0;
+  std::vector<LeakedBlock> largest;  // a few, largest first
+  std::vector<LeakSite> sites;       // with GPUPOOL_BACKTRACE=1, most bytes first
+};
+
+struct DeviceReport {
+  int device = 0;
+  PoolOptions options;
+  MemoryStats stats;
+  Fragmentation fragmentation;          // now
+  Fragmentation fragmentation_at_peak;  // when reserved memory peaked
+  SizeHistogram requests;
+  SizeHistogram free_blocks_at_peak;
+  SizeHistogram free_blocks_now;
+  std::vector<StreamReport> streams;
+  std::vector<OomRecord> ooms;
+  std::vector<TimelineSample> timeline;
+  std::uint64_t timeline_stride = 1;
+  Leaks leaks;
+  std::size_t quarantined_bytes = 0;
+};
+
+struct Report {
+  std::string program;
+  long pid = 0;
+  std::string reason = "exit";  // or "signal"
+  double wall_seconds = 0.0;
+  std::vector<ConfigRow> config;
+  std::vector<std::string> config_problems;
+  std::vector<DeviceReport> devices;
+};
+
+}  // namespace gpupool::report

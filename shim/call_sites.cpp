@@ -1,0 +1,83 @@
+#include "shim/call_sites.hpp"
+
+#include <cxxabi.h>
+#include <dlfcn.h>
+#include <execinfo.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace gpupool::shim {
+
+namespace {
+
+constexpr int kMaxFrames = 24;
+constexpr int kFramesKept = 12;
+
+// The load address of this library, to skip our own frames.
+void* own_base() {
+  Dl_info info;
+  static int anchor;
+  return dladdr(&anchor, &info) != 0 ? info.dli_fbase : nullptr;
+}
+
+}  // namespace
+
+void CallSites::enable() {
+  void* frames[2];
+  backtrace(frames, 2);  // the first call loads the unwinder: not on the hot path later
+  enabled_ = true;
+}
+
+std::uint32_t CallSites::capture() {
+  if (!enabled_) return 0;
+  void* frames[kMaxFrames];
+  const int n = backtrace(frames, kMaxFrames);
+  static void* const self = own_base();
+  std::vector<void*> kept;
+  for (int i = 0; i < n && static_cast<int>(kept.size()) < kFramesKept; ++i) {
+    Dl_info info;
+    if (kept.empty() && dladdr(frames[i], &info) != 0 && info.dli_fbase == self) continue;
+    kept.push_back(frames[i]);
+  }
+  std::uint64_t hash = 1469598103934665603ull;
+  for (void* f : kept) hash = (hash ^ reinterpret_cast<std::uintptr_t>(f)) * 1099511628211ull;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto [it, added] = by_hash_.try_emplace(hash, static_cast<std::uint32_t>(stacks_.size() + 1));
+  if (added) stacks_.push_back(std::move(kept));
+  return it->second;
+}
+
+std::vector<std::string> CallSites::symbolize(std::uint32_t site) {
+  std::vector<void*> frames;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (site == 0 || site > stacks_.size()) return {};
+    frames = stacks_[site - 1];
+  }
+  std::vector<std::string> out;
+  for (void* f : frames) {
+    Dl_info info{};
+    char line[512];
+    if (dladdr(f, &info) == 0) {
+      std::snprintf(line, sizeof line, "%p", f);
+    } else {
+      const char* lib = info.dli_fname != nullptr ? info.dli_fname : "?";
+      if (info.dli_sname != nullptr) {
+        int status = 0;
+        char* demangled = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status);
+        const char* name = status == 0 && demangled != nullptr ? demangled : info.dli_sname;
+        std::snprintf(line, sizeof line, "%s+%#zx (%s)", name,
+                      static_cast<std::size_t>(static_cast<char*>(f) - static_cast<char*>(info.dli_saddr)), lib);
+        std::free(demangled);
+      } else {
+        std::snprintf(line, sizeof line, "%s+%#zx", lib,
+                      static_cast<std::size_t>(static_cast<char*>(f) - static_cast<char*>(info.dli_fbase)));
+      }
+    }
+    out.emplace_back(line);
+  }
+  return out;
+}
+
+}  // namespace gpupool::shim

@@ -1,0 +1,37 @@
+// The pool's upstream on a real (or simulated) CUDA device: segments from the
+// runtime's cudaMalloc/cudaFree, fences from its events. Errors of these
+// internal calls are cleared from the runtime's last-error state, and an error
+// the program had left there is kept for it (see thread_state.hpp).
+#pragma once
+
+#include "pool/upstream.hpp"
+
+namespace gpupool::shim {
+
+class CudaUpstream final : public Upstream {
+ public:
+  explicit CudaUpstream(int device) : device_(device) {}
+
+  DevicePtr allocate_segment(std::size_t bytes) override;
+  void release_segment(DevicePtr base, std::size_t bytes) override;
+  EventHandle create_event() override;
+  void destroy_event(EventHandle event) override;
+  bool record_event(EventHandle event, StreamId stream) override;
+  bool wait_event(StreamId stream, EventHandle event) override;
+  EventStatus query_event(EventHandle event) override;
+  bool synchronize_event(EventHandle event) override;
+  bool synchronize_stream(StreamId stream) override;
+  StreamId legacy_stream() const override;
+  bool memory_info(std::size_t* free_bytes, std::size_t* total_bytes) override;
+
+ private:
+  int device_;
+};
+
+// A monotonic clock for the pool's timings.
+class SteadyClock final : public Clock {
+ public:
+  std::uint64_t now_ns() override;
+};
+
+}  // namespace gpupool::shim

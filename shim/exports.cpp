@@ -1,0 +1,275 @@
+// The CUDA runtime entry points gpupool intercepts. Everything else in the
+// library is hidden; exports.map lists exactly these names.
+#include <cuda_runtime_api.h>
+#include <link.h>
+#include <pthread.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "shim/messages.hpp"
+#include "shim/real_cuda.hpp"
+#include "shim/runtime.hpp"
+#include "shim/thread_state.hpp"
+
+#define GPUPOOL_EXPORT extern "C" __attribute__((visibility("default")))
+
+using gpupool::FreeResult;
+using gpupool::StreamId;
+using gpupool::shim::fail;
+using gpupool::shim::real;
+using gpupool::shim::Runtime;
+using gpupool::shim::stream_id;
+
+namespace {
+
+// Entry for every intercepted call: starts the runtime on first use and
+// serves a report a signal asked for.
+Runtime& enter() {
+  Runtime& rt = Runtime::get();
+  rt.poll_report_request();
+  return rt;
+}
+
+cudaError_t missing() { return fail(cudaErrorNotSupported); }
+
+cudaError_t free_result(FreeResult r, void* ptr, const char* call) {
+  if (r == FreeResult::Freed) return cudaSuccess;
+  // NotAllocated: inside a pooled segment but not live. The real runtime would
+  // reject it too (it never handed this pointer out as an allocation).
+  char line[200];
+  std::snprintf(line, sizeof line,
+                "gpupool: %s: %p is not a live allocation (freed twice, or not the start of a block)", call, ptr);
+  gpupool::shim::message(gpupool::config::LogLevel::Warn, line);
+  return fail(cudaErrorInvalidValue);
+}
+
+cudaError_t malloc_on(void** ptr, size_t size, cudaStream_t stream, bool per_thread) {
+  Runtime& rt = enter();
+  auto real_call = per_thread ? real().cudaMallocAsync_ptsz : real().cudaMallocAsync;
+  if (rt.bypass()) return real_call != nullptr ? real_call(ptr, size, stream) : missing();
+  if (ptr == nullptr) return fail(cudaErrorInvalidValue);
+  const StreamId id = stream_id(stream, per_thread);
+  const int device = rt.device_of(id);
+  rt.ensure_known(id, device);
+  // Inside a capture the allocation must become a graph node: the runtime's.
+  if (rt.is_capturing(id)) return real_call != nullptr ? real_call(ptr, size, stream) : missing();
+  if (size == 0) {
+    *ptr = nullptr;
+    return cudaSuccess;
+  }
+  return rt.allocate(ptr, size, id, device);
+}
+
+cudaError_t free_on(void* ptr, cudaStream_t stream, bool per_thread) {
+  Runtime& rt = enter();
+  auto real_call = per_thread ? real().cudaFreeAsync_ptsz : real().cudaFreeAsync;
+  if (rt.disabled() || ptr == nullptr) return real_call != nullptr ? real_call(ptr, stream) : missing();
+  const StreamId id = stream_id(stream, per_thread);
+  if (!rt.bypass()) rt.ensure_known(id, rt.device_of(id));
+  const FreeResult r = rt.deallocate(ptr, id);
+  if (r == FreeResult::NotOwned) return real_call != nullptr ? real_call(ptr, stream) : missing();
+  return free_result(r, ptr, "cudaFreeAsync");
+}
+
+cudaError_t begin_capture(cudaStream_t stream, bool per_thread, cudaError_t err) {
+  if (err == cudaSuccess && !Runtime::get().bypass()) Runtime::get().capture_began(stream_id(stream, per_thread));
+  return err;
+}
+
+cudaError_t end_capture(cudaStream_t stream, bool per_thread, cudaError_t err) {
+  // The capture is over whatever the result (an invalidated one ends too).
+  if (!Runtime::get().bypass()) Runtime::get().capture_ended(stream_id(stream, per_thread));
+  return err;
+}
+
+// ---------------------------------------------------------------- lifecycle
+
+// True when this process loaded the CUDA driver (libcuda), i.e. used CUDA.
+int find_driver(struct dl_phdr_info* info, size_t, void* found) {
+  const char* name = info->dlpi_name;
+  if (name != nullptr && std::strstr(name, "/libcuda.so") != nullptr) *static_cast<bool*>(found) = true;
+  return 0;
+}
+
+void at_exit() {
+  if (Runtime* rt = Runtime::if_started()) {
+    rt->at_exit();
+    return;
+  }
+  // CUDA was used, but not through any call gpupool sees: most likely the
+  // program carries the static CUDA runtime (nvcc's default).
+  bool driver = false;
+  dl_iterate_phdr(find_driver, &driver);
+  if (!driver) return;
+  const gpupool::config::Config c =
+      gpupool::config::parse_config(gpupool::config::process_environment()).config;
+  gpupool::shim::set_log_level(c.log_level);
+  if (!c.disable) {
+    gpupool::shim::message(gpupool::config::LogLevel::Warn,
+                           "gpupool: this program used CUDA but never called cudaMalloc through the shared "
+                           "runtime, so gpupool saw nothing; if it was built with nvcc's default static "
+                           "runtime, rebuild it with -cudart shared");
+  }
+}
+
+void prepare_fork() {
+  if (Runtime* rt = Runtime::if_started()) rt->before_fork();
+}
+void parent_after_fork() {
+  if (Runtime* rt = Runtime::if_started()) rt->after_fork_parent();
+}
+void child_after_fork() {
+  if (Runtime* rt = Runtime::if_started()) rt->after_fork_child();
+}
+
+// Registered when the library loads, before the program's own static
+// constructors: so this runs after their destructors, and frees made there
+// are counted before the report is written.
+__attribute__((constructor)) void on_load() {
+  std::atexit(at_exit);
+  pthread_atfork(prepare_fork, parent_after_fork, child_after_fork);
+}
+
+}  // namespace
+
+// Per-thread-default-stream twins are not declared by the headers.
+extern "C" {
+cudaError_t cudaMallocAsync_ptsz(void**, size_t, cudaStream_t);
+cudaError_t cudaFreeAsync_ptsz(void*, cudaStream_t);
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t, cudaStreamCaptureMode);
+cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t, cudaGraph_t, const cudaGraphNode_t*,
+                                               const cudaGraphEdgeData*, size_t, cudaStreamCaptureMode);
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t, cudaGraph_t*);
+}
+
+// ---------------------------------------------------------------- memory
+
+GPUPOOL_EXPORT cudaError_t cudaMalloc(void** ptr, size_t size) {
+  Runtime& rt = enter();
+  if (rt.bypass()) return real().cudaMalloc(ptr, size);
+  if (ptr == nullptr) return fail(cudaErrorInvalidValue);
+  if (size == 0) {
+    *ptr = nullptr;
+    return cudaSuccess;
+  }
+  return rt.allocate(ptr, size, gpupool::kAnyStream, rt.current_device());
+}
+
+GPUPOOL_EXPORT cudaError_t cudaFree(void* ptr) {
+  Runtime& rt = enter();
+  if (rt.disabled()) return real().cudaFree(ptr);
+  if (ptr == nullptr) return cudaSuccess;
+  const FreeResult r = rt.deallocate(ptr, gpupool::kAnyStream);
+  if (r == FreeResult::NotOwned) return real().cudaFree(ptr);
+  return free_result(r, ptr, "cudaFree");
+}
+
+GPUPOOL_EXPORT cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t stream) {
+  return malloc_on(ptr, size, stream, false);
+}
+GPUPOOL_EXPORT cudaError_t cudaMallocAsync_ptsz(void** ptr, size_t size, cudaStream_t stream) {
+  return malloc_on(ptr, size, stream, true);
+}
+GPUPOOL_EXPORT cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) { return free_on(ptr, stream, false); }
+GPUPOOL_EXPORT cudaError_t cudaFreeAsync_ptsz(void* ptr, cudaStream_t stream) { return free_on(ptr, stream, true); }
+
+GPUPOOL_EXPORT cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  Runtime& rt = enter();
+  const cudaError_t err = real().cudaMemGetInfo(free_bytes, total_bytes);
+  if (err == cudaSuccess && !rt.bypass()) rt.adjust_mem_get_info(free_bytes, total_bytes);
+  return err;
+}
+
+GPUPOOL_EXPORT cudaError_t cudaDeviceReset(void) {
+  Runtime& rt = enter();
+  if (!rt.bypass()) rt.device_reset(rt.current_device());
+  return real().cudaDeviceReset != nullptr ? real().cudaDeviceReset() : missing();
+}
+
+GPUPOOL_EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
+  Runtime& rt = enter();
+  if (!rt.bypass()) rt.check_ipc_pointer(ptr);
+  return real().cudaIpcGetMemHandle != nullptr ? real().cudaIpcGetMemHandle(handle, ptr) : missing();
+}
+
+// ---------------------------------------------------------------- errors
+
+GPUPOOL_EXPORT cudaError_t cudaGetLastError(void) {
+  const cudaError_t runtime_error = real().cudaGetLastError();
+  cudaError_t& ours = gpupool::shim::thread_error();
+  if (ours == cudaSuccess) return runtime_error;
+  const cudaError_t e = ours;
+  ours = cudaSuccess;
+  return e;
+}
+
+GPUPOOL_EXPORT cudaError_t cudaPeekAtLastError(void) {
+  const cudaError_t ours = gpupool::shim::thread_error();
+  return ours != cudaSuccess ? ours : real().cudaPeekAtLastError();
+}
+
+// ---------------------------------------------------------------- streams
+
+GPUPOOL_EXPORT cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+  Runtime& rt = enter();
+  const cudaError_t err = real().cudaStreamCreate(stream);
+  if (err == cudaSuccess && !rt.bypass()) rt.stream_created(*stream, cudaStreamDefault);
+  return err;
+}
+
+GPUPOOL_EXPORT cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+  Runtime& rt = enter();
+  const cudaError_t err = real().cudaStreamCreateWithFlags(stream, flags);
+  if (err == cudaSuccess && !rt.bypass()) rt.stream_created(*stream, flags);
+  return err;
+}
+
+GPUPOOL_EXPORT cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags, int priority) {
+  Runtime& rt = enter();
+  const cudaError_t err = real().cudaStreamCreateWithPriority(stream, flags, priority);
+  if (err == cudaSuccess && !rt.bypass()) rt.stream_created(*stream, flags);
+  return err;
+}
+
+GPUPOOL_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  Runtime& rt = enter();
+  if (!rt.bypass() && stream != nullptr) rt.stream_destroying(stream);
+  return real().cudaStreamDestroy(stream);
+}
+
+GPUPOOL_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+  enter();
+  return begin_capture(stream, false, real().cudaStreamBeginCapture(stream, mode));
+}
+GPUPOOL_EXPORT cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, cudaStreamCaptureMode mode) {
+  enter();
+  if (real().cudaStreamBeginCapture_ptsz == nullptr) return missing();
+  return begin_capture(stream, true, real().cudaStreamBeginCapture_ptsz(stream, mode));
+}
+GPUPOOL_EXPORT cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t stream, cudaGraph_t graph,
+                                                         const cudaGraphNode_t* deps, const cudaGraphEdgeData* data,
+                                                         size_t count, cudaStreamCaptureMode mode) {
+  enter();
+  if (real().cudaStreamBeginCaptureToGraph == nullptr) return missing();
+  return begin_capture(stream, false, real().cudaStreamBeginCaptureToGraph(stream, graph, deps, data, count, mode));
+}
+GPUPOOL_EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t stream, cudaGraph_t graph,
+                                                              const cudaGraphNode_t* deps,
+                                                              const cudaGraphEdgeData* data, size_t count,
+                                                              cudaStreamCaptureMode mode) {
+  enter();
+  if (real().cudaStreamBeginCaptureToGraph_ptsz == nullptr) return missing();
+  return begin_capture(stream, true,
+                       real().cudaStreamBeginCaptureToGraph_ptsz(stream, graph, deps, data, count, mode));
+}
+GPUPOOL_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  enter();
+  return end_capture(stream, false, real().cudaStreamEndCapture(stream, graph));
+}
+GPUPOOL_EXPORT cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t* graph) {
+  enter();
+  if (real().cudaStreamEndCapture_ptsz == nullptr) return missing();
+  return end_capture(stream, true, real().cudaStreamEndCapture_ptsz(stream, graph));
+}

@@ -1,0 +1,37 @@
+#include "shim/messages.hpp"
+
+#include <spdlog/logger.h>
+#include <spdlog/sinks/stdout_sinks.h>
+
+#include <atomic>
+#include <memory>
+
+namespace gpupool::shim {
+
+namespace {
+
+std::atomic<config::LogLevel> g_level{config::LogLevel::Info};
+
+// Not registered with spdlog's global registry: the host program may use spdlog
+// itself, and ours must never collide with or outlive its loggers.
+spdlog::logger& stderr_logger() {
+  static spdlog::logger* logger = [] {
+    auto* l = new spdlog::logger("gpupool", std::make_shared<spdlog::sinks::stderr_sink_mt>());
+    l->set_pattern("%v");
+    l->set_level(spdlog::level::trace);
+    return l;
+  }();
+  return *logger;
+}
+
+}  // namespace
+
+void set_log_level(config::LogLevel level) { g_level.store(level); }
+
+void message(config::LogLevel level, const std::string& line) {
+  if (level == config::LogLevel::Off || static_cast<int>(level) > static_cast<int>(g_level.load())) return;
+  stderr_logger().info(line);
+  stderr_logger().flush();
+}
+
+}  // namespace gpupool::shim

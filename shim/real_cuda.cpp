@@ -1,0 +1,51 @@
+#include "shim/real_cuda.hpp"
+
+#include <dlfcn.h>
+#include <link.h>
+
+#include <cstring>
+#include <mutex>
+
+namespace gpupool::shim {
+
+namespace {
+
+// The path of a loaded libcudart.so.*, if any.
+int find_cudart(struct dl_phdr_info* info, size_t, void* data) {
+  const char* name = info->dlpi_name;
+  if (name == nullptr || *name == '\0') return 0;
+  const char* base = std::strrchr(name, '/');
+  base = base != nullptr ? base + 1 : name;
+  if (std::strncmp(base, "libcudart.so", 12) != 0) return 0;
+  *static_cast<const char**>(data) = name;
+  return 1;
+}
+
+void* loaded_cudart() {
+  const char* path = nullptr;
+  dl_iterate_phdr(find_cudart, &path);
+  return path != nullptr ? dlopen(path, RTLD_LAZY | RTLD_NOLOAD) : nullptr;
+}
+
+void* lookup(void* cudart, const char* name) {
+  void* f = dlsym(RTLD_NEXT, name);
+  if (f == nullptr && cudart != nullptr) f = dlsym(cudart, name);
+  return f;
+}
+
+}  // namespace
+
+const RealCuda& real() {
+  static RealCuda table;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* cudart = loaded_cudart();
+#define GPUPOOL_RESOLVE(name, signature) \
+  table.name = reinterpret_cast<std::add_pointer_t<signature>>(lookup(cudart, #name));
+    GPUPOOL_REAL_FUNCTIONS(GPUPOOL_RESOLVE)
+#undef GPUPOOL_RESOLVE
+  });
+  return table;
+}
+
+}  // namespace gpupool::shim

@@ -1,0 +1,59 @@
+// The real CUDA runtime functions, found lazily at first use: dlsym(RTLD_NEXT)
+// first; when the runtime was loaded RTLD_LOCAL (Python extension modules),
+// the loaded libcudart is found with dl_iterate_phdr and opened RTLD_NOLOAD.
+// Nothing here links against libcudart.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <type_traits>
+
+namespace gpupool::shim {
+
+#define GPUPOOL_REAL_FUNCTIONS(X)                                                         \
+  X(cudaMalloc, cudaError_t(void**, size_t))                                          \
+  X(cudaFree, cudaError_t(void*))                                                     \
+  X(cudaMallocAsync, cudaError_t(void**, size_t, cudaStream_t))                       \
+  X(cudaMallocAsync_ptsz, cudaError_t(void**, size_t, cudaStream_t))                  \
+  X(cudaFreeAsync, cudaError_t(void*, cudaStream_t))                                  \
+  X(cudaFreeAsync_ptsz, cudaError_t(void*, cudaStream_t))                             \
+  X(cudaMemGetInfo, cudaError_t(size_t*, size_t*))                                    \
+  X(cudaGetDevice, cudaError_t(int*))                                                 \
+  X(cudaSetDevice, cudaError_t(int))                                                  \
+  X(cudaGetLastError, cudaError_t(void))                                              \
+  X(cudaPeekAtLastError, cudaError_t(void))                                           \
+  X(cudaDeviceReset, cudaError_t(void))                                               \
+  X(cudaEventCreateWithFlags, cudaError_t(cudaEvent_t*, unsigned int))                \
+  X(cudaEventDestroy, cudaError_t(cudaEvent_t))                                       \
+  X(cudaEventRecord, cudaError_t(cudaEvent_t, cudaStream_t))                          \
+  X(cudaEventQuery, cudaError_t(cudaEvent_t))                                         \
+  X(cudaEventSynchronize, cudaError_t(cudaEvent_t))                                   \
+  X(cudaStreamWaitEvent, cudaError_t(cudaStream_t, cudaEvent_t, unsigned int))        \
+  X(cudaStreamSynchronize, cudaError_t(cudaStream_t))                                 \
+  X(cudaStreamGetFlags, cudaError_t(cudaStream_t, unsigned int*))                     \
+  X(cudaStreamCreate, cudaError_t(cudaStream_t*))                                     \
+  X(cudaStreamCreateWithFlags, cudaError_t(cudaStream_t*, unsigned int))              \
+  X(cudaStreamCreateWithPriority, cudaError_t(cudaStream_t*, unsigned int, int))      \
+  X(cudaStreamDestroy, cudaError_t(cudaStream_t))                                     \
+  X(cudaStreamBeginCapture, cudaError_t(cudaStream_t, cudaStreamCaptureMode))         \
+  X(cudaStreamBeginCapture_ptsz, cudaError_t(cudaStream_t, cudaStreamCaptureMode))    \
+  X(cudaStreamBeginCaptureToGraph,                                                        \
+    cudaError_t(cudaStream_t, cudaGraph_t, const cudaGraphNode_t*,                    \
+                    const cudaGraphEdgeData*, size_t, cudaStreamCaptureMode))             \
+  X(cudaStreamBeginCaptureToGraph_ptsz,                                                   \
+    cudaError_t(cudaStream_t, cudaGraph_t, const cudaGraphNode_t*,                    \
+                    const cudaGraphEdgeData*, size_t, cudaStreamCaptureMode))             \
+  X(cudaStreamEndCapture, cudaError_t(cudaStream_t, cudaGraph_t*))                    \
+  X(cudaStreamEndCapture_ptsz, cudaError_t(cudaStream_t, cudaGraph_t*))               \
+  X(cudaIpcGetMemHandle, cudaError_t(cudaIpcMemHandle_t*, void*))
+
+struct RealCuda {
+#define GPUPOOL_DECLARE(name, signature) std::add_pointer_t<signature> name = nullptr;
+  GPUPOOL_REAL_FUNCTIONS(GPUPOOL_DECLARE)
+#undef GPUPOOL_DECLARE
+};
+
+// Resolved once, on first call, from whichever thread gets there first.
+const RealCuda& real();
+
+}  // namespace gpupool::shim

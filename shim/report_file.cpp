@@ -1,0 +1,113 @@
+#include "shim/report_file.hpp"
+
+#include <spdlog/logger.h>
+#include <spdlog/sinks/basic_file_sink.h>
+#include <errno.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <memory>
+
+#include "report/collect.hpp"
+#include "report/format.hpp"
+#include "shim/messages.hpp"
+#include "shim/runtime.hpp"
+
+namespace gpupool::shim {
+
+namespace {
+
+std::string program_name() {
+  return program_invocation_short_name != nullptr ? program_invocation_short_name : "program";
+}
+
+std::string rank() {
+  for (const char* name : {"RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}) {
+    const char* v = std::getenv(name);
+    if (v != nullptr && *v != '\0') return v;
+  }
+  return "0";
+}
+
+std::string default_path(config::LogFormat format) {
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string dir = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+  return dir + "/gpupool-%e-%p." + (format == config::LogFormat::Json ? "json" : "txt");
+}
+
+// Leaked blocks grouped by allocation call stack, most bytes first.
+std::vector<report::LeakSite> leak_sites(const DevicePool& pool, CallSites& sites) {
+  std::map<std::uint32_t, report::LeakSite> by_site;
+  pool.for_each_allocated([&](const Block& b) {
+    if (b.site == 0) return;
+    report::LeakSite& s = by_site[b.site];
+    ++s.blocks;
+    s.bytes += b.size;
+  });
+  std::vector<report::LeakSite> out;
+  for (auto& [id, s] : by_site) {
+    s.frames = sites.symbolize(id);
+    out.push_back(std::move(s));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
+  if (out.size() > 20) out.resize(20);
+  return out;
+}
+
+}  // namespace
+
+std::string expand_path_template(const std::string& pattern) {
+  std::string out;
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] != '%' || i + 1 == pattern.size()) {
+      out += pattern[i];
+      continue;
+    }
+    switch (pattern[++i]) {
+      case 'p': out += std::to_string(getpid()); break;
+      case 'e': out += program_name(); break;
+      case 'r': out += rank(); break;
+      default: out += pattern[i]; break;
+    }
+  }
+  return out;
+}
+
+void write_report_file(const config::Config& config, const std::vector<config::Problem>& problems,
+                       const std::vector<DeviceState*>& devices, CallSites& call_sites, const char* reason,
+                       double wall_seconds) {
+  report::Report r;
+  r.program = program_name();
+  r.pid = getpid();
+  r.reason = reason;
+  r.wall_seconds = wall_seconds;
+  for (const config::OptionInfo& o : config::option_table()) {
+    r.config.push_back(report::ConfigRow{o.variable, o.key, o.show(config), o.default_text});
+  }
+  for (const config::Problem& p : problems) r.config_problems.push_back(p.line());
+  for (DeviceState* d : devices) {
+    std::lock_guard<std::mutex> lock(d->mu);
+    report::DeviceReport dr = report::collect(*d->pool, d->device);
+    if (call_sites.enabled()) dr.leaks.sites = leak_sites(*d->pool, call_sites);
+    r.devices.push_back(std::move(dr));
+  }
+
+  const std::string path =
+      expand_path_template(config.log.empty() ? default_path(config.log_format) : config.log);
+  const std::string text = config.log_format == config::LogFormat::Json ? report::to_json(r) : report::to_text(r);
+  try {
+    // Synchronous, not registered globally, truncating: one file per report.
+    spdlog::logger file("gpupool-report", std::make_shared<spdlog::sinks::basic_file_sink_st>(path, true));
+    file.set_pattern("%v");
+    file.info(text.substr(0, text.empty() ? 0 : text.size() - 1));  // the sink adds the newline
+    file.flush();
+  } catch (const std::exception& e) {
+    message(config::LogLevel::Error, "gpupool: GPUPOOL_LOG: cannot write the report to '" + path + "': " + e.what());
+    return;
+  }
+  message(config::LogLevel::Info, "gpupool: report written to " + path);
+}
+
+}  // namespace gpupool::shim

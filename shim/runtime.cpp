@@ -1,0 +1,357 @@
+#include "shim/runtime.hpp"
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "report/diagnosis.hpp"
+#include "shim/messages.hpp"
+#include "shim/real_cuda.hpp"
+#include "shim/report_file.hpp"
+#include "shim/thread_state.hpp"
+
+namespace gpupool::shim {
+
+namespace {
+// Out-of-memory lines printed as they happen; the report has all of them.
+constexpr int kOomWarnings = 8;
+}  // namespace
+
+std::atomic<bool> Runtime::report_requested_{false};
+std::atomic<Runtime*> Runtime::started_{nullptr};
+
+cudaError_t& thread_error() {
+  thread_local cudaError_t error = cudaSuccess;
+  return error;
+}
+
+StreamId this_thread_stream() {
+  static std::atomic<StreamId> next{1};
+  thread_local const StreamId id = (next.fetch_add(1) << 4) | 0x2;
+  return id;
+}
+
+Runtime& Runtime::get() {
+  static Runtime* runtime = [] {
+    auto* r = new Runtime();
+    started_.store(r, std::memory_order_release);
+    return r;
+  }();
+  return *runtime;
+}
+
+Runtime::Runtime() : start_ns_(clock_.now_ns()) {
+  config::ParsedConfig parsed = config::parse_config(config::process_environment());
+  config_ = parsed.config;
+  problems_ = std::move(parsed.problems);
+  set_log_level(config_.log_level);
+  for (const config::Problem& p : problems_) message(config::LogLevel::Error, p.line());
+  if (config_.strict && !problems_.empty()) {
+    message(config::LogLevel::Error,
+            "gpupool: GPUPOOL_STRICT=1 and the configuration has " + std::to_string(problems_.size()) +
+                " problem(s): stopping");
+    std::_Exit(2);
+  }
+  disabled_ = config_.disable;
+  if (disabled_) return;
+  if (config_.backtrace) call_sites_.enable();
+  if (!config_.trace.empty()) {
+    auto trace = std::make_unique<TraceWriter>();
+    const std::string path = expand_path_template(config_.trace);
+    if (trace->open(path)) {
+      trace_ = std::move(trace);
+      trace_path_ = path;
+    } else {
+      message(config::LogLevel::Error, "gpupool: GPUPOOL_TRACE: cannot write '" + path + "'; not tracing");
+    }
+  }
+  install_report_signal();
+}
+
+DeviceState& Runtime::device(int index) {
+  if (DeviceState* d = existing(index)) return *d;
+  std::lock_guard<std::mutex> lock(devices_mu_);
+  if (DeviceState* d = existing(index)) return *d;
+  auto* d = new DeviceState(index);
+  std::size_t total = 0;
+  std::size_t free_bytes = 0;
+  if (!d->upstream.memory_info(&free_bytes, &total)) total = kUnlimited;
+  d->pool = std::make_unique<DevicePool>(d->upstream, config::to_pool_options(config_), total, &clock_);
+  d->pool->stream_created(kLegacyStream, StreamKind::Legacy);
+  devices_[index].store(d, std::memory_order_release);
+  return *d;
+}
+
+int Runtime::current_device() const {
+  int dev = 0;
+  if (real().cudaGetDevice == nullptr || real().cudaGetDevice(&dev) != cudaSuccess) return 0;
+  return dev >= 0 && dev < kMaxDevices ? dev : 0;
+}
+
+int Runtime::device_of(StreamId stream) const {
+  if (stream != kLegacyStream && !is_per_thread_id(stream)) {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    auto it = stream_devices_.find(stream);
+    if (it != stream_devices_.end()) return it->second;
+  }
+  return current_device();
+}
+
+cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, int dev) {
+  used_.store(true, std::memory_order_relaxed);
+  DeviceState& d = device(dev);
+  const std::uint32_t site = call_sites_.capture();
+  Allocation a;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    a = d.pool->allocate(size, consumer, site);
+    if (!a.ok) warn_oom(d);
+  }
+  if (trace_) {
+    trace_->record(a.ok ? TraceWriter::Action::Allocate : TraceWriter::Action::AllocateFailure, a.ptr, size,
+                   consumer);
+  }
+  if (!a.ok) return fail(cudaErrorMemoryAllocation);
+  *out = reinterpret_cast<void*>(a.ptr);
+  return cudaSuccess;
+}
+
+FreeResult Runtime::deallocate(void* ptr, StreamId site) {
+  const auto p = reinterpret_cast<DevicePtr>(ptr);
+  const int first = current_device();
+  for (int i = -1; i < kMaxDevices; ++i) {
+    const int index = i < 0 ? first : i;
+    if (i == first) continue;
+    DeviceState* d = existing(index);
+    if (d == nullptr) continue;
+    std::size_t size = 0;
+    FreeResult r;
+    {
+      std::lock_guard<std::mutex> lock(d->mu);
+      if (const Block* b = d->pool->find_allocated(p)) size = b->requested;
+      r = d->pool->deallocate(p, site);
+    }
+    if (r == FreeResult::NotOwned) continue;
+    used_.store(true, std::memory_order_relaxed);
+    if (r == FreeResult::Freed && trace_) trace_->record(TraceWriter::Action::Free, p, size, site);
+    return r;
+  }
+  return FreeResult::NotOwned;
+}
+
+void Runtime::warn_oom(const DeviceState& d) {
+  if (oom_warnings_.fetch_add(1) >= kOomWarnings || d.pool->ooms().empty()) return;
+  const report::OomDiagnosis diag = report::diagnose(d.pool->ooms().back(), d.pool->options());
+  message(config::LogLevel::Warn, "gpupool: device " + std::to_string(d.device) + ": out of memory: " +
+                                      diag.verdict + (diag.advice.empty() ? "" : "; " + diag.advice));
+}
+
+// ---------------------------------------------------------------- streams
+
+void Runtime::stream_created(cudaStream_t stream, unsigned flags) {
+  const StreamId id = reinterpret_cast<StreamId>(stream);
+  const int dev = current_device();
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    stream_devices_[id] = dev;
+  }
+  DeviceState& d = device(dev);
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.pool->stream_created(id, (flags & cudaStreamNonBlocking) != 0 ? StreamKind::NonBlocking : StreamKind::Blocking);
+}
+
+void Runtime::ensure_known(StreamId stream, int dev) {
+  if (stream == kLegacyStream) return;
+  if (is_per_thread_id(stream)) {
+    // One bit per device this thread's per-thread stream was introduced to.
+    thread_local std::uint64_t known = 0;
+    if ((known >> dev & 1u) != 0) return;
+    known |= std::uint64_t{1} << dev;
+    DeviceState& d = device(dev);
+    std::lock_guard<std::mutex> lock(d.mu);
+    d.pool->stream_created(stream, StreamKind::PerThread);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    if (stream_devices_.count(stream) != 0) return;
+    stream_devices_[stream] = dev;
+  }
+  // A stream created where gpupool could not see it: ask its kind.
+  unsigned flags = cudaStreamNonBlocking;
+  if (real().cudaStreamGetFlags != nullptr &&
+      real().cudaStreamGetFlags(reinterpret_cast<cudaStream_t>(stream), &flags) != cudaSuccess) {
+    real().cudaGetLastError();
+    flags = cudaStreamNonBlocking;
+  }
+  DeviceState& d = device(dev);
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.pool->stream_created(stream, (flags & cudaStreamNonBlocking) != 0 ? StreamKind::NonBlocking : StreamKind::Blocking);
+}
+
+void Runtime::stream_destroying(cudaStream_t stream) {
+  const StreamId id = reinterpret_cast<StreamId>(stream);
+  int dev = -1;
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    auto it = stream_devices_.find(id);
+    if (it == stream_devices_.end()) return;
+    dev = it->second;
+    stream_devices_.erase(it);
+  }
+  if (DeviceState* d = existing(dev)) {
+    std::lock_guard<std::mutex> lock(d->mu);
+    d->pool->stream_destroying(id);
+  }
+}
+
+void Runtime::capture_began(StreamId stream) {
+  DeviceState& d = device(device_of(stream));
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.pool->capture_began(stream);
+}
+
+void Runtime::capture_ended(StreamId stream) {
+  DeviceState& d = device(device_of(stream));
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.pool->capture_ended(stream);
+}
+
+bool Runtime::is_capturing(StreamId stream) {
+  DeviceState* d = existing(device_of(stream));
+  if (d == nullptr) return false;
+  std::lock_guard<std::mutex> lock(d->mu);
+  return d->pool->is_capturing(stream);
+}
+
+// ---------------------------------------------------------------- queries
+
+void Runtime::adjust_mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {
+  DeviceState* d = existing(current_device());
+  const std::size_t limit = config_.memory_limit;
+  std::size_t reserved = 0;
+  std::size_t cached = 0;
+  if (d != nullptr) {
+    std::lock_guard<std::mutex> lock(d->mu);
+    reserved = static_cast<std::size_t>(d->pool->stats().reserved_bytes[kAll].current);
+    cached = d->pool->fragmentation().free_bytes;
+  }
+  if (config_.mem_get_info == config::MemGetInfo::CachedIsFree) *free_bytes += cached;
+  if (limit != kUnlimited && limit < *total_bytes) {
+    *total_bytes = limit;
+    const std::size_t in_use =
+        config_.mem_get_info == config::MemGetInfo::CachedIsFree ? reserved - cached : reserved;
+    const std::size_t room = limit > in_use ? limit - in_use : 0;
+    if (*free_bytes > room) *free_bytes = room;
+  }
+  if (*free_bytes > *total_bytes) *free_bytes = *total_bytes;
+}
+
+void Runtime::device_reset(int dev) {
+  // The runtime is about to free everything on the device, our segments too:
+  // forget them (their memory is gone) and start a fresh pool on next use.
+  DeviceState* d = existing(dev);
+  if (d == nullptr) return;
+  std::lock_guard<std::mutex> lock(d->mu);
+  (void)d->pool.release();  // leaked on purpose: no upstream call may follow
+  d->pool = std::make_unique<DevicePool>(d->upstream, config::to_pool_options(config_), kUnlimited, &clock_);
+  d->pool->stream_created(kLegacyStream, StreamKind::Legacy);
+}
+
+void Runtime::check_ipc_pointer(const void* ptr) {
+  DeviceState* d = existing(current_device());
+  if (d == nullptr) return;
+  const auto p = reinterpret_cast<DevicePtr>(ptr);
+  std::lock_guard<std::mutex> lock(d->mu);
+  const Block* b = d->pool->find_allocated(p);
+  if (b != nullptr && b->addr != b->segment->base) {
+    message(config::LogLevel::Warn,
+            "gpupool: cudaIpcGetMemHandle: this block starts " + std::to_string(b->addr - b->segment->base) +
+                " bytes into a pooled segment, and the other process will map the segment's start; "
+                "run programs that share device memory over IPC with GPUPOOL_DISABLE=1");
+  }
+}
+
+// ---------------------------------------------------------------- lifecycle
+
+void Runtime::on_report_signal(int) { report_requested_.store(true, std::memory_order_relaxed); }
+
+void Runtime::install_report_signal() {
+  if (config_.report_signal == 0) return;
+  struct sigaction current {};
+  if (sigaction(config_.report_signal, nullptr, &current) != 0) return;
+  if (current.sa_handler != SIG_DFL) return;  // the program's own: leave it
+  struct sigaction ours {};
+  ours.sa_handler = &Runtime::on_report_signal;
+  ours.sa_flags = SA_RESTART;
+  sigemptyset(&ours.sa_mask);
+  sigaction(config_.report_signal, &ours, nullptr);
+}
+
+void Runtime::write_requested_report() {
+  if (!report_requested_.exchange(false)) return;
+  write_report("signal");
+}
+
+void Runtime::write_report(const char* reason) {
+  if (disabled_ || !config_.report || !used_.load()) return;
+  if (trace_) trace_->flush();
+  std::vector<DeviceState*> states;
+  for (int i = 0; i < kMaxDevices; ++i) {
+    if (DeviceState* d = existing(i)) states.push_back(d);
+  }
+  const double seconds = static_cast<double>(clock_.now_ns() - start_ns_) / 1e9;
+  write_report_file(config_, problems_, states, call_sites_, reason, seconds);
+}
+
+void Runtime::at_exit() {
+  if (exiting_.exchange(true)) return;
+  write_report("exit");
+  if (trace_) trace_->flush();
+}
+
+void Runtime::before_fork() {
+  devices_mu_.lock();
+  streams_mu_.lock();
+  call_sites_.mutex().lock();
+  if (trace_) trace_->mutex().lock();
+  for (int i = 0; i < kMaxDevices; ++i) {
+    if (DeviceState* d = existing(i)) d->mu.lock();
+  }
+}
+
+void Runtime::after_fork_parent() {
+  for (int i = kMaxDevices - 1; i >= 0; --i) {
+    if (DeviceState* d = existing(i)) d->mu.unlock();
+  }
+  if (trace_) trace_->mutex().unlock();
+  call_sites_.mutex().unlock();
+  streams_mu_.unlock();
+  devices_mu_.unlock();
+}
+
+void Runtime::after_fork_child() {
+  after_fork_parent();
+  // The parent's pools, streams and buffered trace lines are the parent's. The
+  // child starts empty and reports only what it does itself.
+  for (int i = 0; i < kMaxDevices; ++i) devices_[i].store(nullptr);
+  stream_devices_.clear();
+  used_.store(false);
+  if (trace_) {
+    // A child traces to its own file when the template names one (%p);
+    // otherwise it would write into the parent's, so it does not trace.
+    trace_->forget_buffer();
+    const std::string path = expand_path_template(config_.trace);
+    auto child_trace = std::make_unique<TraceWriter>();
+    if (path != trace_path_ && child_trace->open(path)) {
+      trace_ = std::move(child_trace);
+      trace_path_ = path;
+    } else {
+      (void)trace_.release();  // the parent's file stays the parent's
+    }
+  }
+}
+
+}  // namespace gpupool::shim

@@ -1,0 +1,104 @@
+// The process-wide state behind the exported entry points: configuration, one
+// pool per device (each behind its own lock), the streams seen, and the
+// lifecycle: lazy start on the first intercepted call, fork, report on demand,
+// report at exit. Created once and never destroyed, so nothing here runs during
+// static destruction.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "config/config.hpp"
+#include "pool/device_pool.hpp"
+#include "shim/call_sites.hpp"
+#include "shim/cuda_upstream.hpp"
+#include "shim/trace_writer.hpp"
+
+namespace gpupool::shim {
+
+inline constexpr int kMaxDevices = 64;
+
+struct DeviceState {
+  explicit DeviceState(int index) : device(index), upstream(index) {}
+  int device;
+  std::mutex mu;
+  CudaUpstream upstream;
+  std::unique_ptr<DevicePool> pool;
+};
+
+class Runtime {
+ public:
+  static Runtime& get();
+  // The runtime if some intercepted call has started it, else null.
+  static Runtime* if_started() { return started_.load(std::memory_order_acquire); }
+
+  // True when calls go straight to the runtime: GPUPOOL_DISABLE=1, or the
+  // process is exiting (nothing may call into CUDA for the pool then).
+  bool bypass() const { return disabled_ || exiting_.load(std::memory_order_relaxed); }
+  bool disabled() const { return disabled_; }
+  const config::Config& config() const { return config_; }
+
+  cudaError_t allocate(void** out, std::size_t size, StreamId consumer, int device);
+  // Freed: done. NotOwned: the caller passes the pointer to the runtime.
+  // NotAllocated: a pointer inside the pool that is not live (double free).
+  FreeResult deallocate(void* ptr, StreamId site);
+
+  int current_device() const;
+  int device_of(StreamId stream) const;
+  void stream_created(cudaStream_t stream, unsigned flags);
+  void stream_destroying(cudaStream_t stream);
+  // Per-thread default streams are registered with a pool on first use.
+  void ensure_known(StreamId stream, int device);
+  void capture_began(StreamId stream);
+  void capture_ended(StreamId stream);
+  bool is_capturing(StreamId stream);
+  void adjust_mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
+  void device_reset(int device);
+  void check_ipc_pointer(const void* ptr);
+
+  // A report requested by signal is written by the next intercepted call.
+  void poll_report_request() {
+    if (report_requested_.load(std::memory_order_relaxed)) write_requested_report();
+  }
+  void write_report(const char* reason);
+  void at_exit();
+
+  // Fork safety: no pool lock may be held across fork().
+  void before_fork();
+  void after_fork_parent();
+  void after_fork_child();
+
+ private:
+  Runtime();
+  DeviceState& device(int index);
+  DeviceState* existing(int index) const { return devices_[index].load(std::memory_order_acquire); }
+  void install_report_signal();
+  void write_requested_report();
+  void warn_oom(const DeviceState& d);
+
+  config::Config config_;
+  std::vector<config::Problem> problems_;
+  bool disabled_ = false;
+  std::atomic<bool> exiting_{false};
+  std::atomic<bool> used_{false};
+  std::atomic<DeviceState*> devices_[kMaxDevices] = {};
+  std::mutex devices_mu_;  // creation of device states
+  mutable std::mutex streams_mu_;
+  std::unordered_map<StreamId, int> stream_devices_;
+  SteadyClock clock_;
+  std::uint64_t start_ns_;
+  CallSites call_sites_;
+  std::unique_ptr<TraceWriter> trace_;
+  std::string trace_path_;
+  std::atomic<int> oom_warnings_{0};
+
+  static std::atomic<Runtime*> started_;
+  static std::atomic<bool> report_requested_;
+  static void on_report_signal(int);
+};
+
+}  // namespace gpupool::shim

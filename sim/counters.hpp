@@ -1,0 +1,20 @@
+// Upstream call counters of the simulated runtime, read by tests through
+// simcuda_get_counters() or, at exit, from the file SIMCUDA_COUNTERS_FILE names.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+namespace simcuda {
+
+struct Counters {
+  std::atomic<std::uint64_t> malloc_calls{0}, malloc_failures{0}, free_calls{0},
+      malloc_async_calls{0}, free_async_calls{0}, bytes_in_use{0}, peak_bytes_in_use{0},
+      event_records{0}, stream_waits{0}, event_queries{0}, event_syncs{0}, stream_syncs{0},
+      device_syncs{0}, legacy_ops{0}, captures_begun{0}, captures_invalidated{0},
+      kernel_launches{0};
+};
+
+Counters& counters();
+
+}  // namespace simcuda

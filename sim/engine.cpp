@@ -1,0 +1,277 @@
+#include "sim/engine.hpp"
+
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+#include "sim/counters.hpp"
+
+namespace simcuda {
+
+namespace {
+thread_local Stream* t_per_thread = nullptr;
+
+std::uint64_t env_u64(const char* name, std::uint64_t fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::strtoull(v, nullptr, 10) : fallback;
+}
+}  // namespace
+
+Engine& Engine::instance() {
+  static Engine* engine = new Engine();
+  return *engine;
+}
+
+Engine::Engine() : delay_us_(env_u64("SIMCUDA_OP_DELAY_US", 0)) {
+  legacy_ = new Stream();
+  legacy_->kind = StreamKind::Legacy;
+  streams_.push_back(legacy_);
+}
+
+Stream* Engine::resolve(cudaStream_t handle, bool per_thread) {
+  const auto raw = reinterpret_cast<std::uintptr_t>(handle);
+  const bool wants_per_thread = raw == 0x2 || (raw == 0 && per_thread);
+  if (wants_per_thread) {
+    if (t_per_thread == nullptr) {
+      std::lock_guard<std::mutex> lock(mu_);
+      t_per_thread = new Stream();
+      t_per_thread->kind = StreamKind::PerThread;
+      streams_.push_back(t_per_thread);
+    }
+    return t_per_thread;
+  }
+  if (raw == 0 || raw == 0x1) return legacy_;
+  return reinterpret_cast<Stream*>(handle);
+}
+
+Stream* Engine::create_stream(unsigned flags, int device) {
+  auto* s = new Stream();
+  s->kind = (flags & cudaStreamNonBlocking) != 0 ? StreamKind::NonBlocking : StreamKind::Blocking;
+  s->device = device;
+  std::lock_guard<std::mutex> lock(mu_);
+  streams_.push_back(s);
+  return s;
+}
+
+cudaError_t Engine::destroy_stream(Stream* s) {
+  if (s == legacy_ || s->kind == StreamKind::PerThread) return cudaErrorInvalidResourceHandle;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (s->destroyed) return cudaErrorInvalidResourceHandle;
+  // As CUDA: returns at once; queued work still runs, then the worker ends.
+  s->destroyed = true;
+  cv_.notify_all();
+  return cudaSuccess;
+}
+
+void Engine::invalidate_captures_blocked_by_legacy() {
+  for (Stream* other : streams_) {
+    if (other->capturing && other->blocking()) other->invalidated = true;
+  }
+}
+
+cudaError_t Engine::enqueue(Stream* s, std::function<void()> run, std::vector<Dependency> extra,
+                            bool delayed, std::uint64_t* seq) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (s->destroyed) return cudaErrorInvalidResourceHandle;
+  if (s->capturing) {
+    // Recorded into the graph, not run.
+    ++s->captured_nodes;
+    if (seq != nullptr) *seq = 0;
+    return cudaSuccess;
+  }
+  std::vector<Dependency> deps = std::move(extra);
+  if (s->kind == StreamKind::Legacy) {
+    for (Stream* other : streams_) {
+      if (other->capturing && other->blocking()) {
+        invalidate_captures_blocked_by_legacy();
+        return cudaErrorStreamCaptureImplicit;
+      }
+    }
+    for (Stream* other : streams_) {
+      if (other != s && other->blocking() && other->enqueued > other->completed) {
+        deps.push_back(Dependency{other, other->enqueued});
+      }
+    }
+    counters().legacy_ops++;
+  } else if (s->blocking() && legacy_->enqueued > legacy_->completed) {
+    deps.push_back(Dependency{legacy_, legacy_->enqueued});
+  }
+  Op op;
+  op.seq = ++s->enqueued;
+  op.deps = std::move(deps);
+  op.run = std::move(run);
+  op.delayed = delayed;
+  if (seq != nullptr) *seq = op.seq;
+  s->queue.push_back(std::move(op));
+  if (!s->worker_started) start_worker(s);
+  cv_.notify_all();
+  return cudaSuccess;
+}
+
+void Engine::start_worker(Stream* s) {
+  s->worker_started = true;
+  std::thread([this, s] { work(s); }).detach();
+}
+
+void Engine::work(Stream* s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return !s->queue.empty() || s->destroyed; });
+    if (s->queue.empty()) return;  // destroyed and drained
+    Op& op = s->queue.front();
+    cv_.wait(lock, [&] {
+      for (const Dependency& d : op.deps) {
+        if (!done(d)) return false;
+      }
+      return true;
+    });
+    std::function<void()> run = std::move(op.run);
+    const std::uint64_t seq = op.seq;
+    const bool delayed = op.delayed;
+    lock.unlock();
+    if (delayed && delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
+    if (run) run();
+    lock.lock();
+    s->queue.pop_front();
+    s->completed = seq;
+    cv_.notify_all();
+  }
+}
+
+cudaError_t Engine::record(Event* e, Stream* s) {
+  counters().event_records++;
+  if (s->capturing) {
+    std::lock_guard<std::mutex> lock(mu_);
+    e->captured = true;
+    e->stream = nullptr;
+    ++s->captured_nodes;
+    return cudaSuccess;
+  }
+  std::uint64_t seq = 0;
+  const cudaError_t err = enqueue(s, nullptr, {}, false, &seq);
+  if (err != cudaSuccess) return err;
+  std::lock_guard<std::mutex> lock(mu_);
+  e->stream = s;
+  e->seq = seq;
+  e->captured = false;
+  return cudaSuccess;
+}
+
+cudaError_t Engine::wait(Stream* s, Event* e) {
+  counters().stream_waits++;
+  std::vector<Dependency> deps;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (s->capturing && !e->captured) {
+      // Waiting on work outside the capture is not allowed.
+      s->invalidated = true;
+      return cudaErrorStreamCaptureIsolation;
+    }
+    if (e->stream != nullptr) deps.push_back(Dependency{e->stream, e->seq});
+  }
+  return enqueue(s, nullptr, std::move(deps), false);
+}
+
+cudaError_t Engine::query(Event* e) {
+  counters().event_queries++;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (e->captured) return cudaErrorCapturedEvent;
+  if (e->stream == nullptr) return cudaSuccess;
+  return e->stream->completed >= e->seq ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t Engine::synchronize(Event* e) {
+  counters().event_syncs++;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (e->captured) return cudaErrorCapturedEvent;
+  if (e->stream == nullptr) return cudaSuccess;
+  Stream* s = e->stream;
+  const std::uint64_t seq = e->seq;
+  cv_.wait(lock, [&] { return s->completed >= seq; });
+  return cudaSuccess;
+}
+
+cudaError_t Engine::synchronize(Stream* s) {
+  counters().stream_syncs++;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (s->capturing) {
+    s->invalidated = true;
+    return cudaErrorStreamCaptureUnsupported;
+  }
+  std::vector<Dependency> targets{Dependency{s, s->enqueued}};
+  if (s->kind == StreamKind::Legacy) {
+    for (Stream* other : streams_) {
+      if (other->blocking()) targets.push_back(Dependency{other, other->enqueued});
+    }
+  }
+  cv_.wait(lock, [&] {
+    for (const Dependency& d : targets) {
+      if (!done(d)) return false;
+    }
+    return true;
+  });
+  return cudaSuccess;
+}
+
+cudaError_t Engine::query(Stream* s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (s->capturing) {
+    s->invalidated = true;
+    return cudaErrorStreamCaptureUnsupported;
+  }
+  return s->completed >= s->enqueued ? cudaSuccess : cudaErrorNotReady;
+}
+
+void Engine::synchronize_all() {
+  counters().device_syncs++;
+  std::unique_lock<std::mutex> lock(mu_);
+  std::vector<Dependency> targets;
+  for (Stream* s : streams_) targets.push_back(Dependency{s, s->enqueued});
+  cv_.wait(lock, [&] {
+    for (const Dependency& d : targets) {
+      if (!done(d)) return false;
+    }
+    return true;
+  });
+}
+
+cudaError_t Engine::begin_capture(Stream* s, cudaStreamCaptureMode mode) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (s == legacy_) return cudaErrorStreamCaptureUnsupported;
+  if (s->capturing) return cudaErrorIllegalState;
+  s->capturing = true;
+  s->invalidated = false;
+  s->capture_mode = mode;
+  s->captured_nodes = 0;
+  counters().captures_begun++;
+  return cudaSuccess;
+}
+
+cudaError_t Engine::end_capture(Stream* s, bool* valid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!s->capturing) return cudaErrorIllegalState;
+  s->capturing = false;
+  *valid = !s->invalidated;
+  if (s->invalidated) counters().captures_invalidated++;
+  return s->invalidated ? cudaErrorStreamCaptureInvalidated : cudaSuccess;
+}
+
+cudaStreamCaptureStatus Engine::capture_status(Stream* s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!s->capturing) return cudaStreamCaptureStatusNone;
+  return s->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+}
+
+cudaError_t Engine::check_unsafe_call() {
+  std::lock_guard<std::mutex> lock(mu_);
+  bool any = false;
+  for (Stream* s : streams_) {
+    if (s->capturing && s->capture_mode == cudaStreamCaptureModeGlobal) {
+      s->invalidated = true;
+      any = true;
+    }
+  }
+  return any ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
+
+}  // namespace simcuda

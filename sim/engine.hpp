@@ -1,0 +1,107 @@
+// The simulated device's execution model: every stream is a queue run by its
+// own worker thread, so work really is asynchronous and ordering bugs show up
+// as wrong bytes. CUDA's rules are modelled: the legacy default stream waits for
+// all blocking streams and they wait for it; non-blocking streams order with
+// nothing; events complete when their stream reaches them; cudaStreamWaitEvent
+// holds a queue; stream capture records instead of running, and the calls that
+// would invalidate a real capture invalidate this one.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+namespace simcuda {
+
+struct Stream;
+
+struct Dependency {
+  Stream* stream;
+  std::uint64_t seq;
+};
+
+struct Op {
+  std::uint64_t seq = 0;
+  std::vector<Dependency> deps;
+  std::function<void()> run;
+  bool delayed = true;  // sleeps the configured per-operation delay first
+};
+
+enum class StreamKind { Legacy, Blocking, NonBlocking, PerThread };
+
+struct Stream {
+  StreamKind kind = StreamKind::Blocking;
+  int device = 0;
+  std::deque<Op> queue;
+  std::uint64_t enqueued = 0;   // seq of the last op queued
+  std::uint64_t completed = 0;  // seq of the last op finished
+  bool worker_started = false;
+  bool destroyed = false;
+  // Capture state.
+  bool capturing = false;
+  bool invalidated = false;
+  cudaStreamCaptureMode capture_mode = cudaStreamCaptureModeGlobal;
+  std::uint64_t captured_nodes = 0;
+  bool blocking() const { return kind == StreamKind::Blocking || kind == StreamKind::PerThread; }
+};
+
+struct Event {
+  unsigned flags = 0;
+  Stream* stream = nullptr;  // of the last record; null: never recorded
+  std::uint64_t seq = 0;
+  bool captured = false;     // last recorded inside a capture
+};
+
+class Engine {
+ public:
+  static Engine& instance();  // created once, never destroyed (workers outlive exit)
+
+  // Stream handles: 0 and cudaStreamLegacy are the legacy stream; with
+  // `per_thread` (a _ptsz entry point) 0 means the caller's per-thread stream,
+  // as does cudaStreamPerThread always.
+  Stream* resolve(cudaStream_t handle, bool per_thread);
+  Stream* create_stream(unsigned flags, int device);
+  cudaError_t destroy_stream(Stream* s);
+
+  // Queues `run` on `s` behind CUDA's implicit dependencies (plus `extra`).
+  // Returns an error instead when the call would break a capture.
+  cudaError_t enqueue(Stream* s, std::function<void()> run, std::vector<Dependency> extra = {},
+                      bool delayed = true, std::uint64_t* seq = nullptr);
+
+  cudaError_t record(Event* e, Stream* s);
+  cudaError_t wait(Stream* s, Event* e);
+  cudaError_t query(Event* e);
+  cudaError_t synchronize(Event* e);
+  cudaError_t synchronize(Stream* s);
+  cudaError_t query(Stream* s);
+  void synchronize_all();
+
+  cudaError_t begin_capture(Stream* s, cudaStreamCaptureMode mode);
+  cudaError_t end_capture(Stream* s, bool* valid);
+  cudaStreamCaptureStatus capture_status(Stream* s);
+  // Calls CUDA calls "potentially unsafe" (cudaMalloc, cudaFree, ...): in a
+  // global-mode capture they invalidate it.
+  cudaError_t check_unsafe_call();
+
+  std::uint64_t delay_us() const { return delay_us_; }
+
+ private:
+  Engine();
+  void start_worker(Stream* s);
+  void work(Stream* s);
+  bool done(const Dependency& d) const { return d.stream->completed >= d.seq; }
+  void invalidate_captures_blocked_by_legacy();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Stream*> streams_;  // every stream ever made; never freed
+  Stream* legacy_;
+  std::uint64_t delay_us_;
+};
+
+}  // namespace simcuda

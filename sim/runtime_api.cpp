@@ -1,0 +1,506 @@
+// The CUDA runtime API subset the shim and the test programs use, compiled
+// against the real headers so the signatures match, built as libcudart.so.13
+// with the same symbol version as the real one: a program linked against
+// either runs against either.
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "sim/counters.hpp"
+#include "sim/engine.hpp"
+#include "sim/memory.hpp"
+#include "sim/simcuda.h"
+
+using simcuda::Engine;
+using simcuda::Memory;
+using simcuda::Stream;
+using simcuda::counters;
+
+namespace {
+
+thread_local cudaError_t t_last_error = cudaSuccess;
+thread_local int t_device = 0;
+
+// Every entry point reports through here, as the runtime does: a failure is
+// remembered for cudaGetLastError.
+cudaError_t result(cudaError_t err) {
+  if (err != cudaSuccess) t_last_error = err;
+  return err;
+}
+
+Stream* stream_of(cudaStream_t s, bool per_thread) { return Engine::instance().resolve(s, per_thread); }
+
+// The graph handle EndCapture returns; only ever destroyed.
+struct Graph {
+  unsigned long long nodes;
+};
+
+thread_local dim3 t_grid, t_block;
+thread_local size_t t_shared = 0;
+thread_local cudaStream_t t_launch_stream = nullptr;
+
+cudaError_t launch(cudaStream_t stream, bool per_thread) {
+  counters().kernel_launches++;
+  // Kernels have no device to run on here: they take the per-operation delay
+  // and leave memory as it was.
+  return result(Engine::instance().enqueue(stream_of(stream, per_thread), nullptr));
+}
+
+bool device_side_ok(const void* p, size_t n) { return n == 0 || Memory::instance().contains(p, n); }
+
+cudaError_t memcpy_checked(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  if ((dst_device && !device_side_ok(dst, count)) || (src_device && !device_side_ok(src, count))) {
+    return cudaErrorInvalidValue;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t memcpy_async(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
+                         cudaStream_t stream, bool per_thread) {
+  if (const cudaError_t err = memcpy_checked(dst, src, count, kind); err != cudaSuccess) return result(err);
+  return result(Engine::instance().enqueue(stream_of(stream, per_thread),
+                                           [=] { std::memmove(dst, src, count); }));
+}
+
+cudaError_t memset_async(void* p, int value, size_t count, cudaStream_t stream, bool per_thread) {
+  if (!device_side_ok(p, count)) return result(cudaErrorInvalidValue);
+  return result(Engine::instance().enqueue(stream_of(stream, per_thread),
+                                           [=] { std::memset(p, value, count); }));
+}
+
+cudaError_t malloc_async(void** p, size_t size, cudaStream_t stream, bool per_thread) {
+  if (p == nullptr) return result(cudaErrorInvalidValue);
+  counters().malloc_async_calls++;
+  (void)stream_of(stream, per_thread);
+  if (size == 0) {
+    *p = nullptr;
+    return cudaSuccess;
+  }
+  // Memory is usable in stream order at once here; the pool of a real device
+  // would also hand it out in stream order.
+  return result(Memory::instance().allocate(t_device, size, p));
+}
+
+cudaError_t free_async(void* p, cudaStream_t stream, bool per_thread) {
+  counters().free_async_calls++;
+  if (p == nullptr) return cudaSuccess;
+  if (!Memory::instance().contains(p, 1)) return result(cudaErrorInvalidValue);
+  Stream* s = stream_of(stream, per_thread);
+  return result(Engine::instance().enqueue(s, [p] { Memory::instance().release(p); }));
+}
+
+void write_counters_at_exit() {
+  const char* path = std::getenv("SIMCUDA_COUNTERS_FILE");
+  if (path == nullptr || *path == '\0') return;
+  FILE* f = std::fopen(path, "w");
+  if (f == nullptr) return;
+  simcuda_counters c;
+  simcuda_get_counters(&c);
+  std::fprintf(f,
+               "{\"malloc_calls\": %llu, \"malloc_failures\": %llu, \"free_calls\": %llu, "
+               "\"malloc_async_calls\": %llu, \"free_async_calls\": %llu, \"bytes_in_use\": %llu, "
+               "\"peak_bytes_in_use\": %llu, \"event_records\": %llu, \"stream_waits\": %llu, "
+               "\"event_queries\": %llu, \"event_syncs\": %llu, \"stream_syncs\": %llu, "
+               "\"device_syncs\": %llu, \"legacy_ops\": %llu, \"captures_begun\": %llu, "
+               "\"captures_invalidated\": %llu, \"kernel_launches\": %llu}\n",
+               (unsigned long long)c.malloc_calls, (unsigned long long)c.malloc_failures,
+               (unsigned long long)c.free_calls, (unsigned long long)c.malloc_async_calls,
+               (unsigned long long)c.free_async_calls, (unsigned long long)c.bytes_in_use,
+               (unsigned long long)c.peak_bytes_in_use, (unsigned long long)c.event_records,
+               (unsigned long long)c.stream_waits, (unsigned long long)c.event_queries,
+               (unsigned long long)c.event_syncs, (unsigned long long)c.stream_syncs,
+               (unsigned long long)c.device_syncs, (unsigned long long)c.legacy_ops,
+               (unsigned long long)c.captures_begun, (unsigned long long)c.captures_invalidated,
+               (unsigned long long)c.kernel_launches);
+  std::fclose(f);
+}
+
+__attribute__((constructor)) void register_exit_hook() { std::atexit(write_counters_at_exit); }
+
+}  // namespace
+
+namespace simcuda {
+Counters& counters() {
+  static Counters* c = new Counters();
+  return *c;
+}
+}  // namespace simcuda
+
+extern "C" {
+
+// Per-thread-default-stream twins are not declared by the headers.
+cudaError_t cudaMallocAsync_ptsz(void**, size_t, cudaStream_t);
+cudaError_t cudaFreeAsync_ptsz(void*, cudaStream_t);
+cudaError_t cudaMallocFromPoolAsync_ptsz(void**, size_t, cudaMemPool_t, cudaStream_t);
+cudaError_t cudaMemcpy_ptds(void*, const void*, size_t, cudaMemcpyKind);
+cudaError_t cudaMemset_ptds(void*, int, size_t);
+cudaError_t cudaMemcpyAsync_ptsz(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t);
+cudaError_t cudaMemsetAsync_ptsz(void*, int, size_t, cudaStream_t);
+cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t);
+cudaError_t cudaStreamQuery_ptsz(cudaStream_t);
+cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t, cudaEvent_t, unsigned int);
+cudaError_t cudaEventRecord_ptsz(cudaEvent_t, cudaStream_t);
+cudaError_t cudaLaunchHostFunc_ptsz(cudaStream_t, cudaHostFn_t, void*);
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t, cudaStreamCaptureMode);
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t, cudaGraph_t*);
+cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t, cudaStreamCaptureStatus*);
+cudaError_t cudaStreamGetFlags_ptsz(cudaStream_t, unsigned int*);
+cudaError_t cudaLaunchKernel_ptsz(const void*, dim3, dim3, void**, size_t, cudaStream_t);
+void** __cudaRegisterFatBinary(void*);
+void __cudaRegisterFatBinaryEnd(void**);
+void __cudaUnregisterFatBinary(void**);
+void __cudaRegisterFunction(void**, const char*, char*, const char*, int, uint3*, uint3*, dim3*, dim3*, int*);
+void __cudaRegisterVar(void**, char*, char*, const char*, int, size_t, int, int);
+char __cudaInitModule(void**);
+unsigned __cudaPushCallConfiguration(dim3, dim3, size_t, struct CUstream_st*);
+cudaError_t __cudaPopCallConfiguration(dim3*, dim3*, size_t*, void*);
+cudaError_t __cudaGetKernel(cudaKernel_t*, const void*);
+cudaError_t __cudaLaunchKernel(cudaKernel_t, dim3, dim3, void**, size_t, cudaStream_t);
+cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t, dim3, dim3, void**, size_t, cudaStream_t);
+
+// ---------------------------------------------------------------- errors
+
+cudaError_t cudaGetLastError(void) {
+  const cudaError_t e = t_last_error;
+  t_last_error = cudaSuccess;
+  return e;
+}
+
+cudaError_t cudaPeekAtLastError(void) { return t_last_error; }
+
+const char* cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
+    case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    default: return "cudaErrorUnknown";
+  }
+}
+
+const char* cudaGetErrorString(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorNotReady: return "device not ready";
+    default: return cudaGetErrorName(error);
+  }
+}
+
+// ---------------------------------------------------------------- devices
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  if (count == nullptr) return result(cudaErrorInvalidValue);
+  *count = Memory::instance().devices();
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  if (device == nullptr) return result(cudaErrorInvalidValue);
+  *device = t_device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= Memory::instance().devices()) return result(cudaErrorInvalidDevice);
+  t_device = device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+  Engine::instance().synchronize_all();
+  return cudaSuccess;
+}
+
+cudaError_t cudaDriverGetVersion(int* v) {
+  if (v == nullptr) return result(cudaErrorInvalidValue);
+  *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+
+cudaError_t cudaRuntimeGetVersion(int* v) {
+  if (v == nullptr) return result(cudaErrorInvalidValue);
+  *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+
+// ---------------------------------------------------------------- memory
+
+cudaError_t cudaMalloc(void** p, size_t size) {
+  if (p == nullptr) return result(cudaErrorInvalidValue);
+  if (const cudaError_t e = Engine::instance().check_unsafe_call(); e != cudaSuccess) return result(e);
+  if (size == 0) {
+    *p = nullptr;
+    return cudaSuccess;
+  }
+  return result(Memory::instance().allocate(t_device, size, p));
+}
+
+cudaError_t cudaFree(void* p) {
+  if (p == nullptr) return cudaSuccess;
+  if (const cudaError_t e = Engine::instance().check_unsafe_call(); e != cudaSuccess) return result(e);
+  counters().free_calls++;
+  if (!Memory::instance().contains(p, 1)) return result(cudaErrorInvalidValue);
+  // cudaFree synchronizes the device before the memory goes.
+  Engine::instance().synchronize_all();
+  return result(Memory::instance().release(p));
+}
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  if (free_bytes == nullptr || total_bytes == nullptr) return result(cudaErrorInvalidValue);
+  Memory::instance().info(t_device, free_bytes, total_bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocAsync(void** p, size_t size, cudaStream_t s) { return malloc_async(p, size, s, false); }
+cudaError_t cudaMallocAsync_ptsz(void** p, size_t size, cudaStream_t s) { return malloc_async(p, size, s, true); }
+cudaError_t cudaFreeAsync(void* p, cudaStream_t s) { return free_async(p, s, false); }
+cudaError_t cudaFreeAsync_ptsz(void* p, cudaStream_t s) { return free_async(p, s, true); }
+cudaError_t cudaMallocFromPoolAsync(void** p, size_t size, cudaMemPool_t, cudaStream_t s) {
+  return malloc_async(p, size, s, false);
+}
+cudaError_t cudaMallocFromPoolAsync_ptsz(void** p, size_t size, cudaMemPool_t, cudaStream_t s) {
+  return malloc_async(p, size, s, true);
+}
+
+cudaError_t cudaMallocHost(void** p, size_t size) {
+  if (p == nullptr) return result(cudaErrorInvalidValue);
+  *p = std::malloc(size == 0 ? 1 : size);
+  return *p != nullptr ? cudaSuccess : result(cudaErrorMemoryAllocation);
+}
+
+cudaError_t cudaFreeHost(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  // Synchronous: queued on the legacy stream (so ordered after blocking
+  // streams' earlier work), then waited for.
+  if (const cudaError_t err = memcpy_async(dst, src, count, kind, nullptr, false); err != cudaSuccess) return err;
+  return Engine::instance().synchronize(stream_of(nullptr, false));
+}
+
+cudaError_t cudaMemcpy_ptds(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  if (const cudaError_t err = memcpy_async(dst, src, count, kind, nullptr, true); err != cudaSuccess) return err;
+  return Engine::instance().synchronize(stream_of(nullptr, true));
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t s) {
+  return memcpy_async(dst, src, count, kind, s, false);
+}
+cudaError_t cudaMemcpyAsync_ptsz(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t s) {
+  return memcpy_async(dst, src, count, kind, s, true);
+}
+cudaError_t cudaMemset(void* p, int v, size_t n) { return memset_async(p, v, n, nullptr, false); }
+cudaError_t cudaMemset_ptds(void* p, int v, size_t n) { return memset_async(p, v, n, nullptr, true); }
+cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t s) { return memset_async(p, v, n, s, false); }
+cudaError_t cudaMemsetAsync_ptsz(void* p, int v, size_t n, cudaStream_t s) { return memset_async(p, v, n, s, true); }
+
+// ---------------------------------------------------------------- streams
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
+  if (s == nullptr) return result(cudaErrorInvalidValue);
+  *s = reinterpret_cast<cudaStream_t>(Engine::instance().create_stream(flags, t_device));
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int flags, int) {
+  return cudaStreamCreateWithFlags(s, flags);
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  if (s == nullptr) return result(cudaErrorInvalidResourceHandle);
+  return result(Engine::instance().destroy_stream(stream_of(s, false)));
+}
+
+cudaError_t cudaStreamGetFlags(cudaStream_t s, unsigned int* flags) {
+  if (flags == nullptr) return result(cudaErrorInvalidValue);
+  *flags = stream_of(s, false)->kind == simcuda::StreamKind::NonBlocking ? cudaStreamNonBlocking : 0;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamGetFlags_ptsz(cudaStream_t s, unsigned int* flags) {
+  if (flags == nullptr) return result(cudaErrorInvalidValue);
+  *flags = stream_of(s, true)->kind == simcuda::StreamKind::NonBlocking ? cudaStreamNonBlocking : 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s) { return result(Engine::instance().synchronize(stream_of(s, false))); }
+cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t s) { return result(Engine::instance().synchronize(stream_of(s, true))); }
+cudaError_t cudaStreamQuery(cudaStream_t s) { return Engine::instance().query(stream_of(s, false)); }
+cudaError_t cudaStreamQuery_ptsz(cudaStream_t s) { return Engine::instance().query(stream_of(s, true)); }
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
+  if (e == nullptr) return result(cudaErrorInvalidResourceHandle);
+  return result(Engine::instance().wait(stream_of(s, false), reinterpret_cast<simcuda::Event*>(e)));
+}
+cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t s, cudaEvent_t e, unsigned int) {
+  if (e == nullptr) return result(cudaErrorInvalidResourceHandle);
+  return result(Engine::instance().wait(stream_of(s, true), reinterpret_cast<simcuda::Event*>(e)));
+}
+
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void* data) {
+  if (fn == nullptr) return result(cudaErrorInvalidValue);
+  return result(Engine::instance().enqueue(stream_of(s, false), [fn, data] { fn(data); }));
+}
+cudaError_t cudaLaunchHostFunc_ptsz(cudaStream_t s, cudaHostFn_t fn, void* data) {
+  if (fn == nullptr) return result(cudaErrorInvalidValue);
+  return result(Engine::instance().enqueue(stream_of(s, true), [fn, data] { fn(data); }));
+}
+
+// ---------------------------------------------------------------- capture
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
+  return result(Engine::instance().begin_capture(stream_of(s, false), mode));
+}
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t s, cudaStreamCaptureMode mode) {
+  return result(Engine::instance().begin_capture(stream_of(s, true), mode));
+}
+
+static cudaError_t end_capture(Stream* s, cudaGraph_t* graph) {
+  if (graph == nullptr) return result(cudaErrorInvalidValue);
+  bool valid = false;
+  const cudaError_t err = Engine::instance().end_capture(s, &valid);
+  *graph = valid ? reinterpret_cast<cudaGraph_t>(new Graph{s->captured_nodes}) : nullptr;
+  return result(err);
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* g) { return end_capture(stream_of(s, false), g); }
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t s, cudaGraph_t* g) { return end_capture(stream_of(s, true), g); }
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
+  if (status == nullptr) return result(cudaErrorInvalidValue);
+  *status = Engine::instance().capture_status(stream_of(s, false));
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t s, cudaStreamCaptureStatus* status) {
+  if (status == nullptr) return result(cudaErrorInvalidValue);
+  *status = Engine::instance().capture_status(stream_of(s, true));
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+  delete reinterpret_cast<Graph*>(g);
+  return cudaSuccess;
+}
+
+// ---------------------------------------------------------------- events
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
+  if (e == nullptr) return result(cudaErrorInvalidValue);
+  auto* ev = new simcuda::Event();
+  ev->flags = flags;
+  *e = reinterpret_cast<cudaEvent_t>(ev);
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
+
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  if (e == nullptr) return result(cudaErrorInvalidResourceHandle);
+  // Kept alive: a stream may still hold a dependency on it (as CUDA allows).
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  if (e == nullptr) return result(cudaErrorInvalidResourceHandle);
+  return result(Engine::instance().record(reinterpret_cast<simcuda::Event*>(e), stream_of(s, false)));
+}
+cudaError_t cudaEventRecord_ptsz(cudaEvent_t e, cudaStream_t s) {
+  if (e == nullptr) return result(cudaErrorInvalidResourceHandle);
+  return result(Engine::instance().record(reinterpret_cast<simcuda::Event*>(e), stream_of(s, true)));
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  if (e == nullptr) return result(cudaErrorInvalidResourceHandle);
+  const cudaError_t err = Engine::instance().query(reinterpret_cast<simcuda::Event*>(e));
+  return err == cudaErrorNotReady ? err : result(err);
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (e == nullptr) return result(cudaErrorInvalidResourceHandle);
+  return result(Engine::instance().synchronize(reinterpret_cast<simcuda::Event*>(e)));
+}
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
+  if (ms == nullptr) return result(cudaErrorInvalidValue);
+  *ms = 0.0f;
+  return cudaSuccess;
+}
+
+// ---------------------------------------------------------------- kernels
+
+void** __cudaRegisterFatBinary(void* fat) {
+  static void* handle = nullptr;
+  handle = fat;
+  return &handle;
+}
+void __cudaRegisterFatBinaryEnd(void**) {}
+void __cudaUnregisterFatBinary(void**) {}
+void __cudaRegisterFunction(void**, const char*, char*, const char*, int, uint3*, uint3*, dim3*, dim3*, int*) {}
+void __cudaRegisterVar(void**, char*, char*, const char*, int, size_t, int, int) {}
+char __cudaInitModule(void**) { return 1; }
+
+unsigned __cudaPushCallConfiguration(dim3 grid, dim3 block, size_t shared, struct CUstream_st* stream) {
+  t_grid = grid;
+  t_block = block;
+  t_shared = shared;
+  t_launch_stream = stream;
+  return 0;
+}
+
+cudaError_t __cudaPopCallConfiguration(dim3* grid, dim3* block, size_t* shared, void* stream) {
+  *grid = t_grid;
+  *block = t_block;
+  *shared = t_shared;
+  *static_cast<cudaStream_t*>(stream) = t_launch_stream;
+  return cudaSuccess;
+}
+
+cudaError_t __cudaGetKernel(cudaKernel_t* kernel, const void* fn) {
+  *kernel = reinterpret_cast<cudaKernel_t>(const_cast<void*>(fn));
+  return cudaSuccess;
+}
+
+cudaError_t __cudaLaunchKernel(cudaKernel_t, dim3, dim3, void**, size_t, cudaStream_t s) { return launch(s, false); }
+cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t, dim3, dim3, void**, size_t, cudaStream_t s) { return launch(s, true); }
+cudaError_t cudaLaunchKernel(const void*, dim3, dim3, void**, size_t, cudaStream_t s) { return launch(s, false); }
+cudaError_t cudaLaunchKernel_ptsz(const void*, dim3, dim3, void**, size_t, cudaStream_t s) { return launch(s, true); }
+
+// ---------------------------------------------------------------- control
+
+void simcuda_get_counters(struct simcuda_counters* out) {
+  const simcuda::Counters& c = counters();
+  out->malloc_calls = c.malloc_calls;
+  out->malloc_failures = c.malloc_failures;
+  out->free_calls = c.free_calls;
+  out->malloc_async_calls = c.malloc_async_calls;
+  out->free_async_calls = c.free_async_calls;
+  out->bytes_in_use = c.bytes_in_use;
+  out->peak_bytes_in_use = c.peak_bytes_in_use;
+  out->event_records = c.event_records;
+  out->stream_waits = c.stream_waits;
+  out->event_queries = c.event_queries;
+  out->event_syncs = c.event_syncs;
+  out->stream_syncs = c.stream_syncs;
+  out->device_syncs = c.device_syncs;
+  out->legacy_ops = c.legacy_ops;
+  out->captures_begun = c.captures_begun;
+  out->captures_invalidated = c.captures_invalidated;
+  out->kernel_launches = c.kernel_launches;
+}
+
+}  // extern "C"

@@ -1,0 +1,41 @@
+/* Control and observation of the simulated CUDA runtime (tests only). A program
+ * linked against the real runtime does not have these: look them up with
+ * dlsym(RTLD_DEFAULT, "simcuda_counters") when they are optional. */
+#ifndef SIMCUDA_H
+#define SIMCUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct simcuda_counters {
+  uint64_t malloc_calls;        /* cudaMalloc */
+  uint64_t malloc_failures;     /* cudaMalloc that failed (capacity or injected) */
+  uint64_t free_calls;          /* cudaFree of a non-null pointer */
+  uint64_t malloc_async_calls;  /* cudaMallocAsync and cudaMallocFromPoolAsync */
+  uint64_t free_async_calls;    /* cudaFreeAsync */
+  uint64_t bytes_in_use;
+  uint64_t peak_bytes_in_use;
+  uint64_t event_records;
+  uint64_t stream_waits;
+  uint64_t event_queries;
+  uint64_t event_syncs;
+  uint64_t stream_syncs;
+  uint64_t device_syncs;
+  uint64_t legacy_ops;          /* operations queued on the legacy stream */
+  uint64_t captures_begun;
+  uint64_t captures_invalidated;
+  uint64_t kernel_launches;
+};
+
+/* The counters so far. */
+void simcuda_get_counters(struct simcuda_counters* out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
