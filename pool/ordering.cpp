@@ -223,6 +223,12 @@ bool StreamOrdering::stream_ready(StreamId from, std::uint64_t stream_epoch,
   poll(src);
   if (stream_epoch <= src.completed_epoch) return true;
   if (device_complete(device_epoch)) return true;
+  // An idle stream has finished everything queued before the free: no fence,
+  // no wait. Its frees so far close an epoch, as if fenced and completed.
+  if (addressable(src) && src.captures == 0 && upstream_.query_stream(from) == EventStatus::Complete) {
+    src.fenced_epoch = src.completed_epoch = src.free_epoch++;
+    return true;
+  }
 
   if (options_.cross_stream_reuse == CrossStreamReuse::Completed) {
     // Start a fence now so that a later request can find it complete.

@@ -36,6 +36,8 @@ class Upstream {
   virtual bool record_event(EventHandle event, StreamId stream) = 0;
   virtual bool wait_event(StreamId stream, EventHandle event) = 0;
   virtual EventStatus query_event(EventHandle event) = 0;
+  // Complete when all work queued on the stream so far has finished.
+  virtual EventStatus query_stream(StreamId stream) = 0;
   virtual bool synchronize_event(EventHandle event) = 0;
   virtual bool synchronize_stream(StreamId stream) = 0;
 

@@ -68,6 +68,10 @@ EventStatus VirtualUpstream::query_event(EventHandle event) {
   return it->second ? EventStatus::Complete : EventStatus::Pending;
 }
 
+EventStatus VirtualUpstream::query_stream(StreamId) {
+  return streams_idle_ ? EventStatus::Complete : EventStatus::Pending;
+}
+
 bool VirtualUpstream::synchronize_event(EventHandle event) {
   auto it = events_.find(event);
   if (it == events_.end()) return false;

@@ -26,6 +26,7 @@ class VirtualUpstream final : public Upstream {
   bool record_event(EventHandle event, StreamId stream) override;
   bool wait_event(StreamId stream, EventHandle event) override;
   EventStatus query_event(EventHandle event) override;
+  EventStatus query_stream(StreamId stream) override;
   bool synchronize_event(EventHandle event) override;
   bool synchronize_stream(StreamId stream) override;
   StreamId legacy_stream() const override { return kLegacy; }
@@ -37,6 +38,8 @@ class VirtualUpstream final : public Upstream {
   // Events recorded from now on complete at once (true) or only when
   // complete_all() is called (false).
   void set_events_complete_at_once(bool yes) { complete_at_once_ = yes; }
+  // Streams report idle (all queued work done) or busy to query_stream.
+  void set_streams_idle(bool yes) { streams_idle_ = yes; }
   void complete_all();
   // Fail the allocation attempts for which `fail` returns true (by call number).
   void set_failure(std::function<bool(std::uint64_t)> fail) { fail_ = std::move(fail); }
@@ -76,6 +79,7 @@ class VirtualUpstream final : public Upstream {
   std::function<bool(std::uint64_t)> fail_;
   bool complete_at_once_ = true;
   bool contiguous_ = false;
+  bool streams_idle_ = false;
   std::unordered_map<EventHandle, bool> events_;  // handle -> complete
   EventHandle next_event_ = 1;
   std::vector<Call> calls_;

@@ -85,6 +85,14 @@ EventStatus CudaUpstream::query_event(EventHandle event) {
   return err == cudaErrorNotReady ? EventStatus::Pending : EventStatus::Error;
 }
 
+EventStatus CudaUpstream::query_stream(StreamId stream) {
+  cudaStream_t s = nullptr;
+  if (!stream_handle(stream, &s)) return EventStatus::Error;
+  const cudaError_t err = internal([&](const RealCuda& r) { return r.cudaStreamQuery(s); });
+  if (err == cudaSuccess) return EventStatus::Complete;
+  return err == cudaErrorNotReady ? EventStatus::Pending : EventStatus::Error;
+}
+
 bool CudaUpstream::synchronize_event(EventHandle event) {
   return internal([&](const RealCuda& r) { return r.cudaEventSynchronize(as_event(event)); }) == cudaSuccess;
 }

@@ -19,6 +19,7 @@ class CudaUpstream final : public Upstream {
   bool record_event(EventHandle event, StreamId stream) override;
   bool wait_event(StreamId stream, EventHandle event) override;
   EventStatus query_event(EventHandle event) override;
+  EventStatus query_stream(StreamId stream) override;
   bool synchronize_event(EventHandle event) override;
   bool synchronize_stream(StreamId stream) override;
   StreamId legacy_stream() const override;

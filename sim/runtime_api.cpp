@@ -278,6 +278,13 @@ cudaError_t cudaMallocFromPoolAsync_ptsz(void** p, size_t size, cudaMemPool_t, c
   return malloc_async(p, size, s, true);
 }
 
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
+  if (pool == nullptr || device < 0 || device >= Memory::instance().devices()) return result(cudaErrorInvalidValue);
+  static int pools[64];
+  *pool = reinterpret_cast<cudaMemPool_t>(&pools[device % 64]);
+  return cudaSuccess;
+}
+
 cudaError_t cudaMallocHost(void** p, size_t size) {
   if (p == nullptr) return result(cudaErrorInvalidValue);
   *p = std::malloc(size == 0 ? 1 : size);

@@ -234,3 +234,24 @@ TEST_CASE_METHOD(PoolFixture, "the unsafe debug switch really skips every orderi
   alloc(1000);
   CHECK(upstream.calls().empty());
 }
+
+TEST_CASE_METHOD(PoolFixture, "an idle freeing stream hands its blocks over with no fence and no wait") {
+  make();
+  pool->stream_created(kS1, StreamKind::Blocking);
+  pool->stream_created(kS2, StreamKind::Blocking);
+  upstream.set_streams_idle(true);
+  const DevicePtr a = alloc(1000, kS1);
+  release(a, kS1);
+  upstream.clear_calls();
+  CHECK(alloc(1000, kS2) == a);
+  CHECK(upstream.calls().empty());
+  // A later free on the idle-checked stream still needs its own ordering.
+  upstream.set_streams_idle(false);
+  upstream.set_events_complete_at_once(false);
+  const DevicePtr b = alloc(1000, kS1);
+  release(b, kS1);
+  upstream.clear_calls();
+  alloc(1000, kS2);
+  CHECK(count(upstream.calls(), Call::Record, kS1) == 1);
+  CHECK(count(upstream.calls(), Call::Wait, kS2) == 1);
+}

@@ -1,0 +1,86 @@
+"""Runs the test programs under LD_PRELOAD=libgpupool.so on the simulated CUDA
+runtime and collects what came out: exit code, output, the JSON report and the
+simulated runtime's call counters."""
+import glob
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+BUILD = os.environ.get("GPUPOOL_BUILD_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
+SOURCE = os.environ.get("GPUPOOL_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+LIBRARY = os.path.join(BUILD, "lib", "libgpupool.so")
+SIM = os.path.join(BUILD, "sim")
+
+
+def program(name):
+    return os.path.join(BUILD, "bin", name)
+
+
+def sanitizer_runtime():
+    """A sanitizer build's runtime must be preloaded ahead of the library."""
+    out = subprocess.run(["ldd", LIBRARY], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        if "libasan" in line or "libtsan" in line:
+            return line.split("=>")[1].split("(")[0].strip()
+    return None
+
+
+class Run:
+    def __init__(self, proc, workdir):
+        self.code = proc.returncode
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+        self.workdir = workdir
+
+    def reports(self):
+        return sorted(glob.glob(os.path.join(self.workdir, "report-*")))
+
+    def report(self):
+        paths = self.reports()
+        if len(paths) != 1:
+            raise AssertionError(f"expected one report, found {paths}\nstderr:\n{self.stderr}")
+        with open(paths[0]) as f:
+            return json.load(f) if paths[0].endswith(".json") else f.read()
+
+    def counters(self):
+        with open(os.path.join(self.workdir, "counters.json")) as f:
+            return json.load(f)
+
+    def output_json(self):
+        return json.loads(self.stdout.strip().splitlines()[-1])
+
+
+class ShimTest(unittest.TestCase):
+    """Each test gets a fresh directory for reports and counters."""
+
+    def setUp(self):
+        self.workdir = tempfile.mkdtemp(prefix="gpupool-test-")
+        self.addCleanup(shutil.rmtree, self.workdir, True)
+
+    def run_program(self, args, env=None, preload=True, fmt="json", timeout=120, log=True):
+        e = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "SIMCUDA_"))}
+        e["LD_LIBRARY_PATH"] = SIM
+        e["SIMCUDA_COUNTERS_FILE"] = os.path.join(self.workdir, "counters.json")
+        if preload:
+            preloads = [p for p in (sanitizer_runtime(), LIBRARY) if p]
+            e["LD_PRELOAD"] = ":".join(preloads)
+            if log:
+                e["GPUPOOL_LOG"] = os.path.join(self.workdir, "report-%p." + fmt)
+            e["GPUPOOL_LOG_FORMAT"] = fmt
+        e.update(env or {})
+        if isinstance(args, str):
+            args = [args]
+        args = [program(args[0]) if not os.path.isabs(args[0]) and "/" not in args[0] and
+                os.path.exists(program(args[0])) else args[0]] + list(args[1:])
+        proc = subprocess.run(args, env=e, capture_output=True, text=True, timeout=timeout)
+        return Run(proc, self.workdir)
+
+    def assertSucceeded(self, run):
+        self.assertEqual(run.code, 0, f"exit {run.code}\nstdout:\n{run.stdout}\nstderr:\n{run.stderr}")
+
+
+def main():
+    unittest.main(verbosity=2)

@@ -1,0 +1,220 @@
+"""The report and the gpupool command, against workloads with known numbers."""
+import glob
+import json
+import os
+import subprocess
+import sys
+
+from harness import SOURCE, ShimTest, main
+
+SMALL_DEVICE = {"SIMCUDA_MEMORY": "64M"}
+GPUPOOL = os.path.join(SOURCE, "scripts", "gpupool")
+
+
+def schema():
+    with open(os.path.join(SOURCE, "docs", "report.schema.json")) as f:
+        return json.load(f)
+
+
+class OutOfMemory(ShimTest):
+    def test_fragmentation_is_told_apart_from_a_full_device(self):
+        run = self.run_program(["test-oom", "fragmentation"], env=SMALL_DEVICE)
+        self.assertSucceeded(run)
+        device = run.report()["devices"]["0"]
+        self.assertEqual(device["stats"]["num_ooms"], 1)
+        oom = device["ooms"][0]
+        self.assertEqual(oom["cause"], "fragmentation")
+        self.assertEqual(oom["free_in_pool_bytes"], 30 << 20)
+        self.assertEqual(oom["largest_free_block_bytes"], 2 << 20)
+        self.assertIn("fragmentation: 30.00 MiB free in the pool but the largest block is 2.00 MiB", oom["verdict"])
+        self.assertIn("GPUPOOL_ROUNDUP_POWER2_DIVISIONS", oom["advice"])
+        self.assertIn("out of memory: fragmentation", run.stderr)  # said at the time, too
+
+    def test_a_full_device_is_called_full(self):
+        run = self.run_program(["test-oom", "full"], env=SMALL_DEVICE)
+        self.assertSucceeded(run)
+        oom = run.report()["devices"]["0"]["ooms"][0]
+        self.assertEqual(oom["cause"], "device_full")
+        self.assertEqual(oom["free_in_pool_bytes"], 0)
+        self.assertIn("the device is full", oom["verdict"])
+        self.assertEqual(oom["reserved_bytes"], 60 << 20)
+
+    def test_the_memory_limit_refuses_and_says_so(self):
+        run = self.run_program(["test-oom", "full"], env={"GPUPOOL_MEMORY_LIMIT": "64M"})
+        self.assertSucceeded(run)
+        oom = run.report()["devices"]["0"]["ooms"][0]
+        self.assertEqual(oom["cause"], "limit_reached")
+        self.assertTrue(oom["limit_reached"])
+        self.assertEqual(run.counters()["malloc_failures"], 0)  # never asked the device
+
+    def test_mem_get_info_counts_cached_memory_as_free_and_honours_the_limit(self):
+        run = self.run_program("test-meminfo", env={"SIMCUDA_MEMORY": "1G"})
+        self.assertSucceeded(run)
+        info = run.output_json()
+        self.assertEqual(info["free_after"], info["free_before"])
+        run = self.run_program("test-meminfo", env={"SIMCUDA_MEMORY": "1G", "GPUPOOL_MEM_GET_INFO": "cached_is_used"})
+        info = run.output_json()
+        self.assertEqual(info["free_before"] - info["free_after"], 100 << 20)
+        run = self.run_program("test-meminfo", env={"SIMCUDA_MEMORY": "1G", "GPUPOOL_MEMORY_LIMIT": "512M"})
+        info = run.output_json()
+        self.assertEqual(info["total"], 512 << 20)
+        self.assertEqual(info["free_before"], 512 << 20)
+
+
+class Leaks(ShimTest):
+    def test_leaks_are_listed_largest_first(self):
+        run = self.run_program(["test-lifecycle", "leak"])
+        self.assertSucceeded(run)
+        leaks = run.report()["devices"]["0"]["leaks"]
+        self.assertEqual(leaks["blocks"], 3)
+        self.assertEqual([b["requested_bytes"] for b in leaks["largest"]], [3 << 20, 1 << 20, 5 << 10])
+        self.assertEqual(leaks["sites"], [])
+        self.assertTrue(any("GPUPOOL_BACKTRACE=1" in a for a in run.report()["devices"]["0"]["advice"]))
+
+    def test_backtrace_groups_leaks_by_symbolized_call_site(self):
+        run = self.run_program(["test-lifecycle", "leak"], env={"GPUPOOL_BACKTRACE": "1"})
+        self.assertSucceeded(run)
+        sites = run.report()["devices"]["0"]["leaks"]["sites"]
+        self.assertEqual(len(sites), 1)
+        self.assertEqual(sites[0]["blocks"], 3)
+        self.assertEqual(sites[0]["bytes"], (3 << 20) + (1 << 20) + (5 << 10))
+        self.assertIn("leak_here", sites[0]["frames"][0])
+
+
+class Contents(ShimTest):
+    def test_reports_validate_against_the_schema(self):
+        import jsonschema
+        for args, env in ((["test-patterns", "1500", "9"], {}), (["test-oom", "fragmentation"], SMALL_DEVICE),
+                          (["test-lifecycle", "leak"], {"GPUPOOL_BACKTRACE": "1"}), (["test-capture"], {}),
+                          (["test-hazards", "cross-stream-pending"], {})):
+            with self.subTest(program=args[0]):
+                run = self.run_program(args, env=env)
+                self.assertSucceeded(run)
+                jsonschema.validate(run.report(), schema())
+                os.remove(run.reports()[0])
+
+    def test_text_and_json_carry_the_same_numbers(self):
+        as_json = self.run_program(["test-repeat", "7"]).report()
+        for path in glob.glob(os.path.join(self.workdir, "report-*")):
+            os.remove(path)
+        text = self.run_program(["test-repeat", "7"], fmt="text").report()
+        stats = as_json["devices"]["0"]["stats"]
+        self.assertIn("gpupool memory summary, device 0", text)
+        row = [line for line in text.splitlines() if line.startswith("| Allocations ")][0]
+        cells = [c.strip() for c in row.split("|")[2:6]]
+        self.assertEqual(cells, [str(stats[f"allocation.all.{k}"]) for k in ("current", "peak", "allocated", "freed")])
+        self.assertIn(f"cudaMalloc calls {stats['num_device_alloc']} (0 failed)", text)
+        self.assertIn(f"peak reserved / peak requested: "
+                      f"{as_json['devices']['0']['fragmentation']['peak_reserved_to_peak_requested']:.4f}", text)
+
+    def test_non_default_settings_are_marked(self):
+        run = self.run_program(["test-repeat", "2"], env={"GPUPOOL_CONF": "max_split_size_mb:64"})
+        rows = {c["key"]: c for c in run.report()["config"]}
+        self.assertTrue(rows["max_split_size_mb"]["non_default"])
+        self.assertEqual(rows["max_split_size_mb"]["value"], "64")
+        self.assertFalse(rows["large_segment_size"]["non_default"])
+
+    def test_timeline_is_sampled_and_bounded(self):
+        run = self.run_program(["test-patterns", "6000", "5"])
+        timeline = run.report()["devices"]["0"]["timeline"]
+        self.assertGreater(len(timeline["samples"]), 100)
+        self.assertLessEqual(len(timeline["samples"]), 1024)
+        peak = run.report()["devices"]["0"]["stats"]["reserved_bytes.all.peak"]
+        self.assertTrue(all(s[3] <= peak for s in timeline["samples"]))
+
+
+class Paths(ShimTest):
+    def test_default_path_is_in_the_temp_directory_and_announced(self):
+        run = self.run_program(["test-repeat", "2"], env={"TMPDIR": self.workdir}, log=False, fmt="text")
+        self.assertSucceeded(run)
+        files = glob.glob(os.path.join(self.workdir, "gpupool-test-repeat-*.txt"))
+        self.assertEqual(len(files), 1, os.listdir(self.workdir))
+        self.assertIn(f"gpupool: report written to {files[0]}", run.stderr)
+
+    def test_rank_in_the_path(self):
+        for var, value in (("RANK", "3"), ("LOCAL_RANK", "1"), ("OMPI_COMM_WORLD_RANK", "7"), ("SLURM_PROCID", "5")):
+            with self.subTest(var=var):
+                log = os.path.join(self.workdir, "rank-%r-%e.json")
+                run = self.run_program(["test-repeat", "2"], env={var: value, "GPUPOOL_LOG": log})
+                self.assertSucceeded(run)
+                self.assertTrue(os.path.exists(os.path.join(self.workdir, f"rank-{value}-test-repeat.json")),
+                                os.listdir(self.workdir))
+
+    def test_sigusr1_writes_a_report_without_exiting(self):
+        target = os.path.join(self.workdir, "report-signal.json")
+        run = self.run_program(["test-lifecycle", "signal", target], env={"GPUPOOL_LOG": target})
+        self.assertSucceeded(run)
+        during = json.loads(run.stdout)
+        self.assertEqual(during["reason"], "signal")
+        self.assertEqual(during["devices"]["0"]["stats"]["allocation.all.current"], 1)
+        with open(target) as f:
+            self.assertEqual(json.load(f)["reason"], "exit")
+
+    def test_sigusr1_can_be_turned_off(self):
+        target = os.path.join(self.workdir, "report-signal.json")
+        run = self.run_program(["test-lifecycle", "signal", target],
+                               env={"GPUPOOL_LOG": target, "GPUPOOL_REPORT_SIGNAL": "none"})
+        self.assertEqual(run.code, -10)  # SIGUSR1's default action, as without gpupool
+
+
+class Command(ShimTest):
+    def gpupool(self, *args, env=None):
+        e = dict(os.environ)
+        e.update(env or {})
+        return subprocess.run([sys.executable, GPUPOOL] + list(args), capture_output=True, text=True, env=e,
+                              timeout=120)
+
+    def reports(self, n):
+        paths = []
+        for i in range(n):
+            run = self.run_program(["test-patterns", "800", str(10 + i)])
+            self.assertSucceeded(run)
+            path = os.path.join(self.workdir, f"rank{i}.json")
+            os.rename(run.reports()[0], path)
+            paths.append(path)
+        return paths
+
+    def test_run_summarizes_and_passes_settings_and_exit_code(self):
+        out = self.gpupool("run", "--sim", "--conf", "max_split_size_mb:128", "--",
+                           os.path.join(os.path.dirname(GPUPOOL), "..", "build", "bin", "test-repeat"), "3")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("cudaMalloc calls for 30 allocations", out.stdout)
+        failing = self.gpupool("run", "--sim", "--", "sh", "-c", "exit 3")
+        self.assertEqual(failing.returncode, 3)
+
+    def test_report_prints_the_summary(self):
+        path = self.reports(1)[0]
+        out = self.gpupool("report", path)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("peak reserved", out.stdout)
+        self.assertIn("GPU reserved memory", out.stdout)
+
+    def test_merge_puts_ranks_side_by_side_and_marks_the_worst(self):
+        paths = self.reports(3)
+        out = self.gpupool("merge", *paths)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        lines = out.stdout.splitlines()
+        self.assertEqual(sum("<- worst" in line for line in lines), 1)
+        self.assertTrue(lines[-1].startswith("total (3)"))
+        peaks = [json.load(open(p))["devices"]["0"]["stats"]["reserved_bytes.all.peak"] for p in paths]
+        worst_line = [line for line in lines if "<- worst" in line][0]
+        worst_pid = json.load(open(paths[peaks.index(max(peaks))]))["pid"]
+        self.assertIn(f"[{worst_pid}]", worst_line)
+
+    def test_plot_draws_a_png(self):
+        path = self.reports(1)[0]
+        png = os.path.join(self.workdir, "memory.png")
+        out = self.gpupool("plot", path, "-o", png)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        with open(png, "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
+    def test_config_lists_every_option_and_the_problems(self):
+        out = self.gpupool("config", env={"GPUPOOL_CONF": "max_split_size_mb:256", "GPUPOOL_LOG_FORMAT": "xml"})
+        self.assertEqual(out.returncode, 1)
+        self.assertRegex(out.stdout, r"GPUPOOL_MAX_SPLIT_SIZE_MB\s+unlimited\s+256")
+        self.assertIn("GPUPOOL_LOG_FORMAT: must be one of text or json ('xml'); using text", out.stderr)
+
+
+if __name__ == "__main__":
+    main()

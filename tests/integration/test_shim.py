@@ -1,0 +1,156 @@
+"""The shim under real programs: data integrity, reuse, fidelity with the
+runtime, the exported interface, process lifecycle."""
+import os
+import re
+import shutil
+import subprocess
+
+from harness import LIBRARY, ShimTest, main
+
+
+class Integrity(ShimTest):
+    def test_patterns_stay_intact_across_seeds(self):
+        for seed in (1, 2, 3):
+            with self.subTest(seed=seed):
+                run = self.run_program(["test-patterns", "3000", str(seed)])
+                self.assertSucceeded(run)
+                did = run.output_json()
+                stats = run.report()["devices"]["0"]["stats"]
+                self.assertEqual(stats["allocation.all.allocated"], did["allocations"])
+                self.assertEqual(stats["allocation.all.freed"], did["frees"])
+                self.assertEqual(stats["requested_bytes.all.peak"], did["peak_requested"])
+                self.assertEqual(stats["allocation.all.current"], 0)
+                self.assertEqual(stats["requested_bytes.all.current"], 0)
+                self.assertLess(run.counters()["malloc_calls"], did["allocations"] / 10)
+                os.remove(run.reports()[0])
+
+    def test_patterns_program_passes_without_gpupool_too(self):
+        # The control: the program's checks hold against the runtime alone.
+        run = self.run_program(["test-patterns", "1000", "4"], preload=False)
+        self.assertSucceeded(run)
+        self.assertEqual(run.reports(), [])
+
+    def test_threads_allocate_on_one_thread_free_on_another(self):
+        run = self.run_program(["test-threads", "3", "300"])
+        self.assertSucceeded(run)
+        stats = run.report()["devices"]["0"]["stats"]
+        self.assertEqual(stats["allocation.all.current"], 0)
+        self.assertEqual(stats["allocation.all.allocated"], 900)
+
+
+class Reuse(ShimTest):
+    def test_repeated_workload_makes_few_upstream_calls(self):
+        run = self.run_program(["test-repeat", "50"])
+        self.assertSucceeded(run)
+        did = run.output_json()
+        report = run.report()
+        stats = report["devices"]["0"]["stats"]
+        self.assertEqual(did["allocations"], 500)
+        # The first round's segments serve all 50 rounds.
+        self.assertLessEqual(run.counters()["malloc_calls"], 10)
+        self.assertEqual(stats["num_device_alloc"], run.counters()["malloc_calls"])
+        self.assertEqual(stats["allocation.all.allocated"], did["allocations"])
+        self.assertEqual(stats["requested_bytes.all.peak"], did["peak_requested"])
+        self.assertEqual(stats["requested_bytes.all.allocated"], did["requested_total"])
+        self.assertGreaterEqual(report["devices"]["0"]["cache"]["hit_ratio"], 0.98)
+
+    def test_demo_runs_intact_under_gpupool(self):
+        run = self.run_program(["gpupool-demo", "--steps", "4"])
+        self.assertSucceeded(run)
+        self.assertIn("every buffer read back intact", run.stdout)
+        self.assertLess(run.counters()["malloc_calls"], 40)
+
+
+class Fidelity(ShimTest):
+    def test_runtime_behaviour_is_kept(self):
+        run = self.run_program("test-fidelity", env={"SIMCUDA_MEMORY": "256M"})
+        self.assertSucceeded(run)
+        self.assertIn("not a live allocation", run.stderr)  # the double free, named
+
+    def test_library_needs_no_cuda_spdlog_fmt_or_libstdcxx(self):
+        out = subprocess.run(["readelf", "-d", LIBRARY], capture_output=True, text=True, check=True).stdout
+        needed = re.findall(r"\(NEEDED\).*\[(.*)\]", out)
+        for lib in needed:
+            self.assertNotRegex(lib, r"cudart|cuda|spdlog|fmt|stdc\+\+")
+
+    def test_library_exports_only_the_intercepted_entry_points(self):
+        out = subprocess.run(["nm", "-D", "--defined-only", LIBRARY], capture_output=True, text=True,
+                             check=True).stdout
+        exported = sorted(line.split()[-1] for line in out.splitlines() if line.strip())
+        with open(os.path.join(os.path.dirname(__file__), "..", "..", "shim", "exports.map")) as f:
+            listed = sorted(re.findall(r"^\s+(cuda\w+);", f.read(), re.M))
+        self.assertEqual(exported, listed)
+
+
+class Lifecycle(ShimTest):
+    def test_no_report_from_processes_that_never_use_cuda(self):
+        for command in (["/bin/true"], ["sh", "-c", "ls / >/dev/null; echo hi"]):
+            run = self.run_program(command)
+            self.assertSucceeded(run)
+            self.assertEqual(run.reports(), [])
+            self.assertEqual(run.stderr, "")
+
+    def test_frees_in_static_destructors_count_before_the_report(self):
+        run = self.run_program(["test-lifecycle", "static"])
+        self.assertSucceeded(run)
+        self.assertEqual(run.report()["devices"]["0"]["leaks"]["blocks"], 0)
+
+    def test_forked_child_writes_no_report_of_its_parent(self):
+        run = self.run_program(["test-lifecycle", "fork"])
+        self.assertSucceeded(run)
+        self.assertEqual(len(run.reports()), 1)
+
+    def test_disabled_is_pure_pass_through(self):
+        run = self.run_program(["test-repeat", "5"], env={"GPUPOOL_DISABLE": "1"})
+        self.assertSucceeded(run)
+        self.assertEqual(run.reports(), [])
+        self.assertEqual(run.counters()["malloc_calls"], 50)
+
+    def test_bad_configuration_keeps_the_program_running(self):
+        run = self.run_program(["test-repeat", "2"], env={"GPUPOOL_MAX_SPLIT_SIZE_MB": "lots",
+                                                           "GPUPOOL_CONF": "bogus:1"})
+        self.assertSucceeded(run)
+        self.assertIn("gpupool: GPUPOOL_MAX_SPLIT_SIZE_MB: not a size", run.stderr)
+        self.assertIn("unknown key 'bogus'", run.stderr)
+        self.assertEqual(len(run.report()["config_problems"]), 2)
+
+    def test_strict_configuration_stops_after_listing_every_problem(self):
+        run = self.run_program(["test-repeat", "2"], env={"GPUPOOL_MAX_SPLIT_SIZE_MB": "lots",
+                                                           "GPUPOOL_LOG_FORMAT": "xml", "GPUPOOL_STRICT": "1"})
+        self.assertNotEqual(run.code, 0)
+        self.assertIn("GPUPOOL_MAX_SPLIT_SIZE_MB", run.stderr)
+        self.assertIn("GPUPOOL_LOG_FORMAT", run.stderr)
+        self.assertIn("GPUPOOL_STRICT=1", run.stderr)
+
+    def test_unchanged_nvcc_program_runs_under_the_shim(self):
+        nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+        if not os.path.exists(nvcc):
+            self.skipTest("nvcc not installed")
+        source = os.path.join(self.workdir, "user.cu")
+        with open(source, "w") as f:
+            f.write(USER_PROGRAM)
+        binary = os.path.join(self.workdir, "user")
+        subprocess.run([nvcc, "-cudart", "shared", "-o", binary, source], check=True, capture_output=True)
+        run = self.run_program([binary])
+        self.assertSucceeded(run)
+        stats = run.report()["devices"]["0"]["stats"]
+        self.assertEqual(stats["allocation.all.allocated"], 300)
+        self.assertLess(stats["num_device_alloc"], 10)
+
+
+USER_PROGRAM = r"""
+#include <cstdio>
+__global__ void scale(float* x, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] *= 2; }
+int main() {
+  for (int step = 0; step < 100; ++step) {
+    float *a, *b, *c;
+    if (cudaMalloc(&a, 4 << 20) || cudaMalloc(&b, 1000) || cudaMalloc(&c, (step + 1) * 4096)) return 1;
+    scale<<<16, 256>>>(a, 4096);
+    cudaFree(c); cudaFree(b); cudaFree(a);
+  }
+  return cudaDeviceSynchronize() == cudaSuccess ? 0 : 1;
+}
+"""
+
+if __name__ == "__main__":
+    main()

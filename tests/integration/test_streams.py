@@ -1,0 +1,75 @@
+"""Every way a cached block changes hands, on the asynchronous simulated
+device: a slow write by the old owner must land before the new owner's. Each
+case that has an ordering step is also run with that step switched off
+(GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING=1) to show the test catches its absence."""
+from harness import ShimTest, main
+
+UNSAFE = {"GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING": "1"}
+
+# case -> True when gpupool has an ordering step on that path (removing it must
+# produce the hazard); False when stream order or completion alone protects it.
+CASES = {
+    "cudafree-blocking": True,      # cudaFree, cudaMalloc, blocking streams: the barrier
+    "cudafree-nonblocking": True,   # cudaFree's promise on non-blocking streams
+    "same-stream": False,           # stream order
+    "cross-stream-completed": False,  # the old work is done before the reuse
+    "cross-stream-pending": True,   # the new stream waits on the free's fence
+    "destroyed-stream": True,       # the destroyed stream's last work is fenced
+    "per-thread": True,             # per-thread default streams of two threads
+}
+
+
+class Hazards(ShimTest):
+    def check(self, binary, case, has_ordering_step):
+        run = self.run_program([binary, case])
+        self.assertSucceeded(run)  # reused, and ordered
+        if has_ordering_step:
+            unsafe = self.run_program([binary, case], env=UNSAFE)
+            self.assertEqual(unsafe.code, 1, f"without ordering the hazard should show:\n{unsafe.stdout}")
+        return run
+
+    def test_each_reuse_path(self):
+        for case, has_step in CASES.items():
+            with self.subTest(case=case):
+                self.check("test-hazards", case, has_step)
+
+    def test_per_thread_default_stream_build(self):
+        # Built with CUDA_API_PER_THREAD_DEFAULT_STREAM: the _ptsz entry points.
+        self.check("test-hazards-ptds", "per-thread", True)
+
+    def test_completed_work_is_reused_without_a_device_wait(self):
+        run = self.check("test-hazards", "cross-stream-completed", False)
+        streams = run.report()["devices"]["0"]["streams"]
+        self.assertEqual(sum(s["event_waits"] for s in streams), 0)
+        self.assertEqual(sum(s["cross_stream_reuses"] for s in streams), 1)
+
+    def test_pending_work_is_reused_after_a_device_wait_not_a_host_wait(self):
+        run = self.check("test-hazards", "cross-stream-pending", False)
+        streams = run.report()["devices"]["0"]["streams"]
+        self.assertEqual(sum(s["event_waits"] for s in streams), 1)
+        self.assertEqual(sum(s["host_syncs"] for s in streams), 0)
+        self.assertEqual(run.counters()["event_syncs"], 0)
+
+    def test_completed_policy_never_makes_streams_wait(self):
+        run = self.run_program(["test-hazards", "cross-stream-pending"],
+                               env={"GPUPOOL_CROSS_STREAM_REUSE": "completed"})
+        self.assertEqual(run.code, 2)  # not reused while pending: a new block instead
+        self.assertEqual(run.counters()["stream_waits"], 0)
+
+    def test_never_policy_keeps_streams_apart(self):
+        run = self.run_program(["test-hazards", "cross-stream-completed"],
+                               env={"GPUPOOL_CROSS_STREAM_REUSE": "never"})
+        self.assertEqual(run.code, 2)
+
+
+class Capture(ShimTest):
+    def test_allocations_inside_a_capture_pass_through_and_it_stays_valid(self):
+        run = self.run_program("test-capture")
+        self.assertSucceeded(run)
+        device = run.report()["devices"]["0"]
+        self.assertEqual(run.counters()["captures_invalidated"], 0)
+        self.assertEqual(device["quarantined_bytes"], 1 << 20)  # freed inside the capture
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+// The runtime's observable behaviour that a transparent pool must keep.
+#include "common.hpp"
+
+int main() {
+  // Size 0: success and a null pointer.
+  void* p = reinterpret_cast<void*>(0x1);
+  CHECK_CUDA(cudaMalloc(&p, 0));
+  EXPECT(p == nullptr);
+  // A null out-pointer: cudaErrorInvalidValue, reported by cudaGetLastError once.
+  EXPECT(cudaMalloc(nullptr, 16) == cudaErrorInvalidValue);
+  EXPECT(cudaPeekAtLastError() == cudaErrorInvalidValue);
+  EXPECT(cudaGetLastError() == cudaErrorInvalidValue);
+  EXPECT(cudaGetLastError() == cudaSuccess);
+  // Freeing null: success.
+  EXPECT(cudaFree(nullptr) == cudaSuccess);
+  EXPECT(cudaFreeAsync(nullptr, nullptr) == cudaSuccess);
+  // Alignment of many small blocks.
+  std::vector<void*> blocks;
+  for (size_t n = 1; n < 5000; n += 37) {
+    void* q = nullptr;
+    CHECK_CUDA(cudaMalloc(&q, n));
+    EXPECT(reinterpret_cast<uintptr_t>(q) % 512 == 0);
+    blocks.push_back(q);
+  }
+  for (void* q : blocks) CHECK_CUDA(cudaFree(q));
+  // A double free: the runtime's answer, cudaErrorInvalidValue, and nothing else breaks.
+  void* a = nullptr;
+  CHECK_CUDA(cudaMalloc(&a, 4096));
+  CHECK_CUDA(cudaFree(a));
+  EXPECT(cudaFree(a) == cudaErrorInvalidValue);
+  EXPECT(cudaGetLastError() == cudaErrorInvalidValue);
+  // A pointer the pool never handed out goes to the runtime untouched: here one
+  // from cudaMallocFromPoolAsync, which gpupool passes through.
+  void* foreign = nullptr;
+  cudaMemPool_t default_pool;
+  CHECK_CUDA(cudaDeviceGetDefaultMemPool(&default_pool, 0));
+  CHECK_CUDA(cudaMallocFromPoolAsync(&foreign, 1 << 20, default_pool, nullptr));
+  CHECK_CUDA(cudaStreamSynchronize(nullptr));
+  EXPECT(cudaFree(foreign) == cudaSuccess);
+  // Mixed use: cudaFree of a cudaMallocAsync block, cudaFreeAsync of a cudaMalloc block.
+  void* x = nullptr;
+  void* y = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&x, 1 << 16, nullptr));
+  CHECK_CUDA(cudaMalloc(&y, 1 << 16));
+  CHECK_CUDA(cudaFree(x));
+  CHECK_CUDA(cudaFreeAsync(y, nullptr));
+  // Out of memory (the device is small in this test): the error, also from
+  // cudaGetLastError; then recovery leaves no error behind.
+  void* huge = nullptr;
+  EXPECT(cudaMalloc(&huge, size_t{1} << 40) == cudaErrorMemoryAllocation);
+  EXPECT(cudaGetLastError() == cudaErrorMemoryAllocation);
+  EXPECT(cudaGetLastError() == cudaSuccess);
+  // Fill the device with cached blocks, then ask for one big block: the pool
+  // must release its cache and succeed, leaving no error.
+  size_t free_bytes = 0, total = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
+  std::vector<void*> many;
+  for (int i = 0; i < 6; ++i) {
+    void* q = nullptr;
+    CHECK_CUDA(cudaMalloc(&q, total / 8));
+    many.push_back(q);
+  }
+  for (void* q : many) CHECK_CUDA(cudaFree(q));
+  void* big = nullptr;
+  CHECK_CUDA(cudaMalloc(&big, total / 2 + total / 4));
+  EXPECT(cudaGetLastError() == cudaSuccess);
+  CHECK_CUDA(cudaFree(big));
+  std::printf("fidelity: all checks passed\n");
+  return 0;
+}

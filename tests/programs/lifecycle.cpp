@@ -1,0 +1,77 @@
+// Process lifecycle under gpupool, one mode per run:
+//   leak       leaves three blocks allocated (allocated in leak_here(), for
+//              GPUPOOL_BACKTRACE=1 to name)
+//   static     frees a block from a static object's destructor, after main
+//   fork       uses CUDA, then forks a child that exits without using it
+//   signal R   raises SIGUSR1; the next CUDA call writes a report to R, which
+//              this program then prints
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "common.hpp"
+
+namespace {
+
+struct FreedAtExit {
+  void* p = nullptr;
+  ~FreedAtExit() {
+    if (p != nullptr) cudaFree(p);
+  }
+};
+FreedAtExit g_static_block;
+
+}  // namespace
+
+// Outside the anonymous namespace and exported, so that the report can name it.
+__attribute__((noinline)) void* leak_here(size_t bytes) {
+  void* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, bytes));
+  return p;
+}
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "leak") {
+    for (size_t n : {size_t{1} << 20, size_t{3} << 20, size_t{5} << 10}) leak_here(n);
+    void* freed = nullptr;
+    CHECK_CUDA(cudaMalloc(&freed, 4096));
+    CHECK_CUDA(cudaFree(freed));
+    return 0;
+  }
+  if (mode == "static") {
+    CHECK_CUDA(cudaMalloc(&g_static_block.p, 1 << 20));
+    return 0;
+  }
+  if (mode == "fork") {
+    void* p = nullptr;
+    CHECK_CUDA(cudaMalloc(&p, 1 << 20));
+    CHECK_CUDA(cudaFree(p));
+    const pid_t child = fork();
+    if (child == 0) std::exit(0);  // runs the child's exit handlers
+    int status = 0;
+    waitpid(child, &status, 0);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+  }
+  if (mode == "signal" && argc > 2) {
+    void* p = nullptr;
+    CHECK_CUDA(cudaMalloc(&p, 1 << 20));
+    raise(SIGUSR1);
+    CHECK_CUDA(cudaFree(p));  // the next intercepted call writes the report
+    std::ifstream in(argv[2]);
+    if (!in) {
+      std::fprintf(stderr, "lifecycle: no report at %s after SIGUSR1\n", argv[2]);
+      return 1;
+    }
+    std::stringstream text;
+    text << in.rdbuf();
+    std::fputs(text.str().c_str(), stdout);
+    return 0;
+  }
+  std::fprintf(stderr, "usage: lifecycle leak|static|fork|signal REPORT\n");
+  return 64;
+}

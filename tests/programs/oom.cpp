@@ -1,0 +1,36 @@
+// Out of memory on a small simulated device (run with SIMCUDA_MEMORY=64M), in
+// a way the report must diagnose:
+//   fragmentation  plenty free in the pool, in 2 MiB pieces, and an 8 MiB request
+//   full           the program's own live blocks fill the device
+#include <string>
+
+#include "common.hpp"
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  std::vector<void*> blocks;
+  if (mode == "fragmentation") {
+    // Three 20 MiB segments cut into 2 MiB blocks; every other block freed.
+    for (int i = 0; i < 30; ++i) {
+      void* p = nullptr;
+      CHECK_CUDA(cudaMalloc(&p, 2 << 20));
+      blocks.push_back(p);
+    }
+    for (size_t i = 0; i < blocks.size(); i += 2) CHECK_CUDA(cudaFree(blocks[i]));
+  } else if (mode == "full") {
+    for (int i = 0; i < 3; ++i) {
+      void* p = nullptr;
+      CHECK_CUDA(cudaMalloc(&p, 20 << 20));
+      blocks.push_back(p);
+    }
+  } else {
+    std::fprintf(stderr, "usage: oom fragmentation|full\n");
+    return 64;
+  }
+  void* big = nullptr;
+  const cudaError_t err = cudaMalloc(&big, 8 << 20);
+  EXPECT(err == cudaErrorMemoryAllocation);
+  EXPECT(cudaGetLastError() == cudaErrorMemoryAllocation);
+  std::printf("oom: %s\n", cudaGetErrorName(err));
+  return 0;
+}
