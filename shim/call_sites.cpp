@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <execinfo.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -34,12 +35,18 @@ std::uint32_t CallSites::capture() {
   void* frames[kMaxFrames];
   const int n = backtrace(frames, kMaxFrames);
   static void* const self = own_base();
-  std::vector<void*> kept;
-  for (int i = 0; i < n && static_cast<int>(kept.size()) < kFramesKept; ++i) {
+  // Skip everything up to and including our own frames (a sanitizer's
+  // backtrace interceptor may come first).
+  int first = 0;
+  for (int i = 0; i < n; ++i) {
     Dl_info info;
-    if (kept.empty() && dladdr(frames[i], &info) != 0 && info.dli_fbase == self) continue;
-    kept.push_back(frames[i]);
+    if (dladdr(frames[i], &info) != 0 && info.dli_fbase == self) {
+      first = i + 1;
+    } else if (first > 0) {
+      break;
+    }
   }
+  std::vector<void*> kept(frames + first, frames + std::min(n, first + kFramesKept));
   std::uint64_t hash = 1469598103934665603ull;
   for (void* f : kept) hash = (hash ^ reinterpret_cast<std::uintptr_t>(f)) * 1099511628211ull;
   std::lock_guard<std::mutex> lock(mu_);

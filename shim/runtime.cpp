@@ -336,7 +336,9 @@ void Runtime::after_fork_child() {
   after_fork_parent();
   // The parent's pools, streams and buffered trace lines are the parent's. The
   // child starts empty and reports only what it does itself.
-  for (int i = 0; i < kMaxDevices; ++i) devices_[i].store(nullptr);
+  for (int i = 0; i < kMaxDevices; ++i) {
+    if (DeviceState* d = devices_[i].exchange(nullptr)) inherited_.push_back(d);  // kept, never used
+  }
   stream_devices_.clear();
   used_.store(false);
   if (trace_) {

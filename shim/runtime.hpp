@@ -87,6 +87,7 @@ class Runtime {
   std::atomic<bool> used_{false};
   std::atomic<DeviceState*> devices_[kMaxDevices] = {};
   std::mutex devices_mu_;  // creation of device states
+  std::vector<DeviceState*> inherited_;  // a forked child's copies of the parent's pools
   mutable std::mutex streams_mu_;
   std::unordered_map<StreamId, int> stream_devices_;
   SteadyClock clock_;

@@ -418,7 +418,8 @@ cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e,
 
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
   if (e == nullptr) return result(cudaErrorInvalidResourceHandle);
-  // Kept alive: a stream may still hold a dependency on it (as CUDA allows).
+  // Waits already queued copied the event's stream position, so it can go.
+  delete reinterpret_cast<simcuda::Event*>(e);
   return cudaSuccess;
 }
 
