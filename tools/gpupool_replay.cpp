@@ -1,0 +1,263 @@
+// gpupool-replay: replays allocation traces through gpupool's pool and says
+// how much memory each configuration reserves for them.
+//
+//   gpupool-replay [--passes N] [--capacity SIZE] [--conf CONF] [--set KEY=VALUE]...
+//                  [--sweep KEY=V1,V2,...]... [--json] TRACE.csv...
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+#include "report/diagnosis.hpp"
+#include "report/json_writer.hpp"
+#include "tools/replay.hpp"
+
+using namespace gpupool;
+
+namespace {
+
+struct Sweep {
+  std::string key;
+  std::vector<std::string> values;
+};
+
+struct Args {
+  int passes = 1;
+  std::size_t capacity = 80 * kGiB;
+  std::vector<std::string> settings;  // key:value, applied in order
+  std::vector<Sweep> sweeps;
+  bool json = false;
+  bool details = false;
+  std::vector<std::string> traces;
+};
+
+[[noreturn]] void usage(const char* why) {
+  if (why != nullptr) std::fprintf(stderr, "gpupool-replay: %s\n", why);
+  std::fprintf(stderr,
+               "usage: gpupool-replay [--passes N] [--capacity SIZE] [--conf K:V,...] [--set KEY=VALUE]...\n"
+               "                      [--sweep KEY=V1,V2,...]... [--json] [--details] TRACE.csv...\n"
+               "  KEY is any GPUPOOL_CONF key (gpupool config lists them); --sweep tries every combination.\n");
+  std::exit(2);
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  int depth = 0;
+  for (std::size_t i = 0; i <= s.size(); ++i) {
+    if (i < s.size() && s[i] == '[') ++depth;
+    if (i < s.size() && s[i] == ']') --depth;
+    if (i == s.size() || (s[i] == sep && depth == 0)) {
+      out.push_back(s.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  return out;
+}
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(("missing value after " + arg).c_str());
+      return argv[++i];
+    };
+    if (arg == "--passes") {
+      a.passes = std::atoi(value().c_str());
+      if (a.passes < 1) usage("--passes must be at least 1");
+    } else if (arg == "--capacity") {
+      std::string why;
+      if (!config::parse_size(value(), 1, &a.capacity, &why)) usage(("--capacity: " + why).c_str());
+    } else if (arg == "--conf") {
+      for (const std::string& kv : split(value(), ',')) a.settings.push_back(kv);
+    } else if (arg == "--set") {
+      std::string kv = value();
+      const std::size_t eq = kv.find('=');
+      if (eq == std::string::npos) usage("--set takes KEY=VALUE");
+      a.settings.push_back(kv.substr(0, eq) + ":" + kv.substr(eq + 1));
+    } else if (arg == "--sweep") {
+      const std::string kv = value();
+      const std::size_t eq = kv.find('=');
+      if (eq == std::string::npos) usage("--sweep takes KEY=V1,V2,...");
+      a.sweeps.push_back(Sweep{kv.substr(0, eq), split(kv.substr(eq + 1), ',')});
+    } else if (arg == "--json") {
+      a.json = true;
+    } else if (arg == "--details") {
+      a.details = true;
+    } else if (arg == "-h" || arg == "--help") {
+      usage(nullptr);
+    } else if (!arg.empty() && arg[0] == '-') {
+      usage(("unknown option " + arg).c_str());
+    } else {
+      a.traces.push_back(arg);
+    }
+  }
+  if (a.traces.empty()) usage("no trace given");
+  return a;
+}
+
+// The settings as one GPUPOOL_CONF string, validated by gpupool's own parser.
+PoolOptions options_for(const std::vector<std::string>& settings, std::string* conf) {
+  std::string joined;
+  for (const std::string& s : settings) joined += (joined.empty() ? "" : ",") + s;
+  const config::ParsedConfig parsed = config::parse_config({{"GPUPOOL_CONF", joined}});
+  if (!parsed.problems.empty()) {
+    for (const config::Problem& p : parsed.problems) std::fprintf(stderr, "%s\n", p.line().c_str());
+    std::exit(2);
+  }
+  *conf = joined;
+  return config::to_pool_options(parsed.config);
+}
+
+std::string human(std::size_t bytes) { return report::human_bytes(static_cast<double>(bytes)); }
+
+void print_json(const tools::ReplayResult& r, const std::string& conf) {
+  report::JsonWriter w;
+  w.begin_object();
+  w.field("trace", r.trace);
+  w.field("conf", conf);
+  w.field("passes", r.passes);
+  w.field("allocations", r.allocations);
+  w.field("frees", r.frees);
+  w.field("unknown_frees", r.unknown_frees);
+  w.field("trace_allocation_failures", r.trace_failures);
+  w.field("peak_live_bytes", r.peak_live);
+  w.field("peak_reserved_bytes", r.peak_reserved);
+  w.field("peak_reserved_to_peak_live", r.ratio());
+  w.field("upstream_mallocs", r.upstream_mallocs);
+  w.field("ooms", r.ooms);
+  w.field("external_fragmentation_at_peak", r.external_fragmentation_at_peak);
+  w.field("ns_per_op", r.ns_per_op);
+  w.end_object();
+  std::printf("%s\n", w.str().c_str());
+}
+
+void print_header() {
+  std::printf("%-30s %8s %12s %14s %8s %10s %5s %9s %7s\n", "trace", "allocs", "peak live", "peak reserved",
+              "ratio", "cudaMalloc", "OOMs", "extfrag@pk", "ns/op");
+}
+
+void print_row(const tools::ReplayResult& r, const std::string& label) {
+  std::printf("%-30s %8llu %12s %14s %8.4f %10lld %5lld %9.3f %7.0f\n", label.c_str(),
+              static_cast<unsigned long long>(r.allocations), human(r.peak_live).c_str(),
+              human(r.peak_reserved).c_str(), r.ratio(), static_cast<long long>(r.upstream_mallocs),
+              static_cast<long long>(r.ooms), r.external_fragmentation_at_peak, r.ns_per_op);
+  if (r.unknown_frees > 0) {
+    std::printf("%30s (%llu frees of pointers the trace never allocated: skipped)\n", "",
+                static_cast<unsigned long long>(r.unknown_frees));
+  }
+}
+
+void print_details(const tools::ReplayResult& r) {
+  const report::DeviceReport& d = r.device;
+  const auto& cause = r.peak_cause;
+  std::printf("  reserved memory peaked at event %llu of pass %d: %s asked on stream %#llx; cached then:\n",
+              static_cast<unsigned long long>(cause.event), cause.pass + 1, human(cause.size).c_str(),
+              static_cast<unsigned long long>(cause.stream));
+  for (const StreamReport& s : cause.cached) {
+    if (s.cached_blocks == 0) continue;
+    std::printf("    stream %#llx: %zu blocks, %s\n", static_cast<unsigned long long>(s.id), s.cached_blocks,
+                human(s.cached_bytes).c_str());
+  }
+  std::printf("  free blocks when reserved memory peaked (%s free, largest %s):\n",
+              human(d.fragmentation_at_peak.free_bytes).c_str(),
+              human(d.fragmentation_at_peak.largest_free_block).c_str());
+  for (int b = 0; b < kHistogramBuckets; ++b) {
+    if (d.free_blocks_at_peak.count[b] == 0) continue;
+    std::printf("    >= %-11s %8llu blocks %12s\n", human(std::size_t{1} << b).c_str(),
+                static_cast<unsigned long long>(d.free_blocks_at_peak.count[b]),
+                human(d.free_blocks_at_peak.bytes[b]).c_str());
+  }
+  for (const StreamReport& s : d.streams) {
+    if (s.counters.same_stream_reuses + s.counters.cross_stream_reuses == 0) continue;
+    std::printf("  stream %#llx: %llu same-stream, %llu cross-stream reuses\n",
+                static_cast<unsigned long long>(s.id), static_cast<unsigned long long>(s.counters.same_stream_reuses),
+                static_cast<unsigned long long>(s.counters.cross_stream_reuses));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = parse_args(argc, argv);
+  std::vector<tools::Trace> traces(args.traces.size());
+  for (std::size_t i = 0; i < traces.size(); ++i) {
+    std::string error;
+    if (!tools::read_trace(args.traces[i], &traces[i], &error)) {
+      std::fprintf(stderr, "gpupool-replay: %s\n", error.c_str());
+      return 1;
+    }
+  }
+
+  // Every combination of the swept values, on top of the fixed settings.
+  std::vector<std::vector<std::string>> configs{args.settings};
+  for (const Sweep& sweep : args.sweeps) {
+    std::vector<std::vector<std::string>> next;
+    for (const auto& base : configs) {
+      for (const std::string& v : sweep.values) {
+        auto c = base;
+        c.push_back(sweep.key + ":" + v);
+        next.push_back(c);
+      }
+    }
+    configs = next;
+  }
+
+  struct Row {
+    std::string conf;
+    std::vector<tools::ReplayResult> results;
+    double mean_ratio = 0.0;
+    double worst_ratio = 0.0;
+  };
+  std::vector<Row> rows;
+  for (const auto& settings : configs) {
+    Row row;
+    const PoolOptions options = options_for(settings, &row.conf);
+    for (const tools::Trace& t : traces) {
+      row.results.push_back(tools::replay(t, options, args.capacity, args.passes, args.details));
+      const tools::ReplayResult& r = row.results.back();
+      row.mean_ratio += r.ratio() / static_cast<double>(traces.size());
+      row.worst_ratio = std::max(row.worst_ratio, r.ratio());
+      if (args.json) print_json(r, row.conf);
+    }
+    rows.push_back(std::move(row));
+  }
+  if (args.json) return 0;
+
+  if (rows.size() == 1) {
+    print_header();
+    for (const tools::ReplayResult& r : rows[0].results) {
+      print_row(r, r.trace);
+      if (args.details) print_details(r);
+    }
+    return 0;
+  }
+  // A sweep: per trace, configurations by peak reserved; then the overall best.
+  for (std::size_t t = 0; t < traces.size(); ++t) {
+    std::vector<const Row*> order;
+    for (const Row& r : rows) order.push_back(&r);
+    std::stable_sort(order.begin(), order.end(), [&](const Row* a, const Row* b) {
+      if (a->results[t].ooms != b->results[t].ooms) return a->results[t].ooms < b->results[t].ooms;
+      return a->results[t].peak_reserved < b->results[t].peak_reserved;
+    });
+    std::printf("\n%s (%d pass%s)\n", traces[t].name.c_str(), args.passes, args.passes == 1 ? "" : "es");
+    print_header();
+    for (const Row* r : order) print_row(r->results[t], r->conf.empty() ? "(defaults)" : r->conf);
+    std::printf("best for %s: GPUPOOL_CONF=%s\n", traces[t].name.c_str(), order[0]->conf.c_str());
+  }
+  const Row* best = &rows[0];
+  for (const Row& r : rows) {
+    std::int64_t ooms = 0, best_ooms = 0;
+    for (const auto& x : r.results) ooms += x.ooms;
+    for (const auto& x : best->results) best_ooms += x.ooms;
+    if (ooms < best_ooms || (ooms == best_ooms && r.mean_ratio < best->mean_ratio)) best = &r;
+  }
+  std::printf("\nrecommended for %s: GPUPOOL_CONF=%s  (peak reserved / peak live: mean %.4f, worst %.4f)\n",
+              traces.size() == 1 ? "this trace" : "these traces together", best->conf.c_str(), best->mean_ratio,
+              best->worst_ratio);
+  return 0;
+}

@@ -1,0 +1,104 @@
+#include "tools/replay.hpp"
+
+#include <chrono>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "pool/device_pool.hpp"
+#include "pool/virtual_upstream.hpp"
+#include "report/collect.hpp"
+
+namespace gpupool::tools {
+
+namespace {
+
+constexpr StreamId kLegacy = VirtualUpstream::kLegacy;
+
+// The trace's 0x0 is the legacy default stream; other streams are taken as
+// non-blocking (what PyTorch's stream pool creates).
+StreamId pool_stream(StreamId trace_stream) { return trace_stream == 0 ? kLegacy : trace_stream; }
+
+struct LiveBlock {
+  DevicePtr ptr;
+  StreamId stream;
+};
+
+}  // namespace
+
+ReplayResult replay(const Trace& trace, const PoolOptions& options, std::size_t capacity, int passes,
+                    bool find_peak_cause) {
+  ReplayResult r;
+  r.trace = trace.name;
+  r.passes = passes;
+  VirtualUpstream upstream(capacity);
+  DevicePool pool(upstream, options, capacity);
+  pool.stream_created(kLegacy, StreamKind::Legacy);
+  std::unordered_set<StreamId> known{kLegacy};
+  std::unordered_map<std::uint64_t, LiveBlock> live;
+  live.reserve(4096);
+  std::uint64_t operations = 0;
+  std::int64_t reserved_peak = 0;
+
+  const auto start = std::chrono::steady_clock::now();
+  for (int pass = 0; pass < passes; ++pass) {
+    for (std::size_t index = 0; index < trace.events.size(); ++index) {
+      const TraceEvent& e = trace.events[index];
+      const StreamId stream = pool_stream(e.stream);
+      if (known.insert(stream).second) pool.stream_created(stream, StreamKind::NonBlocking);
+      switch (e.action) {
+        case TraceEvent::Action::AllocateFailure:
+          ++r.trace_failures;
+          break;
+        case TraceEvent::Action::Allocate: {
+          ++r.allocations;
+          ++operations;
+          const std::vector<StreamReport> before =
+              find_peak_cause && reserved_peak == pool.stats().reserved_bytes[kAll].current ? pool.streams()
+                                                                                           : std::vector<StreamReport>();
+          const Allocation a = pool.allocate(e.size, stream);
+          if (pool.stats().reserved_bytes[kAll].peak > reserved_peak) {
+            reserved_peak = pool.stats().reserved_bytes[kAll].peak;
+            r.peak_cause = ReplayResult::PeakCause{index, pass, e.size, stream, before};
+          }
+          if (!a.ok) break;  // counted by the pool as an out-of-memory
+          auto [it, added] = live.try_emplace(e.pointer, LiveBlock{a.ptr, stream});
+          if (!added) {
+            // The trace reuses a pointer it never freed: its free was lost; free ours.
+            if (it->second.ptr != 0) pool.deallocate(it->second.ptr, it->second.stream);
+            it->second = LiveBlock{a.ptr, stream};
+          }
+          break;
+        }
+        case TraceEvent::Action::Free: {
+          auto it = live.find(e.pointer);
+          if (it == live.end()) {
+            ++r.unknown_frees;
+            break;
+          }
+          ++r.frees;
+          ++operations;
+          if (it->second.ptr != 0) pool.deallocate(it->second.ptr, stream);
+          live.erase(it);
+          break;
+        }
+      }
+    }
+    for (const auto& [pointer, block] : live) {
+      if (block.ptr != 0) pool.deallocate(block.ptr, block.stream);
+    }
+    live.clear();
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  const MemoryStats& s = pool.stats();
+  r.peak_live = static_cast<std::size_t>(s.requested_bytes[kAll].peak);
+  r.peak_reserved = static_cast<std::size_t>(s.reserved_bytes[kAll].peak);
+  r.upstream_mallocs = s.num_device_alloc;
+  r.ooms = s.num_ooms;
+  r.external_fragmentation_at_peak = pool.fragmentation_at_peak().external;
+  r.ns_per_op = operations == 0 ? 0.0 : seconds * 1e9 / static_cast<double>(operations);
+  r.device = report::collect(pool, 0);
+  return r;
+}
+
+}  // namespace gpupool::tools

@@ -1,0 +1,48 @@
+// Replays an allocation trace through the real pool over a VirtualUpstream:
+// no device memory is touched, so traces of 80 GB workloads replay anywhere.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pool/options.hpp"
+#include "pool/stats.hpp"
+#include "report/report_data.hpp"
+#include "tools/trace.hpp"
+
+namespace gpupool::tools {
+
+struct ReplayResult {
+  std::string trace;
+  int passes = 1;
+  std::uint64_t allocations = 0;    // allocate events replayed
+  std::uint64_t frees = 0;
+  std::uint64_t unknown_frees = 0;  // frees of pointers not live in the replay: counted, skipped
+  std::uint64_t trace_failures = 0; // "allocate failure" lines: the original run's, not replayed
+  std::size_t peak_live = 0;        // the most requested bytes live at once
+  std::size_t peak_reserved = 0;
+  std::int64_t upstream_mallocs = 0;
+  std::int64_t ooms = 0;
+  double external_fragmentation_at_peak = 0.0;
+  double ns_per_op = 0.0;
+  report::DeviceReport device;      // the pool's state at the end, for details
+  // The request that last raised the reserved peak, and the cache right then.
+  struct PeakCause {
+    std::uint64_t event = 0;  // index in the trace (last pass)
+    int pass = 0;
+    std::size_t size = 0;
+    StreamId stream = 0;
+    std::vector<StreamReport> cached;  // per stream: cached blocks and bytes
+  } peak_cause;
+  double ratio() const { return peak_live == 0 ? 0.0 : static_cast<double>(peak_reserved) / static_cast<double>(peak_live); }
+};
+
+// `passes` times back to back; blocks still live at the end of a pass are
+// freed before the next (a trace's start re-allocates what was live before it).
+// With `find_peak_cause`, also records the request that raised the reserved
+// peak and the cache at that moment (slower: it snapshots at each new peak).
+ReplayResult replay(const Trace& trace, const PoolOptions& options, std::size_t capacity, int passes,
+                    bool find_peak_cause = false);
+
+}  // namespace gpupool::tools

@@ -1,0 +1,31 @@
+// Allocation traces in RMM's logging_resource_adaptor CSV layout:
+//   Thread,Time,Action,Pointer,Size,Stream
+// with actions allocate, allocate failure and free. GPUPOOL_TRACE writes them;
+// gpupool-replay and the benchmarks read them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pool/types.hpp"
+
+namespace gpupool::tools {
+
+struct TraceEvent {
+  enum class Action : std::uint8_t { Allocate, AllocateFailure, Free } action;
+  std::uint64_t pointer;
+  std::size_t size;
+  StreamId stream;  // as written: 0x0 is the legacy default stream
+  std::uint64_t time_us;
+};
+
+struct Trace {
+  std::string name;
+  std::vector<TraceEvent> events;
+};
+
+// Reads a trace; on a malformed line returns false with "FILE:LINE: what".
+bool read_trace(const std::string& path, Trace* out, std::string* error);
+
+}  // namespace gpupool::tools
