@@ -109,7 +109,7 @@ std::string suggestion(std::string_view name, bool variables) {
 // PyTorch keys that have no gpupool counterpart: named as such when pasted.
 bool is_pytorch_only_key(std::string_view key) {
   static constexpr const char* kKeys[] = {
-      "expandable_segments", "backend", "release_lock_on_cudamalloc",
+      "backend", "release_lock_on_cudamalloc",
       "pinned_use_cuda_host_register", "pinned_num_register_threads",
       "pinned_use_background_threads", "per_process_memory_fraction",
       "graph_capture_record_stream_reuse", "pinned_reserve_segment_size_mb",
@@ -274,6 +274,8 @@ PoolOptions to_pool_options(const Config& c) {
   o.large_segment_size = c.large_segment_size;
   o.memory_limit = c.memory_limit;
   o.cross_stream_reuse = c.cross_stream_reuse;
+  o.expandable_segments = c.expandable_segments;
+  o.recycle_pages = c.recycle_pages;
   o.unsafe_skip_ordering = c.debug_unsafe_skip_ordering;
   return o;
 }

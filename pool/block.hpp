@@ -15,8 +15,11 @@ struct Block;
 // the lower block), so the head never changes while the segment lives.
 struct Segment {
   DevicePtr base = 0;
-  std::size_t size = 0;
+  std::size_t size = 0;  // an expandable segment's whole address range
   PoolKind kind = PoolKind::Small;
+  // Expandable: only mapped pages are memory; unmapped blocks are address space.
+  bool expandable = false;
+  std::size_t mapped_bytes = 0;
   Block* head = nullptr;
   // garbage collection: the pool's reuse-attempt counter when the segment last
   // became entirely free (its "age" is how many attempts passed since).
@@ -38,12 +41,16 @@ struct Block {
   Segment* segment = nullptr;
   std::uint32_t site = 0;  // allocation call site (0: not recorded)
   bool allocated = false;
+  // False only for free blocks of an expandable segment whose pages are not
+  // backed by memory; such blocks start and end on page boundaries.
+  bool mapped = true;
   // Freed inside a stream capture: the free happens when the graph runs, which
   // the pool cannot see, so the block is kept out of reuse for good.
   bool quarantined = false;
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
   bool is_free() const { return !allocated && !quarantined; }
+  bool is_free_mapped() const { return is_free() && mapped; }
 };
 
 }  // namespace gpupool

@@ -179,8 +179,15 @@ Block* DevicePool::take_cached(PoolKind kind, std::size_t rounded, StreamId cons
 
 Block* DevicePool::grow(PoolKind kind, std::size_t rounded, StreamId consumer,
                         bool* limit_reached) {
-  const std::size_t bytes = segment_size(rounded, options_);
   if (options_.garbage_collection_threshold > 0.0) garbage_collect();
+  if (expandable()) {
+    Block* b = grow_expandable(kind, rounded, consumer, limit_reached);
+    if (b != nullptr || ordering_.capture_active()) return b;
+    ++stats_.num_alloc_retries;
+    if (release_cached() > 0) b = grow_expandable(kind, rounded, consumer, limit_reached);
+    return b;
+  }
+  const std::size_t bytes = segment_size(rounded, options_);
   Block* b = new_segment(kind, bytes, consumer, limit_reached);
   if (b != nullptr || ordering_.capture_active()) return b;
   // Like PyTorch: release oversize blocks that could make room, then all cache.
@@ -243,6 +250,11 @@ void DevicePool::carve(Block* b, std::size_t rounded) {
   rest->stream = b->stream;
   rest->stream_epoch = b->stream_epoch;
   rest->device_epoch = b->device_epoch;
+  // Growing an expandable segment can put the remainder next to a free block.
+  if (rest->next != nullptr && rest->next->is_free_mapped()) {
+    remove_free(rest->next);
+    absorb_next(rest);
+  }
   add_free(rest);
 }
 
@@ -302,13 +314,13 @@ FreeResult DevicePool::deallocate_unsampled(DevicePtr ptr, StreamId site) {
   b->stream_epoch = stamp.stream_epoch;
   b->device_epoch = stamp.device_epoch;
 
-  if (b->prev != nullptr && b->prev->is_free()) {
+  if (b->prev != nullptr && b->prev->is_free_mapped()) {
     Block* prev = b->prev;
     remove_free(prev);
     absorb_next(prev);
     b = prev;
   }
-  if (b->next != nullptr && b->next->is_free()) {
+  if (b->next != nullptr && b->next->is_free_mapped()) {
     remove_free(b->next);
     absorb_next(b);
   }
@@ -364,21 +376,22 @@ std::size_t DevicePool::release_cached() {
   if (ordering_.capture_active()) return 0;  // cudaFree would break the capture
   std::vector<Segment*> idle;
   for (const auto& [base, seg] : segments_) {
-    if (seg->head->is_free() && seg->head->next == nullptr) idle.push_back(seg);
+    if (!seg->expandable && seg->head->is_free() && seg->head->next == nullptr) idle.push_back(seg);
   }
   std::size_t released = 0;
   for (Segment* seg : idle) {
     released += seg->size;
     release_segment(seg);
   }
-  return released;
+  return released + unmap_free_pages(true);
 }
 
 bool DevicePool::release_oversize_for(std::size_t rounded) {
   if (options_.max_split_size == kUnlimited) return false;
   std::vector<Segment*> oversize;
   for (const auto& [base, seg] : segments_) {
-    if (seg->size >= options_.max_split_size && seg->head->is_free() && seg->head->next == nullptr) {
+    if (!seg->expandable && seg->size >= options_.max_split_size && seg->head->is_free() &&
+        seg->head->next == nullptr) {
       oversize.push_back(seg);
     }
   }
@@ -415,12 +428,16 @@ void DevicePool::garbage_collect() {
   // oldest first, until enough is released.
   std::vector<Segment*> idle;
   std::uint64_t total_age = 0;
+  bool has_expandable = false;
   for (const auto& [base, seg] : segments_) {
-    if (seg->head->is_free() && seg->head->next == nullptr) {
+    has_expandable |= seg->expandable;
+    if (!seg->expandable && seg->head->is_free() && seg->head->next == nullptr) {
       idle.push_back(seg);
       total_age += reuse_attempts_ - seg->idle_since;
     }
   }
+  // Expandable segments give back their free pages instead.
+  if (has_expandable) unmap_free_pages(true);
   std::sort(idle.begin(), idle.end(),
             [](const Segment* a, const Segment* b) { return a->idle_since < b->idle_since; });
   std::size_t released = 0;

@@ -96,6 +96,17 @@ class DevicePool {
   bool ready_for(Block* b, StreamId consumer);
   Block* take_cached(PoolKind kind, std::size_t rounded, StreamId consumer);
   Block* grow(PoolKind kind, std::size_t rounded, StreamId consumer, bool* limit_reached);
+  // Expandable segments (expandable.cpp).
+  bool expandable() const { return options_.expandable_segments && upstream_.page_size() != 0; }
+  Block* grow_expandable(PoolKind kind, std::size_t rounded, StreamId consumer, bool* limit_reached);
+  Segment* new_expandable_segment(PoolKind kind, std::size_t min_bytes);
+  Block* map_front(Block* hole, std::size_t bytes);
+  Block* split_off(Block* b, std::size_t offset);
+  void add_hole(Block* b);
+  // Unmaps the whole pages inside free blocks of expandable segments; with
+  // `wait`, after waiting for every free to complete, else only the blocks
+  // already known complete. Returns the bytes unmapped.
+  std::size_t unmap_free_pages(bool wait);
   Block* new_segment(PoolKind kind, std::size_t bytes, StreamId consumer, bool* limit_reached);
   void carve(Block* b, std::size_t rounded);
   void add_free(Block* b);
@@ -115,6 +126,8 @@ class DevicePool {
   Clock* clock_;
   StreamOrdering ordering_;
   BlockPool pools_[kPoolKinds] = {BlockPool(PoolKind::Small), BlockPool(PoolKind::Large)};
+  // Expandable segments' unmapped free blocks (address space, not memory).
+  BlockPool holes_[kPoolKinds] = {BlockPool(PoolKind::Small), BlockPool(PoolKind::Large)};
   NodeRecycler block_nodes_;
   PtrMap allocated_;
   std::map<DevicePtr, Segment*> segments_;

@@ -44,6 +44,15 @@ struct PoolOptions {
   // Bytes this device's pool may reserve; kUnlimited: what the device gives.
   std::size_t memory_limit = kUnlimited;
   CrossStreamReuse cross_stream_reuse = CrossStreamReuse::Auto;
+  // One growable address range per pool kind instead of fixed segments: pages
+  // are mapped as the range grows and free pages can be unmapped, so free
+  // space never strands between segments (PyTorch's expandable_segments).
+  // Needs an upstream with virtual memory; without one, fixed segments.
+  bool expandable_segments = false;
+  // Expandable segments: before growing past the largest reservation so far,
+  // unmap free pages whose last use is known complete (no host waits), so that
+  // the peak stays close to the bytes live at once.
+  bool recycle_pages = true;
   // Testing only: skip every ordering step (fences, barriers, event waits) so
   // that the hazard tests can show they fail without them. Never safe.
   bool unsafe_skip_ordering = false;

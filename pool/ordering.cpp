@@ -99,6 +99,7 @@ bool StreamOrdering::is_capturing(StreamId id) const {
 }
 
 StreamOrdering::FreeStamp StreamOrdering::stamp_free(StreamId site) {
+  unfenced_frees_ = true;
   FreeStamp stamp{0, device_.free_epoch};
   if (site != kAnyStream) stamp.stream_epoch = stream(site).free_epoch;
   return stamp;
@@ -166,6 +167,7 @@ bool StreamOrdering::record_barrier() {
   }
   device_.pending.push_back(Fence{device_.free_epoch, barrier});
   device_.fenced_epoch = device_.free_epoch++;
+  unfenced_frees_ = false;
   ++device_.counters.fences_recorded;
   return true;
 }
@@ -247,6 +249,23 @@ bool StreamOrdering::stream_ready(StreamId from, std::uint64_t stream_epoch,
   if (!upstream_.wait_event(to, src.pending.back().event)) return false;
   ++dst.counters.event_waits;
   return true;
+}
+
+bool StreamOrdering::wait_for_frees() {
+  if (options_.unsafe_skip_ordering) return true;
+  if (capture_active() || !record_barrier()) return false;
+  const Fence newest = device_.pending.back();
+  if (!upstream_.synchronize_event(newest.event)) return false;
+  ++device_.counters.host_syncs;
+  device_.completed_epoch = newest.epoch;
+  poll();
+  return true;
+}
+
+void StreamOrdering::fence_frees() {
+  if (options_.unsafe_skip_ordering) return;
+  if (unfenced_frees_ && !capture_active()) record_barrier();
+  poll();
 }
 
 std::vector<StreamReport> StreamOrdering::stream_reports() const {

@@ -92,6 +92,14 @@ class StreamOrdering {
   // Queries outstanding fences and recycles completed events. Never blocks.
   void poll();
 
+  // Blocks the host until everything queued before now, on every stream, has
+  // completed (a barrier and a wait on it). Off the fast path: used before
+  // device memory is given back page by page.
+  bool wait_for_frees();
+  // Records a barrier if frees happened since the last one, so that they can
+  // be seen complete later; polls what is outstanding. Never waits.
+  void fence_frees();
+
   std::vector<StreamReport> stream_reports() const;  // cached_* left for the pool
 
  private:
@@ -110,6 +118,7 @@ class StreamOrdering {
   std::vector<EventHandle> retired_;  // fences on destroyed streams, until complete
   std::vector<StreamReport> destroyed_;  // counters of destroyed streams, for the report
   int captures_active_ = 0;
+  bool unfenced_frees_ = false;  // a free happened since the last barrier
 };
 
 }  // namespace gpupool

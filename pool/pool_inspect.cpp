@@ -96,8 +96,11 @@ bool DevicePool::validate(std::string* error) const {
     a[stat_index(kind)].current += v;
   };
   std::size_t free_seen[kPoolKinds] = {0, 0};
+  std::size_t holes_seen[kPoolKinds] = {0, 0};
   std::size_t allocated_seen = 0;
+  std::int64_t regular_segments = 0;
   DevicePtr previous_end = 0;
+  const std::size_t page = upstream_.page_size();
 
   for (const auto& [base, seg] : segments_) {
     if (seg->base != base || base % kMinBlockSize != 0) {
@@ -110,8 +113,12 @@ bool DevicePool::validate(std::string* error) const {
     }
     previous_end = base + seg->size;
     add(rc.segment, seg->kind, 1);
-    add(rc.reserved_bytes, seg->kind, static_cast<std::int64_t>(seg->size));
-    if (seg->size >= options_.max_split_size) ++rc.oversize_segments;
+    if (!seg->expandable) {
+      ++regular_segments;
+      add(rc.reserved_bytes, seg->kind, static_cast<std::int64_t>(seg->size));
+      if (seg->size >= options_.max_split_size) ++rc.oversize_segments;
+    }
+    std::size_t mapped = 0;
 
     DevicePtr expected = base;
     const Block* prev = nullptr;
@@ -125,15 +132,26 @@ bool DevicePool::validate(std::string* error) const {
         return fail();
       }
       expected += b->size;
-      if (prev != nullptr && prev->is_free() && b->is_free()) {
+      if (prev != nullptr && prev->is_free() && b->is_free() && prev->mapped == b->mapped) {
         why << "free blocks at " << prev->addr << " and " << b->addr << " were not merged";
         return fail();
       }
+      if (!b->mapped && (!seg->expandable || b->allocated || b->addr % page != 0 || b->size % page != 0)) {
+        why << "unmapped block at " << b->addr << " is allocated or not page-aligned";
+        return fail();
+      }
+      if (b->mapped) mapped += b->size;
       const bool in_pool = pool_of(seg->kind).contains(const_cast<Block*>(b));
-      if (b->is_free() != in_pool) {
+      if (b->is_free_mapped() != in_pool) {
         why << "block at " << b->addr << (in_pool ? " is cached but not free" : " is free but not cached");
         return fail();
       }
+      const bool in_holes = holes_[static_cast<int>(seg->kind)].contains(const_cast<Block*>(b));
+      if ((b->is_free() && !b->mapped) != in_holes) {
+        why << "block at " << b->addr << " is misfiled among the unmapped blocks";
+        return fail();
+      }
+      if (in_holes) ++holes_seen[static_cast<int>(seg->kind)];
       if (b->allocated) {
         ++allocated_seen;
         if (allocated_.find(b->addr) != b) {
@@ -151,7 +169,7 @@ bool DevicePool::validate(std::string* error) const {
         add(rc.active_bytes, seg->kind, static_cast<std::int64_t>(b->size));
         add(rc.requested_bytes, seg->kind, static_cast<std::int64_t>(b->requested));
         if (b->size >= options_.max_split_size) ++rc.oversize_allocations;
-      } else if (b->is_free()) {
+      } else if (b->is_free_mapped()) {
         ++free_seen[static_cast<int>(seg->kind)];
         if (b->is_split()) {
           add(rc.inactive_split, seg->kind, 1);
@@ -162,6 +180,20 @@ bool DevicePool::validate(std::string* error) const {
     if (expected != base + seg->size) {
       why << "blocks of segment at " << base << " cover " << (expected - base) << " of "
           << seg->size << " bytes";
+      return fail();
+    }
+    if (seg->expandable) {
+      if (mapped != seg->mapped_bytes) {
+        why << "expandable segment at " << base << " maps " << seg->mapped_bytes << " bytes but its mapped blocks cover "
+            << mapped;
+        return fail();
+      }
+      add(rc.reserved_bytes, seg->kind, static_cast<std::int64_t>(mapped));
+    }
+  }
+  for (int k = 0; k < kPoolKinds; ++k) {
+    if (holes_[k].size() != holes_seen[k]) {
+      why << "unmapped set " << k << " holds " << holes_[k].size() << " blocks but " << holes_seen[k] << " are unmapped";
       return fail();
     }
   }
@@ -196,9 +228,9 @@ bool DevicePool::validate(std::string* error) const {
         << "/" << rc.oversize_segments;
     return fail();
   }
-  if (stats_.num_device_alloc - stats_.num_device_free != stats_.segment[kAll].current) {
+  if (stats_.num_device_alloc - stats_.num_device_free != regular_segments) {
     why << "device allocs minus frees (" << stats_.num_device_alloc - stats_.num_device_free
-        << ") differ from live segments (" << stats_.segment[kAll].current << ")";
+        << ") differ from live segments (" << regular_segments << ")";
     return fail();
   }
   return true;

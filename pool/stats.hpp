@@ -79,6 +79,8 @@ struct MemoryStats {
   std::int64_t cache_misses = 0;  // allocations that needed a new segment
   std::int64_t num_device_alloc_failures = 0;
   std::int64_t num_gc_releases = 0;  // segments returned by garbage collection
+  std::int64_t num_page_maps = 0;    // expandable segments: map calls upstream
+  std::int64_t num_page_unmaps = 0;
   std::uint64_t upstream_alloc_ns = 0;  // time inside upstream allocate/release
   std::uint64_t upstream_free_ns = 0;
   std::uint64_t pool_ns_sampled = 0;   // time inside the pool, 1 op in kTimingSample

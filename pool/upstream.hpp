@@ -44,6 +44,25 @@ class Upstream {
   // The stream that is a barrier for all blocking streams.
   virtual StreamId legacy_stream() const = 0;
 
+  // Virtual memory, for expandable segments. Optional: page_size() 0 means
+  // unsupported. Address space is reserved once; pages of it are backed with
+  // device memory (map) and given back (unmap) one page_size() at a time. The
+  // pool unmaps only pages whose last use has completed.
+  virtual std::size_t page_size() const { return 0; }
+  virtual DevicePtr reserve_address_space(std::size_t bytes) {
+    (void)bytes;
+    return 0;
+  }
+  virtual bool map_pages(DevicePtr addr, std::size_t bytes) {
+    (void)addr;
+    (void)bytes;
+    return false;
+  }
+  virtual void unmap_pages(DevicePtr addr, std::size_t bytes) {
+    (void)addr;
+    (void)bytes;
+  }
+
   // The device's free and total bytes, for out-of-memory diagnoses. Optional.
   virtual bool memory_info(std::size_t* free_bytes, std::size_t* total_bytes) {
     (void)free_bytes;

@@ -35,9 +35,45 @@ void VirtualUpstream::release_segment(DevicePtr base, std::size_t bytes) {
 
 bool VirtualUpstream::covers(DevicePtr ptr, std::size_t bytes) const {
   auto it = live_.upper_bound(ptr);
-  if (it == live_.begin()) return false;
-  --it;
-  return ptr >= it->first && ptr + bytes <= it->first + it->second;
+  if (it != live_.begin()) {
+    --it;
+    if (ptr >= it->first && ptr + bytes <= it->first + it->second) return true;
+  }
+  if (bytes == 0) return false;
+  for (DevicePtr page = ptr / kPage * kPage; page < ptr + bytes; page += kPage) {
+    if (mapped_.count(page) == 0) return false;
+  }
+  return true;
+}
+
+DevicePtr VirtualUpstream::reserve_address_space(std::size_t bytes) {
+  if (!virtual_memory_) return 0;
+  const DevicePtr base = (next_address_ + kPage - 1) / kPage * kPage;
+  next_address_ = base + bytes + kPage;
+  reserved_.emplace(base, bytes);
+  return base;
+}
+
+bool VirtualUpstream::map_pages(DevicePtr addr, std::size_t bytes) {
+  const std::uint64_t attempt = attempts_++;
+  if (addr % kPage != 0 || bytes % kPage != 0) return false;
+  if ((fail_ && fail_(attempt)) || bytes > capacity_ || in_use_ > capacity_ - bytes) {
+    ++failed_;
+    return false;
+  }
+  for (DevicePtr page = addr; page < addr + bytes; page += kPage) {
+    if (!mapped_.insert(page).second) return false;  // mapped twice: a pool bug
+  }
+  in_use_ += bytes;
+  if (in_use_ > peak_in_use_) peak_in_use_ = in_use_;
+  ++page_maps_;
+  return true;
+}
+
+void VirtualUpstream::unmap_pages(DevicePtr addr, std::size_t bytes) {
+  for (DevicePtr page = addr; page < addr + bytes; page += kPage) {
+    if (mapped_.erase(page) != 0) in_use_ -= kPage;
+  }
 }
 
 EventHandle VirtualUpstream::create_event() {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <unordered_map>
 #include <vector>
 
@@ -31,6 +32,11 @@ class VirtualUpstream final : public Upstream {
   bool synchronize_stream(StreamId stream) override;
   StreamId legacy_stream() const override { return kLegacy; }
   bool memory_info(std::size_t* free_bytes, std::size_t* total_bytes) override;
+  std::size_t page_size() const override { return virtual_memory_ ? kPage : 0; }
+  DevicePtr reserve_address_space(std::size_t bytes) override;
+  bool map_pages(DevicePtr addr, std::size_t bytes) override;
+  void unmap_pages(DevicePtr addr, std::size_t bytes) override;
+  static constexpr std::size_t kPage = 2 * kMiB;
 
   static constexpr StreamId kLegacy = 0x1;
 
@@ -47,6 +53,8 @@ class VirtualUpstream final : public Upstream {
   // Place segments back to back (no gap), as a device may: tests use it to show
   // that blocks of different segments never merge.
   void set_contiguous(bool yes) { contiguous_ = yes; }
+  // Offer virtual memory (page mapping) for expandable segments.
+  void set_virtual_memory(bool yes) { virtual_memory_ = yes; }
 
   // --- observation ---
   struct Call {
@@ -62,8 +70,11 @@ class VirtualUpstream final : public Upstream {
   std::size_t in_use() const { return in_use_; }
   std::size_t peak_in_use() const { return peak_in_use_; }
   std::size_t live_segments() const { return live_.size(); }
+  std::size_t mapped_pages() const { return mapped_.size(); }
+  std::uint64_t page_maps() const { return page_maps_; }
   std::size_t events_created() const { return events_.size(); }
-  // True when [ptr, ptr+bytes) lies inside one live segment.
+  // True when [ptr, ptr+bytes) lies inside one live segment, or entirely on
+  // mapped pages of reserved address space.
   bool covers(DevicePtr ptr, std::size_t bytes) const;
 
  private:
@@ -80,6 +91,10 @@ class VirtualUpstream final : public Upstream {
   bool complete_at_once_ = true;
   bool contiguous_ = false;
   bool streams_idle_ = false;
+  bool virtual_memory_ = true;
+  std::map<DevicePtr, std::size_t> reserved_;  // address space: base -> bytes
+  std::set<DevicePtr> mapped_;                 // mapped pages
+  std::uint64_t page_maps_ = 0;
   std::unordered_map<EventHandle, bool> events_;  // handle -> complete
   EventHandle next_event_ = 1;
   std::vector<Call> calls_;

@@ -144,7 +144,7 @@ void print_header() {
 void print_row(const tools::ReplayResult& r, const std::string& label) {
   std::printf("%-30s %8llu %12s %14s %8.4f %10lld %5lld %9.3f %7.0f\n", label.c_str(),
               static_cast<unsigned long long>(r.allocations), human(r.peak_live).c_str(),
-              human(r.peak_reserved).c_str(), r.ratio(), static_cast<long long>(r.upstream_mallocs),
+              human(r.peak_reserved).c_str(), r.ratio(), static_cast<long long>(r.upstream_mallocs + r.device.stats.num_page_maps),
               static_cast<long long>(r.ooms), r.external_fragmentation_at_peak, r.ns_per_op);
   if (r.unknown_frees > 0) {
     std::printf("%30s (%llu frees of pointers the trace never allocated: skipped)\n", "",

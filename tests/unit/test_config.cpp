@@ -134,7 +134,7 @@ TEST_CASE("sizes take K, M, G and T suffixes where the key is a byte size") {
 }
 
 TEST_CASE("every problem is reported, not just the first") {
-  const ParsedConfig p = parse({{"GPUPOOL_CONF", "max_split_size_mb:abc,bogus:1,expandable_segments:True,nocolon"},
+  const ParsedConfig p = parse({{"GPUPOOL_CONF", "max_split_size_mb:abc,bogus:1,pinned_use_cuda_host_register:True,nocolon"},
                                 {"GPUPOOL_LOG_FORMAT", "xml"},
                                 {"GPUPOOL_MEMORY_LIMT", "8G"},
                                 {"GPUPOOL_DISABLE", "maybe"}});
@@ -143,7 +143,7 @@ TEST_CASE("every problem is reported, not just the first") {
   for (const Problem& pr : p.problems) all += pr.line() + "\n";
   CHECK(all.find("GPUPOOL_CONF:max_split_size_mb: not a size") != std::string::npos);
   CHECK(all.find("unknown key 'bogus'") != std::string::npos);
-  CHECK(all.find("PyTorch option 'expandable_segments' has no gpupool equivalent") != std::string::npos);
+  CHECK(all.find("PyTorch option 'pinned_use_cuda_host_register' has no gpupool equivalent") != std::string::npos);
   CHECK(all.find("expected key:value ('nocolon'); ignored") != std::string::npos);
   CHECK(all.find("GPUPOOL_LOG_FORMAT: must be one of text or json ('xml'); using text") != std::string::npos);
   CHECK(all.find("GPUPOOL_MEMORY_LIMT: unknown variable (did you mean GPUPOOL_MEMORY_LIMIT?)") !=
@@ -206,6 +206,6 @@ TEST_CASE("the README's option table is the one the code generates") {
   const std::size_t b = s.find(end);
   REQUIRE(a != std::string::npos);
   REQUIRE(b != std::string::npos);
-  INFO("regenerate with: build/bin/gpupool-config --markdown");
+  INFO("regenerate with: scripts/sync-readme-options");
   CHECK(s.substr(a + begin.size(), b - a - begin.size()) == markdown_table());
 }

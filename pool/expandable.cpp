@@ -1,0 +1,216 @@
+// Expandable segments: one large address range per pool kind, backed by device
+// memory page by page. A request no mapped free block can serve maps new pages,
+// preferably right after a free block that then grows into them, so free space
+// is never stranded at a segment boundary. Releasing cache unmaps the whole
+// pages inside free blocks, once their last use has completed; those holes are
+// mapped again when needed. Reserved memory is the mapped pages.
+#include <algorithm>
+
+#include "pool/device_pool.hpp"
+#include "pool/size_rules.hpp"
+
+namespace gpupool {
+
+namespace {
+
+std::size_t round_up(std::size_t n, std::size_t page) { return (n + page - 1) / page * page; }
+std::size_t round_down(std::size_t n, std::size_t page) { return n / page * page; }
+
+// Address space reserved per expandable segment: the device's memory, so one
+// segment serves everything the device could hold; more only for larger requests.
+constexpr std::size_t kDefaultAddressSpace = 256 * kGiB;
+
+}  // namespace
+
+void DevicePool::add_hole(Block* b) {
+  b->mapped = false;
+  b->stream = kAnyStream;  // unmapped memory has no history
+  b->stream_epoch = 0;
+  b->device_epoch = 0;
+  holes_[static_cast<int>(b->segment->kind)].insert(b);
+}
+
+Segment* DevicePool::new_expandable_segment(PoolKind kind, std::size_t min_bytes) {
+  const std::size_t page = upstream_.page_size();
+  std::size_t space = std::min({options_.memory_limit, device_capacity_, kDefaultAddressSpace});
+  space = round_up(std::max(space, min_bytes), page);
+  const DevicePtr base = upstream_.reserve_address_space(space);
+  if (base == 0) return nullptr;
+  auto* seg = new Segment();
+  seg->base = base;
+  seg->size = space;
+  seg->kind = kind;
+  seg->expandable = true;
+  Block* b = new_block();
+  b->addr = base;
+  b->size = space;
+  b->segment = seg;
+  seg->head = b;
+  add_hole(b);
+  segments_.emplace(base, seg);
+  increase(stats_.segment, kind, 1);
+  return seg;
+}
+
+// Splits b at `offset`: b keeps [addr, addr+offset), the returned block the
+// rest, with b's state and history. Neither is in any pool afterwards.
+Block* DevicePool::split_off(Block* b, std::size_t offset) {
+  Block* rest = new_block();
+  rest->addr = b->addr + offset;
+  rest->size = b->size - offset;
+  rest->segment = b->segment;
+  rest->mapped = b->mapped;
+  rest->stream = b->stream;
+  rest->stream_epoch = b->stream_epoch;
+  rest->device_epoch = b->device_epoch;
+  rest->prev = b;
+  rest->next = b->next;
+  if (b->next != nullptr) b->next->prev = rest;
+  b->next = rest;
+  b->size = offset;
+  return rest;
+}
+
+// Maps the first `bytes` (whole pages) of a hole; returns them as a mapped
+// block with no history, out of every pool. The hole keeps the rest.
+Block* DevicePool::map_front(Block* hole, std::size_t bytes) {
+  holes_[static_cast<int>(hole->segment->kind)].erase(hole);
+  if (bytes < hole->size) {
+    Block* rest = split_off(hole, bytes);
+    add_hole(rest);
+  }
+  hole->mapped = true;
+  hole->segment->mapped_bytes += bytes;
+  increase(stats_.reserved_bytes, hole->segment->kind, static_cast<std::int64_t>(bytes));
+  return hole;
+}
+
+Block* DevicePool::grow_expandable(PoolKind kind, std::size_t rounded, StreamId consumer, bool* limit_reached) {
+  const std::size_t page = upstream_.page_size();
+  BlockPool& holes = holes_[static_cast<int>(kind)];
+  // Growing past the largest reservation so far: first give back free pages
+  // whose last use is known complete, so that the peak stays near live bytes.
+  if (options_.recycle_pages &&
+      stats_.reserved_bytes[kAll].current + static_cast<std::int64_t>(round_up(rounded, page)) >
+          stats_.reserved_bytes[kAll].peak) {
+    unmap_free_pages(false);
+  }
+
+  // The cheapest way to get `rounded` mapped bytes: a hole alone (best fit),
+  // or a free mapped block grown into the hole right after it.
+  Block* best_hole = nullptr;
+  Block* grown = nullptr;
+  std::size_t best_pages = kUnlimited;
+  for (Block* hole : holes.blocks()) {
+    if (hole->size >= rounded) {
+      const std::size_t pages = round_up(rounded, page) / page;
+      if (pages < best_pages) {
+        best_pages = pages;
+        best_hole = hole;
+        grown = nullptr;
+      }
+    }
+    Block* prev = hole->prev;
+    if (prev != nullptr && prev->is_free_mapped() && prev->size < rounded && prev->size + hole->size >= rounded) {
+      const std::size_t pages = round_up(rounded - prev->size, page) / page;
+      if (pages < best_pages && ready_for(prev, consumer)) {
+        best_pages = pages;
+        best_hole = hole;
+        grown = prev;
+      }
+    }
+  }
+  if (best_hole == nullptr) {
+    Segment* seg = new_expandable_segment(kind, round_up(rounded, page));
+    if (seg == nullptr) return nullptr;
+    best_hole = seg->head;
+    best_pages = round_up(rounded, page) / page;
+  }
+
+  const std::size_t bytes = best_pages * page;
+  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
+  if (options_.memory_limit != kUnlimited &&
+      (bytes > options_.memory_limit || reserved > options_.memory_limit - bytes)) {
+    *limit_reached = true;
+    return nullptr;
+  }
+  *limit_reached = false;
+  const std::uint64_t start = now();
+  const bool mapped = upstream_.map_pages(best_hole->addr, bytes);
+  stats_.upstream_alloc_ns += now() - start;
+  if (!mapped) {
+    ++stats_.num_device_alloc_failures;
+    return nullptr;
+  }
+  ++stats_.num_page_maps;
+  Block* fresh = map_front(best_hole, bytes);
+  if (grown != nullptr) {
+    remove_free(grown);
+    absorb_next(grown);  // the fresh pages add no history
+    return grown;
+  }
+  fresh->stream = consumer;
+  return fresh;
+}
+
+std::size_t DevicePool::unmap_free_pages(bool wait) {
+  if (!expandable() || ordering_.capture_active()) return 0;
+  const std::size_t page = upstream_.page_size();
+  // Unmapping memory that queued work may still touch would fault. Either wait
+  // until every free so far has completed (one host wait), or take only the
+  // blocks whose last use is already known complete, and record a barrier so
+  // that later frees will be too.
+  if (wait) {
+    if (!ordering_.wait_for_frees()) return 0;
+  } else {
+    ordering_.fence_frees();
+  }
+  std::vector<Block*> candidates;
+  for (const BlockPool& pool : pools_) {
+    for (Block* b : pool.blocks()) {
+      if (b->segment->expandable && round_up(b->addr, page) < round_down(b->addr + b->size, page) &&
+          ordering_.device_complete(b->device_epoch)) {
+        candidates.push_back(b);
+      }
+    }
+  }
+  std::size_t released = 0;
+  for (Block* b : candidates) {
+    Segment* seg = b->segment;
+    const DevicePtr first = round_up(b->addr, page);
+    const DevicePtr last = round_down(b->addr + b->size, page);
+    remove_free(b);
+    Block* hole = b;
+    if (first > b->addr) {
+      hole = split_off(b, first - b->addr);
+      add_free(b);
+    }
+    if (last < hole->addr + hole->size) add_free(split_off(hole, last - hole->addr));
+    const std::size_t bytes = last - first;
+    const std::uint64_t start = now();
+    upstream_.unmap_pages(first, bytes);
+    stats_.upstream_free_ns += now() - start;
+    ++stats_.num_page_unmaps;
+    seg->mapped_bytes -= bytes;
+    decrease(stats_.reserved_bytes, seg->kind, static_cast<std::int64_t>(bytes));
+    released += bytes;
+    add_hole(hole);
+    // Holes merge with neighbouring holes.
+    BlockPool& holes = holes_[static_cast<int>(seg->kind)];
+    if (hole->next != nullptr && hole->next->is_free() && !hole->next->mapped) {
+      holes.erase(hole);
+      holes.erase(hole->next);
+      absorb_next(hole);
+      holes.insert(hole);
+    }
+    if (hole->prev != nullptr && hole->prev->is_free() && !hole->prev->mapped) {
+      Block* prev = hole->prev;
+      holes.erase(prev);
+      holes.erase(hole);
+      absorb_next(prev);
+      holes.insert(prev);
+    }
+  }
+  return released;
+}
+}  // namespace gpupool

@@ -1,0 +1,164 @@
+// Expandable segments: one address range per pool kind, pages mapped as it
+// grows and unmapped when released.
+#include "pool_fixture.hpp"
+
+using namespace gpupool;
+using gpupool::testing::PoolFixture;
+
+namespace {
+constexpr std::size_t kPage = VirtualUpstream::kPage;
+
+struct ExpandableFixture : PoolFixture {
+  ExpandableFixture() { options.expandable_segments = true; }
+  std::int64_t reserved() const { return pool->stats().reserved_bytes[kAll].current; }
+  void check_mapping() {
+    check();
+    REQUIRE(upstream.mapped_pages() * kPage == static_cast<std::size_t>(reserved()));
+  }
+};
+}  // namespace
+
+TEST_CASE_METHOD(ExpandableFixture, "an expandable segment maps only the pages requests need") {
+  make();
+  const DevicePtr a = alloc(3 * kMiB);
+  check_mapping();
+  CHECK(reserved() == static_cast<std::int64_t>(4 * kMiB));  // two 2 MiB pages
+  const DevicePtr b = alloc(3 * kMiB);
+  check_mapping();
+  CHECK(b > a);
+  CHECK(upstream.allocations() == 0);  // no cudaMalloc-style segments at all
+  CHECK(pool->stats().segment[kLargePool].current == 1);
+}
+
+TEST_CASE_METHOD(ExpandableFixture, "growth extends a free block at the end instead of stranding it") {
+  make();
+  alloc(2 * kMiB);
+  const DevicePtr b = alloc(6 * kMiB);
+  alloc(1 * kMiB + 512);  // takes part of the last page
+  release(b);
+  // 9 MiB fits nowhere mapped; the free 6 MiB block in the middle cannot grow,
+  // but a new request at the end reuses the last page's free tail.
+  const std::int64_t before = reserved();
+  alloc(9 * kMiB);
+  check_mapping();
+  CHECK(reserved() - before <= static_cast<std::int64_t>(10 * kMiB));
+}
+
+TEST_CASE_METHOD(ExpandableFixture, "a free block before the unmapped tail grows into it") {
+  make();
+  alloc(2 * kMiB);
+  const DevicePtr b = alloc(4 * kMiB);
+  release(b);  // free, mapped, right before the unmapped rest of the range
+  const std::int64_t before = reserved();
+  CHECK(alloc(8 * kMiB) == b);  // the free 4 MiB plus 4 MiB of new pages
+  CHECK(reserved() - before == static_cast<std::int64_t>(4 * kMiB));
+  check_mapping();
+}
+
+TEST_CASE_METHOD(ExpandableFixture, "release_cached unmaps whole free pages and keeps partial ones") {
+  make();
+  const DevicePtr a = alloc(5 * kMiB);
+  const DevicePtr b = alloc(5 * kMiB + 512);
+  alloc(3 * kMiB);
+  release(a);
+  release(b);
+  const std::int64_t before = reserved();
+  CHECK(pool->release_cached() > 0);
+  check_mapping();
+  CHECK(reserved() < before);
+  // The freed range is address space again; it is mapped afresh when needed.
+  const DevicePtr c = alloc(10 * kMiB);
+  check_mapping();
+  CHECK(upstream.covers(c, 10 * kMiB));
+}
+
+TEST_CASE_METHOD(ExpandableFixture, "releasing waits for the device before unmapping") {
+  make();
+  pool->stream_created(0x1000, StreamKind::Blocking);
+  upstream.set_events_complete_at_once(false);
+  const DevicePtr a = alloc(8 * kMiB, 0x1000);
+  alloc(2 * kMiB);
+  release(a, 0x1000);
+  upstream.clear_calls();
+  CHECK(pool->release_cached() == 8 * kMiB);
+  bool synced = false;
+  for (const auto& c : upstream.calls()) synced |= c.kind == VirtualUpstream::Call::SyncEvent;
+  CHECK(synced);
+  check_mapping();
+}
+
+TEST_CASE_METHOD(ExpandableFixture, "recycling unmaps only frees already known complete, without waiting") {
+  make();
+  pool->stream_created(0x1000, StreamKind::Blocking);
+  upstream.set_events_complete_at_once(false);
+  const DevicePtr a = alloc(8 * kMiB, 0x1000);
+  alloc(2 * kMiB, 0x1000);  // keeps a away from the unmapped tail
+  release(a, 0x1000);
+  upstream.clear_calls();
+  alloc(20 * kMiB, 0x1000);  // past the peak: recycling is tried, but a's last use may be pending
+  for (const auto& c : upstream.calls()) CHECK(c.kind != VirtualUpstream::Call::SyncEvent);
+  CHECK(upstream.covers(a, 8 * kMiB));  // still mapped
+  check_mapping();
+  upstream.complete_all();
+  alloc(30 * kMiB, 0x1000);  // now a's pages are known idle and go back first
+  for (const auto& c : upstream.calls()) CHECK(c.kind != VirtualUpstream::Call::SyncEvent);
+  CHECK_FALSE(upstream.covers(a, kPage));
+  check_mapping();
+  CHECK(reserved() == static_cast<std::int64_t>(52 * kMiB));
+}
+
+namespace {
+// A free 8 MiB block away from the tail, then a request it cannot serve.
+std::int64_t reserved_after_growth(PoolFixture& f) {
+  const DevicePtr a = f.alloc(8 * kMiB);
+  f.alloc(2 * kMiB);
+  f.release(a);
+  f.alloc(20 * kMiB);
+  return f.pool->stats().reserved_bytes[kAll].peak;
+}
+}  // namespace
+
+TEST_CASE_METHOD(ExpandableFixture, "recycling gives idle pages back before growing past the peak") {
+  make();
+  CHECK(reserved_after_growth(*this) == static_cast<std::int64_t>(22 * kMiB));
+  check_mapping();
+}
+
+TEST_CASE_METHOD(ExpandableFixture, "without recycling the idle pages stay mapped") {
+  options.recycle_pages = false;
+  make();
+  CHECK(reserved_after_growth(*this) == static_cast<std::int64_t>(30 * kMiB));
+  check_mapping();
+}
+
+TEST_CASE_METHOD(ExpandableFixture, "a failed mapping releases free pages and retries") {
+  options.recycle_pages = false;
+  make(40 * kMiB);
+  const DevicePtr a = alloc(30 * kMiB);
+  alloc(2 * kMiB);
+  release(a);
+  const DevicePtr b = alloc(31 * kMiB);  // 32 mapped + 32 > 40: unmap a's pages, then map
+  check_mapping();
+  CHECK(upstream.covers(b, 31 * kMiB));
+  CHECK(pool->stats().num_alloc_retries == 1);
+  CHECK(pool->stats().num_ooms == 0);
+}
+
+TEST_CASE_METHOD(ExpandableFixture, "the memory limit counts mapped pages") {
+  options.memory_limit = 16 * kMiB;
+  make();
+  alloc(12 * kMiB);
+  CHECK_FALSE(pool->allocate(6 * kMiB, kAnyStream).ok);
+  REQUIRE(pool->ooms().size() == 1);
+  CHECK(pool->ooms()[0].limit_reached);
+  check_mapping();
+}
+
+TEST_CASE_METHOD(ExpandableFixture, "without virtual memory upstream, fixed segments are used") {
+  upstream.set_virtual_memory(false);
+  make();
+  alloc(3 * kMiB);
+  CHECK(upstream.allocations() == 1);
+  CHECK(reserved() == static_cast<std::int64_t>(20 * kMiB));
+  check();
+}
