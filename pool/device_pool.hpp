@@ -103,10 +103,11 @@ class DevicePool {
   Block* map_front(Block* hole, std::size_t bytes);
   Block* split_off(Block* b, std::size_t offset);
   void add_hole(Block* b);
-  // Unmaps the whole pages inside free blocks of expandable segments; with
-  // `wait`, after waiting for every free to complete, else only the blocks
-  // already known complete. Returns the bytes unmapped.
-  std::size_t unmap_free_pages(bool wait);
+  // Unmaps the whole pages inside free blocks of expandable segments, largest
+  // blocks first, until `budget` bytes are unmapped; with `wait`, after waiting
+  // for every free to complete, else only blocks already known complete.
+  // Returns the bytes unmapped.
+  std::size_t unmap_free_pages(bool wait, std::size_t budget = kUnlimited);
   Block* new_segment(PoolKind kind, std::size_t bytes, StreamId consumer, bool* limit_reached);
   void carve(Block* b, std::size_t rounded);
   void add_free(Block* b);

@@ -88,12 +88,13 @@ Block* DevicePool::map_front(Block* hole, std::size_t bytes) {
 Block* DevicePool::grow_expandable(PoolKind kind, std::size_t rounded, StreamId consumer, bool* limit_reached) {
   const std::size_t page = upstream_.page_size();
   BlockPool& holes = holes_[static_cast<int>(kind)];
-  // Growing past the largest reservation so far: first give back free pages
-  // whose last use is known complete, so that the peak stays near live bytes.
+  // Growing past the largest reservation so far: first give back as many free
+  // pages known idle as the growth needs (largest free blocks first, the least
+  // likely to be reused whole), so that the peak stays near the bytes live.
   if (options_.recycle_pages &&
       stats_.reserved_bytes[kAll].current + static_cast<std::int64_t>(round_up(rounded, page)) >
           stats_.reserved_bytes[kAll].peak) {
-    unmap_free_pages(false);
+    unmap_free_pages(false, round_up(rounded, page));
   }
 
   // The cheapest way to get `rounded` mapped bytes: a hole alone (best fit),
@@ -153,7 +154,7 @@ Block* DevicePool::grow_expandable(PoolKind kind, std::size_t rounded, StreamId 
   return fresh;
 }
 
-std::size_t DevicePool::unmap_free_pages(bool wait) {
+std::size_t DevicePool::unmap_free_pages(bool wait, std::size_t budget) {
   if (!expandable() || ordering_.capture_active()) return 0;
   const std::size_t page = upstream_.page_size();
   // Unmapping memory that queued work may still touch would fault. Either wait
@@ -174,8 +175,11 @@ std::size_t DevicePool::unmap_free_pages(bool wait) {
       }
     }
   }
+  std::sort(candidates.begin(), candidates.end(),
+            [](const Block* a, const Block* b) { return a->size != b->size ? a->size > b->size : a->addr < b->addr; });
   std::size_t released = 0;
   for (Block* b : candidates) {
+    if (released >= budget) break;
     Segment* seg = b->segment;
     const DevicePtr first = round_up(b->addr, page);
     const DevicePtr last = round_down(b->addr + b->size, page);
