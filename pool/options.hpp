@@ -50,8 +50,9 @@ struct PoolOptions {
   // Needs an upstream with virtual memory; without one, fixed segments.
   bool expandable_segments = false;
   // Expandable segments: before growing past the largest reservation so far,
-  // unmap as many free pages as the growth needs, among those whose last use is
-  // known complete (no host waits), so the peak stays close to the live bytes.
+  // while more than 2% of it is cached free, unmap as many free pages as the
+  // growth needs among those whose last use is known complete (no host
+  // waits), so the peak stays close to the live bytes.
   bool recycle_pages = true;
   // Testing only: skip every ordering step (fences, barriers, event waits) so
   // that the hazard tests can show they fail without them. Never safe.

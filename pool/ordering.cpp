@@ -42,8 +42,9 @@ void StreamOrdering::stream_created(StreamId id, StreamKind kind) {
   s.kind = kind;
   // A non-blocking stream ignores the legacy stream, so it would not be ordered
   // after barriers recorded before it existed: make it wait for the latest.
-  if (kind == StreamKind::NonBlocking && !device_.pending.empty() && !options_.unsafe_skip_ordering) {
-    if (upstream_.wait_event(id, device_.pending.back().event)) ++s.counters.event_waits;
+  if (kind == StreamKind::NonBlocking && last_barrier_.epoch > device_.completed_epoch &&
+      !options_.unsafe_skip_ordering) {
+    if (upstream_.wait_event(id, last_barrier_.event)) ++s.counters.event_waits;
   }
 }
 
@@ -123,7 +124,7 @@ bool StreamOrdering::record_fence(StreamState& s) {
     give_back_event(event);
     return false;
   }
-  s.pending.push_back(Fence{s.free_epoch, event});
+  s.pending.push_back(Fence{s.free_epoch, event, {}});
   s.fenced_epoch = s.free_epoch++;
   ++s.counters.fences_recorded;
   return true;
@@ -165,7 +166,8 @@ bool StreamOrdering::record_barrier() {
     }
     ++s.counters.event_waits;
   }
-  device_.pending.push_back(Fence{device_.free_epoch, barrier});
+  device_.pending.push_back(Fence{device_.free_epoch, barrier, {}});
+  last_barrier_ = device_.pending.back();
   device_.fenced_epoch = device_.free_epoch++;
   unfenced_frees_ = false;
   ++device_.counters.fences_recorded;
@@ -174,15 +176,61 @@ bool StreamOrdering::record_barrier() {
 
 void StreamOrdering::poll(StreamState& s) {
   while (!s.pending.empty()) {
-    const Fence& f = s.pending.front();
-    const EventStatus status = upstream_.query_event(f.event);
+    Fence& f = s.pending.front();
+    EventStatus status = upstream_.query_event(f.event);
+    // A completion fence completes when every one of its events has.
+    while (status == EventStatus::Complete && !f.more.empty()) {
+      status = upstream_.query_event(f.more.back());
+      if (status == EventStatus::Pending) break;
+      give_back_event(f.more.back());
+      f.more.pop_back();
+    }
     if (status == EventStatus::Pending) break;
     // An errored event is treated as complete only for recycling; the epoch is
     // not advanced, so its blocks keep needing ordering.
     if (status == EventStatus::Complete && f.epoch > s.completed_epoch) s.completed_epoch = f.epoch;
     give_back_event(f.event);
+    for (EventHandle e : f.more) give_back_event(e);
     s.pending.pop_front();
   }
+}
+
+bool StreamOrdering::record_completion_fence() {
+  // Work of destroyed streams still in flight is covered only by a barrier
+  // (the legacy stream waits for their last events); rare, so take one then.
+  poll();
+  if (!retired_.empty()) return record_barrier();
+  const StreamId legacy = upstream_.legacy_stream();
+  Fence fence{device_.free_epoch, 0, {}};
+  auto record_on = [&](StreamId stream) {
+    const EventHandle e = take_event();
+    if (e == 0) return false;
+    if (!upstream_.record_event(e, stream)) {
+      give_back_event(e);
+      return false;
+    }
+    if (fence.event == 0) {
+      fence.event = e;
+    } else {
+      fence.more.push_back(e);
+    }
+    return true;
+  };
+  // The legacy stream's event completes after all earlier work of blocking
+  // streams; each non-blocking stream needs its own.
+  bool ok = record_on(legacy);
+  for (auto& [id, s] : streams_) {
+    if (ok && s.kind == StreamKind::NonBlocking && s.captures == 0) ok = record_on(id);
+  }
+  if (!ok) {
+    if (fence.event != 0) retired_.push_back(fence.event);
+    for (EventHandle e : fence.more) retired_.push_back(e);
+    return false;
+  }
+  device_.pending.push_back(std::move(fence));
+  ++device_.free_epoch;  // later frees are not covered; nothing is ordered (fenced_epoch stays)
+  unfenced_frees_ = false;
+  return true;
 }
 
 void StreamOrdering::poll() {
@@ -254,7 +302,7 @@ bool StreamOrdering::stream_ready(StreamId from, std::uint64_t stream_epoch,
 bool StreamOrdering::wait_for_frees() {
   if (options_.unsafe_skip_ordering) return true;
   if (capture_active() || !record_barrier()) return false;
-  const Fence newest = device_.pending.back();
+  const Fence newest = device_.pending.back();  // the barrier just recorded
   if (!upstream_.synchronize_event(newest.event)) return false;
   ++device_.counters.host_syncs;
   device_.completed_epoch = newest.epoch;
@@ -264,7 +312,7 @@ bool StreamOrdering::wait_for_frees() {
 
 void StreamOrdering::fence_frees() {
   if (options_.unsafe_skip_ordering) return;
-  if (unfenced_frees_ && !capture_active()) record_barrier();
+  if (unfenced_frees_ && !capture_active()) record_completion_fence();
   poll();
 }
 

@@ -33,6 +33,8 @@ namespace gpupool {
 struct Fence {
   std::uint64_t epoch = 0;  // frees stamped <= epoch are covered
   EventHandle event = 0;
+  // A completion fence (device only) also needs these; it orders nothing.
+  std::vector<EventHandle> more;
 };
 
 struct StreamState {
@@ -96,8 +98,9 @@ class StreamOrdering {
   // completed (a barrier and a wait on it). Off the fast path: used before
   // device memory is given back page by page.
   bool wait_for_frees();
-  // Records a barrier if frees happened since the last one, so that they can
-  // be seen complete later; polls what is outstanding. Never waits.
+  // Records a completion fence (an event on every stream, no waits) if frees
+  // happened since the last fence, so that they can be seen complete later;
+  // polls what is outstanding. Never waits, never orders streams.
   void fence_frees();
 
   std::vector<StreamReport> stream_reports() const;  // cached_* left for the pool
@@ -107,6 +110,7 @@ class StreamOrdering {
   void give_back_event(EventHandle event);
   bool record_fence(StreamState& s);  // one event on s covering its frees so far
   bool record_barrier();
+  bool record_completion_fence();
   void poll(StreamState& s);
   bool addressable(const StreamState& s) const { return s.kind != StreamKind::PerThread; }
 
@@ -118,7 +122,8 @@ class StreamOrdering {
   std::vector<EventHandle> retired_;  // fences on destroyed streams, until complete
   std::vector<StreamReport> destroyed_;  // counters of destroyed streams, for the report
   int captures_active_ = 0;
-  bool unfenced_frees_ = false;  // a free happened since the last barrier
+  bool unfenced_frees_ = false;  // a free happened since the last device fence
+  Fence last_barrier_;           // for streams created after it
 };
 
 }  // namespace gpupool

@@ -45,6 +45,8 @@ void device(JsonWriter& w, const DeviceReport& d) {
   w.field("cuda_free_calls", s.num_device_free);
   w.field("cuda_malloc_ns", s.upstream_alloc_ns);
   w.field("cuda_free_ns", s.upstream_free_ns);
+  w.field("page_maps", s.num_page_maps);
+  w.field("page_unmaps", s.num_page_unmaps);
   w.field("pool_operations", s.pool_ops);
   w.field("pool_ns_estimated",
           s.pool_ops_sampled == 0 ? std::uint64_t{0} : s.pool_ns_sampled * s.pool_ops / s.pool_ops_sampled);

@@ -99,9 +99,10 @@ void device_section(std::string& out, const DeviceReport& d) {
   const double hits = static_cast<double>(s.cache_hits);
   const double total = hits + static_cast<double>(s.cache_misses);
   out += "\nUpstream and cache\n";
-  appendf(out, "  cudaMalloc calls %lld (%lld failed), cudaFree calls %lld\n",
+  appendf(out, "  cudaMalloc calls %lld (%lld failed), cudaFree calls %lld; page maps %lld, unmaps %lld\n",
           static_cast<long long>(s.num_device_alloc + s.num_device_alloc_failures),
-          static_cast<long long>(s.num_device_alloc_failures), static_cast<long long>(s.num_device_free));
+          static_cast<long long>(s.num_device_alloc_failures), static_cast<long long>(s.num_device_free),
+          static_cast<long long>(s.num_page_maps), static_cast<long long>(s.num_page_unmaps));
   appendf(out, "  time in cudaMalloc %.3f ms, in cudaFree %.3f ms, in the pool ~%.3f ms (%llu operations)\n",
           static_cast<double>(s.upstream_alloc_ns) / 1e6, static_cast<double>(s.upstream_free_ns) / 1e6,
           s.pool_ops_sampled == 0 ? 0.0
@@ -205,9 +206,10 @@ std::string summary(const Report& r) {
     const double total = static_cast<double>(s.cache_hits + s.cache_misses);
     appendf(out,
             "gpupool device %d: peak allocated %s, peak reserved %s (%.3fx peak requested), "
-            "%lld cudaMalloc calls for %lld allocations (%.1f%% cache hits)",
+            "%lld cudaMalloc calls and %lld page mappings for %lld allocations (%.1f%% cache hits)",
             d.device, bytes(s.allocated_bytes[kAll].peak).c_str(), bytes(s.reserved_bytes[kAll].peak).c_str(),
             d.fragmentation.peak_reserved_to_peak_requested, static_cast<long long>(s.num_device_alloc),
+            static_cast<long long>(s.num_page_maps),
             static_cast<long long>(s.allocation[kAll].allocated),
             total == 0 ? 0.0 : 100.0 * static_cast<double>(s.cache_hits) / total);
     if (s.num_ooms > 0) appendf(out, ", %lld out-of-memory", static_cast<long long>(s.num_ooms));

@@ -1,6 +1,9 @@
 #include "shim/cuda_upstream.hpp"
 
+#include <cuda.h>
 #include <time.h>
+
+#include <mutex>
 
 #include "shim/real_cuda.hpp"
 #include "shim/thread_state.hpp"
@@ -37,6 +40,56 @@ cudaError_t on_device(int device, Call&& call) {
 }
 
 cudaEvent_t as_event(EventHandle e) { return reinterpret_cast<cudaEvent_t>(e); }
+
+// The driver's virtual memory calls, or nulls where the runtime cannot give them.
+struct DriverVmm {
+  decltype(&cuMemAddressReserve) reserve = nullptr;
+  decltype(&cuMemCreate) create = nullptr;
+  decltype(&cuMemRelease) release = nullptr;
+  decltype(&cuMemMap) map = nullptr;
+  decltype(&cuMemUnmap) unmap = nullptr;
+  decltype(&cuMemSetAccess) set_access = nullptr;
+  decltype(&cuMemGetAllocationGranularity) granularity = nullptr;
+  bool complete() const { return reserve && create && release && map && unmap && set_access && granularity; }
+};
+
+void* driver_function(const char* name) {
+  const RealCuda& r = real();
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+  if (r.cudaGetDriverEntryPointByVersion != nullptr) {
+    if (r.cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &status) != cudaSuccess) {
+      r.cudaGetLastError();
+    }
+  } else if (r.cudaGetDriverEntryPoint != nullptr) {
+    if (r.cudaGetDriverEntryPoint(name, &fn, cudaEnableDefault, &status) != cudaSuccess) r.cudaGetLastError();
+  }
+  return status == cudaDriverEntryPointSuccess ? fn : nullptr;
+}
+
+const DriverVmm& driver_vmm() {
+  static DriverVmm vmm;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    vmm.reserve = reinterpret_cast<decltype(vmm.reserve)>(driver_function("cuMemAddressReserve"));
+    vmm.create = reinterpret_cast<decltype(vmm.create)>(driver_function("cuMemCreate"));
+    vmm.release = reinterpret_cast<decltype(vmm.release)>(driver_function("cuMemRelease"));
+    vmm.map = reinterpret_cast<decltype(vmm.map)>(driver_function("cuMemMap"));
+    vmm.unmap = reinterpret_cast<decltype(vmm.unmap)>(driver_function("cuMemUnmap"));
+    vmm.set_access = reinterpret_cast<decltype(vmm.set_access)>(driver_function("cuMemSetAccess"));
+    vmm.granularity =
+        reinterpret_cast<decltype(vmm.granularity)>(driver_function("cuMemGetAllocationGranularity"));
+  });
+  return vmm;
+}
+
+CUmemAllocationProp device_memory(int device) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  return prop;
+}
 
 }  // namespace
 
@@ -109,6 +162,87 @@ bool CudaUpstream::memory_info(std::size_t* free_bytes, std::size_t* total_bytes
   return on_device(device_, [&] {
            return internal([&](const RealCuda& r) { return r.cudaMemGetInfo(free_bytes, total_bytes); });
          }) == cudaSuccess;
+}
+
+std::size_t CudaUpstream::page_size() const {
+  if (page_ == 1) {
+    page_ = 0;
+    const DriverVmm& vmm = driver_vmm();
+    std::size_t granularity = 0;
+    const CUmemAllocationProp prop = device_memory(device_);
+    if (vmm.complete() &&
+        vmm.granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) == CUDA_SUCCESS &&
+        granularity != 0) {
+      // Pages of at least 2 MiB, as the device's own large pages.
+      page_ = (2 * kMiB + granularity - 1) / granularity * granularity;
+    }
+  }
+  return page_;
+}
+
+DevicePtr CudaUpstream::reserve_address_space(std::size_t bytes) {
+  if (page_size() == 0) return 0;
+  CUdeviceptr base = 0;
+  return driver_vmm().reserve(&base, bytes, page_, 0, 0) == CUDA_SUCCESS ? static_cast<DevicePtr>(base) : 0;
+}
+
+bool CudaUpstream::set_access(DevicePtr addr, std::size_t bytes, const std::vector<int>& devices) {
+  std::vector<CUmemAccessDesc> access;
+  for (int d : devices) {
+    CUmemAccessDesc a{};
+    a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    a.location.id = d;
+    a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    access.push_back(a);
+  }
+  return driver_vmm().set_access(static_cast<CUdeviceptr>(addr), bytes, access.data(), access.size()) ==
+         CUDA_SUCCESS;
+}
+
+bool CudaUpstream::map_pages(DevicePtr addr, std::size_t bytes) {
+  const DriverVmm& vmm = driver_vmm();
+  const CUmemAllocationProp prop = device_memory(device_);
+  std::size_t done = 0;
+  bool ok = true;
+  for (; done < bytes; done += page_) {
+    CUmemGenericAllocationHandle handle = 0;
+    if (vmm.create(&handle, page_, &prop, 0) != CUDA_SUCCESS) {
+      ok = false;
+      break;
+    }
+    if (vmm.map(static_cast<CUdeviceptr>(addr + done), page_, 0, handle, 0) != CUDA_SUCCESS) {
+      vmm.release(handle);
+      ok = false;
+      break;
+    }
+    pages_[addr + done] = handle;
+  }
+  std::vector<int> devices{device_};
+  devices.insert(devices.end(), accessors_.begin(), accessors_.end());
+  if (ok && set_access(addr, bytes, devices)) return true;
+  unmap_pages(addr, done);  // undo what was mapped
+  return false;
+}
+
+void CudaUpstream::unmap_pages(DevicePtr addr, std::size_t bytes) {
+  const DriverVmm& vmm = driver_vmm();
+  for (DevicePtr page = addr; page < addr + bytes; page += page_) {
+    auto it = pages_.find(page);
+    if (it == pages_.end()) continue;
+    vmm.unmap(static_cast<CUdeviceptr>(page), page_);
+    vmm.release(it->second);
+    pages_.erase(it);
+  }
+}
+
+void CudaUpstream::add_accessor(int accessor) {
+  if (accessor == device_) return;
+  for (int a : accessors_) {
+    if (a == accessor) return;
+  }
+  accessors_.push_back(accessor);
+  if (page_size() == 0) return;
+  for (const auto& [page, handle] : pages_) set_access(page, page_, {accessor});
 }
 
 std::uint64_t SteadyClock::now_ns() {

@@ -4,6 +4,9 @@
 // the program had left there is kept for it (see thread_state.hpp).
 #pragma once
 
+#include <unordered_map>
+#include <vector>
+
 #include "pool/upstream.hpp"
 
 namespace gpupool::shim {
@@ -25,8 +28,24 @@ class CudaUpstream final : public Upstream {
   StreamId legacy_stream() const override;
   bool memory_info(std::size_t* free_bytes, std::size_t* total_bytes) override;
 
+  // Virtual memory through the driver's cuMem* calls (found with
+  // cudaGetDriverEntryPointByVersion): one physical allocation per page, so
+  // any page can be given back alone. page_size() is 0 where unsupported.
+  std::size_t page_size() const override;
+  DevicePtr reserve_address_space(std::size_t bytes) override;
+  bool map_pages(DevicePtr addr, std::size_t bytes) override;
+  void unmap_pages(DevicePtr addr, std::size_t bytes) override;
+  // Device `accessor` was granted peer access to this device: mapped pages,
+  // now and later, are made accessible to it too (cudaMalloc memory is).
+  void add_accessor(int accessor);
+
  private:
+  bool set_access(DevicePtr addr, std::size_t bytes, const std::vector<int>& devices);
+
   int device_;
+  mutable std::size_t page_ = 1;  // 1: not asked yet
+  std::unordered_map<DevicePtr, unsigned long long> pages_;  // mapped page -> physical handle
+  std::vector<int> accessors_;  // peers that may access this device's memory
 };
 
 // A monotonic clock for the pool's timings.

@@ -188,6 +188,15 @@ GPUPOOL_EXPORT cudaError_t cudaDeviceReset(void) {
   return real().cudaDeviceReset != nullptr ? real().cudaDeviceReset() : missing();
 }
 
+GPUPOOL_EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
+  Runtime& rt = enter();
+  if (real().cudaDeviceEnablePeerAccess == nullptr) return missing();
+  const cudaError_t err = real().cudaDeviceEnablePeerAccess(peer, flags);
+  // The current device may now access the peer's memory: pooled pages too.
+  if (err == cudaSuccess && !rt.bypass()) rt.peer_access_enabled(rt.current_device(), peer);
+  return err;
+}
+
 GPUPOOL_EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
   Runtime& rt = enter();
   if (!rt.bypass()) rt.check_ipc_pointer(ptr);

@@ -46,7 +46,13 @@ namespace gpupool::shim {
                     const cudaGraphEdgeData*, size_t, cudaStreamCaptureMode))             \
   X(cudaStreamEndCapture, cudaError_t(cudaStream_t, cudaGraph_t*))                    \
   X(cudaStreamEndCapture_ptsz, cudaError_t(cudaStream_t, cudaGraph_t*))               \
-  X(cudaIpcGetMemHandle, cudaError_t(cudaIpcMemHandle_t*, void*))
+  X(cudaIpcGetMemHandle, cudaError_t(cudaIpcMemHandle_t*, void*))                    \
+  X(cudaDeviceEnablePeerAccess, cudaError_t(int, unsigned int))                        \
+  X(cudaGetDriverEntryPointByVersion,                                                   \
+    cudaError_t(const char*, void**, unsigned int, unsigned long long,                  \
+                cudaDriverEntryPointQueryResult*))                                       \
+  X(cudaGetDriverEntryPoint,                                                            \
+    cudaError_t(const char*, void**, unsigned long long, cudaDriverEntryPointQueryResult*))
 
 struct RealCuda {
 #define GPUPOOL_DECLARE(name, signature) std::add_pointer_t<signature> name = nullptr;

@@ -75,6 +75,9 @@ DeviceState& Runtime::device(int index) {
   std::lock_guard<std::mutex> lock(devices_mu_);
   if (DeviceState* d = existing(index)) return *d;
   auto* d = new DeviceState(index);
+  for (const auto& [accessor, owner] : peer_grants_) {
+    if (owner == index) d->upstream.add_accessor(accessor);
+  }
   std::size_t total = 0;
   std::size_t free_bytes = 0;
   if (!d->upstream.memory_info(&free_bytes, &total)) total = kUnlimited;
@@ -258,6 +261,18 @@ void Runtime::device_reset(int dev) {
   (void)d->pool.release();  // leaked on purpose: no upstream call may follow
   d->pool = std::make_unique<DevicePool>(d->upstream, config::to_pool_options(config_), kUnlimited, &clock_);
   d->pool->stream_created(kLegacyStream, StreamKind::Legacy);
+}
+
+void Runtime::peer_access_enabled(int accessor, int owner) {
+  if (owner < 0 || owner >= kMaxDevices) return;
+  {
+    std::lock_guard<std::mutex> lock(devices_mu_);
+    peer_grants_.emplace_back(accessor, owner);
+  }
+  if (DeviceState* d = existing(owner)) {
+    std::lock_guard<std::mutex> lock(d->mu);
+    d->upstream.add_accessor(accessor);
+  }
 }
 
 void Runtime::check_ipc_pointer(const void* ptr) {

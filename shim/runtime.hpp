@@ -59,6 +59,8 @@ class Runtime {
   void adjust_mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
   void device_reset(int device);
   void check_ipc_pointer(const void* ptr);
+  // `accessor` may now access `owner`'s memory (cudaDeviceEnablePeerAccess).
+  void peer_access_enabled(int accessor, int owner);
 
   // A report requested by signal is written by the next intercepted call.
   void poll_report_request() {
@@ -88,6 +90,7 @@ class Runtime {
   std::atomic<DeviceState*> devices_[kMaxDevices] = {};
   std::mutex devices_mu_;  // creation of device states
   std::vector<DeviceState*> inherited_;  // a forked child's copies of the parent's pools
+  std::vector<std::pair<int, int>> peer_grants_;  // (accessor, owner), also for pools made later
   mutable std::mutex streams_mu_;
   std::unordered_map<StreamId, int> stream_devices_;
   SteadyClock clock_;

@@ -45,14 +45,18 @@ Memory::Memory()
   used_.assign(static_cast<std::size_t>(devices_), 0);
 }
 
+bool Memory::inject_failure() {
+  bool inject = successes_ >= fail_after_;
+  if (fail_rate_ > 0.0) inject |= std::uniform_real_distribution<double>(0.0, 1.0)(rng_) < fail_rate_;
+  return inject;
+}
+
 cudaError_t Memory::allocate(int device, std::size_t size, void** out) {
   std::lock_guard<std::mutex> lock(mu_);
   counters().malloc_calls++;
   const std::size_t rounded = (size + 511) / 512 * 512;
   std::size_t& used = used_[static_cast<std::size_t>(device)];
-  bool inject = successes_ >= fail_after_;
-  if (fail_rate_ > 0.0) inject |= std::uniform_real_distribution<double>(0.0, 1.0)(rng_) < fail_rate_;
-  if (inject || rounded > capacity_ || used > capacity_ - rounded) {
+  if (inject_failure() || rounded > capacity_ || used > capacity_ - rounded) {
     counters().malloc_failures++;
     return cudaErrorMemoryAllocation;
   }
@@ -87,9 +91,94 @@ bool Memory::contains(const void* ptr, std::size_t bytes) const {
   std::lock_guard<std::mutex> lock(mu_);
   const auto p = reinterpret_cast<std::uintptr_t>(ptr);
   auto it = live_.upper_bound(p);
-  if (it == live_.begin()) return false;
-  --it;
-  return p >= it->first && p + bytes <= it->first + it->second.size;
+  if (it != live_.begin()) {
+    --it;
+    if (p >= it->first && p + bytes <= it->first + it->second.size) return true;
+  }
+  // Mapped, accessible virtual memory: a run of adjacent mappings may cover it.
+  std::uintptr_t at = p;
+  const std::uintptr_t end = p + (bytes == 0 ? 1 : bytes);
+  while (at < end) {
+    auto m = mappings_.upper_bound(at);
+    if (m == mappings_.begin()) return false;
+    --m;
+    if (at >= m->first + m->second.size || !m->second.accessible) return false;
+    at = m->first + m->second.size;
+  }
+  return true;
+}
+
+void* Memory::reserve_address_space(std::size_t size) {
+  void* p = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+bool Memory::create_physical(int device, std::size_t size, std::uint64_t* handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::size_t& used = used_[static_cast<std::size_t>(device)];
+  if (size % kGranularity != 0 || inject_failure() || size > capacity_ || used > capacity_ - size) {
+    counters().malloc_failures++;
+    return false;
+  }
+  ++successes_;
+  used += size;
+  const std::uint64_t in_use = counters().bytes_in_use += size;
+  if (in_use > counters().peak_bytes_in_use) counters().peak_bytes_in_use = in_use;
+  *handle = next_handle_++;
+  physical_.emplace(*handle, Physical{size, device, false});
+  return true;
+}
+
+bool Memory::release_physical(std::uint64_t handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = physical_.find(handle);
+  if (it == physical_.end()) return false;
+  // As the driver: released for good once no longer mapped (unmap comes first here).
+  used_[static_cast<std::size_t>(it->second.device)] -= it->second.size;
+  counters().bytes_in_use -= it->second.size;
+  physical_.erase(it);
+  return true;
+}
+
+bool Memory::map(void* ptr, std::size_t size, std::uint64_t handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = physical_.find(handle);
+  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  if (it == physical_.end() || it->second.size != size || it->second.mapped || p % kGranularity != 0) return false;
+  auto next = mappings_.lower_bound(p);
+  if (next != mappings_.end() && next->first < p + size) return false;  // overlaps a mapping
+  if (next != mappings_.begin() && std::prev(next)->first + std::prev(next)->second.size > p) return false;
+  it->second.mapped = true;
+  mappings_.emplace(p, Mapping{size, handle, false});
+  counters().vmm_maps++;
+  return true;
+}
+
+bool Memory::set_access(void* ptr, std::size_t size) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  // Every byte of the range must be mapped.
+  for (std::uintptr_t at = p; at < p + size;) {
+    auto m = mappings_.find(at);
+    if (m == mappings_.end()) return false;
+    m->second.accessible = true;
+    at += m->second.size;
+  }
+  return mprotect(ptr, size, PROT_READ | PROT_WRITE) == 0;
+}
+
+bool Memory::unmap(void* ptr, std::size_t size) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  auto m = mappings_.find(p);
+  if (m == mappings_.end() || m->second.size != size) return false;  // whole mappings only, as the driver
+  physical_[m->second.handle].mapped = false;
+  mappings_.erase(m);
+  // The contents go with the physical memory; later access faults.
+  madvise(ptr, size, MADV_DONTNEED);
+  mprotect(ptr, size, PROT_NONE);
+  counters().vmm_unmaps++;
+  return true;
 }
 
 void Memory::info(int device, std::size_t* free_bytes, std::size_t* total_bytes) const {

@@ -24,8 +24,20 @@ class Memory {
   void info(int device, std::size_t* free_bytes, std::size_t* total_bytes) const;
   int devices() const { return devices_; }
 
+  // Virtual memory (the driver's cuMem* calls): address space from mmap with
+  // no access, physical memory counted against the capacity, mapping grants
+  // access and unmapping drops the contents.
+  static constexpr std::size_t kGranularity = 2 << 20;
+  void* reserve_address_space(std::size_t size);
+  bool create_physical(int device, std::size_t size, std::uint64_t* handle);
+  bool release_physical(std::uint64_t handle);
+  bool map(void* ptr, std::size_t size, std::uint64_t handle);
+  bool set_access(void* ptr, std::size_t size);
+  bool unmap(void* ptr, std::size_t size);
+
  private:
   Memory();
+  bool inject_failure();  // seeded failures (SIMCUDA_FAIL_RATE, SIMCUDA_FAIL_AFTER)
   struct Allocation {
     std::size_t size;
     std::size_t mapped;
@@ -33,6 +45,19 @@ class Memory {
   };
   mutable std::mutex mu_;
   std::map<std::uintptr_t, Allocation> live_;
+  struct Physical {
+    std::size_t size;
+    int device;
+    bool mapped;
+  };
+  struct Mapping {
+    std::size_t size;
+    std::uint64_t handle;
+    bool accessible;
+  };
+  std::map<std::uint64_t, Physical> physical_;
+  std::map<std::uintptr_t, Mapping> mappings_;  // by start address
+  std::uint64_t next_handle_ = 1;
   std::vector<std::size_t> used_;
   std::size_t capacity_;
   int devices_;

@@ -13,6 +13,7 @@
 #include "sim/engine.hpp"
 #include "sim/memory.hpp"
 #include "sim/simcuda.h"
+#include "sim/vmm.hpp"
 
 using simcuda::Engine;
 using simcuda::Memory;
@@ -107,7 +108,8 @@ void write_counters_at_exit() {
                "\"peak_bytes_in_use\": %llu, \"event_records\": %llu, \"stream_waits\": %llu, "
                "\"event_queries\": %llu, \"event_syncs\": %llu, \"stream_syncs\": %llu, "
                "\"device_syncs\": %llu, \"legacy_ops\": %llu, \"captures_begun\": %llu, "
-               "\"captures_invalidated\": %llu, \"kernel_launches\": %llu}\n",
+               "\"captures_invalidated\": %llu, \"kernel_launches\": %llu, \"vmm_maps\": %llu, "
+               "\"vmm_unmaps\": %llu}\n",
                (unsigned long long)c.malloc_calls, (unsigned long long)c.malloc_failures,
                (unsigned long long)c.free_calls, (unsigned long long)c.malloc_async_calls,
                (unsigned long long)c.free_async_calls, (unsigned long long)c.bytes_in_use,
@@ -116,7 +118,8 @@ void write_counters_at_exit() {
                (unsigned long long)c.event_syncs, (unsigned long long)c.stream_syncs,
                (unsigned long long)c.device_syncs, (unsigned long long)c.legacy_ops,
                (unsigned long long)c.captures_begun, (unsigned long long)c.captures_invalidated,
-               (unsigned long long)c.kernel_launches);
+               (unsigned long long)c.kernel_launches, (unsigned long long)c.vmm_maps,
+               (unsigned long long)c.vmm_unmaps);
   std::fclose(f);
 }
 
@@ -488,6 +491,21 @@ cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t, dim3, dim3, void**, size_t, cu
 cudaError_t cudaLaunchKernel(const void*, dim3, dim3, void**, size_t, cudaStream_t s) { return launch(s, false); }
 cudaError_t cudaLaunchKernel_ptsz(const void*, dim3, dim3, void**, size_t, cudaStream_t s) { return launch(s, true); }
 
+// ---------------------------------------------------------------- driver entry points
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int, unsigned long long,
+                                             cudaDriverEntryPointQueryResult* status) {
+  if (symbol == nullptr || fn == nullptr) return result(cudaErrorInvalidValue);
+  *fn = simcuda::driver_entry_point(symbol);
+  if (status != nullptr) *status = *fn != nullptr ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigned long long flags,
+                                    cudaDriverEntryPointQueryResult* status) {
+  return cudaGetDriverEntryPointByVersion(symbol, fn, CUDART_VERSION, flags, status);
+}
+
 // ---------------------------------------------------------------- control
 
 void simcuda_get_counters(struct simcuda_counters* out) {
@@ -509,6 +527,8 @@ void simcuda_get_counters(struct simcuda_counters* out) {
   out->captures_begun = c.captures_begun;
   out->captures_invalidated = c.captures_invalidated;
   out->kernel_launches = c.kernel_launches;
+  out->vmm_maps = c.vmm_maps;
+  out->vmm_unmaps = c.vmm_unmaps;
 }
 
 }  // extern "C"

@@ -13,11 +13,11 @@ extern "C" {
 
 struct simcuda_counters {
   uint64_t malloc_calls;        /* cudaMalloc */
-  uint64_t malloc_failures;     /* cudaMalloc that failed (capacity or injected) */
+  uint64_t malloc_failures;     /* cudaMalloc or cuMemCreate that failed (capacity or injected) */
   uint64_t free_calls;          /* cudaFree of a non-null pointer */
   uint64_t malloc_async_calls;  /* cudaMallocAsync and cudaMallocFromPoolAsync */
   uint64_t free_async_calls;    /* cudaFreeAsync */
-  uint64_t bytes_in_use;
+  uint64_t bytes_in_use;        /* cudaMalloc'd plus physical memory of cuMemCreate */
   uint64_t peak_bytes_in_use;
   uint64_t event_records;
   uint64_t stream_waits;
@@ -29,6 +29,8 @@ struct simcuda_counters {
   uint64_t captures_begun;
   uint64_t captures_invalidated;
   uint64_t kernel_launches;
+  uint64_t vmm_maps;            /* cuMemMap */
+  uint64_t vmm_unmaps;          /* cuMemUnmap */
 };
 
 /* The counters so far. */

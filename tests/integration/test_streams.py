@@ -2,6 +2,8 @@
 device: a slow write by the old owner must land before the new owner's. Each
 case that has an ordering step is also run with that step switched off
 (GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING=1) to show the test catches its absence."""
+import os
+
 from harness import ShimTest, main, sanitizer_runtime
 
 UNSAFE = {"GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING": "1"}
@@ -20,20 +22,23 @@ CASES = {
 
 
 class Hazards(ShimTest):
-    def check(self, binary, case, has_ordering_step):
-        run = self.run_program([binary, case])
+    def check(self, binary, case, has_ordering_step, env=None):
+        run = self.run_program([binary, case], env=env)
         self.assertSucceeded(run)  # reused, and ordered
+        for path in run.reports()[:-1]:
+            os.remove(path)
         if has_ordering_step:
-            unsafe = self.run_program([binary, case], env=UNSAFE)
+            unsafe = self.run_program([binary, case], env=dict(env or {}, **UNSAFE))
             # Under ThreadSanitizer the race itself is caught first (exit 66).
             expected = (1, 66) if "tsan" in (sanitizer_runtime() or "") else (1,)
             self.assertIn(unsafe.code, expected, f"without ordering the hazard should show:\n{unsafe.stdout}")
         return run
 
     def test_each_reuse_path(self):
-        for case, has_step in CASES.items():
-            with self.subTest(case=case):
-                self.check("test-hazards", case, has_step)
+        for expandable in ("1", "0"):
+            for case, has_step in CASES.items():
+                with self.subTest(case=case, expandable_segments=expandable):
+                    self.check("test-hazards", case, has_step, {"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
 
     def test_per_thread_default_stream_build(self):
         # Built with CUDA_API_PER_THREAD_DEFAULT_STREAM: the _ptsz entry points.

@@ -1,0 +1,88 @@
+// The driver's virtual memory calls (cuMemAddressReserve, cuMemCreate,
+// cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease, ...) on the simulated
+// device, handed out through cudaGetDriverEntryPoint(ByVersion) as the real
+// runtime hands out the driver's.
+#include "sim/vmm.hpp"
+
+#include <cstring>
+
+#include "sim/memory.hpp"
+
+namespace simcuda {
+
+namespace {
+
+CUresult reserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long) {
+  if (ptr == nullptr || size == 0 || size % Memory::kGranularity != 0 || addr != 0 ||
+      (alignment != 0 && alignment > Memory::kGranularity)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  void* p = Memory::instance().reserve_address_space(size);
+  if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  *ptr = reinterpret_cast<CUdeviceptr>(p);
+  return CUDA_SUCCESS;
+}
+
+CUresult address_free(CUdeviceptr, size_t) { return CUDA_SUCCESS; }  // address space is kept
+
+CUresult create(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
+                unsigned long long) {
+  if (handle == nullptr || prop == nullptr || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id < 0 ||
+      prop->location.id >= Memory::instance().devices()) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::uint64_t h = 0;
+  if (!Memory::instance().create_physical(prop->location.id, size, &h)) return CUDA_ERROR_OUT_OF_MEMORY;
+  *handle = h;
+  return CUDA_SUCCESS;
+}
+
+CUresult release(CUmemGenericAllocationHandle handle) {
+  return Memory::instance().release_physical(handle) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long) {
+  if (offset != 0) return CUDA_ERROR_INVALID_VALUE;
+  return Memory::instance().map(reinterpret_cast<void*>(ptr), size, handle) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
+  if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  return Memory::instance().set_access(reinterpret_cast<void*>(ptr), size) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult unmap(CUdeviceptr ptr, size_t size) {
+  return Memory::instance().unmap(reinterpret_cast<void*>(ptr), size) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult granularity(size_t* out, const CUmemAllocationProp* prop, CUmemAllocationGranularity_flags) {
+  if (out == nullptr || prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *out = Memory::kGranularity;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+void* driver_entry_point(const char* symbol) {
+  struct Entry {
+    const char* name;
+    void* function;
+  };
+  static const Entry kEntries[] = {
+      {"cuMemAddressReserve", reinterpret_cast<void*>(&reserve)},
+      {"cuMemAddressFree", reinterpret_cast<void*>(&address_free)},
+      {"cuMemCreate", reinterpret_cast<void*>(&create)},
+      {"cuMemRelease", reinterpret_cast<void*>(&release)},
+      {"cuMemMap", reinterpret_cast<void*>(&map)},
+      {"cuMemSetAccess", reinterpret_cast<void*>(&set_access)},
+      {"cuMemUnmap", reinterpret_cast<void*>(&unmap)},
+      {"cuMemGetAllocationGranularity", reinterpret_cast<void*>(&granularity)},
+  };
+  for (const Entry& e : kEntries) {
+    if (std::strcmp(e.name, symbol) == 0) return e.function;
+  }
+  return nullptr;
+}
+
+}  // namespace simcuda
