@@ -11,9 +11,6 @@ namespace gpupool::report {
 std::string to_text(const Report& report);
 std::string to_json(const Report& report);
 
-// A few lines for a terminal: peaks, waste, cache hits, OOMs, leaks.
-std::string summary(const Report& report);
-
 // "0x7f..." for a stream id; "cudaMalloc" for kAnyStream, "legacy" for 0x1.
 std::string stream_name(StreamId id);
 

@@ -199,27 +199,4 @@ std::string to_text(const Report& r) {
   return out;
 }
 
-std::string summary(const Report& r) {
-  std::string out;
-  for (const DeviceReport& d : r.devices) {
-    const MemoryStats& s = d.stats;
-    const double total = static_cast<double>(s.cache_hits + s.cache_misses);
-    appendf(out,
-            "gpupool device %d: peak allocated %s, peak reserved %s (%.3fx peak requested), "
-            "%lld cudaMalloc calls and %lld page mappings for %lld allocations (%.1f%% cache hits)",
-            d.device, bytes(s.allocated_bytes[kAll].peak).c_str(), bytes(s.reserved_bytes[kAll].peak).c_str(),
-            d.fragmentation.peak_reserved_to_peak_requested, static_cast<long long>(s.num_device_alloc),
-            static_cast<long long>(s.num_page_maps),
-            static_cast<long long>(s.allocation[kAll].allocated),
-            total == 0 ? 0.0 : 100.0 * static_cast<double>(s.cache_hits) / total);
-    if (s.num_ooms > 0) appendf(out, ", %lld out-of-memory", static_cast<long long>(s.num_ooms));
-    if (d.leaks.blocks > 0) {
-      appendf(out, ", %llu blocks (%s) never freed", static_cast<unsigned long long>(d.leaks.blocks),
-              human_bytes(static_cast<double>(d.leaks.bytes)).c_str());
-    }
-    out += "\n";
-  }
-  return out;
-}
-
 }  // namespace gpupool::report
