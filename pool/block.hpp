@@ -4,12 +4,20 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <set>
 
+#include "pool/node_recycler.hpp"
 #include "pool/types.hpp"
 
 namespace gpupool {
 
 struct Block;
+
+// Free blocks are kept ordered by (stream, size, address): see BlockPool.
+struct BlockOrder {
+  bool operator()(const Block* a, const Block* b) const;
+};
+using BlockSet = std::set<Block*, BlockOrder, RecyclingAllocator<Block*>>;
 
 // One upstream allocation. Its head block always starts at `base` (merging keeps
 // the lower block), so the head never changes while the segment lives.
@@ -48,9 +56,18 @@ struct Block {
   // the pool cannot see, so the block is kept out of reuse for good.
   bool quarantined = false;
 
+  // Where the block sits in its BlockPool while it is free (erase needs no search).
+  BlockSet::const_iterator pool_position;
+
   bool is_split() const { return prev != nullptr || next != nullptr; }
   bool is_free() const { return !allocated && !quarantined; }
   bool is_free_mapped() const { return is_free() && mapped; }
 };
+
+inline bool BlockOrder::operator()(const Block* a, const Block* b) const {
+  if (a->stream != b->stream) return a->stream < b->stream;
+  if (a->size != b->size) return a->size < b->size;
+  return a->addr < b->addr;
+}
 
 }  // namespace gpupool

@@ -2,24 +2,14 @@
 // on (stream, size) is the best fit among the blocks reusable on that stream.
 #pragma once
 
-#include <set>
-
 #include "pool/block.hpp"
 #include "pool/node_recycler.hpp"
 
 namespace gpupool {
 
-struct BlockOrder {
-  bool operator()(const Block* a, const Block* b) const {
-    if (a->stream != b->stream) return a->stream < b->stream;
-    if (a->size != b->size) return a->size < b->size;
-    return a->addr < b->addr;
-  }
-};
-
 class BlockPool {
  public:
-  using Set = std::set<Block*, BlockOrder, RecyclingAllocator<Block*>>;
+  using Set = BlockSet;
 
   explicit BlockPool(PoolKind kind) : kind_(kind), blocks_(BlockOrder{}, RecyclingAllocator<Block*>(&nodes_)) {}
   BlockPool(const BlockPool&) = delete;
@@ -51,8 +41,15 @@ class BlockPool {
     return true;
   }
 
-  void insert(Block* block) { blocks_.insert(block); }
-  void erase(Block* block) { blocks_.erase(block); }
+  // The block after `block` in (stream, size, address) order, or null.
+  Block* next(Block* block) const {
+    auto it = blocks_.upper_bound(block);
+    return it == blocks_.end() ? nullptr : *it;
+  }
+
+  // A block in the pool remembers its position, so erasing needs no search.
+  void insert(Block* block) { block->pool_position = blocks_.insert(block).first; }
+  void erase(Block* block) { blocks_.erase(block->pool_position); }
   bool contains(Block* block) const { return blocks_.count(block) != 0; }
   std::size_t size() const { return blocks_.size(); }
   const Set& blocks() const { return blocks_; }

@@ -107,10 +107,15 @@ Allocation DevicePool::allocate_unsampled(std::size_t size, StreamId consumer,
   increase(stats_.requested_bytes, kind, static_cast<std::int64_t>(size));
   if (b->size >= options_.max_split_size) stats_.oversize_allocations.increase(1);
 
-  const bool new_peak = stats_.reserved_bytes[kAll].peak > reserved_peak_before;
-  if (new_peak) {
+  const std::int64_t peak = stats_.reserved_bytes[kAll].peak;
+  const bool new_peak = peak > reserved_peak_before;
+  // The picture at the peak costs a walk over the free blocks: taken again
+  // only once the peak has grown by 1/64 since the last one, so a program
+  // growing through thousands of segments pays for a few hundred walks.
+  if (new_peak && peak - peak_snapshot_ >= std::max<std::int64_t>(peak_snapshot_ / 64, 1)) {
     free_blocks_at_peak_ = free_block_histogram();
     fragmentation_at_peak_ = fragmentation();
+    peak_snapshot_ = peak;
   }
   observe(new_peak);
   return Allocation{b->addr, true};
@@ -148,6 +153,18 @@ Block* DevicePool::take_cached(PoolKind kind, std::size_t rounded, StreamId cons
 
   // Blocks keyed to the consumer's own stream first: no cross-stream ordering.
   Block* own = pool.best_fit(consumer, rounded);
+  if (own != nullptr && consumer == kAnyStream && !ordering_.device_ordered(own->device_epoch)) {
+    // Reusing it would need a new barrier. A block as good (at most 1/8
+    // larger) freed before the last barrier needs none: a few are looked at.
+    const std::size_t limit = own->size + own->size / 8;
+    Block* b = own;
+    for (int i = 0; i < 4 && (b = pool.next(b)) != nullptr && b->stream == consumer && b->size <= limit; ++i) {
+      if (ordering_.device_ordered(b->device_epoch)) {
+        own = b;
+        break;
+      }
+    }
+  }
   if (own != nullptr && fits_size_rules(own, rounded) && ready_for(own, consumer)) {
     remove_free(own);
     ++counters.same_stream_reuses;

@@ -63,6 +63,7 @@ class DevicePool {
   const MemoryStats& stats() const { return stats_; }
   const PoolOptions& options() const { return options_; }
   Fragmentation fragmentation() const;
+  // When reserved memory peaked (within 1/64 of the peak: see allocate).
   const Fragmentation& fragmentation_at_peak() const { return fragmentation_at_peak_; }
   std::vector<StreamReport> streams() const;
   const SizeHistogram& request_histogram() const { return request_histogram_; }
@@ -139,6 +140,7 @@ class DevicePool {
   std::vector<OomRecord> ooms_;
   Timeline timeline_;
   std::uint64_t reuse_attempts_ = 0;  // garbage-collection clock
+  std::int64_t peak_snapshot_ = 0;    // reserved bytes when the peak picture was taken
   std::size_t quarantined_bytes_ = 0;
 };
 

@@ -22,12 +22,13 @@ StreamOrdering::StreamOrdering(Upstream& upstream, const PoolOptions& options)
   device_.kind = StreamKind::Legacy;
 }
 
-StreamState& StreamOrdering::stream(StreamId id) {
+StreamState& StreamOrdering::lookup(StreamId id) {
   auto [it, added] = streams_.try_emplace(id);
   if (added) {
     it->second.id = id;
     it->second.kind = StreamKind::NonBlocking;
   }
+  last_stream_ = &it->second;  // elements of an unordered_map stay put until erased
   return it->second;
 }
 
@@ -78,6 +79,7 @@ void StreamOrdering::stream_destroying(StreamId id) {
     destroyed_.back().id = 0;  // stands for "these and later destroyed streams"
     add_counters(destroyed_.back().counters, r.counters);
   }
+  if (last_stream_ == &it->second) last_stream_ = nullptr;
   streams_.erase(it);
 }
 
@@ -94,7 +96,7 @@ void StreamOrdering::capture_ended(StreamId id) {
   }
 }
 
-bool StreamOrdering::is_capturing(StreamId id) const {
+bool StreamOrdering::capturing(StreamId id) const {
   auto it = streams_.find(id);
   return it != streams_.end() && it->second.captures > 0;
 }

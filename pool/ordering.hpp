@@ -65,11 +65,15 @@ class StreamOrdering {
   void capture_began(StreamId id);
   void capture_ended(StreamId id);
   bool capture_active() const { return captures_active_ > 0; }
-  bool is_capturing(StreamId id) const;
+  bool is_capturing(StreamId id) const { return captures_active_ > 0 && capturing(id); }
 
   // The stream's state, added on first sight. A stream never seen created is
   // taken as non-blocking: the kind that needs the most ordering.
-  StreamState& stream(StreamId id);
+  StreamState& stream(StreamId id) {
+    // Most calls name the same stream as the one before: skip the hash.
+    if (last_stream_ != nullptr && last_stream_->id == id) return *last_stream_;
+    return lookup(id);
+  }
   StreamState& device() { return device_; }
   const StreamState& device() const { return device_; }
 
@@ -83,6 +87,11 @@ class StreamOrdering {
   // True when a block freed at `device_epoch` may be used on any live stream
   // (recording a device barrier if needed). False when that is impossible now.
   bool device_ready(std::uint64_t device_epoch);
+  // True when a block freed at `device_epoch` is already covered: by a
+  // recorded barrier, or known complete. Records nothing.
+  bool device_ordered(std::uint64_t device_epoch) const {
+    return device_epoch <= device_.fenced_epoch || device_epoch <= device_.completed_epoch;
+  }
   bool device_complete(std::uint64_t device_epoch);
 
   // True when a block freed on `from` at `stream_epoch` may be used on `to`.
@@ -106,6 +115,8 @@ class StreamOrdering {
   std::vector<StreamReport> stream_reports() const;  // cached_* left for the pool
 
  private:
+  StreamState& lookup(StreamId id);
+  bool capturing(StreamId id) const;
   EventHandle take_event();
   void give_back_event(EventHandle event);
   bool record_fence(StreamState& s);  // one event on s covering its frees so far
@@ -124,6 +135,7 @@ class StreamOrdering {
   int captures_active_ = 0;
   bool unfenced_frees_ = false;  // a free happened since the last device fence
   Fence last_barrier_;           // for streams created after it
+  StreamState* last_stream_ = nullptr;  // stream()'s one-entry cache
 };
 
 }  // namespace gpupool

@@ -19,7 +19,7 @@ class Timeline {
   // Asked once per pool operation: keep one sample per `stride` operations,
   // plus each new reserved peak when it happens (a later decimation may drop
   // it again; the exact peaks live in the statistics).
-  bool wants(std::uint64_t op, bool new_peak) const { return new_peak || op % stride_ == 0; }
+  bool wants(std::uint64_t op, bool new_peak) const { return new_peak || (op & (stride_ - 1)) == 0; }
 
   void record(std::uint64_t op, std::uint64_t time_ns, const MemoryStats& s) {
     if (samples_.size() == capacity_) decimate();
@@ -40,7 +40,7 @@ class Timeline {
   }
 
   std::size_t capacity_;
-  std::uint64_t stride_ = 1;
+  std::uint64_t stride_ = 1;  // a power of two
   std::vector<TimelineSample> samples_;
 };
 

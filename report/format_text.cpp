@@ -53,7 +53,8 @@ void histogram(std::string& out, const char* title, const SizeHistogram& h) {
 
 void device_section(std::string& out, const DeviceReport& d) {
   const MemoryStats& s = d.stats;
-  out += "\n" + rule('=');
+  out += '\n';
+  out += rule('=');
   appendf(out, "| %-*s|\n", kWidth - 3, ("gpupool memory summary, device " + std::to_string(d.device)).c_str());
   out += rule('-');
   appendf(out, "| %-26s| %11s | %11s | %11s | %11s |\n", "Metric", "Cur Usage", "Peak Usage",

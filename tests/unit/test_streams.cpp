@@ -255,3 +255,16 @@ TEST_CASE_METHOD(PoolFixture, "an idle freeing stream hands its blocks over with
   CHECK(count(upstream.calls(), Call::Record, kS1) == 1);
   CHECK(count(upstream.calls(), Call::Wait, kS2) == 1);
 }
+
+TEST_CASE_METHOD(PoolFixture, "plain reuse prefers an equal block freed before the last barrier") {
+  make();
+  const DevicePtr a = alloc(12 * kMiB);
+  const DevicePtr b = alloc(12 * kMiB);
+  release(b);
+  release(alloc(1000));
+  alloc(1000);  // reuses a freed block: a barrier is recorded, b is covered from now on
+  release(a);   // a is freed after it
+  upstream.clear_calls();
+  CHECK(alloc(12 * kMiB) == b);  // b, not the lower-addressed a: no new barrier
+  CHECK(upstream.calls().empty());
+}
