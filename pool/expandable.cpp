@@ -123,7 +123,8 @@ Block* DevicePool::grow_expandable(PoolKind kind, std::size_t rounded, StreamId 
     Block* prev = hole->prev;
     if (prev != nullptr && prev->is_free_mapped() && prev->size < rounded && prev->size + hole->size >= rounded) {
       const std::size_t pages = round_up(rounded - prev->size, page) / page;
-      if (pages < best_pages && ready_for(prev, consumer)) {
+      const bool stream_allowed = options_.cross_stream_reuse != CrossStreamReuse::Never || prev->stream == consumer;
+      if (pages < best_pages && stream_allowed && ready_for(prev, consumer)) {
         best_pages = pages;
         best_hole = hole;
         grown = prev;

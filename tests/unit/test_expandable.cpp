@@ -162,3 +162,18 @@ TEST_CASE_METHOD(ExpandableFixture, "without virtual memory upstream, fixed segm
   CHECK(reserved() == static_cast<std::int64_t>(20 * kMiB));
   check();
 }
+
+TEST_CASE_METHOD(ExpandableFixture, "growth never extends another stream's block when streams are kept apart") {
+  options.cross_stream_reuse = CrossStreamReuse::Never;
+  options.recycle_pages = false;
+  make();
+  pool->stream_created(0x1000, StreamKind::Blocking);
+  pool->stream_created(0x2000, StreamKind::Blocking);
+  alloc(2 * kMiB, 0x1000);
+  const DevicePtr a = alloc(4 * kMiB, 0x1000);
+  release(a, 0x1000);  // free, right before the unmapped tail
+  const DevicePtr b = alloc(8 * kMiB, 0x2000);
+  CHECK(b != a);
+  CHECK(b >= a + 4 * kMiB);
+  check_mapping();
+}

@@ -1,0 +1,169 @@
+"""Traces: GPUPOOL_TRACE records them, gpupool-import-snapshot converts PyTorch
+snapshots to them, gpupool-replay replays them."""
+import csv
+import json
+import os
+import pickle
+import subprocess
+import sys
+
+from harness import BUILD, SOURCE, ShimTest, main
+
+REPLAY = os.path.join(BUILD, "bin", "gpupool-replay")
+IMPORT = os.path.join(SOURCE, "scripts", "gpupool-import-snapshot")
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.reader(f))
+
+
+class Recording(ShimTest):
+    def trace(self, args, env=None):
+        path = os.path.join(self.workdir, "trace-%p.csv")
+        run = self.run_program(args, env=dict(env or {}, GPUPOOL_TRACE=path))
+        traces = [p for p in os.listdir(self.workdir) if p.startswith("trace-")]
+        self.assertEqual(len(traces), 1, os.listdir(self.workdir))
+        return run, os.path.join(self.workdir, traces[0])
+
+    def test_every_allocation_and_free_is_recorded_and_replays(self):
+        run, path = self.trace(["test-repeat", "20"])
+        self.assertSucceeded(run)
+        rows = read_csv(path)
+        self.assertEqual(rows[0], ["Thread", "Time", "Action", "Pointer", "Size", "Stream"])
+        did = run.output_json()
+        self.assertEqual(sum(r[2] == "allocate" for r in rows[1:]), did["allocations"])
+        self.assertEqual(sum(r[2] == "free" for r in rows[1:]), did["allocations"])
+        self.assertRegex(rows[1][1], r"^\d\d:\d\d:\d\d\.\d{6}$")
+        replayed = subprocess.run([REPLAY, "--json", path], capture_output=True, text=True, check=True)
+        result = json.loads(replayed.stdout)
+        self.assertEqual(result["allocations"], did["allocations"])
+        self.assertEqual(result["peak_live_bytes"], did["peak_requested"])
+        self.assertEqual(result["unknown_frees"], 0)
+
+    def test_threads_record_whole_lines(self):
+        run, path = self.trace(["test-threads", "3", "200"])
+        self.assertSucceeded(run)
+        rows = read_csv(path)
+        self.assertTrue(all(len(r) == 6 for r in rows))
+        self.assertEqual(sum(r[2] == "allocate" for r in rows[1:]), 600)
+        self.assertEqual(sum(r[2] == "free" for r in rows[1:]), 600)
+        self.assertGreaterEqual(len({r[0] for r in rows[1:]}), 3)  # thread ids
+
+    def test_failures_are_recorded(self):
+        run, path = self.trace(["test-oom", "full"], env={"SIMCUDA_MEMORY": "64M"})
+        self.assertSucceeded(run)
+        self.assertEqual(sum(r[2] == "allocate failure" for r in read_csv(path)[1:]), 1)
+
+
+class Replay(ShimTest):
+    def write(self, name, text):
+        path = os.path.join(self.workdir, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def replay(self, *args):
+        return subprocess.run([REPLAY] + list(args), capture_output=True, text=True)
+
+    def test_malformed_lines_are_named_by_number(self):
+        path = self.write("bad.csv", "Thread,Time,Action,Pointer,Size,Stream\n"
+                          "1,00:00:00.000000,allocate,0x1000,512,0x0\n"
+                          "1,00:00:00.000001,allocate,0x2000,lots,0x0\n")
+        out = self.replay(path)
+        self.assertEqual(out.returncode, 1)
+        self.assertIn("bad.csv:3: bad size", out.stderr)
+        self.assertIn("lots", out.stderr)
+
+    def test_unknown_frees_are_counted_and_skipped(self):
+        path = self.write("t.csv", "Thread,Time,Action,Pointer,Size,Stream\n"
+                          "1,00:00:00.000000,allocate,0x1000,4096,0x0\n"
+                          "1,00:00:00.000001,free,0x9999,4096,0x0\n"
+                          "1,00:00:00.000002,free,0x1000,4096,0x0\n")
+        out = self.replay("--json", path)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        r = json.loads(out.stdout)
+        self.assertEqual((r["allocations"], r["frees"], r["unknown_frees"]), (1, 1, 1))
+
+    def test_streams_in_the_trace_are_honoured(self):
+        # A block freed on one stream and a request on another: cross-stream
+        # reuse (the default) serves it, "never" does not (fixed segments, so
+        # that page recycling does not hand the memory over either).
+        path = self.write("s.csv", "Thread,Time,Action,Pointer,Size,Stream\n"
+                          "1,00:00:00.000000,allocate,0x1000,104857600,0x7000\n"
+                          "1,00:00:00.000001,free,0x1000,104857600,0x7000\n"
+                          "1,00:00:00.000002,allocate,0x2000,104857600,0x8000\n")
+        fixed = ["--set", "expandable_segments=0"]
+        shared = json.loads(self.replay("--json", *fixed, path).stdout)
+        apart = json.loads(self.replay("--json", *fixed, "--set", "cross_stream_reuse=never", path).stdout)
+        self.assertEqual(shared["peak_reserved_bytes"], 100 << 20)
+        self.assertEqual(apart["peak_reserved_bytes"], 200 << 20)
+
+    def test_sweep_recommends_a_setting(self):
+        path = self.write("w.csv", "Thread,Time,Action,Pointer,Size,Stream\n" + "".join(
+            f"1,00:00:00.{i:06d},{'allocate' if i % 2 == 0 else 'free'},{0x1000 * (i // 2 + 1):#x},"
+            f"{(i // 2 % 7 + 1) * 3 << 20},0x0\n" for i in range(200)))
+        out = self.replay("--passes", "2", "--sweep", "expandable_segments=0,1",
+                          "--sweep", "max_split_size_mb=unlimited,64", path)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.count("expandable_segments:"), 4 + 2)  # 4 rows, best and recommended
+        self.assertRegex(out.stdout, r"recommended for this trace: GPUPOOL_CONF=expandable_segments:\d,max_split_size_mb:\w+")
+
+    def test_bad_settings_are_refused(self):
+        path = self.write("t.csv", "Thread,Time,Action,Pointer,Size,Stream\n")
+        out = self.replay("--set", "max_split_size_mb=tiny", path)
+        self.assertEqual(out.returncode, 2)
+        self.assertIn("GPUPOOL_CONF:max_split_size_mb", out.stderr)
+
+
+class Snapshot(ShimTest):
+    def snapshot(self, data):
+        path = os.path.join(self.workdir, "snapshot.pickle")
+        with open(path, "wb") as f:
+            pickle.dump(data, f)
+        return path
+
+    def test_a_snapshot_becomes_a_trace_with_earlier_blocks_allocated_first(self):
+        events = [
+            {"action": "segment_alloc", "addr": 0x7000, "size": 2 << 20, "stream": 0, "time_us": 100},
+            {"action": "alloc", "addr": 0x7000, "size": 4096, "stream": 0, "time_us": 110, "frames": []},
+            {"action": "free_requested", "addr": 0x9000, "size": 8192, "stream": 0, "time_us": 120},
+            {"action": "free_completed", "addr": 0x9000, "size": 8192, "stream": 0, "time_us": 120},
+            {"action": "free_requested", "addr": 0x7000, "size": 4096, "stream": 0, "time_us": 2_000_130},
+            {"action": "free_completed", "addr": 0x7000, "size": 4096, "stream": 0, "time_us": 2_000_130},
+            {"action": "oom", "addr": 0, "size": 1 << 40, "stream": 0, "time_us": 2_000_200},
+        ]
+        path = self.snapshot({"segments": [], "device_traces": [events]})
+        out = os.path.join(self.workdir, "trace.csv")
+        done = subprocess.run([sys.executable, IMPORT, path, "-o", out], capture_output=True, text=True)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        rows = read_csv(out)
+        self.assertEqual(rows[1][2:5], ["allocate", "0x9000", "8192"])  # live before recording
+        self.assertEqual(rows[1][1], "00:00:00.000000")
+        self.assertEqual([r[2] for r in rows[2:]], ["allocate", "free", "free", "allocate failure"])
+        self.assertEqual(rows[4][1], "00:00:02.000030")
+        replayed = subprocess.run([REPLAY, "--json", out], capture_output=True, text=True)
+        self.assertEqual(json.loads(replayed.stdout)["unknown_frees"], 0)
+
+    def test_a_malicious_pickle_is_rejected_before_it_runs(self):
+        marker = os.path.join(self.workdir, "pwned")
+
+        class Exploit:
+            def __reduce__(self):
+                return (os.system, (f"touch {marker}",))
+
+        path = self.snapshot({"device_traces": [[{"action": "alloc", "payload": Exploit()}]]})
+        done = subprocess.run([sys.executable, IMPORT, path], capture_output=True, text=True)
+        self.assertEqual(done.returncode, 1)
+        self.assertIn("refused to load", done.stderr)
+        self.assertFalse(os.path.exists(marker))
+
+    def test_a_pickle_that_is_not_a_snapshot_is_named_so(self):
+        path = self.snapshot([1, 2, 3])
+        done = subprocess.run([sys.executable, IMPORT, path], capture_output=True, text=True)
+        self.assertEqual(done.returncode, 1)
+        self.assertIn("not a PyTorch memory snapshot", done.stderr)
+
+
+if __name__ == "__main__":
+    main()
