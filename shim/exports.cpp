@@ -51,15 +51,16 @@ cudaError_t malloc_on(void** ptr, size_t size, cudaStream_t stream, bool per_thr
   if (rt.bypass()) return real_call != nullptr ? real_call(ptr, size, stream) : missing();
   if (ptr == nullptr) return fail(cudaErrorInvalidValue);
   const StreamId id = stream_id(stream, per_thread);
-  const int device = rt.device_of(id);
-  rt.ensure_known(id, device);
-  // Inside a capture the allocation must become a graph node: the runtime's.
-  if (rt.is_capturing(id)) return real_call != nullptr ? real_call(ptr, size, stream) : missing();
+  const int device = rt.prepare_stream(id);
   if (size == 0) {
     *ptr = nullptr;
     return cudaSuccess;
   }
-  return rt.allocate(ptr, size, id, device);
+  bool capturing = false;
+  const cudaError_t err = rt.allocate(ptr, size, id, device, &capturing);
+  // Inside a capture the allocation must become a graph node: the runtime's.
+  if (capturing) return real_call != nullptr ? real_call(ptr, size, stream) : missing();
+  return err;
 }
 
 cudaError_t free_on(void* ptr, cudaStream_t stream, bool per_thread) {
@@ -67,7 +68,7 @@ cudaError_t free_on(void* ptr, cudaStream_t stream, bool per_thread) {
   auto real_call = per_thread ? real().cudaFreeAsync_ptsz : real().cudaFreeAsync;
   if (rt.disabled() || ptr == nullptr) return real_call != nullptr ? real_call(ptr, stream) : missing();
   const StreamId id = stream_id(stream, per_thread);
-  if (!rt.bypass()) rt.ensure_known(id, rt.device_of(id));
+  if (!rt.bypass()) rt.prepare_stream(id);
   const FreeResult r = rt.deallocate(ptr, id);
   if (r == FreeResult::NotOwned) return real_call != nullptr ? real_call(ptr, stream) : missing();
   return free_result(r, ptr, "cudaFreeAsync");

@@ -102,13 +102,37 @@ int Runtime::device_of(StreamId stream) const {
   return current_device();
 }
 
-cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, int dev) {
+int Runtime::prepare_stream(StreamId stream) {
+  if (stream == kLegacyStream || is_per_thread_id(stream)) {
+    const int dev = current_device();
+    ensure_known(stream, dev);
+    return dev;
+  }
+  struct Last {
+    StreamId stream = 0;
+    int device = 0;
+    std::uint64_t generation = 0;
+  };
+  thread_local Last last;
+  const std::uint64_t generation = streams_generation_.load(std::memory_order_acquire);
+  if (last.stream == stream && last.generation == generation) return last.device;
+  const int dev = device_of(stream);
+  ensure_known(stream, dev);
+  last = Last{stream, dev, generation};
+  return dev;
+}
+
+cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, int dev, bool* capturing) {
   used_.store(true, std::memory_order_relaxed);
   DeviceState& d = device(dev);
   const std::uint32_t site = call_sites_.capture();
   Allocation a;
   {
     std::lock_guard<std::mutex> lock(d.mu);
+    if (capturing != nullptr && d.pool->is_capturing(consumer)) {
+      *capturing = true;
+      return cudaSuccess;
+    }
     a = d.pool->allocate(size, consumer, site);
     if (!a.ok) warn_oom(d);
   }
@@ -160,6 +184,7 @@ void Runtime::stream_created(cudaStream_t stream, unsigned flags) {
     std::lock_guard<std::mutex> lock(streams_mu_);
     stream_devices_[id] = dev;
   }
+  streams_generation_.fetch_add(1, std::memory_order_acq_rel);
   DeviceState& d = device(dev);
   std::lock_guard<std::mutex> lock(d.mu);
   d.pool->stream_created(id, (flags & cudaStreamNonBlocking) != 0 ? StreamKind::NonBlocking : StreamKind::Blocking);
@@ -204,6 +229,7 @@ void Runtime::stream_destroying(cudaStream_t stream) {
     dev = it->second;
     stream_devices_.erase(it);
   }
+  streams_generation_.fetch_add(1, std::memory_order_acq_rel);
   if (DeviceState* d = existing(dev)) {
     std::lock_guard<std::mutex> lock(d->mu);
     d->pool->stream_destroying(id);
@@ -259,6 +285,7 @@ void Runtime::device_reset(int dev) {
   if (d == nullptr) return;
   std::lock_guard<std::mutex> lock(d->mu);
   (void)d->pool.release();  // leaked on purpose: no upstream call may follow
+  streams_generation_.fetch_add(1);
   d->pool = std::make_unique<DevicePool>(d->upstream, config::to_pool_options(config_), kUnlimited, &clock_);
   d->pool->stream_created(kLegacyStream, StreamKind::Legacy);
 }
@@ -355,6 +382,7 @@ void Runtime::after_fork_child() {
     if (DeviceState* d = devices_[i].exchange(nullptr)) inherited_.push_back(d);  // kept, never used
   }
   stream_devices_.clear();
+  streams_generation_.fetch_add(1);
   used_.store(false);
   if (trace_) {
     // A child traces to its own file when the template names one (%p);

@@ -42,7 +42,9 @@ class Runtime {
   bool disabled() const { return disabled_; }
   const config::Config& config() const { return config_; }
 
-  cudaError_t allocate(void** out, std::size_t size, StreamId consumer, int device);
+  // With `capturing`: when the consumer stream is capturing, nothing is
+  // allocated and *capturing is set (the caller goes to the runtime).
+  cudaError_t allocate(void** out, std::size_t size, StreamId consumer, int device, bool* capturing = nullptr);
   // Freed: done. NotOwned: the caller passes the pointer to the runtime.
   // NotAllocated: a pointer inside the pool that is not live (double free).
   FreeResult deallocate(void* ptr, StreamId site);
@@ -51,8 +53,9 @@ class Runtime {
   int device_of(StreamId stream) const;
   void stream_created(cudaStream_t stream, unsigned flags);
   void stream_destroying(cudaStream_t stream);
-  // Per-thread default streams are registered with a pool on first use.
-  void ensure_known(StreamId stream, int device);
+  // The device of a stream a call names, after registering the stream with
+  // that device's pool on first sight. Cached per thread for the last stream.
+  int prepare_stream(StreamId stream);
   void capture_began(StreamId stream);
   void capture_ended(StreamId stream);
   bool is_capturing(StreamId stream);
@@ -76,6 +79,7 @@ class Runtime {
 
  private:
   Runtime();
+  void ensure_known(StreamId stream, int device);
   DeviceState& device(int index);
   DeviceState* existing(int index) const { return devices_[index].load(std::memory_order_acquire); }
   void install_report_signal();
@@ -93,6 +97,7 @@ class Runtime {
   std::vector<std::pair<int, int>> peer_grants_;  // (accessor, owner), also for pools made later
   mutable std::mutex streams_mu_;
   std::unordered_map<StreamId, int> stream_devices_;
+  std::atomic<std::uint64_t> streams_generation_{1};  // bumped when streams come or go
   SteadyClock clock_;
   std::uint64_t start_ns_;
   CallSites call_sites_;
