@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# gpu-check.sh: every GPU test, one summary. Needs a GPU, nvcc and a built
+# gpupool (build/, made here with `cmake --build --preset default` or carried
+# over); finishes in a few minutes on an H200. Exit 0: all passed; 1: a check
+# failed; 77: no GPU here (nothing was run).
+#
+#   scripts/gpu-check.sh [OUTDIR]      (reports and logs go to OUTDIR, default build/gpu-check)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+out=${1:-build/gpu-check}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "gpu-check: no GPU here; nothing run"
+  exit 77
+fi
+nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+cudalib=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib; do [ -e "$d/libcudart.so.13" ] && cudalib=$d && break; done
+if [ -z "$cudalib" ]; then
+  cudalib=$(python3 -c "import nvidia.cuda_runtime, os; print(os.path.join(nvidia.cuda_runtime.__path__[0], 'lib'))" 2>/dev/null || true)
+fi
+export LD_LIBRARY_PATH="${cudalib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+if [ ! -f build/lib/libgpupool.so ]; then
+  echo "gpu-check: building gpupool"
+  cmake --preset default >/dev/null && cmake --build --preset default >/dev/null || { echo "gpu-check: build failed"; exit 1; }
+fi
+lib=$root/build/lib/libgpupool.so
+
+results=()
+failed=0
+record() {  # name status detail
+  results+=("$(printf '%-58s %-5s %s' "$1" "$2" "$3")")
+  [ "$2" = FAIL ] && failed=1
+  printf '%-58s %-5s %s\n' "$1" "$2" "$3"
+}
+# run NAME EXPECTED-EXIT ENV... -- COMMAND...
+run() {
+  local name=$1 expect=$2
+  shift 2
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  local log="$out/$(echo "$name" | tr -c 'A-Za-z0-9_.-' '_').log"
+  local start=$SECONDS
+  env "${envs[@]}" "$@" >"$log" 2>&1
+  local code=$?
+  local took=$((SECONDS - start))s
+  if [ "$code" = "$expect" ]; then record "$name" PASS "$took"; else record "$name" FAIL "exit $code, expected $expect ($log)"; fi
+  return 0
+}
+
+echo "== building the GPU test programs"
+arch=-arch=native
+"$nvcc" $arch -O2 -cudart shared -o "$out/hazards_gpu" tests/gpu/hazards_gpu.cu 2>"$out/nvcc.log" ||
+  { arch=-arch=sm_90; "$nvcc" $arch -O2 -cudart shared -o "$out/hazards_gpu" tests/gpu/hazards_gpu.cu 2>>"$out/nvcc.log"; } ||
+  { echo "gpu-check: nvcc failed ($out/nvcc.log)"; exit 1; }
+"$nvcc" $arch -O2 -cudart shared -o "$out/user_program" tests/gpu/user_program.cu 2>>"$out/nvcc.log" ||
+  { echo "gpu-check: nvcc failed ($out/nvcc.log)"; exit 1; }
+
+pool=(LD_PRELOAD="$lib" GPUPOOL_LOG="$out/report-%e-%p.json" GPUPOOL_LOG_FORMAT=json)
+
+echo "== the CUDA rule the device barrier rests on (no gpupool)"
+run "legacy stream event orders blocking streams" 0 -- "$out/hazards_gpu" legacy-barrier-rule
+
+echo "== reuse hazards with real kernels (0: ordered; 1 without ordering: the hazard)"
+for mode in 1 0; do
+  for case in cudafree-blocking cudafree-nonblocking same-stream cross-stream-completed cross-stream-pending \
+              destroyed-stream per-thread; do
+    run "hazard $case (expandable=$mode)" 0 "${pool[@]}" GPUPOOL_EXPANDABLE_SEGMENTS=$mode -- "$out/hazards_gpu" "$case"
+    case $case in
+      same-stream|cross-stream-completed) ;;  # no ordering step to remove
+      *) run "hazard $case shows without ordering (expandable=$mode)" 1 "${pool[@]}" GPUPOOL_EXPANDABLE_SEGMENTS=$mode \
+           GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING=1 -- "$out/hazards_gpu" "$case" ;;
+    esac
+  done
+done
+
+echo "== the integration programs on the real runtime"
+for mode in 1 0; do
+  m=(GPUPOOL_EXPANDABLE_SEGMENTS=$mode)
+  run "patterns (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-patterns 6000 7
+  run "repeat (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-repeat 200
+  run "threads (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-threads 4 500
+  run "capture (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-capture
+  run "fidelity (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-fidelity
+  run "lifecycle fork (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-lifecycle fork
+  run "demo (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/gpupool-demo --steps 10
+done
+run "unchanged nvcc -cudart shared program" 0 "${pool[@]}" -- "$out/user_program"
+
+if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+  echo "== PyTorch with PYTORCH_NO_CUDA_MEMORY_CACHING=1 under gpupool"
+  run "pytorch training steps" 0 "${pool[@]}" PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- python3 tests/gpu/torch_smoke.py
+else
+  record "pytorch training steps" SKIP "no PyTorch with CUDA here"
+fi
+
+echo
+echo "== summary ($out)"
+printf '%s\n' "${results[@]}"
+exit $failed
