@@ -1,5 +1,5 @@
 // The allocation sizes of the real traces (read at run time from the folder
-// GPUPOOL_TRACES names, by default ../shared/traces beside the checkout), in
+// TRACES_DIR names, by default ../shared/traces beside the checkout), in
 // trace order; a fixed mix when no trace is there.
 #pragma once
 
@@ -13,7 +13,7 @@
 namespace gpupool::bench {
 
 inline std::string traces_dir() {
-  const char* dir = std::getenv("GPUPOOL_TRACES");
+  const char* dir = std::getenv("TRACES_DIR");
   return dir != nullptr ? dir : GPUPOOL_SOURCE_DIR "/../shared/traces";
 }
 

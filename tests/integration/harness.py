@@ -9,8 +9,8 @@ import subprocess
 import tempfile
 import unittest
 
-BUILD = os.environ.get("GPUPOOL_BUILD_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
-SOURCE = os.environ.get("GPUPOOL_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+BUILD = os.environ.get("POOLTEST_BUILD_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
+SOURCE = os.environ.get("POOLTEST_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 LIBRARY = os.path.join(BUILD, "lib", "libgpupool.so")
 SIM = os.path.join(BUILD, "sim")
 

@@ -165,5 +165,33 @@ class Snapshot(ShimTest):
         self.assertIn("not a PyTorch memory snapshot", done.stderr)
 
 
+class Install(ShimTest):
+    def test_an_installed_prefix_works_on_its_own(self):
+        prefix = os.path.join(self.workdir, "prefix")
+        subprocess.run(["cmake", "--install", BUILD, "--prefix", prefix], check=True, capture_output=True)
+        gpupool = os.path.join(prefix, "bin", "gpupool")
+        config = subprocess.run([sys.executable, gpupool, "config"], capture_output=True, text=True)
+        self.assertEqual(config.returncode, 0, config.stderr)
+        self.assertIn("GPUPOOL_EXPANDABLE_SEGMENTS", config.stdout)
+        run = subprocess.run([sys.executable, gpupool, "run", "--sim", "--", os.path.join(BUILD, "bin", "test-repeat"), "3"],
+                             capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertIn(os.path.join(prefix, "lib", "gpupool", "sim"), run.stderr)
+        self.assertIn("for 30 allocations", run.stdout)
+        for doc in ("README.md", "report.schema.json"):
+            self.assertTrue(os.path.exists(os.path.join(prefix, "share", "doc", "gpupool", doc)))
+
+    def test_the_debian_package_holds_the_command_and_the_library(self):
+        done = subprocess.run(["cpack", "-G", "DEB", "-B", self.workdir], cwd=BUILD, capture_output=True, text=True)
+        self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+        debs = [p for p in os.listdir(self.workdir) if p.endswith(".deb")]
+        self.assertEqual(len(debs), 1)
+        listing = subprocess.run(["dpkg-deb", "-c", os.path.join(self.workdir, debs[0])], capture_output=True,
+                                 text=True, check=True).stdout
+        for path in ("./usr/bin/gpupool", "./usr/bin/gpupool-replay", "./usr/lib/gpupool/libgpupool.so",
+                     "./usr/lib/gpupool/sim/libcudart.so.13"):
+            self.assertIn(path, listing)
+
+
 if __name__ == "__main__":
     main()
