@@ -1,6 +1,6 @@
 // gpupool-bench-api: cudaMalloc/cudaFree pairs through the CUDA runtime API, as
 // a program sees them (run it with and without LD_PRELOAD=libgpupool.so).
-//   gpupool-bench-api [plain|async] [threads] [pairs per thread]
+//   gpupool-bench-api [plain|async] [threads] [pairs per thread] [sizes per thread]
 // plain: cudaMalloc + cudaFree. async: cudaMallocAsync + cudaFreeAsync on the
 // thread's own stream. Sizes cycle through the real traces' sizes. Prints
 // nanoseconds per pair and the pairs per second of all threads together.
@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   const bool async = argc > 1 && std::strcmp(argv[1], "async") == 0;
   const int threads = argc > 2 ? std::atoi(argv[2]) : 1;
   const long pairs = argc > 3 ? std::atol(argv[3]) : 200000;
+  const std::size_t working_set = argc > 4 ? static_cast<std::size_t>(std::atol(argv[4])) : 64;
   std::vector<std::size_t> sizes = gpupool::bench::trace_sizes();
   std::mt19937 rng(1);
   std::shuffle(sizes.begin(), sizes.end(), rng);
@@ -27,7 +28,9 @@ int main(int argc, char** argv) {
   std::sort(sizes.begin(), sizes.end());
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
   std::shuffle(sizes.begin(), sizes.end(), rng);
-  if (sizes.size() > 64) sizes.resize(64);
+  if (sizes.size() > working_set * static_cast<std::size_t>(threads)) {
+    sizes.resize(working_set * static_cast<std::size_t>(threads));
+  }
 
   std::vector<double> ns(static_cast<std::size_t>(threads));
   auto work = [&](int t) {
@@ -35,20 +38,23 @@ int main(int argc, char** argv) {
     if (async) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     auto pair = [&](std::size_t size) {
       void* p = nullptr;
-      if (async) {
-        cudaMallocAsync(&p, size, s);
-        cudaFreeAsync(p, s);
-      } else {
-        cudaMalloc(&p, size);
-        cudaFree(p);
+      const cudaError_t a = async ? cudaMallocAsync(&p, size, s) : cudaMalloc(&p, size);
+      const cudaError_t f = async ? cudaFreeAsync(p, s) : cudaFree(p);
+      if (a != cudaSuccess || f != cudaSuccess) {
+        std::fprintf(stderr, "gpupool-bench-api: %s\n", cudaGetErrorName(a != cudaSuccess ? a : f));
+        std::exit(1);
       }
     };
-    for (std::size_t size : sizes) pair(size);  // warm the cache
+    // Each thread cycles through its own `working_set` sizes.
+    const std::size_t first = static_cast<std::size_t>(t) * working_set % sizes.size();
+    std::vector<std::size_t> mine;
+    for (std::size_t k = 0; k < std::min(working_set, sizes.size()); ++k) mine.push_back(sizes[(first + k) % sizes.size()]);
+    for (std::size_t size : mine) pair(size);  // warm the cache
     const auto start = std::chrono::steady_clock::now();
-    std::size_t i = static_cast<std::size_t>(t);
+    std::size_t i = 0;
     for (long n = 0; n < pairs; ++n) {
-      pair(sizes[i]);
-      if (++i == sizes.size()) i = 0;
+      pair(mine[i]);
+      if (++i == mine.size()) i = 0;
     }
     ns[static_cast<std::size_t>(t)] =
         std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count() /

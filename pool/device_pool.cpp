@@ -79,11 +79,13 @@ Allocation DevicePool::allocate_unsampled(std::size_t size, StreamId consumer,
   const PoolKind kind = pool_kind(rounded);
   const std::int64_t reserved_peak_before = stats_.reserved_bytes[kAll].peak;
 
-  Block* b = take_cached(kind, rounded, consumer);
+  // Cached blocks first, but none that would make this stream wait for work
+  // of another; then new memory; under pressure, blocks whose reuse makes this
+  // stream wait on the device for the other stream's work (never the host).
+  Block* b = take_cached(kind, rounded, consumer, false);
   if (b != nullptr) {
     ++stats_.cache_hits;
   } else {
-    ++stats_.cache_misses;
     const Fragmentation before = fragmentation();
     bool limit_reached = false;
     b = grow(kind, rounded, consumer, &limit_reached);
@@ -130,22 +132,28 @@ bool DevicePool::fits_size_rules(const Block* b, std::size_t rounded) const {
   return true;
 }
 
-bool DevicePool::ready_for(Block* b, StreamId consumer) {
-  const bool completed_only = options_.cross_stream_reuse == CrossStreamReuse::Completed;
+bool DevicePool::ready_for(Block* b, StreamId consumer, bool allow_wait) {
+  // Another stream's block: at once if its last use is known complete; else
+  // only when waits are allowed, and never under the "completed" policy.
+  const bool may_wait = allow_wait && options_.cross_stream_reuse == CrossStreamReuse::Auto;
+  auto complete_or_wait = [&](auto&& wait) {
+    if (ordering_.device_complete(b->device_epoch)) return true;
+    if (may_wait) return wait();
+    ordering_.fence_frees();  // so that it can be seen complete later
+    return ordering_.device_complete(b->device_epoch);
+  };
   if (consumer == kAnyStream) {
-    // Plain cudaMalloc: the block may be used on any stream.
-    if (b->stream != kAnyStream && completed_only) return ordering_.device_complete(b->device_epoch);
-    return ordering_.device_ready(b->device_epoch);
+    // Plain cudaMalloc: the block may be used on any stream. cudaFree's own
+    // blocks always go through the barrier (its promise to the program).
+    if (b->stream == kAnyStream) return ordering_.device_ready(b->device_epoch);
+    return complete_or_wait([&] { return ordering_.device_ready(b->device_epoch); });
   }
   if (b->stream == consumer) return true;
-  if (b->stream == kAnyStream) {
-    return completed_only ? ordering_.device_complete(b->device_epoch)
-                          : ordering_.device_ready(b->device_epoch);
-  }
-  return ordering_.stream_ready(b->stream, b->stream_epoch, b->device_epoch, consumer);
+  if (b->stream == kAnyStream) return complete_or_wait([&] { return ordering_.device_ready(b->device_epoch); });
+  return ordering_.stream_ready(b->stream, b->stream_epoch, b->device_epoch, consumer, may_wait);
 }
 
-Block* DevicePool::take_cached(PoolKind kind, std::size_t rounded, StreamId consumer) {
+Block* DevicePool::take_cached(PoolKind kind, std::size_t rounded, StreamId consumer, bool allow_wait) {
   BlockPool& pool = pool_of(kind);
   ++reuse_attempts_;
   StreamCounters& counters =
@@ -165,7 +173,7 @@ Block* DevicePool::take_cached(PoolKind kind, std::size_t rounded, StreamId cons
       }
     }
   }
-  if (own != nullptr && fits_size_rules(own, rounded) && ready_for(own, consumer)) {
+  if (own != nullptr && fits_size_rules(own, rounded) && ready_for(own, consumer, true)) {
     remove_free(own);
     ++counters.same_stream_reuses;
     return own;
@@ -185,7 +193,7 @@ Block* DevicePool::take_cached(PoolKind kind, std::size_t rounded, StreamId cons
     return a->size != b->size ? a->size < b->size : a->addr < b->addr;
   });
   for (int i = 0; i < found; ++i) {
-    if (ready_for(candidates[i], consumer)) {
+    if (ready_for(candidates[i], consumer, allow_wait)) {
       remove_free(candidates[i]);
       ++counters.cross_stream_reuses;
       return candidates[i];
@@ -194,26 +202,31 @@ Block* DevicePool::take_cached(PoolKind kind, std::size_t rounded, StreamId cons
   return nullptr;
 }
 
-Block* DevicePool::grow(PoolKind kind, std::size_t rounded, StreamId consumer,
-                        bool* limit_reached) {
+Block* DevicePool::grow(PoolKind kind, std::size_t rounded, StreamId consumer, bool* limit_reached) {
   if (options_.garbage_collection_threshold > 0.0) garbage_collect();
-  if (expandable()) {
-    Block* b = grow_expandable(kind, rounded, consumer, limit_reached);
-    if (b != nullptr || ordering_.capture_active()) return b;
-    ++stats_.num_alloc_retries;
-    if (release_cached() > 0) b = grow_expandable(kind, rounded, consumer, limit_reached);
-    return b;
-  }
   const std::size_t bytes = segment_size(rounded, options_);
-  Block* b = new_segment(kind, bytes, consumer, limit_reached);
+  auto new_memory = [&]() -> Block* {
+    Block* b = expandable() ? grow_expandable(kind, rounded, consumer, limit_reached)
+                            : new_segment(kind, bytes, consumer, limit_reached);
+    if (b != nullptr) ++stats_.cache_misses;
+    return b;
+  };
+  Block* b = new_memory();
   if (b != nullptr || ordering_.capture_active()) return b;
+  if (options_.cross_stream_reuse == CrossStreamReuse::Auto) {
+    b = take_cached(kind, rounded, consumer, true);
+    if (b != nullptr) {
+      ++stats_.cache_hits;
+      return b;
+    }
+  }
   // Like PyTorch: release oversize blocks that could make room, then all cache.
-  if (release_oversize_for(rounded)) {
-    b = new_segment(kind, bytes, consumer, limit_reached);
+  if (!expandable() && release_oversize_for(rounded)) {
+    b = new_memory();
     if (b != nullptr) return b;
   }
   ++stats_.num_alloc_retries;
-  if (release_cached() > 0) b = new_segment(kind, bytes, consumer, limit_reached);
+  if (release_cached() > 0) b = new_memory();
   return b;
 }
 

@@ -94,8 +94,10 @@ class DevicePool {
   Allocation allocate_unsampled(std::size_t size, StreamId consumer, std::uint32_t site);
   FreeResult deallocate_unsampled(DevicePtr ptr, StreamId site);
   bool fits_size_rules(const Block* b, std::size_t rounded) const;
-  bool ready_for(Block* b, StreamId consumer);
-  Block* take_cached(PoolKind kind, std::size_t rounded, StreamId consumer);
+  // Whether b can serve `consumer` now, recording the ordering it needs.
+  // Without allow_wait, another stream's block only if its use is complete.
+  bool ready_for(Block* b, StreamId consumer, bool allow_wait);
+  Block* take_cached(PoolKind kind, std::size_t rounded, StreamId consumer, bool allow_wait);
   Block* grow(PoolKind kind, std::size_t rounded, StreamId consumer, bool* limit_reached);
   // Expandable segments (expandable.cpp).
   bool expandable() const { return options_.expandable_segments && upstream_.page_size() != 0; }

@@ -124,7 +124,7 @@ Block* DevicePool::grow_expandable(PoolKind kind, std::size_t rounded, StreamId 
     if (prev != nullptr && prev->is_free_mapped() && prev->size < rounded && prev->size + hole->size >= rounded) {
       const std::size_t pages = round_up(rounded - prev->size, page) / page;
       const bool stream_allowed = options_.cross_stream_reuse != CrossStreamReuse::Never || prev->stream == consumer;
-      if (pages < best_pages && stream_allowed && ready_for(prev, consumer)) {
+      if (pages < best_pages && stream_allowed && ready_for(prev, consumer, false)) {
         best_pages = pages;
         best_hole = hole;
         grown = prev;

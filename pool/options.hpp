@@ -18,8 +18,9 @@ using RoundupDivisions = std::array<std::uint32_t, kRoundupIntervals>;
 
 // Which free blocks a request on one stream may take from another stream.
 enum class CrossStreamReuse : std::uint8_t {
-  Auto,       // any; if the other stream's work may still run, the new stream
-              // waits for it on the device (cudaStreamWaitEvent, no host wait)
+  Auto,       // blocks whose last use is known complete; and, when new memory
+              // cannot be had, blocks whose work may still run, the new stream
+              // waiting for it on the device (cudaStreamWaitEvent, no host wait)
   Completed,  // only blocks whose last use is known complete: no device waits
   Never,      // none (PyTorch's rule): each stream keeps its own cache
 };

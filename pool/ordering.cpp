@@ -268,7 +268,7 @@ bool StreamOrdering::device_ready(std::uint64_t device_epoch) {
 }
 
 bool StreamOrdering::stream_ready(StreamId from, std::uint64_t stream_epoch,
-                                  std::uint64_t device_epoch, StreamId to) {
+                                  std::uint64_t device_epoch, StreamId to, bool may_wait) {
   if (options_.unsafe_skip_ordering) return true;
   StreamState& src = stream(from);
   if (stream_epoch <= src.completed_epoch) return true;
@@ -282,7 +282,7 @@ bool StreamOrdering::stream_ready(StreamId from, std::uint64_t stream_epoch,
     return true;
   }
 
-  if (options_.cross_stream_reuse == CrossStreamReuse::Completed) {
+  if (!may_wait) {
     // Start a fence now so that a later request can find it complete.
     if (stream_epoch > src.fenced_epoch && addressable(src) && src.captures == 0) record_fence(src);
     return false;

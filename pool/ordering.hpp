@@ -94,11 +94,12 @@ class StreamOrdering {
   }
   bool device_complete(std::uint64_t device_epoch);
 
-  // True when a block freed on `from` at `stream_epoch` may be used on `to`.
-  // Auto: completed, or `to` waits for a fence on `from`. Completed: only if
-  // known complete (a fence is recorded so that it can complete later).
+  // True when a block freed on `from` at `stream_epoch` may be used on `to`:
+  // when known complete (or `from` is idle); else, with `may_wait`, after
+  // making `to` wait for a fence on `from` (on the device). Without it a
+  // fence is recorded so that the block can be seen complete later.
   bool stream_ready(StreamId from, std::uint64_t stream_epoch, std::uint64_t device_epoch,
-                    StreamId to);
+                    StreamId to, bool may_wait);
 
   // Queries outstanding fences and recycles completed events. Never blocks.
   void poll();

@@ -1,7 +1,8 @@
-// Address -> allocated block. Open addressing with linear probing and
-// backward-shift deletion: no tombstones, no allocation per insert, one cache
-// line per lookup in the common case. Addresses are multiples of 512, so the
-// hash drops those bits first.
+// Address -> value (the pool's allocated blocks; the shim's live table).
+// Open addressing with linear probing and backward-shift deletion: no
+// tombstones, no allocation per insert, one cache line per lookup in the
+// common case. Addresses are multiples of 512, so the hash drops those bits
+// first. Address 0 marks an empty slot.
 #pragma once
 
 #include <cstddef>
@@ -12,21 +13,23 @@
 
 namespace gpupool {
 
-class PtrMap {
+template <typename Value>
+class AddressMap {
  public:
-  PtrMap() : slots_(kInitialCapacity) {}
+  explicit AddressMap(std::size_t capacity = kInitialCapacity) : slots_(capacity) {}
 
-  Block* find(DevicePtr key) const {
+  // The value stored for `key`, or null.
+  const Value* find(DevicePtr key) const {
     if (key == 0) return nullptr;
     for (std::size_t i = home(key);; i = (i + 1) & mask()) {
       const Slot& s = slots_[i];
-      if (s.key == key) return s.value;
+      if (s.key == key) return &s.value;
       if (s.key == 0) return nullptr;
     }
   }
 
   // Inserts or replaces.
-  void insert(DevicePtr key, Block* value) {
+  void insert(DevicePtr key, const Value& value) {
     if ((size_ + 1) * 4 > slots_.size() * 3) grow();
     place(key, value);
   }
@@ -67,7 +70,7 @@ class PtrMap {
  private:
   struct Slot {
     DevicePtr key = 0;
-    Block* value = nullptr;
+    Value value{};
   };
   static constexpr std::size_t kInitialCapacity = 1024;
 
@@ -76,7 +79,7 @@ class PtrMap {
     return static_cast<std::size_t>(((key >> 9) * 0x9E3779B97F4A7C15ull) >> 20) & mask();
   }
 
-  void place(DevicePtr key, Block* value) {
+  void place(DevicePtr key, const Value& value) {
     for (std::size_t i = home(key);; i = (i + 1) & mask()) {
       if (slots_[i].key == key) {
         slots_[i].value = value;
@@ -101,6 +104,15 @@ class PtrMap {
 
   std::vector<Slot> slots_;
   std::size_t size_ = 0;
+};
+
+// The pool's allocated blocks by address.
+class PtrMap : public AddressMap<Block*> {
+ public:
+  Block* find(DevicePtr key) const {
+    const auto* v = AddressMap<Block*>::find(key);
+    return v != nullptr ? *v : nullptr;
+  }
 };
 
 }  // namespace gpupool

@@ -62,6 +62,9 @@ arch=-arch=native
   { echo "gpu-check: nvcc failed ($out/nvcc.log)"; exit 1; }
 
 pool=(LD_PRELOAD="$lib" GPUPOOL_LOG="$out/report-%e-%p.json" GPUPOOL_LOG_FORMAT=json)
+# Room for one 16 MiB block: a request on another stream must take the cached
+# block (after a device-side wait for its old work) instead of growing.
+pressure=(GPUPOOL_MEMORY_LIMIT=20M)
 
 echo "== the CUDA rule the device barrier rests on (no gpupool)"
 run "legacy stream event orders blocking streams" 0 -- "$out/hazards_gpu" legacy-barrier-rule
@@ -70,11 +73,12 @@ echo "== reuse hazards with real kernels (0: ordered; 1 without ordering: the ha
 for mode in 1 0; do
   for case in cudafree-blocking cudafree-nonblocking same-stream cross-stream-completed cross-stream-pending \
               destroyed-stream per-thread; do
-    run "hazard $case (expandable=$mode)" 0 "${pool[@]}" GPUPOOL_EXPANDABLE_SEGMENTS=$mode -- "$out/hazards_gpu" "$case"
+    run "hazard $case (expandable=$mode)" 0 "${pool[@]}" "${pressure[@]}" GPUPOOL_EXPANDABLE_SEGMENTS=$mode \
+      -- "$out/hazards_gpu" "$case"
     case $case in
       same-stream|cross-stream-completed) ;;  # no ordering step to remove
-      *) run "hazard $case shows without ordering (expandable=$mode)" 1 "${pool[@]}" GPUPOOL_EXPANDABLE_SEGMENTS=$mode \
-           GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING=1 -- "$out/hazards_gpu" "$case" ;;
+      *) run "hazard $case shows without ordering (expandable=$mode)" 1 "${pool[@]}" "${pressure[@]}" \
+           GPUPOOL_EXPANDABLE_SEGMENTS=$mode GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING=1 -- "$out/hazards_gpu" "$case" ;;
     esac
   done
 done

@@ -52,6 +52,7 @@ cudaError_t malloc_on(void** ptr, size_t size, cudaStream_t stream, bool per_thr
   if (ptr == nullptr) return fail(cudaErrorInvalidValue);
   const StreamId id = stream_id(stream, per_thread);
   const int device = rt.prepare_stream(id);
+  rt.note_stream_ordered_call();
   if (size == 0) {
     *ptr = nullptr;
     return cudaSuccess;
@@ -68,7 +69,10 @@ cudaError_t free_on(void* ptr, cudaStream_t stream, bool per_thread) {
   auto real_call = per_thread ? real().cudaFreeAsync_ptsz : real().cudaFreeAsync;
   if (rt.disabled() || ptr == nullptr) return real_call != nullptr ? real_call(ptr, stream) : missing();
   const StreamId id = stream_id(stream, per_thread);
-  if (!rt.bypass()) rt.prepare_stream(id);
+  if (!rt.bypass()) {
+    rt.prepare_stream(id);
+    rt.note_stream_ordered_call();
+  }
   const FreeResult r = rt.deallocate(ptr, id);
   if (r == FreeResult::NotOwned) return real_call != nullptr ? real_call(ptr, stream) : missing();
   return free_result(r, ptr, "cudaFreeAsync");

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 
+#include "pool/size_rules.hpp"
 #include "report/diagnosis.hpp"
 #include "shim/messages.hpp"
 #include "shim/real_cuda.hpp"
@@ -122,20 +123,60 @@ int Runtime::prepare_stream(StreamId stream) {
   return dev;
 }
 
+bool Runtime::take_cached(void** out, std::size_t size, StreamId consumer, int dev) {
+  const std::size_t rounded = round_size(size, config_.roundup_power2_divisions);
+  CachedBlock b;
+  if (!caches_.take(consumer, dev, rounded, &b)) return false;
+  caches_.live().insert(b.ptr, LiveBlock{b.block.size, size, dev});
+  // Counted when a cached block is taken again: its free and this allocation.
+  // A block that waits in a cache until a flush is freed by the pool instead.
+  CacheTraffic& t = device(dev).cache_traffic;
+  const int k = static_cast<int>(pool_kind(b.block.size));
+  const auto bytes = static_cast<std::int64_t>(b.block.size);
+  t.allocations[k].fetch_add(1, std::memory_order_relaxed);
+  t.frees[k].fetch_add(1, std::memory_order_relaxed);
+  t.allocated_bytes[k].fetch_add(bytes, std::memory_order_relaxed);
+  t.freed_bytes[k].fetch_add(bytes, std::memory_order_relaxed);
+  t.requested_bytes[k].fetch_add(static_cast<std::int64_t>(size), std::memory_order_relaxed);
+  t.requested_freed[k].fetch_add(static_cast<std::int64_t>(b.block.requested), std::memory_order_relaxed);
+  *out = reinterpret_cast<void*>(b.ptr);
+  return true;
+}
+
+void Runtime::give_back_cached(const CachedBlock& block) {
+  Runtime& rt = get();
+  DeviceState* d = rt.existing(block.block.device);
+  if (d == nullptr) return;
+  std::lock_guard<std::mutex> lock(d->mu);
+  d->pool->deallocate(block.ptr, block.stream);
+}
+
 cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, int dev, bool* capturing) {
   used_.store(true, std::memory_order_relaxed);
+  const bool caching = caches_.enabled() && consumer != kAnyStream;
+  if (caching && captures_active_.load(std::memory_order_relaxed) == 0 && take_cached(out, size, consumer, dev)) {
+    if (trace_) trace_->record(TraceWriter::Action::Allocate, reinterpret_cast<DevicePtr>(*out), size, consumer);
+    return cudaSuccess;
+  }
   DeviceState& d = device(dev);
   const std::uint32_t site = call_sites_.capture();
   Allocation a;
-  {
-    std::lock_guard<std::mutex> lock(d.mu);
-    if (capturing != nullptr && d.pool->is_capturing(consumer)) {
-      *capturing = true;
-      return cudaSuccess;
+  std::size_t block_size = 0;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    {
+      std::lock_guard<std::mutex> lock(d.mu);
+      if (capturing != nullptr && d.pool->is_capturing(consumer)) {
+        *capturing = true;
+        return cudaSuccess;
+      }
+      a = d.pool->allocate(size, consumer, site);
+      if (a.ok && a.ptr != 0) block_size = d.pool->find_allocated(a.ptr)->size;
+      if (!a.ok && (attempt == 1 || !caches_.enabled())) warn_oom(d);
     }
-    a = d.pool->allocate(size, consumer, site);
-    if (!a.ok) warn_oom(d);
+    if (a.ok || attempt == 1 || !caches_.enabled()) break;
+    caches_.flush_all();  // the blocks other threads keep may be what is missing
   }
+  if (a.ok && caches_.enabled()) caches_.live().insert(a.ptr, LiveBlock{block_size, size, dev});
   if (trace_) {
     trace_->record(a.ok ? TraceWriter::Action::Allocate : TraceWriter::Action::AllocateFailure, a.ptr, size,
                    consumer);
@@ -147,7 +188,19 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
 
 FreeResult Runtime::deallocate(void* ptr, StreamId site) {
   const auto p = reinterpret_cast<DevicePtr>(ptr);
-  const int first = current_device();
+  int first = current_device();
+  if (caches_.enabled()) {
+    LiveBlock live;
+    if (caches_.live().take(p, &live)) {
+      used_.store(true, std::memory_order_relaxed);
+      if (site != kAnyStream && captures_active_.load(std::memory_order_relaxed) == 0 && !bypass()) {
+        caches_.keep(CachedBlock{p, live, site});
+        if (trace_) trace_->record(TraceWriter::Action::Free, p, live.requested, site);
+        return FreeResult::Freed;
+      }
+      first = live.device;  // a plain free, or a capture under way: the pool's
+    }
+  }
   for (int i = -1; i < kMaxDevices; ++i) {
     const int index = i < 0 ? first : i;
     if (i == first) continue;
@@ -230,6 +283,9 @@ void Runtime::stream_destroying(cudaStream_t stream) {
     stream_devices_.erase(it);
   }
   streams_generation_.fetch_add(1, std::memory_order_acq_rel);
+  // Blocks threads keep for this stream go back first: once it is gone, its
+  // handle may name a new stream.
+  if (caches_.enabled()) caches_.flush_stream(id);
   if (DeviceState* d = existing(dev)) {
     std::lock_guard<std::mutex> lock(d->mu);
     d->pool->stream_destroying(id);
@@ -237,6 +293,7 @@ void Runtime::stream_destroying(cudaStream_t stream) {
 }
 
 void Runtime::capture_began(StreamId stream) {
+  captures_active_.fetch_add(1, std::memory_order_relaxed);
   DeviceState& d = device(device_of(stream));
   std::lock_guard<std::mutex> lock(d.mu);
   d.pool->capture_began(stream);
@@ -245,6 +302,7 @@ void Runtime::capture_began(StreamId stream) {
 void Runtime::capture_ended(StreamId stream) {
   DeviceState& d = device(device_of(stream));
   std::lock_guard<std::mutex> lock(d.mu);
+  if (d.pool->is_capturing(stream)) captures_active_.fetch_sub(1, std::memory_order_relaxed);
   d.pool->capture_ended(stream);
 }
 
@@ -340,6 +398,7 @@ void Runtime::write_requested_report() {
 void Runtime::write_report(const char* reason) {
   if (disabled_ || !config_.report || !used_.load()) return;
   if (trace_) trace_->flush();
+  caches_.flush_all();  // so that the pools' current figures are the program's
   std::vector<DeviceState*> states;
   for (int i = 0; i < kMaxDevices; ++i) {
     if (DeviceState* d = existing(i)) states.push_back(d);
@@ -383,6 +442,7 @@ void Runtime::after_fork_child() {
   }
   stream_devices_.clear();
   streams_generation_.fetch_add(1);
+  caches_.disable_after_fork();
   used_.store(false);
   if (trace_) {
     // A child traces to its own file when the template names one (%p);

@@ -16,11 +16,23 @@
 #include "pool/device_pool.hpp"
 #include "shim/call_sites.hpp"
 #include "shim/cuda_upstream.hpp"
+#include "shim/thread_cache.hpp"
 #include "shim/trace_writer.hpp"
 
 namespace gpupool::shim {
 
 inline constexpr int kMaxDevices = 64;
+
+// Allocations and frees served by the per-thread caches, which the pool does
+// not see (it holds their blocks as allocated): added to its totals in reports.
+struct CacheTraffic {
+  std::atomic<std::int64_t> allocations[kPoolKinds] = {};
+  std::atomic<std::int64_t> frees[kPoolKinds] = {};
+  std::atomic<std::int64_t> allocated_bytes[kPoolKinds] = {};
+  std::atomic<std::int64_t> freed_bytes[kPoolKinds] = {};
+  std::atomic<std::int64_t> requested_bytes[kPoolKinds] = {};
+  std::atomic<std::int64_t> requested_freed[kPoolKinds] = {};
+};
 
 struct DeviceState {
   explicit DeviceState(int index) : device(index), upstream(index) {}
@@ -28,6 +40,7 @@ struct DeviceState {
   std::mutex mu;
   CudaUpstream upstream;
   std::unique_ptr<DevicePool> pool;
+  CacheTraffic cache_traffic;
 };
 
 class Runtime {
@@ -56,6 +69,7 @@ class Runtime {
   // The device of a stream a call names, after registering the stream with
   // that device's pool on first sight. Cached per thread for the last stream.
   int prepare_stream(StreamId stream);
+  void note_stream_ordered_call() { caches_.note_caller(); }
   void capture_began(StreamId stream);
   void capture_ended(StreamId stream);
   bool is_capturing(StreamId stream);
@@ -85,6 +99,8 @@ class Runtime {
   void install_report_signal();
   void write_requested_report();
   void warn_oom(const DeviceState& d);
+  bool take_cached(void** out, std::size_t size, StreamId consumer, int device);
+  static void give_back_cached(const CachedBlock& block);
 
   config::Config config_;
   std::vector<config::Problem> problems_;
@@ -104,6 +120,8 @@ class Runtime {
   std::unique_ptr<TraceWriter> trace_;
   std::string trace_path_;
   std::atomic<int> oom_warnings_{0};
+  std::atomic<int> captures_active_{0};  // per-thread caches stand aside while any capture runs
+  StreamCaches caches_{&Runtime::give_back_cached};
 
   static std::atomic<Runtime*> started_;
   static std::atomic<bool> report_requested_;

@@ -83,8 +83,14 @@ cudaError_t malloc_async(void** p, size_t size, cudaStream_t stream, bool per_th
     return cudaSuccess;
   }
   // Memory is usable in stream order at once here; the pool of a real device
-  // would also hand it out in stream order.
-  return result(Memory::instance().allocate(t_device, size, p));
+  // would also hand it out in stream order. Frees still queued would give
+  // memory back in stream order: let them finish before giving up.
+  cudaError_t err = Memory::instance().allocate(t_device, size, p);
+  if (err == cudaErrorMemoryAllocation) {
+    Engine::instance().synchronize_all();
+    err = Memory::instance().allocate(t_device, size, p);
+  }
+  return result(err);
 }
 
 cudaError_t free_async(void* p, cudaStream_t stream, bool per_thread) {

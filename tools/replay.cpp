@@ -31,6 +31,9 @@ ReplayResult replay(const Trace& trace, const PoolOptions& options, std::size_t 
   r.trace = trace.name;
   r.passes = passes;
   VirtualUpstream upstream(capacity);
+  // A trace has no timing: model a device that keeps up, so that each event
+  // finds the work queued before it complete (streams idle, events done).
+  upstream.set_streams_idle(true);
   DevicePool pool(upstream, options, capacity);
   pool.stream_created(kLegacy, StreamKind::Legacy);
   std::unordered_set<StreamId> known{kLegacy};

@@ -7,6 +7,9 @@ import os
 from harness import ShimTest, main, sanitizer_runtime
 
 UNSAFE = {"GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING": "1"}
+# Room for the first block only: a request on another stream must then take the
+# cached block (waiting for its old work on the device) instead of growing.
+PRESSURE = {"GPUPOOL_MEMORY_LIMIT": "2M"}
 
 # case -> True when gpupool has an ordering step on that path (removing it must
 # produce the hazard); False when stream order or completion alone protects it.
@@ -23,12 +26,13 @@ CASES = {
 
 class Hazards(ShimTest):
     def check(self, binary, case, has_ordering_step, env=None):
+        env = dict(PRESSURE, **(env or {}))
         run = self.run_program([binary, case], env=env)
         self.assertSucceeded(run)  # reused, and ordered
         for path in run.reports()[:-1]:
             os.remove(path)
         if has_ordering_step:
-            unsafe = self.run_program([binary, case], env=dict(env or {}, **UNSAFE))
+            unsafe = self.run_program([binary, case], env=dict(env, **UNSAFE))
             # Under ThreadSanitizer the race itself is caught first (exit 66).
             expected = (1, 66) if "tsan" in (sanitizer_runtime() or "") else (1,)
             self.assertIn(unsafe.code, expected, f"without ordering the hazard should show:\n{unsafe.stdout}")
@@ -50,6 +54,11 @@ class Hazards(ShimTest):
         self.assertEqual(sum(s["event_waits"] for s in streams), 0)
         self.assertEqual(sum(s["cross_stream_reuses"] for s in streams), 1)
 
+    def test_with_room_to_grow_pending_work_is_left_alone(self):
+        run = self.run_program(["test-hazards", "cross-stream-pending"])
+        self.assertEqual(run.code, 2)  # new memory instead of a wait for the other stream
+        self.assertEqual(run.counters()["stream_waits"], 0)
+
     def test_pending_work_is_reused_after_a_device_wait_not_a_host_wait(self):
         run = self.check("test-hazards", "cross-stream-pending", False)
         streams = run.report()["devices"]["0"]["streams"]
@@ -59,8 +68,8 @@ class Hazards(ShimTest):
 
     def test_completed_policy_never_makes_streams_wait(self):
         run = self.run_program(["test-hazards", "cross-stream-pending"],
-                               env={"GPUPOOL_CROSS_STREAM_REUSE": "completed"})
-        self.assertEqual(run.code, 2)  # not reused while pending: a new block instead
+                               env={"GPUPOOL_CROSS_STREAM_REUSE": "completed", "GPUPOOL_MEMORY_LIMIT": "4M"})
+        self.assertEqual(run.code, 2)  # not reused while pending, even when tight: a new block instead
         self.assertEqual(run.counters()["stream_waits"], 0)
 
     def test_never_policy_keeps_streams_apart(self):

@@ -1,0 +1,160 @@
+#include "shim/thread_cache.hpp"
+
+#include <algorithm>
+
+namespace gpupool::shim {
+
+namespace {
+
+// The address of a thread-local byte identifies the calling thread while it lives.
+const void* this_thread_marker() {
+  thread_local const char marker = 0;
+  return &marker;
+}
+
+// Owns this thread's cache; hands it back when the thread ends.
+struct CacheHolder {
+  StreamCaches* owner = nullptr;
+  ThreadCache* cache = nullptr;
+  ~CacheHolder() {
+    if (owner != nullptr && cache != nullptr) owner->thread_exiting(cache);
+  }
+};
+thread_local CacheHolder t_holder;
+
+}  // namespace
+
+void LiveTable::insert(DevicePtr ptr, const LiveBlock& block) {
+  Stripe& s = stripe(ptr);
+  std::lock_guard<SpinLock> lock(s.lock);
+  s.map.insert(ptr, block);
+}
+
+bool LiveTable::take(DevicePtr ptr, LiveBlock* out) {
+  Stripe& s = stripe(ptr);
+  std::lock_guard<SpinLock> lock(s.lock);
+  const LiveBlock* b = s.map.find(ptr);
+  if (b == nullptr) return false;
+  *out = *b;
+  s.map.erase(ptr);
+  return true;
+}
+
+void LiveTable::clear() {
+  for (Stripe& s : stripes_) {
+    std::lock_guard<SpinLock> lock(s.lock);
+    s.map = AddressMap<LiveBlock>(256);
+  }
+}
+
+void StreamCaches::note_caller() {
+  if (enabled() || forked_) return;
+  const void* me = this_thread_marker();
+  const void* expected = nullptr;
+  if (first_thread_.compare_exchange_strong(expected, me) || expected == me) return;
+  enabled_.store(true, std::memory_order_relaxed);
+}
+
+ThreadCache& StreamCaches::mine() {
+  if (t_holder.cache == nullptr || t_holder.owner != this) {
+    auto* cache = new ThreadCache();
+    {
+      std::lock_guard<std::mutex> lock(registry_mu_);
+      caches_.push_back(cache);
+    }
+    t_holder.owner = this;
+    t_holder.cache = cache;
+  }
+  return *t_holder.cache;
+}
+
+bool StreamCaches::take(StreamId stream, int device, std::size_t rounded, CachedBlock* out) {
+  ThreadCache& c = mine();
+  std::lock_guard<SpinLock> lock(c.lock);
+  // The closest fit; most recently freed first among equals (it is warmest).
+  int best = -1;
+  for (int i = c.count - 1; i >= 0; --i) {
+    const CachedBlock& e = c.entries[i];
+    if (e.stream != stream || e.block.device != device || e.block.size < rounded ||
+        e.block.size > rounded + rounded / 4) {
+      continue;
+    }
+    if (best < 0 || e.block.size < c.entries[best].block.size) best = i;
+  }
+  if (best < 0) return false;
+  *out = c.entries[best];
+  c.bytes -= out->block.size;
+  c.entries[best] = c.entries[--c.count];
+  return true;
+}
+
+void StreamCaches::keep(const CachedBlock& block) {
+  ThreadCache& c = mine();
+  CachedBlock evicted[ThreadCache::kCapacity + 1];
+  int n = 0;
+  {
+    std::lock_guard<SpinLock> lock(c.lock);
+    if (block.block.size > ThreadCache::kMaxBytes) {
+      evicted[n++] = block;
+    } else {
+      // Make room: the oldest go first.
+      while (c.count == ThreadCache::kCapacity || c.bytes + block.block.size > ThreadCache::kMaxBytes) {
+        evicted[n++] = c.entries[0];
+        c.bytes -= c.entries[0].block.size;
+        std::move(c.entries + 1, c.entries + c.count, c.entries);
+        --c.count;
+      }
+      c.entries[c.count++] = block;
+      c.bytes += block.block.size;
+    }
+  }
+  for (int i = 0; i < n; ++i) give_back_(evicted[i]);
+}
+
+template <typename Keep>
+void StreamCaches::flush_if(Keep&& keep) {
+  std::vector<CachedBlock> out;
+  {
+    std::lock_guard<std::mutex> registry(registry_mu_);
+    for (ThreadCache* c : caches_) {
+      std::lock_guard<SpinLock> lock(c->lock);
+      int kept = 0;
+      for (int i = 0; i < c->count; ++i) {
+        if (keep(c->entries[i])) {
+          c->entries[kept++] = c->entries[i];
+        } else {
+          c->bytes -= c->entries[i].block.size;
+          out.push_back(c->entries[i]);
+        }
+      }
+      c->count = kept;
+    }
+  }
+  for (const CachedBlock& b : out) give_back_(b);
+}
+
+void StreamCaches::flush_all() {
+  flush_if([](const CachedBlock&) { return false; });
+}
+
+void StreamCaches::flush_stream(StreamId stream) {
+  flush_if([stream](const CachedBlock& b) { return b.stream != stream; });
+}
+
+void StreamCaches::thread_exiting(ThreadCache* cache) {
+  {
+    std::lock_guard<std::mutex> registry(registry_mu_);
+    caches_.erase(std::remove(caches_.begin(), caches_.end(), cache), caches_.end());
+  }
+  // The thread is ending: nothing else can use this cache any more.
+  for (int i = 0; i < cache->count; ++i) give_back_(cache->entries[i]);
+  delete cache;
+}
+
+void StreamCaches::disable_after_fork() {
+  forked_ = true;
+  enabled_.store(false);
+  t_holder.cache = nullptr;  // the parent thread's cache stays with the parent's pools
+}
+
+}  // namespace gpupool::shim
