@@ -24,7 +24,10 @@ int main(int argc, char** argv) {
   std::vector<std::size_t> sizes = gpupool::bench::trace_sizes();
   std::mt19937 rng(1);
   std::shuffle(sizes.begin(), sizes.end(), rng);
-  // Distinct sizes cycled: a working set the pool serves from its cache.
+  // Distinct sizes up to 64 MiB (the traces' activations and gradients, not
+  // their few multi-gigabyte buffers), cycled: a working set the pool serves
+  // from its cache without running the device out of memory.
+  sizes.erase(std::remove_if(sizes.begin(), sizes.end(), [](std::size_t s) { return s > (64u << 20); }), sizes.end());
   std::sort(sizes.begin(), sizes.end());
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
   std::shuffle(sizes.begin(), sizes.end(), rng);

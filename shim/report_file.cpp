@@ -67,14 +67,12 @@ void add_cache_traffic(const CacheTraffic& t, MemoryStats& s) {
         a[i].freed += freed;
       }
     };
-    const std::int64_t allocations = t.allocations[k].load();
-    const std::int64_t frees = t.frees[k].load();
-    add(s.allocation, allocations, frees);
-    add(s.active, allocations, frees);
-    add(s.allocated_bytes, t.allocated_bytes[k].load(), t.freed_bytes[k].load());
-    add(s.active_bytes, t.allocated_bytes[k].load(), t.freed_bytes[k].load());
-    add(s.requested_bytes, t.requested_bytes[k].load(), t.requested_freed[k].load());
-    s.cache_hits += allocations;
+    add(s.allocation, t.allocations[k], t.frees[k]);
+    add(s.active, t.allocations[k], t.frees[k]);
+    add(s.allocated_bytes, t.allocated_bytes[k], t.freed_bytes[k]);
+    add(s.active_bytes, t.allocated_bytes[k], t.freed_bytes[k]);
+    add(s.requested_bytes, t.requested_bytes[k], t.requested_freed[k]);
+    s.cache_hits += t.allocations[k];
   }
 }
 
@@ -98,8 +96,8 @@ std::string expand_path_template(const std::string& pattern) {
 }
 
 void write_report_file(const config::Config& config, const std::vector<config::Problem>& problems,
-                       const std::vector<DeviceState*>& devices, CallSites& call_sites, const char* reason,
-                       double wall_seconds) {
+                       const std::vector<DeviceState*>& devices, CallSites& call_sites, StreamCaches& caches,
+                       const char* reason, double wall_seconds) {
   report::Report r;
   r.program = program_name();
   r.pid = getpid();
@@ -112,7 +110,7 @@ void write_report_file(const config::Config& config, const std::vector<config::P
   for (DeviceState* d : devices) {
     std::lock_guard<std::mutex> lock(d->mu);
     report::DeviceReport dr = report::collect(*d->pool, d->device);
-    add_cache_traffic(d->cache_traffic, dr.stats);
+    add_cache_traffic(caches.traffic(d->device), dr.stats);
     if (call_sites.enabled()) dr.leaks.sites = leak_sites(*d->pool, call_sites);
     r.devices.push_back(std::move(dr));
   }

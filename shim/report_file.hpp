@@ -6,6 +6,7 @@
 
 #include "config/config.hpp"
 #include "shim/call_sites.hpp"
+#include "shim/thread_cache.hpp"
 
 namespace gpupool::shim {
 
@@ -17,7 +18,7 @@ std::string expand_path_template(const std::string& pattern);
 
 // Takes each device's lock in turn. Never calls into CUDA.
 void write_report_file(const config::Config& config, const std::vector<config::Problem>& problems,
-                       const std::vector<DeviceState*>& devices, CallSites& call_sites, const char* reason,
-                       double wall_seconds);
+                       const std::vector<DeviceState*>& devices, CallSites& call_sites, StreamCaches& caches,
+                       const char* reason, double wall_seconds);
 
 }  // namespace gpupool::shim

@@ -126,19 +126,8 @@ int Runtime::prepare_stream(StreamId stream) {
 bool Runtime::take_cached(void** out, std::size_t size, StreamId consumer, int dev) {
   const std::size_t rounded = round_size(size, config_.roundup_power2_divisions);
   CachedBlock b;
-  if (!caches_.take(consumer, dev, rounded, &b)) return false;
+  if (!caches_.take(consumer, dev, rounded, size, &b)) return false;
   caches_.live().insert(b.ptr, LiveBlock{b.block.size, size, dev});
-  // Counted when a cached block is taken again: its free and this allocation.
-  // A block that waits in a cache until a flush is freed by the pool instead.
-  CacheTraffic& t = device(dev).cache_traffic;
-  const int k = static_cast<int>(pool_kind(b.block.size));
-  const auto bytes = static_cast<std::int64_t>(b.block.size);
-  t.allocations[k].fetch_add(1, std::memory_order_relaxed);
-  t.frees[k].fetch_add(1, std::memory_order_relaxed);
-  t.allocated_bytes[k].fetch_add(bytes, std::memory_order_relaxed);
-  t.freed_bytes[k].fetch_add(bytes, std::memory_order_relaxed);
-  t.requested_bytes[k].fetch_add(static_cast<std::int64_t>(size), std::memory_order_relaxed);
-  t.requested_freed[k].fetch_add(static_cast<std::int64_t>(b.block.requested), std::memory_order_relaxed);
   *out = reinterpret_cast<void*>(b.ptr);
   return true;
 }
@@ -152,7 +141,7 @@ void Runtime::give_back_cached(const CachedBlock& block) {
 }
 
 cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, int dev, bool* capturing) {
-  used_.store(true, std::memory_order_relaxed);
+  mark_used();
   const bool caching = caches_.enabled() && consumer != kAnyStream;
   if (caching && captures_active_.load(std::memory_order_relaxed) == 0 && take_cached(out, size, consumer, dev)) {
     if (trace_) trace_->record(TraceWriter::Action::Allocate, reinterpret_cast<DevicePtr>(*out), size, consumer);
@@ -192,7 +181,7 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site) {
   if (caches_.enabled()) {
     LiveBlock live;
     if (caches_.live().take(p, &live)) {
-      used_.store(true, std::memory_order_relaxed);
+      mark_used();
       if (site != kAnyStream && captures_active_.load(std::memory_order_relaxed) == 0 && !bypass()) {
         caches_.keep(CachedBlock{p, live, site});
         if (trace_) trace_->record(TraceWriter::Action::Free, p, live.requested, site);
@@ -214,7 +203,7 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site) {
       r = d->pool->deallocate(p, site);
     }
     if (r == FreeResult::NotOwned) continue;
-    used_.store(true, std::memory_order_relaxed);
+    mark_used();
     if (r == FreeResult::Freed && trace_) trace_->record(TraceWriter::Action::Free, p, size, site);
     return r;
   }
@@ -404,7 +393,7 @@ void Runtime::write_report(const char* reason) {
     if (DeviceState* d = existing(i)) states.push_back(d);
   }
   const double seconds = static_cast<double>(clock_.now_ns() - start_ns_) / 1e9;
-  write_report_file(config_, problems_, states, call_sites_, reason, seconds);
+  write_report_file(config_, problems_, states, call_sites_, caches_, reason, seconds);
 }
 
 void Runtime::at_exit() {

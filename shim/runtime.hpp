@@ -23,24 +23,12 @@ namespace gpupool::shim {
 
 inline constexpr int kMaxDevices = 64;
 
-// Allocations and frees served by the per-thread caches, which the pool does
-// not see (it holds their blocks as allocated): added to its totals in reports.
-struct CacheTraffic {
-  std::atomic<std::int64_t> allocations[kPoolKinds] = {};
-  std::atomic<std::int64_t> frees[kPoolKinds] = {};
-  std::atomic<std::int64_t> allocated_bytes[kPoolKinds] = {};
-  std::atomic<std::int64_t> freed_bytes[kPoolKinds] = {};
-  std::atomic<std::int64_t> requested_bytes[kPoolKinds] = {};
-  std::atomic<std::int64_t> requested_freed[kPoolKinds] = {};
-};
-
 struct DeviceState {
   explicit DeviceState(int index) : device(index), upstream(index) {}
   int device;
   std::mutex mu;
   CudaUpstream upstream;
   std::unique_ptr<DevicePool> pool;
-  CacheTraffic cache_traffic;
 };
 
 class Runtime {
@@ -99,6 +87,11 @@ class Runtime {
   void install_report_signal();
   void write_requested_report();
   void warn_oom(const DeviceState& d);
+  // A store only the first time: every call writing the flag would bounce its
+  // cache line between the cores of a multi-threaded program.
+  void mark_used() {
+    if (!used_.load(std::memory_order_relaxed)) used_.store(true, std::memory_order_relaxed);
+  }
   bool take_cached(void** out, std::size_t size, StreamId consumer, int device);
   static void give_back_cached(const CachedBlock& block);
 

@@ -24,6 +24,17 @@ thread_local CacheHolder t_holder;
 
 }  // namespace
 
+void CacheTraffic::add(const CacheTraffic& o) {
+  for (int k = 0; k < kPoolKinds; ++k) {
+    allocations[k] += o.allocations[k];
+    frees[k] += o.frees[k];
+    allocated_bytes[k] += o.allocated_bytes[k];
+    freed_bytes[k] += o.freed_bytes[k];
+    requested_bytes[k] += o.requested_bytes[k];
+    requested_freed[k] += o.requested_freed[k];
+  }
+}
+
 void LiveTable::insert(DevicePtr ptr, const LiveBlock& block) {
   Stripe& s = stripe(ptr);
   std::lock_guard<SpinLock> lock(s.lock);
@@ -68,7 +79,8 @@ ThreadCache& StreamCaches::mine() {
   return *t_holder.cache;
 }
 
-bool StreamCaches::take(StreamId stream, int device, std::size_t rounded, CachedBlock* out) {
+bool StreamCaches::take(StreamId stream, int device, std::size_t rounded, std::size_t requested,
+                        CachedBlock* out) {
   ThreadCache& c = mine();
   std::lock_guard<SpinLock> lock(c.lock);
   // The closest fit; most recently freed first among equals (it is warmest).
@@ -85,7 +97,31 @@ bool StreamCaches::take(StreamId stream, int device, std::size_t rounded, Cached
   *out = c.entries[best];
   c.bytes -= out->block.size;
   c.entries[best] = c.entries[--c.count];
+  // Counted when a cached block is taken again: its free and this allocation.
+  // A block that waits in a cache until a flush is freed by the pool instead.
+  if (c.traffic.size() <= static_cast<std::size_t>(device)) c.traffic.resize(static_cast<std::size_t>(device) + 1);
+  CacheTraffic& t = c.traffic[static_cast<std::size_t>(device)];
+  const int k = static_cast<int>(pool_kind(out->block.size));
+  const auto bytes = static_cast<std::int64_t>(out->block.size);
+  ++t.allocations[k];
+  ++t.frees[k];
+  t.allocated_bytes[k] += bytes;
+  t.freed_bytes[k] += bytes;
+  t.requested_bytes[k] += static_cast<std::int64_t>(requested);
+  t.requested_freed[k] += static_cast<std::int64_t>(out->block.requested);
   return true;
+}
+
+CacheTraffic StreamCaches::traffic(int device) {
+  const auto d = static_cast<std::size_t>(device);
+  CacheTraffic total;
+  std::lock_guard<std::mutex> registry(registry_mu_);
+  if (d < ended_.size()) total.add(ended_[d]);
+  for (ThreadCache* c : caches_) {
+    std::lock_guard<SpinLock> lock(c->lock);
+    if (d < c->traffic.size()) total.add(c->traffic[d]);
+  }
+  return total;
 }
 
 void StreamCaches::keep(const CachedBlock& block) {
@@ -145,6 +181,8 @@ void StreamCaches::thread_exiting(ThreadCache* cache) {
   {
     std::lock_guard<std::mutex> registry(registry_mu_);
     caches_.erase(std::remove(caches_.begin(), caches_.end(), cache), caches_.end());
+    if (ended_.size() < cache->traffic.size()) ended_.resize(cache->traffic.size());
+    for (std::size_t d = 0; d < cache->traffic.size(); ++d) ended_[d].add(cache->traffic[d]);
   }
   // The thread is ending: nothing else can use this cache any more.
   for (int i = 0; i < cache->count; ++i) give_back_(cache->entries[i]);

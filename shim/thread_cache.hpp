@@ -14,21 +14,31 @@
 // allocations (address -> size, device) in stripes with their own locks.
 #pragma once
 
+#include <sched.h>
+
 #include <atomic>
 #include <mutex>
 #include <vector>
 
 #include "pool/ptr_map.hpp"
+#include "pool/size_rules.hpp"
 #include "pool/types.hpp"
 
 namespace gpupool::shim {
 
-// For short critical sections that are almost never contended.
+// For short critical sections that are almost never contended. Yields after
+// a while: the holder may have been preempted (more threads than cores).
 class SpinLock {
  public:
   void lock() {
-    while (flag_.test_and_set(std::memory_order_acquire)) {
-      while (flag_.test(std::memory_order_relaxed)) __builtin_ia32_pause();
+    for (int spins = 0; flag_.test_and_set(std::memory_order_acquire);) {
+      while (flag_.test(std::memory_order_relaxed)) {
+        if (++spins < 64) {
+          __builtin_ia32_pause();
+        } else {
+          sched_yield();
+        }
+      }
     }
   }
   void unlock() { flag_.clear(std::memory_order_release); }
@@ -60,6 +70,19 @@ class LiveTable {
   Stripe stripes_[kStripes];
 };
 
+// Allocations and frees a thread's cache served, which the pool does not see
+// (it holds their blocks as allocated): added to its totals in reports.
+// Kept per thread so that counting them costs no shared cache line.
+struct CacheTraffic {
+  std::int64_t allocations[kPoolKinds] = {};
+  std::int64_t frees[kPoolKinds] = {};
+  std::int64_t allocated_bytes[kPoolKinds] = {};
+  std::int64_t freed_bytes[kPoolKinds] = {};
+  std::int64_t requested_bytes[kPoolKinds] = {};
+  std::int64_t requested_freed[kPoolKinds] = {};
+  void add(const CacheTraffic& o);
+};
+
 struct CachedBlock {
   DevicePtr ptr = 0;
   LiveBlock block;
@@ -73,6 +96,7 @@ struct ThreadCache {
   CachedBlock entries[kCapacity];
   int count = 0;
   std::size_t bytes = 0;
+  std::vector<CacheTraffic> traffic;  // by device
 };
 
 class StreamCaches {
@@ -86,8 +110,10 @@ class StreamCaches {
   void note_caller();
 
   // A cached block of this thread for `stream` on `device` with room for
-  // `rounded` bytes and at most a quarter more.
-  bool take(StreamId stream, int device, std::size_t rounded, CachedBlock* out);
+  // `rounded` bytes and at most a quarter more, to serve `requested` bytes.
+  bool take(StreamId stream, int device, std::size_t rounded, std::size_t requested, CachedBlock* out);
+  // Every thread's cache traffic on `device`, ended threads' included.
+  CacheTraffic traffic(int device);
   // Keeps a freed block; blocks pushed out to make room go back to the pool.
   void keep(const CachedBlock& block);
   // Gives cached blocks back to the pool: every thread's, or those of one stream.
@@ -111,6 +137,7 @@ class StreamCaches {
   std::atomic<const void*> first_thread_{nullptr};
   std::mutex registry_mu_;
   std::vector<ThreadCache*> caches_;
+  std::vector<CacheTraffic> ended_;  // by device, of threads that have ended
   LiveTable live_;
 };
 
