@@ -81,7 +81,7 @@ void BM_PoolPairWithLive(benchmark::State& state) {
   const auto live_count = static_cast<std::size_t>(state.range(0));
   VirtualUpstream upstream;
   PoolOptions o;
-  DevicePool pool(upstream, o, 1 << 30 << 10);
+  DevicePool pool(upstream, o, 256 * kGiB);
   pool.stream_created(0x1000, StreamKind::Blocking);
   std::mt19937 rng(2);
   std::vector<DevicePtr> live;

@@ -86,9 +86,9 @@ Allocation DevicePool::allocate_unsampled(std::size_t size, StreamId consumer,
   if (b != nullptr) {
     ++stats_.cache_hits;
   } else {
-    const Fragmentation before = fragmentation();
+    Fragmentation before;
     bool limit_reached = false;
-    b = grow(kind, rounded, consumer, &limit_reached);
+    b = grow(kind, rounded, consumer, &limit_reached, &before);
     if (b == nullptr) {
       record_oom(size, rounded, kind, consumer, segment_size(rounded, options_), limit_reached,
                  before);
@@ -202,7 +202,8 @@ Block* DevicePool::take_cached(PoolKind kind, std::size_t rounded, StreamId cons
   return nullptr;
 }
 
-Block* DevicePool::grow(PoolKind kind, std::size_t rounded, StreamId consumer, bool* limit_reached) {
+Block* DevicePool::grow(PoolKind kind, std::size_t rounded, StreamId consumer, bool* limit_reached,
+                        Fragmentation* before) {
   if (options_.garbage_collection_threshold > 0.0) garbage_collect();
   const std::size_t bytes = segment_size(rounded, options_);
   auto new_memory = [&]() -> Block* {
@@ -212,7 +213,12 @@ Block* DevicePool::grow(PoolKind kind, std::size_t rounded, StreamId consumer, b
     return b;
   };
   Block* b = new_memory();
-  if (b != nullptr || ordering_.capture_active()) return b;
+  if (b != nullptr) return b;
+  // A walk over the free blocks: only here, on the way to a failure, never
+  // on an ordinary miss (a growing pool with many free blocks would pay it
+  // on every new segment).
+  *before = fragmentation();
+  if (ordering_.capture_active()) return b;
   if (options_.cross_stream_reuse == CrossStreamReuse::Auto) {
     b = take_cached(kind, rounded, consumer, true);
     if (b != nullptr) {

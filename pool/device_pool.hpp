@@ -98,7 +98,10 @@ class DevicePool {
   // Without allow_wait, another stream's block only if its use is complete.
   bool ready_for(Block* b, StreamId consumer, bool allow_wait);
   Block* take_cached(PoolKind kind, std::size_t rounded, StreamId consumer, bool allow_wait);
-  Block* grow(PoolKind kind, std::size_t rounded, StreamId consumer, bool* limit_reached);
+  // `before`: the pool's state once new memory has failed, before the cache is
+  // released to retry (what an out-of-memory diagnosis describes).
+  Block* grow(PoolKind kind, std::size_t rounded, StreamId consumer, bool* limit_reached,
+              Fragmentation* before);
   // Expandable segments (expandable.cpp).
   bool expandable() const { return options_.expandable_segments && upstream_.page_size() != 0; }
   Block* grow_expandable(PoolKind kind, std::size_t rounded, StreamId consumer, bool* limit_reached);

@@ -102,7 +102,8 @@ Block* DevicePool::grow_expandable(PoolKind kind, std::size_t rounded, StreamId 
   const auto reserved_now = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
   if (options_.recycle_pages &&
       reserved_now + round_up(rounded, page) > static_cast<std::size_t>(stats_.reserved_bytes[kAll].peak) &&
-      fragmentation().free_bytes * kRecycleSlackDivisor >= reserved_now) {
+      (reserved_now - static_cast<std::size_t>(stats_.allocated_bytes[kAll].current)) * kRecycleSlackDivisor >=
+          reserved_now) {
     unmap_free_pages(false, round_up(rounded, page));
   }
 
