@@ -355,7 +355,14 @@ void Runtime::check_ipc_pointer(const void* ptr) {
   const auto p = reinterpret_cast<DevicePtr>(ptr);
   std::lock_guard<std::mutex> lock(d->mu);
   const Block* b = d->pool->find_allocated(p);
-  if (b != nullptr && b->addr != b->segment->base) {
+  if (b == nullptr) return;
+  if (b->segment->expandable) {
+    // Legacy IPC cannot export memory mapped with cuMemMap: the call fails.
+    message(config::LogLevel::Warn,
+            "gpupool: cudaIpcGetMemHandle: this block lies in an expandable segment, which CUDA IPC cannot share; "
+            "run programs that share device memory over IPC with GPUPOOL_DISABLE=1 "
+            "(or at least GPUPOOL_EXPANDABLE_SEGMENTS=0)");
+  } else if (b->addr != b->segment->base) {
     message(config::LogLevel::Warn,
             "gpupool: cudaIpcGetMemHandle: this block starts " + std::to_string(b->addr - b->segment->base) +
                 " bytes into a pooled segment, and the other process will map the segment's start; "

@@ -270,6 +270,15 @@ cudaError_t cudaFree(void* p) {
   return result(Memory::instance().release(p));
 }
 
+// Like the real runtime: a handle for memory from cudaMalloc (which names its
+// whole allocation); memory mapped through the VMM calls cannot be exported.
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* p) {
+  if (handle == nullptr || !Memory::instance().contains(p, 1)) return result(cudaErrorInvalidValue);
+  std::memset(handle, 0, sizeof(*handle));
+  std::memcpy(handle->reserved, &p, sizeof(p));
+  return cudaSuccess;
+}
+
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   if (free_bytes == nullptr || total_bytes == nullptr) return result(cudaErrorInvalidValue);
   Memory::instance().info(t_device, free_bytes, total_bytes);

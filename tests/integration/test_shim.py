@@ -113,6 +113,18 @@ class Lifecycle(ShimTest):
         self.assertSucceeded(run)
         self.assertEqual(len(run.reports()), 1)
 
+    def test_ipc_handle_of_a_pooled_block_is_warned_about(self):
+        for expandable, says in (("1", "expandable segment, which CUDA IPC cannot share"),
+                                 ("0", "bytes into a pooled segment")):
+            run = self.run_program(["test-lifecycle", "ipc"], env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+            self.assertSucceeded(run)
+            self.assertIn(says, run.stderr)
+            self.assertIn("GPUPOOL_DISABLE=1", run.stderr)
+        run = self.run_program(["test-lifecycle", "ipc"], env={"GPUPOOL_DISABLE": "1"})
+        self.assertSucceeded(run)
+        self.assertIn("cudaIpcGetMemHandle: cudaSuccess", run.stdout)
+        self.assertNotIn("IPC", run.stderr)
+
     def test_fixed_segments_use_cudamalloc(self):
         run = self.run_program(["test-repeat", "5"], env={"GPUPOOL_EXPANDABLE_SEGMENTS": "0"})
         self.assertSucceeded(run)

@@ -72,6 +72,21 @@ int main(int argc, char** argv) {
     std::fputs(text.str().c_str(), stdout);
     return 0;
   }
-  std::fprintf(stderr, "usage: lifecycle leak|static|fork|signal REPORT\n");
+  if (mode == "ipc") {
+    // The second block of a pool lies inside a segment: its handle would map the
+    // wrong memory in the other process (or, in an expandable segment, fails).
+    void* first = nullptr;
+    void* second = nullptr;
+    CHECK_CUDA(cudaMalloc(&first, 4096));
+    CHECK_CUDA(cudaMalloc(&second, 4096));
+    cudaIpcMemHandle_t handle;
+    const cudaError_t e = cudaIpcGetMemHandle(&handle, second);
+    std::printf("cudaIpcGetMemHandle: %s\n", cudaGetErrorName(e));
+    cudaGetLastError();
+    CHECK_CUDA(cudaFree(second));
+    CHECK_CUDA(cudaFree(first));
+    return 0;
+  }
+  std::fprintf(stderr, "usage: lifecycle leak|static|fork|ipc|signal REPORT\n");
   return 64;
 }
