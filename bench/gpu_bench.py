@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""The benchmarks that need a GPU (scripts/gpu-bench.sh calls this with the
+real libcudart on LD_LIBRARY_PATH). Writes bench/GPU.md, which the next
+scripts/bench.sh copies into BENCHMARKS.md.
+
+1. Allocation pairs through the real CUDA runtime: cudaMalloc/cudaFree and
+   cudaMallocAsync/cudaFreeAsync (CUDA's own stream-ordered pool), without
+   and with gpupool, sizes from the traces (a fixed mix when TRACES_DIR has none).
+2. PyTorch training steps, when PyTorch with CUDA is installed: its own
+   caching allocator; PYTORCH_NO_CUDA_MEMORY_CACHING=1 (every tensor a
+   cudaMalloc); the same under gpupool. Step time and peak reserved memory.
+"""
+import datetime
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "build", "bin")
+LIB = os.path.join(ROOT, "build", "lib", "libgpupool.so")
+
+
+def run_json(cmd, env, runs):
+    results = []
+    for _ in range(runs):
+        out = subprocess.run(cmd, env=dict(os.environ, **env), capture_output=True, text=True, check=True).stdout
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def api_pairs(mode, threads, pairs, working_set, preload, runs=5):
+    env = {"GPUPOOL_REPORT": "0"}
+    if preload:
+        env["LD_PRELOAD"] = LIB
+    cmd = [os.path.join(BIN, "gpupool-bench-api"), mode, str(threads), str(pairs), str(working_set)]
+    results = run_json(cmd, env, runs)
+    return statistics.median(r["ns_per_pair"] for r in results), statistics.median(r["pairs_per_second"] for r in results)
+
+
+def gpu_name():
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, check=True).stdout.strip().splitlines()[0]
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        return "unknown GPU"
+
+
+def torch_available():
+    probe = subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"],
+                           capture_output=True)
+    return probe.returncode == 0
+
+
+def torch_steps(env, report_dir=None, runs=3):
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "torch_steps.py"), "60"]
+    results = []
+    for i in range(runs):
+        e = dict(env)
+        report = None
+        if report_dir:
+            report = os.path.join(report_dir, f"report-{len(os.listdir(report_dir))}.json")
+            e.update(LD_PRELOAD=LIB, GPUPOOL_LOG=report, GPUPOOL_LOG_FORMAT="json")
+        r = run_json(cmd, e, 1)[0]
+        if report:
+            with open(report) as f:
+                data = json.load(f)
+            r["gpupool_reserved_peak"] = sum(d["stats"]["reserved_bytes.all.peak"] for d in data["devices"].values())
+            r["gpupool_allocated_peak"] = sum(d["stats"]["allocated_bytes.all.peak"] for d in data["devices"].values())
+        results.append(r)
+    return {k: statistics.median(r[k] for r in results) for k in results[0]}
+
+
+def size_mix():
+    traces = os.environ.get("TRACES_DIR", os.path.join(ROOT, "..", "shared", "traces"))
+    if glob.glob(os.path.join(traces, "*.csv")):
+        return "the real traces' sizes up to 64 MiB"
+    return "a fixed mix of 512 B to 64 MiB (no traces in TRACES_DIR on this machine)"
+
+
+def main():
+    lines = ["## GPU", "",
+             f"Measured by `scripts/gpu-bench.sh` on {gpu_name()}, {datetime.date.today().isoformat()}. "
+             "Medians of 5 runs (PyTorch: 3 runs), measured side by side in one session.", ""]
+    lines += ["### Allocation pairs through the real CUDA runtime", "",
+              "`build/bin/gpupool-bench-api MODE THREADS PAIRS WORKING_SET`, with and without "
+              f"`LD_PRELOAD=build/lib/libgpupool.so`; sizes: {size_mix()}. `async` without gpupool is CUDA's own "
+              "stream-ordered pool.", "",
+              "| calls | threads | working set | without gpupool, ns | with gpupool, ns | speed-up |",
+              "|---|---:|---:|---:|---:|---:|"]
+    speedup = {}
+    for mode, threads, ws in (("plain", 1, 64), ("async", 1, 64), ("plain", 2, 4), ("async", 2, 4)):
+        raw_pairs = 2000 if mode == "plain" else 50000
+        raw, _ = api_pairs(mode, threads, raw_pairs, ws, False)
+        pooled, _ = api_pairs(mode, threads, 200000, ws, True)
+        speedup[(mode, threads)] = raw / pooled
+        name = "`cudaMalloc`+`cudaFree`" if mode == "plain" else "`cudaMallocAsync`+`cudaFreeAsync`"
+        lines.append(f"| {name} | {threads} | {ws} | {raw:.0f} | {pooled:.0f} | {raw / pooled:.1f}x |")
+    lines.append("")
+    verdicts = [("gpupool >= 100x faster than raw cudaMalloc/cudaFree",
+                 "met" if speedup[("plain", 1)] >= 100 else "not met", f"{speedup[('plain', 1)]:.0f}x")]
+
+    if torch_available():
+        with tempfile.TemporaryDirectory() as reports:
+            caching = torch_steps({})
+            no_caching = torch_steps({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
+            pooled = torch_steps({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, report_dir=reports)
+        gib = 2**30
+        lines += ["### PyTorch training steps", "",
+                  "`python3 bench/torch_steps.py 60`: an 8-layer transformer encoder, sequence length changing "
+                  "every step; median step time after 5 warm-up steps.", "",
+                  "| allocator | ms per step | peak reserved | peak allocated |", "|---|---:|---:|---:|",
+                  f"| PyTorch's caching allocator | {caching['ms_per_step']:.1f} | "
+                  f"{caching['torch_reserved_peak'] / gib:.2f} GiB | {caching['torch_allocated_peak'] / gib:.2f} GiB |",
+                  f"| `PYTORCH_NO_CUDA_MEMORY_CACHING=1` (raw cudaMalloc) | {no_caching['ms_per_step']:.1f} | "
+                  f"= allocated | {no_caching['torch_allocated_peak'] / gib:.2f} GiB |",
+                  f"| `PYTORCH_NO_CUDA_MEMORY_CACHING=1` under gpupool | {pooled['ms_per_step']:.1f} | "
+                  f"{pooled['gpupool_reserved_peak'] / gib:.2f} GiB | {pooled['gpupool_allocated_peak'] / gib:.2f} GiB |",
+                  ""]
+        time_ratio = pooled["ms_per_step"] / caching["ms_per_step"]
+        memory_ratio = pooled["gpupool_reserved_peak"] / caching["torch_reserved_peak"]
+        verdicts.append(("PyTorch under gpupool within 5% of its own allocator in step time",
+                         "met" if time_ratio <= 1.05 else "not met", f"{time_ratio:.3f}x"))
+        verdicts.append(("PyTorch under gpupool not above its own allocator in peak memory",
+                         "met" if memory_ratio <= 1.0 else "not met", f"{memory_ratio:.3f}x"))
+    else:
+        lines += ["PyTorch with CUDA was not installed on the GPU machine; its comparison was not run.", ""]
+
+    lines += ["| GPU target | verdict | measured |", "|---|---|---|"]
+    lines += [f"| {t} | {v} | {m} |" for t, v, m in verdicts]
+    lines.append("")
+    text = "\n".join(lines)
+    with open(os.path.join(ROOT, "bench", "GPU.md"), "w") as f:
+        f.write(text + "\n")
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "GPU.md"), "w") as f:
+            f.write(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
