@@ -367,11 +367,18 @@ FreeResult DevicePool::deallocate_unsampled(DevicePtr ptr, StreamId site) {
 }
 
 // Merges low->next into low. The merged block keeps the strictest history: a
-// never-used side adds nothing; two histories on one stream keep that stream;
-// different streams leave only the device barrier as a safe way to reuse it.
+// side whose work is known done (or that was never used) adds nothing; two
+// histories on one stream keep that stream; different streams leave only the
+// device barrier as a safe way to reuse it. Dropping finished histories
+// matters: a free region that frees of two streams keep joining would
+// otherwise always look busy, and the streams would grow instead of reusing it.
 void DevicePool::absorb_next(Block* low) {
   Block* high = low->next;
-  if (high->device_epoch != 0) {
+  if (ordering_.known_complete(low->stream, low->stream_epoch, low->device_epoch)) {
+    low->stream = high->stream;
+    low->stream_epoch = high->stream_epoch;
+    low->device_epoch = high->device_epoch;
+  } else if (!ordering_.known_complete(high->stream, high->stream_epoch, high->device_epoch)) {
     if (low->device_epoch == 0) {
       low->stream = high->stream;
       low->stream_epoch = high->stream_epoch;

@@ -192,8 +192,12 @@ std::size_t DevicePool::unmap_free_pages(bool wait, std::size_t budget) {
   for (Block* b : candidates) {
     if (released >= budget) break;
     Segment* seg = b->segment;
-    const DevicePtr first = round_up(b->addr, page);
+    // Only the pages the budget still needs, from the block's top: its lower
+    // part stays mapped, ready for the next request that fits there.
     const DevicePtr last = round_down(b->addr + b->size, page);
+    DevicePtr first = round_up(b->addr, page);
+    const std::size_t remaining = budget - released;
+    if (last - first > remaining) first = last - round_up(remaining, page);
     remove_free(b);
     Block* hole = b;
     if (first > b->addr) {

@@ -255,6 +255,13 @@ bool StreamOrdering::device_complete(std::uint64_t device_epoch) {
   return device_epoch <= device_.completed_epoch;
 }
 
+bool StreamOrdering::known_complete(StreamId stream, std::uint64_t stream_epoch, std::uint64_t device_epoch) {
+  if (device_epoch == 0 || device_epoch <= device_.completed_epoch) return true;
+  if (stream == kAnyStream) return false;
+  auto it = streams_.find(stream);
+  return it != streams_.end() && stream_epoch <= it->second.completed_epoch;
+}
+
 bool StreamOrdering::device_ready(std::uint64_t device_epoch) {
   if (options_.unsafe_skip_ordering) return true;
   if (device_epoch <= device_.fenced_epoch) {

@@ -93,6 +93,9 @@ class StreamOrdering {
     return device_epoch <= device_.fenced_epoch || device_epoch <= device_.completed_epoch;
   }
   bool device_complete(std::uint64_t device_epoch);
+  // True when the work queued before a free with this history is known done,
+  // from what fences and idle queries have already shown. Queries nothing.
+  bool known_complete(StreamId stream, std::uint64_t stream_epoch, std::uint64_t device_epoch);
 
   // True when a block freed on `from` at `stream_epoch` may be used on `to`:
   // when known complete (or `from` is idle); else, with `may_wait`, after

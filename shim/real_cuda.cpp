@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
 
@@ -27,13 +28,20 @@ void* loaded_cudart() {
   return path != nullptr ? dlopen(path, RTLD_LAZY | RTLD_NOLOAD) : nullptr;
 }
 
+std::atomic<void* (*)(const char*)> symbol_lookup{nullptr};
+
 void* lookup(void* cudart, const char* name) {
-  void* f = dlsym(RTLD_NEXT, name);
+  void* (*next)(const char*) = symbol_lookup.load(std::memory_order_acquire);
+  void* f = next != nullptr ? next(name) : dlsym(RTLD_NEXT, name);
   if (f == nullptr && cudart != nullptr) f = dlsym(cudart, name);
   return f;
 }
 
 }  // namespace
+
+void set_symbol_lookup(void* (*lookup_function)(const char* name)) {
+  symbol_lookup.store(lookup_function, std::memory_order_release);
+}
 
 const RealCuda& real() {
   static RealCuda table;

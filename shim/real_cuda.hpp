@@ -1,5 +1,5 @@
 // The real CUDA runtime functions, found lazily at first use: dlsym(RTLD_NEXT)
-// first; when the runtime was loaded RTLD_LOCAL (Python extension modules),
+// from the preload library first; when the runtime was loaded RTLD_LOCAL (Python extension modules),
 // the loaded libcudart is found with dl_iterate_phdr and opened RTLD_NOLOAD.
 // Nothing here links against libcudart.
 #pragma once
@@ -62,5 +62,10 @@ struct RealCuda {
 
 // Resolved once, on first call, from whichever thread gets there first.
 const RealCuda& real();
+
+// How real functions are found: the preload library's dlsym(RTLD_NEXT) (from
+// this library, loaded RTLD_LOCAL, RTLD_NEXT would not see the program's
+// runtime). Set before the first call; without it, dlsym(RTLD_NEXT) here.
+void set_symbol_lookup(void* (*lookup)(const char* name));
 
 }  // namespace gpupool::shim

@@ -12,6 +12,7 @@ import unittest
 BUILD = os.environ.get("POOLTEST_BUILD_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
 SOURCE = os.environ.get("POOLTEST_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 LIBRARY = os.path.join(BUILD, "lib", "libgpupool.so")
+CORE = os.path.join(BUILD, "lib", "libgpupool-core.so")
 SIM = os.path.join(BUILD, "sim")
 
 
@@ -60,12 +61,13 @@ class ShimTest(unittest.TestCase):
         self.workdir = tempfile.mkdtemp(prefix="gpupool-test-")
         self.addCleanup(shutil.rmtree, self.workdir, True)
 
-    def run_program(self, args, env=None, preload=True, fmt="json", timeout=120, log=True):
+    def run_program(self, args, env=None, preload=True, fmt="json", timeout=120, log=True, library=LIBRARY,
+                    cwd=None):
         e = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "SIMCUDA_"))}
         e["LD_LIBRARY_PATH"] = SIM
         e["SIMCUDA_COUNTERS_FILE"] = os.path.join(self.workdir, "counters.json")
         if preload:
-            preloads = [p for p in (sanitizer_runtime(), LIBRARY) if p]
+            preloads = [p for p in (sanitizer_runtime(), library) if p]
             e["LD_PRELOAD"] = ":".join(preloads)
             if log:
                 e["GPUPOOL_LOG"] = os.path.join(self.workdir, "report-%p." + fmt)
@@ -75,7 +77,7 @@ class ShimTest(unittest.TestCase):
             args = [args]
         args = [program(args[0]) if not os.path.isabs(args[0]) and "/" not in args[0] and
                 os.path.exists(program(args[0])) else args[0]] + list(args[1:])
-        proc = subprocess.run(args, env=e, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(args, env=e, capture_output=True, text=True, timeout=timeout, cwd=cwd)
         return Run(proc, self.workdir)
 
     def assertSucceeded(self, run):

@@ -5,7 +5,7 @@ import re
 import shutil
 import subprocess
 
-from harness import LIBRARY, ShimTest, main, sanitizer_runtime
+from harness import BUILD, CORE, LIBRARY, ShimTest, main, sanitizer_runtime
 
 
 class Integrity(ShimTest):
@@ -78,21 +78,58 @@ class Fidelity(ShimTest):
         self.assertSucceeded(run)
         self.assertIn("not a live allocation", run.stderr)  # the double free, named
 
-    def test_library_needs_no_cuda_spdlog_fmt_or_libstdcxx(self):
-        out = subprocess.run(["readelf", "-d", LIBRARY], capture_output=True, text=True, check=True).stdout
-        needed = re.findall(r"\(NEEDED\).*\[(.*)\]", out)
+    def test_libraries_need_no_cuda_spdlog_fmt_or_libstdcxx(self):
         # Sanitizer builds link the C++ runtime dynamically, as the sanitizers need.
         forbidden = r"cudart|cuda|spdlog|fmt" if sanitizer_runtime() else r"cudart|cuda|spdlog|fmt|stdc\+\+|gcc_s"
-        for lib in needed:
-            self.assertNotRegex(lib, forbidden)
+        for library in (LIBRARY, CORE):
+            out = subprocess.run(["readelf", "-d", library], capture_output=True, text=True, check=True).stdout
+            needed = re.findall(r"\(NEEDED\).*\[(.*)\]", out)
+            self.assertTrue(needed, library)
+            for lib in needed:
+                self.assertNotRegex(lib, forbidden, library)
+        # The preload library is plain C: nothing but the C library (and a sanitizer's runtime).
+        out = subprocess.run(["readelf", "-d", LIBRARY], capture_output=True, text=True, check=True).stdout
+        for lib in re.findall(r"\(NEEDED\).*\[(.*)\]", out):
+            self.assertRegex(lib, r"^(libc|libdl|libpthread|ld-linux.*|libasan|libtsan|libubsan|libm)\.so", lib)
 
-    def test_library_exports_only_the_intercepted_entry_points(self):
-        out = subprocess.run(["nm", "-D", "--defined-only", LIBRARY], capture_output=True, text=True,
-                             check=True).stdout
-        exported = sorted(line.split()[-1] for line in out.splitlines() if line.strip())
-        with open(os.path.join(os.path.dirname(__file__), "..", "..", "shim", "exports.map")) as f:
+    def test_libraries_export_only_the_intercepted_entry_points_and_the_core_table(self):
+        def exported(library):
+            out = subprocess.run(["nm", "-D", "--defined-only", library], capture_output=True, text=True,
+                                 check=True).stdout
+            return sorted(line.split()[-1] for line in out.splitlines() if line.strip())
+        shim = os.path.join(os.path.dirname(__file__), "..", "..", "shim")
+        with open(os.path.join(shim, "exports.map")) as f:
             listed = sorted(re.findall(r"^\s+(cuda\w+);", f.read(), re.M))
-        self.assertEqual(exported, listed)
+        with open(os.path.join(shim, "entry_points.def")) as f:
+            entries = sorted(re.findall(r"^GPUPOOL_ENTRY\((\w+),", f.read(), re.M))
+        self.assertEqual(listed, entries)
+        self.assertEqual(exported(LIBRARY), listed)
+        self.assertEqual(exported(CORE), ["gpupool_core_open"])
+
+    def test_processes_that_never_use_cuda_load_only_the_small_library(self):
+        run = self.run_program(["cat", "/proc/self/maps"])
+        self.assertSucceeded(run)
+        self.assertIn("libgpupool.so", run.stdout)
+        self.assertNotIn("libgpupool-core.so", run.stdout)
+
+    def test_without_its_core_the_library_passes_calls_through(self):
+        alone = os.path.join(self.workdir, "alone")
+        os.mkdir(alone)
+        shutil.copy(LIBRARY, alone)
+        run = self.run_program(["test-repeat", "5"], library=os.path.join(alone, "libgpupool.so"))
+        self.assertSucceeded(run)
+        self.assertEqual(run.stderr.count("cannot load"), 1, run.stderr)
+        self.assertIn("libgpupool-core.so", run.stderr)
+        self.assertEqual(run.reports(), [])
+        # Every allocation went to the runtime: 5 rounds of 10 sizes.
+        self.assertEqual(run.counters()["malloc_calls"], 50)
+
+    def test_relative_preload_path_survives_a_change_of_directory(self):
+        build = os.path.abspath(BUILD)
+        run = self.run_program(["test-lifecycle", "chdir"], library="lib/libgpupool.so", cwd=build)
+        self.assertSucceeded(run)
+        self.assertNotIn("cannot load", run.stderr)
+        self.assertEqual(run.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 1)
 
 
 class Lifecycle(ShimTest):

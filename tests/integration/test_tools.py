@@ -189,6 +189,7 @@ class Install(ShimTest):
         listing = subprocess.run(["dpkg-deb", "-c", os.path.join(self.workdir, debs[0])], capture_output=True,
                                  text=True, check=True).stdout
         for path in ("./usr/bin/gpupool", "./usr/bin/gpupool-replay", "./usr/lib/gpupool/libgpupool.so",
+                     "./usr/lib/gpupool/libgpupool-core.so",
                      "./usr/lib/gpupool/sim/libcudart.so.13"):
             self.assertIn(path, listing)
 

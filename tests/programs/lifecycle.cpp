@@ -72,6 +72,14 @@ int main(int argc, char** argv) {
     std::fputs(text.str().c_str(), stdout);
     return 0;
   }
+  if (mode == "chdir") {
+    // The first CUDA call comes after the working directory changed.
+    if (chdir("/") != 0) return 1;
+    void* p = nullptr;
+    CHECK_CUDA(cudaMalloc(&p, 1 << 20));
+    CHECK_CUDA(cudaFree(p));
+    return 0;
+  }
   if (mode == "ipc") {
     // The second block of a pool lies inside a segment: its handle would map the
     // wrong memory in the other process (or, in an expandable segment, fails).
@@ -87,6 +95,6 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaFree(first));
     return 0;
   }
-  std::fprintf(stderr, "usage: lifecycle leak|static|fork|ipc|signal REPORT\n");
+  std::fprintf(stderr, "usage: lifecycle leak|static|fork|chdir|ipc|signal REPORT\n");
   return 64;
 }

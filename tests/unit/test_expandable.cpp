@@ -177,3 +177,40 @@ TEST_CASE_METHOD(ExpandableFixture, "growth never extends another stream's block
   CHECK(b >= a + 4 * kMiB);
   check_mapping();
 }
+
+TEST_CASE_METHOD(ExpandableFixture, "a free next to a block whose work is known done keeps only its own history") {
+  make();
+  constexpr StreamId kS1 = 0x1000, kS2 = 0x2000, kS3 = 0x3000;
+  for (StreamId s : {kS1, kS2, kS3}) pool->stream_created(s, StreamKind::Blocking);
+  upstream.set_events_complete_at_once(false);
+  const DevicePtr a = alloc(8 * kMiB, kS2);
+  const DevicePtr b = alloc(4 * kMiB, kS1);
+  REQUIRE(b == a + 8 * kMiB);
+  release(a, kS2);
+  alloc(2 * kMiB, kS3);  // a's work may be pending: new pages (and a fence on s2)
+  upstream.complete_all();
+  REQUIRE(alloc(2 * kMiB, kS3) == a);  // now known done: a's first 2 MiB are taken
+  // The rest of a, known done, joins b's free: the merged block is s1's alone,
+  // so s1 reuses it at once; were it keyed to no stream, s1 would need a's and
+  // b's work both seen complete, and would grow instead.
+  release(b, kS1);
+  const auto maps = pool->stats().num_page_maps;
+  upstream.clear_calls();
+  CHECK(alloc(10 * kMiB, kS1) == a + 2 * kMiB);
+  CHECK(pool->stats().num_page_maps == maps);
+  CHECK(upstream.calls().empty());
+  check_mapping();
+}
+
+TEST_CASE_METHOD(ExpandableFixture, "recycling unmaps only the pages growth needs, from a free block's top") {
+  make();
+  const DevicePtr a = alloc(16 * kMiB);
+  release(a);
+  const std::int64_t peak = pool->stats().reserved_bytes[kAll].peak;
+  alloc(1000);  // the small pool's first page: 2 MiB of a's pages go back, not all 16
+  CHECK(pool->stats().reserved_bytes[kAll].peak == peak);
+  CHECK(upstream.covers(a, 14 * kMiB));  // a's lower part stays mapped
+  CHECK_FALSE(upstream.covers(a + 14 * kMiB, kPage));
+  CHECK(alloc(14 * kMiB) == a);  // and serves the next request that fits, with no mapping
+  check_mapping();
+}

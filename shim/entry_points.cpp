@@ -1,5 +1,6 @@
-// The CUDA runtime entry points gpupool intercepts. Everything else in the
-// library is hidden; exports.map lists exactly these names.
+// The CUDA runtime entry points gpupool intercepts, as libgpupool-core.so
+// serves them: the preload library (preload.c) forwards each call here through
+// the table gpupool_core_open returns, the only symbol this library exports.
 #include <cuda_runtime_api.h>
 #include <link.h>
 #include <pthread.h>
@@ -8,12 +9,15 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "shim/core_interface.h"
 #include "shim/messages.hpp"
 #include "shim/real_cuda.hpp"
 #include "shim/runtime.hpp"
 #include "shim/thread_state.hpp"
 
-#define GPUPOOL_EXPORT extern "C" __attribute__((visibility("default")))
+// Hidden like everything here (only gpupool_core_open is exported): the
+// preload library reaches these through the table.
+#define GPUPOOL_EXPORT extern "C"
 
 using gpupool::FreeResult;
 using gpupool::StreamId;
@@ -127,14 +131,6 @@ void parent_after_fork() {
 }
 void child_after_fork() {
   if (Runtime* rt = Runtime::if_started()) rt->after_fork_child();
-}
-
-// Registered when the library loads, before the program's own static
-// constructors: so this runs after their destructors, and frees made there
-// are counted before the report is written.
-__attribute__((constructor)) void on_load() {
-  std::atexit(at_exit);
-  pthread_atfork(prepare_fork, parent_after_fork, child_after_fork);
 }
 
 }  // namespace
@@ -286,4 +282,23 @@ GPUPOOL_EXPORT cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGr
   enter();
   if (real().cudaStreamEndCapture_ptsz == nullptr) return missing();
   return end_capture(stream, true, real().cudaStreamEndCapture_ptsz(stream, graph));
+}
+
+// ---------------------------------------------------------------- the table
+
+extern "C" __attribute__((visibility("default"))) const gpupool_core* gpupool_core_open(int abi,
+                                                                                        gpupool_lookup_fn lookup) {
+  if (abi != GPUPOOL_CORE_ABI) return nullptr;
+  gpupool::shim::set_symbol_lookup(lookup);
+  static const gpupool_core table = {
+      GPUPOOL_CORE_ABI,
+#define GPUPOOL_ENTRY(name, params, args) &name,
+#include "shim/entry_points.def"
+#undef GPUPOOL_ENTRY
+      &at_exit,
+      &prepare_fork,
+      &parent_after_fork,
+      &child_after_fork,
+  };
+  return &table;
 }

@@ -1,0 +1,40 @@
+/* The interface between libgpupool.so, the small library LD_PRELOAD names
+   (preload.c), and libgpupool-core.so, the allocator it loads at the first
+   intercepted call (entry_points.cpp). Plain C: the preload library carries
+   no C++ runtime. */
+#ifndef GPUPOOL_SHIM_CORE_INTERFACE_H
+#define GPUPOOL_SHIM_CORE_INTERFACE_H
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Raised whenever this struct changes: a core of another version is refused. */
+#define GPUPOOL_CORE_ABI 1
+
+/* Finds a real CUDA runtime function: dlsym(RTLD_NEXT) in the preload
+   library, the object that stands before the runtime in the search order. */
+typedef void* (*gpupool_lookup_fn)(const char* name);
+
+struct gpupool_core {
+  int abi;
+#define GPUPOOL_ENTRY(name, params, args) cudaError_t (*name) params;
+#include "shim/entry_points.def"
+#undef GPUPOOL_ENTRY
+  void (*at_exit)(void); /* at process exit, after the program's static destructors */
+  void (*prepare_fork)(void);
+  void (*parent_after_fork)(void);
+  void (*child_after_fork)(void);
+};
+
+/* The core's one exported function: its table, or NULL for another abi. */
+typedef const struct gpupool_core* (*gpupool_core_open_fn)(int abi, gpupool_lookup_fn lookup);
+#define GPUPOOL_CORE_OPEN "gpupool_core_open"
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

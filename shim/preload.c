@@ -1,0 +1,150 @@
+/* libgpupool.so, the library LD_PRELOAD names. Plain C, no C++ runtime: most
+   processes that inherit LD_PRELOAD (shells, compilers, data loader workers)
+   never touch CUDA, and for them this small library is all that loads. The
+   first intercepted call loads the allocator, libgpupool-core.so from the same
+   folder, with RTLD_LOCAL (none of its symbols can meet the program's), and
+   every call is forwarded to it from then on. If the core cannot be loaded,
+   one line says so and the calls go straight to the CUDA runtime. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <limits.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shim/core_interface.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* Not declared by the CUDA headers. */
+cudaError_t cudaMallocAsync_ptsz(void**, size_t, cudaStream_t);
+cudaError_t cudaFreeAsync_ptsz(void*, cudaStream_t);
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t, enum cudaStreamCaptureMode);
+cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t, cudaGraph_t, const cudaGraphNode_t*,
+                                               const struct cudaGraphEdgeData_st*, size_t,
+                                               enum cudaStreamCaptureMode);
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t, cudaGraph_t*);
+
+static char core_path[PATH_MAX];
+static _Atomic(const struct gpupool_core*) core;
+static pthread_once_t core_once = PTHREAD_ONCE_INIT;
+static struct gpupool_core passthrough;
+
+static void* next_symbol(const char* name) { return dlsym(RTLD_NEXT, name); }
+
+/* Pass-through when the core is missing: the real function, or this. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#define GPUPOOL_ENTRY(name, params, args) \
+  static cudaError_t missing_##name params { return cudaErrorNotSupported; }
+#include "shim/entry_points.def"
+#undef GPUPOOL_ENTRY
+#pragma GCC diagnostic pop
+
+static void fill_passthrough(void) {
+  passthrough.abi = GPUPOOL_CORE_ABI;
+#define GPUPOOL_ENTRY(name, params, args)                   \
+  {                                                         \
+    void* real = next_symbol(#name);                        \
+    if (real != NULL) {                                     \
+      memcpy(&passthrough.name, &real, sizeof real);        \
+    } else {                                                \
+      passthrough.name = missing_##name;                    \
+    }                                                       \
+  }
+#include "shim/entry_points.def"
+#undef GPUPOOL_ENTRY
+}
+
+static void load_core(void) {
+  const struct gpupool_core* loaded = NULL;
+  const char* problem = "the file is not a gpupool core of this version";
+  void* handle = dlopen(core_path, RTLD_NOW | RTLD_LOCAL);
+  if (handle == NULL) {
+    problem = dlerror();
+  } else {
+    void* symbol = dlsym(handle, GPUPOOL_CORE_OPEN);
+    gpupool_core_open_fn open_core = NULL;
+    if (symbol != NULL) memcpy(&open_core, &symbol, sizeof symbol);
+    if (open_core != NULL) loaded = open_core(GPUPOOL_CORE_ABI, next_symbol);
+  }
+  if (loaded == NULL) {
+    fprintf(stderr, "gpupool: cannot load %s (%s); CUDA calls go straight to the runtime, unpooled\n", core_path,
+            problem != NULL ? problem : "unknown error");
+    fill_passthrough();
+    loaded = &passthrough;
+  }
+  atomic_store_explicit(&core, loaded, memory_order_release);
+}
+
+static const struct gpupool_core* get_core(void) {
+  const struct gpupool_core* c = atomic_load_explicit(&core, memory_order_acquire);
+  if (c != NULL) return c;
+  pthread_once(&core_once, load_core);
+  return atomic_load_explicit(&core, memory_order_acquire);
+}
+
+#define GPUPOOL_ENTRY(name, params, args) \
+  EXPORT cudaError_t name params { return get_core()->name args; }
+#include "shim/entry_points.def"
+#undef GPUPOOL_ENTRY
+
+/* ------------------------------------------------------------ lifecycle */
+
+/* True when this process loaded the CUDA driver (libcuda), i.e. used CUDA. */
+static int find_driver(struct dl_phdr_info* info, size_t size, void* found) {
+  (void)size;
+  if (info->dlpi_name != NULL && strstr(info->dlpi_name, "/libcuda.so") != NULL) *(int*)found = 1;
+  return 0;
+}
+
+static void at_exit(void) {
+  const struct gpupool_core* c = atomic_load_explicit(&core, memory_order_acquire);
+  if (c == NULL) {
+    /* No call reached gpupool. If CUDA was used all the same (a program with
+       the static runtime), the core explains; otherwise nothing to do. */
+    int driver = 0;
+    dl_iterate_phdr(find_driver, &driver);
+    if (!driver) return;
+    c = get_core();
+  }
+  if (c->at_exit != NULL) c->at_exit();
+}
+
+static void prepare_fork(void) {
+  const struct gpupool_core* c = atomic_load_explicit(&core, memory_order_acquire);
+  if (c != NULL && c->prepare_fork != NULL) c->prepare_fork();
+}
+static void parent_after_fork(void) {
+  const struct gpupool_core* c = atomic_load_explicit(&core, memory_order_acquire);
+  if (c != NULL && c->parent_after_fork != NULL) c->parent_after_fork();
+}
+static void child_after_fork(void) {
+  const struct gpupool_core* c = atomic_load_explicit(&core, memory_order_acquire);
+  if (c != NULL && c->child_after_fork != NULL) c->child_after_fork();
+}
+
+/* The core's path, fixed now: a relative LD_PRELOAD path would mean another
+   file once the program changes its working directory. */
+static void find_core_path(void) {
+  Dl_info self;
+  char folder[PATH_MAX];
+  if (dladdr(core_path, &self) == 0 || self.dli_fname == NULL) return;
+  const char* path = self.dli_fname;
+  if (path[0] != '/' && realpath(self.dli_fname, folder) != NULL) path = folder;
+  const char* slash = strrchr(path, '/');
+  const int dir_length = slash != NULL ? (int)(slash - path) : 1;
+  snprintf(core_path, sizeof core_path, "%.*s/libgpupool-core.so", dir_length, slash != NULL ? path : ".");
+}
+
+/* Registered when the library loads, before the program's own static
+   constructors: so the exit handler runs after their destructors, and frees
+   made there are counted before the report is written. */
+__attribute__((constructor)) static void on_load(void) {
+  find_core_path();
+  atexit(at_exit);
+  pthread_atfork(prepare_fork, parent_after_fork, child_after_fork);
+}
