@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "shim/real_cuda.hpp"
+
 namespace gpupool::shim {
 
 namespace {
@@ -35,12 +37,13 @@ std::uint32_t CallSites::capture() {
   void* frames[kMaxFrames];
   const int n = backtrace(frames, kMaxFrames);
   static void* const self = own_base();
-  // Skip everything up to and including our own frames (a sanitizer's
-  // backtrace interceptor may come first).
+  static void* const preload = preload_library_base();
+  // Skip everything up to and including our own frames, the preload
+  // library's among them (a sanitizer's backtrace interceptor may come first).
   int first = 0;
   for (int i = 0; i < n; ++i) {
     Dl_info info;
-    if (dladdr(frames[i], &info) != 0 && info.dli_fbase == self) {
+    if (dladdr(frames[i], &info) != 0 && (info.dli_fbase == self || info.dli_fbase == preload)) {
       first = i + 1;
     } else if (first > 0) {
       break;

@@ -43,6 +43,13 @@ void set_symbol_lookup(void* (*lookup_function)(const char* name)) {
   symbol_lookup.store(lookup_function, std::memory_order_release);
 }
 
+void* preload_library_base() {
+  void* (*next)(const char*) = symbol_lookup.load(std::memory_order_acquire);
+  Dl_info info;
+  if (next == nullptr || dladdr(reinterpret_cast<void*>(next), &info) == 0) return nullptr;
+  return info.dli_fbase;
+}
+
 const RealCuda& real() {
   static RealCuda table;
   static std::once_flag once;

@@ -68,4 +68,9 @@ const RealCuda& real();
 // runtime). Set before the first call; without it, dlsym(RTLD_NEXT) here.
 void set_symbol_lookup(void* (*lookup)(const char* name));
 
+// Where the preload library is loaded (its dli_fbase), found from the lookup
+// function it passed: call stacks skip its frames as they skip this library's.
+// Null before set_symbol_lookup.
+void* preload_library_base();
+
 }  // namespace gpupool::shim

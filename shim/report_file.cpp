@@ -108,7 +108,7 @@ void write_report_file(const config::Config& config, const std::vector<config::P
   }
   for (const config::Problem& p : problems) r.config_problems.push_back(p.line());
   for (DeviceState* d : devices) {
-    std::lock_guard<std::mutex> lock(d->mu);
+    std::lock_guard<AdaptiveMutex> lock(d->mu);
     report::DeviceReport dr = report::collect(*d->pool, d->device);
     add_cache_traffic(caches.traffic(d->device), dr.stats);
     if (call_sites.enabled()) dr.leaks.sites = leak_sites(*d->pool, call_sites);

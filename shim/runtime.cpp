@@ -136,7 +136,7 @@ void Runtime::give_back_cached(const CachedBlock& block) {
   Runtime& rt = get();
   DeviceState* d = rt.existing(block.block.device);
   if (d == nullptr) return;
-  std::lock_guard<std::mutex> lock(d->mu);
+  std::lock_guard<AdaptiveMutex> lock(d->mu);
   d->pool->deallocate(block.ptr, block.stream);
 }
 
@@ -153,7 +153,7 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
   std::size_t block_size = 0;
   for (int attempt = 0; attempt < 2; ++attempt) {
     {
-      std::lock_guard<std::mutex> lock(d.mu);
+      std::lock_guard<AdaptiveMutex> lock(d.mu);
       if (capturing != nullptr && d.pool->is_capturing(consumer)) {
         *capturing = true;
         return cudaSuccess;
@@ -198,7 +198,7 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site) {
     std::size_t size = 0;
     FreeResult r;
     {
-      std::lock_guard<std::mutex> lock(d->mu);
+      std::lock_guard<AdaptiveMutex> lock(d->mu);
       if (const Block* b = d->pool->find_allocated(p)) size = b->requested;
       r = d->pool->deallocate(p, site);
     }
@@ -228,7 +228,7 @@ void Runtime::stream_created(cudaStream_t stream, unsigned flags) {
   }
   streams_generation_.fetch_add(1, std::memory_order_acq_rel);
   DeviceState& d = device(dev);
-  std::lock_guard<std::mutex> lock(d.mu);
+  std::lock_guard<AdaptiveMutex> lock(d.mu);
   d.pool->stream_created(id, (flags & cudaStreamNonBlocking) != 0 ? StreamKind::NonBlocking : StreamKind::Blocking);
 }
 
@@ -240,7 +240,7 @@ void Runtime::ensure_known(StreamId stream, int dev) {
     if ((known >> dev & 1u) != 0) return;
     known |= std::uint64_t{1} << dev;
     DeviceState& d = device(dev);
-    std::lock_guard<std::mutex> lock(d.mu);
+    std::lock_guard<AdaptiveMutex> lock(d.mu);
     d.pool->stream_created(stream, StreamKind::PerThread);
     return;
   }
@@ -257,7 +257,7 @@ void Runtime::ensure_known(StreamId stream, int dev) {
     flags = cudaStreamNonBlocking;
   }
   DeviceState& d = device(dev);
-  std::lock_guard<std::mutex> lock(d.mu);
+  std::lock_guard<AdaptiveMutex> lock(d.mu);
   d.pool->stream_created(stream, (flags & cudaStreamNonBlocking) != 0 ? StreamKind::NonBlocking : StreamKind::Blocking);
 }
 
@@ -276,7 +276,7 @@ void Runtime::stream_destroying(cudaStream_t stream) {
   // handle may name a new stream.
   if (caches_.enabled()) caches_.flush_stream(id);
   if (DeviceState* d = existing(dev)) {
-    std::lock_guard<std::mutex> lock(d->mu);
+    std::lock_guard<AdaptiveMutex> lock(d->mu);
     d->pool->stream_destroying(id);
   }
 }
@@ -284,13 +284,13 @@ void Runtime::stream_destroying(cudaStream_t stream) {
 void Runtime::capture_began(StreamId stream) {
   captures_active_.fetch_add(1, std::memory_order_relaxed);
   DeviceState& d = device(device_of(stream));
-  std::lock_guard<std::mutex> lock(d.mu);
+  std::lock_guard<AdaptiveMutex> lock(d.mu);
   d.pool->capture_began(stream);
 }
 
 void Runtime::capture_ended(StreamId stream) {
   DeviceState& d = device(device_of(stream));
-  std::lock_guard<std::mutex> lock(d.mu);
+  std::lock_guard<AdaptiveMutex> lock(d.mu);
   if (d.pool->is_capturing(stream)) captures_active_.fetch_sub(1, std::memory_order_relaxed);
   d.pool->capture_ended(stream);
 }
@@ -298,7 +298,7 @@ void Runtime::capture_ended(StreamId stream) {
 bool Runtime::is_capturing(StreamId stream) {
   DeviceState* d = existing(device_of(stream));
   if (d == nullptr) return false;
-  std::lock_guard<std::mutex> lock(d->mu);
+  std::lock_guard<AdaptiveMutex> lock(d->mu);
   return d->pool->is_capturing(stream);
 }
 
@@ -310,7 +310,7 @@ void Runtime::adjust_mem_get_info(std::size_t* free_bytes, std::size_t* total_by
   std::size_t reserved = 0;
   std::size_t cached = 0;
   if (d != nullptr) {
-    std::lock_guard<std::mutex> lock(d->mu);
+    std::lock_guard<AdaptiveMutex> lock(d->mu);
     reserved = static_cast<std::size_t>(d->pool->stats().reserved_bytes[kAll].current);
     cached = d->pool->fragmentation().free_bytes;
   }
@@ -330,7 +330,7 @@ void Runtime::device_reset(int dev) {
   // forget them (their memory is gone) and start a fresh pool on next use.
   DeviceState* d = existing(dev);
   if (d == nullptr) return;
-  std::lock_guard<std::mutex> lock(d->mu);
+  std::lock_guard<AdaptiveMutex> lock(d->mu);
   (void)d->pool.release();  // leaked on purpose: no upstream call may follow
   streams_generation_.fetch_add(1);
   d->pool = std::make_unique<DevicePool>(d->upstream, config::to_pool_options(config_), kUnlimited, &clock_);
@@ -344,7 +344,7 @@ void Runtime::peer_access_enabled(int accessor, int owner) {
     peer_grants_.emplace_back(accessor, owner);
   }
   if (DeviceState* d = existing(owner)) {
-    std::lock_guard<std::mutex> lock(d->mu);
+    std::lock_guard<AdaptiveMutex> lock(d->mu);
     d->upstream.add_accessor(accessor);
   }
 }
@@ -353,7 +353,7 @@ void Runtime::check_ipc_pointer(const void* ptr) {
   DeviceState* d = existing(current_device());
   if (d == nullptr) return;
   const auto p = reinterpret_cast<DevicePtr>(ptr);
-  std::lock_guard<std::mutex> lock(d->mu);
+  std::lock_guard<AdaptiveMutex> lock(d->mu);
   const Block* b = d->pool->find_allocated(p);
   if (b == nullptr) return;
   if (b->segment->expandable) {

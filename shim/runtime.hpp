@@ -16,6 +16,7 @@
 #include "pool/device_pool.hpp"
 #include "shim/call_sites.hpp"
 #include "shim/cuda_upstream.hpp"
+#include "shim/locks.hpp"
 #include "shim/thread_cache.hpp"
 #include "shim/trace_writer.hpp"
 
@@ -26,7 +27,7 @@ inline constexpr int kMaxDevices = 64;
 struct DeviceState {
   explicit DeviceState(int index) : device(index), upstream(index) {}
   int device;
-  std::mutex mu;
+  AdaptiveMutex mu;
   CudaUpstream upstream;
   std::unique_ptr<DevicePool> pool;
 };

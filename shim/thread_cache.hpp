@@ -14,8 +14,6 @@
 // allocations (address -> size, device) in stripes with their own locks.
 #pragma once
 
-#include <sched.h>
-
 #include <atomic>
 #include <mutex>
 #include <vector>
@@ -23,29 +21,9 @@
 #include "pool/ptr_map.hpp"
 #include "pool/size_rules.hpp"
 #include "pool/types.hpp"
+#include "shim/locks.hpp"
 
 namespace gpupool::shim {
-
-// For short critical sections that are almost never contended. Yields after
-// a while: the holder may have been preempted (more threads than cores).
-class SpinLock {
- public:
-  void lock() {
-    for (int spins = 0; flag_.test_and_set(std::memory_order_acquire);) {
-      while (flag_.test(std::memory_order_relaxed)) {
-        if (++spins < 64) {
-          __builtin_ia32_pause();
-        } else {
-          sched_yield();
-        }
-      }
-    }
-  }
-  void unlock() { flag_.clear(std::memory_order_release); }
-
- private:
-  std::atomic_flag flag_ = ATOMIC_FLAG_INIT;
-};
 
 struct LiveBlock {
   std::size_t size = 0;       // the block's size in the pool

@@ -7,7 +7,7 @@ import pickle
 import subprocess
 import sys
 
-from harness import BUILD, SOURCE, ShimTest, main
+from harness import BUILD, SOURCE, ShimTest, main, sanitizer_runtime
 
 REPLAY = os.path.join(BUILD, "bin", "gpupool-replay")
 IMPORT = os.path.join(SOURCE, "scripts", "gpupool-import-snapshot")
@@ -173,8 +173,11 @@ class Install(ShimTest):
         config = subprocess.run([sys.executable, gpupool, "config"], capture_output=True, text=True)
         self.assertEqual(config.returncode, 0, config.stderr)
         self.assertIn("GPUPOOL_EXPANDABLE_SEGMENTS", config.stdout)
+        env = dict(os.environ)
+        if sanitizer_runtime():
+            env["LD_PRELOAD"] = sanitizer_runtime()
         run = subprocess.run([sys.executable, gpupool, "run", "--sim", "--", os.path.join(BUILD, "bin", "test-repeat"), "3"],
-                             capture_output=True, text=True)
+                             capture_output=True, text=True, env=env)
         self.assertEqual(run.returncode, 0, run.stderr)
         self.assertIn(os.path.join(prefix, "lib", "gpupool", "sim"), run.stderr)
         self.assertIn("for 30 allocations", run.stdout)
