@@ -374,11 +374,15 @@ FreeResult DevicePool::deallocate_unsampled(DevicePtr ptr, StreamId site) {
 // otherwise always look busy, and the streams would grow instead of reusing it.
 void DevicePool::absorb_next(Block* low) {
   Block* high = low->next;
-  if (ordering_.known_complete(low->stream, low->stream_epoch, low->device_epoch)) {
+  // (Under the "never" policy a stream's memory stays its own, done or not.)
+  const bool drop_finished = options_.cross_stream_reuse != CrossStreamReuse::Never;
+  if (drop_finished && low->device_epoch != 0 &&
+      ordering_.known_complete(low->stream, low->stream_epoch, low->device_epoch)) {
     low->stream = high->stream;
     low->stream_epoch = high->stream_epoch;
     low->device_epoch = high->device_epoch;
-  } else if (!ordering_.known_complete(high->stream, high->stream_epoch, high->device_epoch)) {
+  } else if (high->device_epoch != 0 &&
+             !(drop_finished && ordering_.known_complete(high->stream, high->stream_epoch, high->device_epoch))) {
     if (low->device_epoch == 0) {
       low->stream = high->stream;
       low->stream_epoch = high->stream_epoch;
