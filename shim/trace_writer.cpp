@@ -5,7 +5,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <cstdio>
 
 namespace gpupool::shim {
 
@@ -15,6 +14,45 @@ constexpr std::size_t kFlushBytes = 1 << 20;
 long thread_number() {
   thread_local const long tid = syscall(SYS_gettid);
   return tid;
+}
+
+// Hand-rolled formatting: snprintf's parsing cost most of a traced call.
+char* put_decimal(char* out, unsigned long long v) {
+  char digits[20];
+  int n = 0;
+  do {
+    digits[n++] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v != 0);
+  while (n > 0) *out++ = digits[--n];
+  return out;
+}
+
+char* put_fixed(char* out, unsigned long v, int width) {
+  for (int i = width - 1; i >= 0; --i) {
+    out[i] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  }
+  return out + width;
+}
+
+char* put_hex(char* out, unsigned long long v) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  *out++ = '0';
+  *out++ = 'x';
+  char digits[16];
+  int n = 0;
+  do {
+    digits[n++] = kDigits[v & 15];
+    v >>= 4;
+  } while (v != 0);
+  while (n > 0) *out++ = digits[--n];
+  return out;
+}
+
+char* put_text(char* out, const char* text) {
+  while (*text != '\0') *out++ = *text++;
+  return out;
 }
 }  // namespace
 
@@ -36,14 +74,30 @@ void TraceWriter::record(Action action, DevicePtr ptr, std::size_t size, StreamI
   // Local time of day without localtime_r's locking: the offset is read once.
   const long seconds = (now.tv_sec + utc_offset_) % 86400;
   static constexpr const char* kActions[] = {"allocate", "allocate failure", "free"};
+  // Thread,HH:MM:SS.ffffff,action,0xpointer,size,0xstream
   char line[160];
-  const int n = std::snprintf(line, sizeof line, "%ld,%02ld:%02ld:%02ld.%06ld,%s,0x%llx,%zu,0x%llx\n", thread_number(),
-                              seconds / 3600, seconds / 60 % 60, seconds % 60, now.tv_nsec / 1000,
-                              kActions[static_cast<int>(action)], static_cast<unsigned long long>(ptr), size,
-                              static_cast<unsigned long long>(stream == kAnyStream ? 0 : stream));
+  char* out = put_decimal(line, static_cast<unsigned long long>(thread_number()));
+  *out++ = ',';
+  out = put_fixed(out, static_cast<unsigned long>(seconds / 3600), 2);
+  *out++ = ':';
+  out = put_fixed(out, static_cast<unsigned long>(seconds / 60 % 60), 2);
+  *out++ = ':';
+  out = put_fixed(out, static_cast<unsigned long>(seconds % 60), 2);
+  *out++ = '.';
+  out = put_fixed(out, static_cast<unsigned long>(now.tv_nsec / 1000), 6);
+  *out++ = ',';
+  out = put_text(out, kActions[static_cast<int>(action)]);
+  *out++ = ',';
+  out = put_hex(out, ptr);
+  *out++ = ',';
+  out = put_decimal(out, size);
+  *out++ = ',';
+  out = put_hex(out, stream == kAnyStream ? 0 : stream);
+  *out++ = '\n';
+  const auto n = static_cast<std::size_t>(out - line);
   std::lock_guard<std::mutex> lock(mu_);
   if (fd_ < 0) return;
-  buffer_.append(line, static_cast<std::size_t>(n));
+  buffer_.append(line, n);
   if (buffer_.size() >= kFlushBytes) flush_locked();
 }
 
