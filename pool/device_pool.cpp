@@ -286,8 +286,10 @@ void DevicePool::carve(Block* b, std::size_t rounded) {
   rest->stream = b->stream;
   rest->stream_epoch = b->stream_epoch;
   rest->device_epoch = b->device_epoch;
-  // Growing an expandable segment can put the remainder next to a free block.
-  if (rest->next != nullptr && rest->next->is_free_mapped()) {
+  // The remainder may sit next to a free block: one kept apart from the block
+  // it came from, or (growing an expandable segment) a block before a hole.
+  // Each merge may change its history, so look again (b, before it, is taken).
+  while (rest->next != nullptr && rest->next->is_free_mapped() && mergeable(rest, rest->next)) {
     remove_free(rest->next);
     absorb_next(rest);
   }
@@ -350,20 +352,49 @@ FreeResult DevicePool::deallocate_unsampled(DevicePtr ptr, StreamId site) {
   b->stream_epoch = stamp.stream_epoch;
   b->device_epoch = stamp.device_epoch;
 
-  if (b->prev != nullptr && b->prev->is_free_mapped()) {
-    Block* prev = b->prev;
-    remove_free(prev);
-    absorb_next(prev);
-    b = prev;
-  }
-  if (b->next != nullptr && b->next->is_free_mapped()) {
-    remove_free(b->next);
-    absorb_next(b);
-  }
+  b = merge_neighbours(b);
   add_free(b);
   if (!b->is_split()) b->segment->idle_since = reuse_attempts_;
   observe(false);
   return FreeResult::Freed;
+}
+
+// Two free neighbours merge unless that would tie together pending work of
+// two streams: the merged block would belong to neither, and every later
+// free joining it would keep it looking busy, so neither stream could reuse
+// it without a device-wide wait. Such neighbours stay apart (each reusable at
+// once by its own stream) until one of them is freed again with the other's
+// work known done. Under the "never" policy streams never share a block.
+bool DevicePool::mergeable(const Block* low, const Block* high) {
+  if (low->stream == high->stream || low->device_epoch == 0 || high->device_epoch == 0) return true;
+  if (options_.cross_stream_reuse == CrossStreamReuse::Never) return false;
+  return ordering_.known_complete(low->stream, low->stream_epoch, low->device_epoch) ||
+         ordering_.known_complete(high->stream, high->stream_epoch, high->device_epoch);
+}
+
+// Merges b (not in a free list) with its free neighbours while they are
+// mergeable: a merge can change b's history so that a neighbour kept apart so
+// far joins too. Neighbours in `skip` are left alone. Returns the merged block.
+Block* DevicePool::merge_neighbours(Block* b, const std::unordered_set<const Block*>* skip) {
+  auto joins = [&](const Block* n) {
+    return n != nullptr && n->is_free_mapped() && (skip == nullptr || skip->count(n) == 0);
+  };
+  for (bool merged = true; merged;) {
+    merged = false;
+    if (joins(b->prev) && mergeable(b->prev, b)) {
+      Block* prev = b->prev;
+      remove_free(prev);
+      absorb_next(prev);
+      b = prev;
+      merged = true;
+    }
+    if (joins(b->next) && mergeable(b, b->next)) {
+      remove_free(b->next);
+      absorb_next(b);
+      merged = true;
+    }
+  }
+  return b;
 }
 
 // Merges low->next into low. The merged block keeps the strictest history: a
@@ -404,7 +435,21 @@ void DevicePool::absorb_next(Block* low) {
 
 // ---------------------------------------------------------------- release
 
+bool DevicePool::entirely_free(const Segment* seg) {
+  // Usually one block; two or more when free neighbours were kept apart.
+  for (const Block* b = seg->head; b != nullptr; b = b->next) {
+    if (!b->is_free()) return false;
+  }
+  return true;
+}
+
 void DevicePool::release_segment(Segment* seg) {
+  for (Block* b = seg->head->next; b != nullptr;) {
+    Block* next = b->next;
+    remove_free(b);
+    delete_block(b);
+    b = next;
+  }
   Block* b = seg->head;
   remove_free(b);
   const std::uint64_t start = now();
@@ -419,18 +464,39 @@ void DevicePool::release_segment(Segment* seg) {
   delete seg;
 }
 
+void DevicePool::coalesce_free() {
+  std::vector<Block*> firsts;
+  for (const BlockPool& pool : pools_) {
+    for (Block* b : pool.blocks()) {
+      if (b->next != nullptr && b->next->is_free_mapped() && mergeable(b, b->next)) firsts.push_back(b);
+    }
+  }
+  // From the top down: a merge deletes only blocks above the one merging.
+  std::sort(firsts.begin(), firsts.end(), [](const Block* a, const Block* b) { return a->addr > b->addr; });
+  for (Block* b : firsts) {
+    remove_free(b);
+    remove_free(b->next);
+    absorb_next(b);
+    add_free(b);
+  }
+}
+
 std::size_t DevicePool::release_cached() {
   if (ordering_.capture_active()) return 0;  // cudaFree would break the capture
+  // Everything freed so far done (one host wait, as cudaFree would make):
+  // free neighbours kept apart join, and every free page may go back.
+  const bool waited = ordering_.wait_for_frees();
+  coalesce_free();
   std::vector<Segment*> idle;
   for (const auto& [base, seg] : segments_) {
-    if (!seg->expandable && seg->head->is_free() && seg->head->next == nullptr) idle.push_back(seg);
+    if (!seg->expandable && entirely_free(seg)) idle.push_back(seg);
   }
   std::size_t released = 0;
   for (Segment* seg : idle) {
     released += seg->size;
     release_segment(seg);
   }
-  return released + unmap_free_pages(true);
+  return released + unmap_free_pages(!waited);
 }
 
 bool DevicePool::release_oversize_for(std::size_t rounded) {
@@ -478,7 +544,7 @@ void DevicePool::garbage_collect() {
   bool has_expandable = false;
   for (const auto& [base, seg] : segments_) {
     has_expandable |= seg->expandable;
-    if (!seg->expandable && seg->head->is_free() && seg->head->next == nullptr) {
+    if (!seg->expandable && entirely_free(seg)) {
       idle.push_back(seg);
       total_age += reuse_attempts_ - seg->idle_since;
     }
@@ -520,10 +586,15 @@ void DevicePool::stream_destroying(StreamId id) {
       remove_free(b);
       keyed.push_back(b);
     }
+    // Re-keyed, a block may now merge with a neighbour it was kept apart from
+    // (see mergeable): in address order, each joins the block before it.
+    std::sort(keyed.begin(), keyed.end(), [](const Block* a, const Block* b) { return a->addr < b->addr; });
+    std::unordered_set<const Block*> waiting(keyed.begin(), keyed.end());
     for (Block* b : keyed) {
+      waiting.erase(b);
       b->stream = kAnyStream;
       b->stream_epoch = 0;
-      add_free(b);
+      add_free(merge_neighbours(b, &waiting));
     }
   }
 }

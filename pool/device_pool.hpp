@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "pool/block_pool.hpp"
@@ -98,6 +99,12 @@ class DevicePool {
   // Without allow_wait, another stream's block only if its use is complete.
   bool ready_for(Block* b, StreamId consumer, bool allow_wait);
   Block* take_cached(PoolKind kind, std::size_t rounded, StreamId consumer, bool allow_wait);
+  bool mergeable(const Block* low, const Block* high);
+  Block* merge_neighbours(Block* b, const std::unordered_set<const Block*>* skip = nullptr);
+  static bool entirely_free(const Segment* seg);
+  // Merges free neighbours kept apart whose work is now known done (a walk
+  // over the free blocks: for the release paths only).
+  void coalesce_free();
   // `before`: the pool's state once new memory has failed, before the cache is
   // released to retry (what an out-of-memory diagnosis describes).
   Block* grow(PoolKind kind, std::size_t rounded, StreamId consumer, bool* limit_reached,

@@ -132,8 +132,12 @@ bool DevicePool::validate(std::string* error) const {
         return fail();
       }
       expected += b->size;
-      if (prev != nullptr && prev->is_free() && b->is_free() && prev->mapped == b->mapped) {
-        why << "free blocks at " << prev->addr << " and " << b->addr << " were not merged";
+      // Free neighbours stay apart only when each holds another stream's history.
+      const bool kept_apart = prev != nullptr && prev->mapped && b->mapped && prev->stream != b->stream &&
+                              prev->device_epoch != 0 && b->device_epoch != 0;
+      if (prev != nullptr && prev->is_free() && b->is_free() && prev->mapped == b->mapped && !kept_apart) {
+        why << "free blocks at " << prev->addr << " and " << b->addr << " were not merged (streams " << prev->stream
+            << ", " << b->stream << "; device epochs " << prev->device_epoch << ", " << b->device_epoch << ")";
         return fail();
       }
       if (!b->mapped && (!seg->expandable || b->allocated || b->addr % page != 0 || b->size % page != 0)) {

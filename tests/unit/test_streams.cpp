@@ -158,18 +158,42 @@ TEST_CASE_METHOD(PoolFixture, "plain cudaMalloc may take a stream-freed block af
   CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);
 }
 
-TEST_CASE_METHOD(PoolFixture, "blocks freed on two streams merge and then need the barrier") {
+TEST_CASE_METHOD(PoolFixture, "neighbours freed on two streams with pending work stay apart, each its stream's") {
   make();
   pool->stream_created(kS1, StreamKind::Blocking);
   pool->stream_created(kS2, StreamKind::Blocking);
+  upstream.set_events_complete_at_once(false);
   const DevicePtr a = alloc(1024, kS1);
   const DevicePtr b = alloc(1024, kS1);
-  alloc(2 * kMiB - 2048, kS1);  // the rest of the segment: nothing else is free
   release(a, kS1);
-  release(b, kS2);  // merges with a: histories on two streams
+  release(b, kS2);  // merged, the block would be neither stream's: kept apart
   upstream.clear_calls();
-  CHECK(alloc(2048, kS1) == a);
-  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);
+  const std::uint64_t segments = upstream.allocations();
+  CHECK(alloc(1024, kS2) == b);  // each reused at once on its own stream
+  CHECK(alloc(1024, kS1) == a);
+  CHECK(upstream.calls().empty());
+  CHECK(upstream.allocations() == segments);
+}
+
+TEST_CASE_METHOD(PoolFixture, "neighbours kept apart merge once their work is known done") {
+  make();
+  pool->stream_created(kS1, StreamKind::Blocking);
+  pool->stream_created(kS2, StreamKind::Blocking);
+  upstream.set_events_complete_at_once(false);
+  const DevicePtr a = alloc(1024, kS1);
+  const DevicePtr b = alloc(1024, kS1);
+  const DevicePtr c = alloc(kMiB, kS1);  // the rest of the small segment
+  const DevicePtr d = alloc(kMiB - 2048, kS1);
+  release(a, kS1);
+  release(b, kS2);
+  CHECK(pool->fragmentation().free_blocks == 2);
+  pool->release_cached();  // waits for the device: the two merge (c keeps the segment)
+  CHECK(pool->fragmentation().free_blocks == 1);
+  const std::uint64_t segments = upstream.allocations();
+  CHECK(alloc(2048, kS2) == a);  // the merged block serves a request neither half could
+  CHECK(upstream.allocations() == segments);
+  release(c, kS1);
+  release(d, kS1);
 }
 
 TEST_CASE_METHOD(PoolFixture, "during a capture nothing is recorded and only completed blocks are reused") {
