@@ -407,25 +407,21 @@ void DevicePool::absorb_next(Block* low) {
   Block* high = low->next;
   // (Under the "never" policy a stream's memory stays its own, done or not.)
   const bool drop_finished = options_.cross_stream_reuse != CrossStreamReuse::Never;
-  if (drop_finished && low->device_epoch != 0 &&
-      ordering_.known_complete(low->stream, low->stream_epoch, low->device_epoch)) {
+  auto done = [&](const Block* b) {
+    return b->device_epoch == 0 ||
+           (drop_finished && ordering_.known_complete(b->stream, b->stream_epoch, b->device_epoch));
+  };
+  if (low->stream == high->stream) {  // the common case: no lookups
+    low->stream_epoch = std::max(low->stream_epoch, high->stream_epoch);
+    low->device_epoch = std::max(low->device_epoch, high->device_epoch);
+  } else if (done(low)) {
     low->stream = high->stream;
     low->stream_epoch = high->stream_epoch;
     low->device_epoch = high->device_epoch;
-  } else if (high->device_epoch != 0 &&
-             !(drop_finished && ordering_.known_complete(high->stream, high->stream_epoch, high->device_epoch))) {
-    if (low->device_epoch == 0) {
-      low->stream = high->stream;
-      low->stream_epoch = high->stream_epoch;
-      low->device_epoch = high->device_epoch;
-    } else if (low->stream == high->stream) {
-      low->stream_epoch = std::max(low->stream_epoch, high->stream_epoch);
-      low->device_epoch = std::max(low->device_epoch, high->device_epoch);
-    } else {
-      low->stream = kAnyStream;
-      low->stream_epoch = 0;
-      low->device_epoch = std::max(low->device_epoch, high->device_epoch);
-    }
+  } else if (!done(high)) {
+    low->stream = kAnyStream;
+    low->stream_epoch = 0;
+    low->device_epoch = std::max(low->device_epoch, high->device_epoch);
   }
   low->size += high->size;
   low->next = high->next;
