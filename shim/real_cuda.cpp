@@ -51,6 +51,10 @@ void* preload_library_base() {
 }
 
 const RealCuda& real() {
+  // Every intercepted call asks: one acquire load once resolved (call_once
+  // alone costs a thread-local lookup per call in a dlopen'ed library).
+  static std::atomic<const RealCuda*> resolved{nullptr};
+  if (const RealCuda* t = resolved.load(std::memory_order_acquire)) return *t;
   static RealCuda table;
   static std::once_flag once;
   std::call_once(once, [] {
@@ -59,6 +63,7 @@ const RealCuda& real() {
   table.name = reinterpret_cast<std::add_pointer_t<signature>>(lookup(cudart, #name));
     GPUPOOL_REAL_FUNCTIONS(GPUPOOL_RESOLVE)
 #undef GPUPOOL_RESOLVE
+    resolved.store(&table, std::memory_order_release);
   });
   return table;
 }
