@@ -23,6 +23,15 @@ struct PoolFixture {
     return *pool;
   }
 
+  // Two blocking streams, 0x1000 and 0x2000, whose events complete only at
+  // upstream.complete_all().
+  void make_two_streams_with_pending_work() {
+    make();
+    pool->stream_created(0x1000, StreamKind::Blocking);
+    pool->stream_created(0x2000, StreamKind::Blocking);
+    upstream.set_events_complete_at_once(false);
+  }
+
   DevicePtr alloc(std::size_t bytes, StreamId stream = kAnyStream) {
     const Allocation a = pool->allocate(bytes, stream);
     REQUIRE(a.ok);

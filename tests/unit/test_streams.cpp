@@ -6,7 +6,7 @@ using gpupool::testing::PoolFixture;
 using Call = VirtualUpstream::Call;
 
 namespace {
-constexpr StreamId kS1 = 0x1000;  // blocking
+constexpr StreamId kS1 = 0x1000;  // blocking (both as make_two_streams_with_pending_work makes them)
 constexpr StreamId kS2 = 0x2000;  // blocking
 constexpr StreamId kNB = 0x3000;  // non-blocking
 constexpr StreamId kLegacy = VirtualUpstream::kLegacy;
@@ -66,10 +66,7 @@ TEST_CASE_METHOD(PoolFixture, "a non-blocking stream created after a pending bar
 }
 
 TEST_CASE_METHOD(PoolFixture, "auto: with room to grow, another stream's pending block is left alone") {
-  make();
-  pool->stream_created(kS1, StreamKind::Blocking);
-  pool->stream_created(kS2, StreamKind::Blocking);
-  upstream.set_events_complete_at_once(false);
+  make_two_streams_with_pending_work();
   const DevicePtr a = alloc(12 * kMiB, kS1);
   release(a, kS1);
   upstream.clear_calls();
@@ -103,10 +100,7 @@ TEST_CASE_METHOD(PoolFixture, "auto: under memory pressure another stream takes 
 }
 
 TEST_CASE_METHOD(PoolFixture, "auto: a fence seen complete needs no wait") {
-  make();
-  pool->stream_created(kS1, StreamKind::Blocking);
-  pool->stream_created(kS2, StreamKind::Blocking);
-  upstream.set_events_complete_at_once(false);
+  make_two_streams_with_pending_work();
   const DevicePtr a = alloc(1000, kS1);
   const DevicePtr b = alloc(1000, kS1);
   alloc(1000, kS1);
@@ -122,10 +116,7 @@ TEST_CASE_METHOD(PoolFixture, "auto: a fence seen complete needs no wait") {
 
 TEST_CASE_METHOD(PoolFixture, "completed: cross-stream reuse only once the fence has completed") {
   options.cross_stream_reuse = CrossStreamReuse::Completed;
-  make();
-  pool->stream_created(kS1, StreamKind::Blocking);
-  pool->stream_created(kS2, StreamKind::Blocking);
-  upstream.set_events_complete_at_once(false);
+  make_two_streams_with_pending_work();
   const DevicePtr a = alloc(12 * kMiB, kS1);
   release(a, kS1);
   const DevicePtr b = alloc(12 * kMiB, kS2);
@@ -159,10 +150,7 @@ TEST_CASE_METHOD(PoolFixture, "plain cudaMalloc may take a stream-freed block af
 }
 
 TEST_CASE_METHOD(PoolFixture, "neighbours freed on two streams with pending work stay apart, each its stream's") {
-  make();
-  pool->stream_created(kS1, StreamKind::Blocking);
-  pool->stream_created(kS2, StreamKind::Blocking);
-  upstream.set_events_complete_at_once(false);
+  make_two_streams_with_pending_work();
   const DevicePtr a = alloc(1024, kS1);
   const DevicePtr b = alloc(1024, kS1);
   release(a, kS1);
@@ -176,10 +164,7 @@ TEST_CASE_METHOD(PoolFixture, "neighbours freed on two streams with pending work
 }
 
 TEST_CASE_METHOD(PoolFixture, "neighbours kept apart merge once their work is known done") {
-  make();
-  pool->stream_created(kS1, StreamKind::Blocking);
-  pool->stream_created(kS2, StreamKind::Blocking);
-  upstream.set_events_complete_at_once(false);
+  make_two_streams_with_pending_work();
   const DevicePtr a = alloc(1024, kS1);
   const DevicePtr b = alloc(1024, kS1);
   const DevicePtr c = alloc(kMiB, kS1);  // the rest of the small segment
