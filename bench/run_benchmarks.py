@@ -174,7 +174,7 @@ def main():
     for ws in (4, 64):
         one = None
         for t in (1, 2, 4):
-            ns, pps = api_pairs("async", t, 200000 if t == 1 else 50000, True, working_set=ws)
+            ns, pps = api_pairs("async", t, 400000, True, working_set=ws)  # per thread: fixed costs amortized
             one = one or pps
             scaling[(ws, t)] = pps / one
             lines.append(f"| {ws} | {t} | {ns:.0f} | {pps:,.0f} | {pps / one:.2f} |")
