@@ -1,0 +1,145 @@
+// The reuse-hazard cases, one per way a cached block can change hands, shared
+// by tests/programs/hazards.cpp (the simulated device: a slow host function
+// plays the old owner's kernel) and tests/gpu/hazards_gpu.cu (a slow kernel).
+// In each, the old owner slowly writes kOld into a block on its stream; the
+// program frees the block at once and allocates the same size again; if the
+// pool hands back the same block, the new owner writes kNew on its own stream.
+// Unless the pool ordered the new owner after the old work, kOld lands last.
+//
+// run_case's exit codes: 0 reused, kNew intact; 1 a hazard; 2 not reused (so
+// nothing shown); 3 a CUDA call failed (never to be taken for a hazard); 64
+// an unknown case. The includer defines, in namespace hazards:
+//   extern const size_t kBytes = ...;                // the block size
+//   void old_owner_writes(void* p, cudaStream_t s);  // queues the slow write of kOld
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#define HAZARD_CHECK(call)                                                                          \
+  do {                                                                                              \
+    const cudaError_t err_ = (call);                                                                \
+    if (err_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, cudaGetErrorName(err_)); \
+      std::exit(3);                                                                                 \
+    }                                                                                               \
+  } while (0)
+
+namespace hazards {
+
+constexpr unsigned char kOld = 0xAA;
+constexpr unsigned char kNew = 0x55;
+extern const size_t kBytes;
+inline unsigned delay_ms = 100;  // how long the old owner's write waits
+void old_owner_writes(void* p, cudaStream_t stream);
+
+inline int verdict(void* old_ptr, void* new_ptr, cudaStream_t new_stream) {
+  if (new_ptr != old_ptr) {
+    std::printf("not reused: the pool handed out %p, not %p\n", new_ptr, old_ptr);
+    HAZARD_CHECK(cudaDeviceSynchronize());
+    return 2;
+  }
+  HAZARD_CHECK(cudaMemsetAsync(new_ptr, kNew, kBytes, new_stream));
+  HAZARD_CHECK(cudaDeviceSynchronize());
+  std::vector<unsigned char> host(kBytes);
+  HAZARD_CHECK(cudaMemcpy(host.data(), new_ptr, kBytes, cudaMemcpyDeviceToHost));
+  for (unsigned char c : host) {
+    if (c != kNew) {
+      std::printf("HAZARD: the old owner's write landed last\n");
+      return 1;
+    }
+  }
+  std::printf("ordered: the new owner's bytes are intact\n");
+  return 0;
+}
+
+inline cudaStream_t stream(unsigned flags) {
+  cudaStream_t s;
+  HAZARD_CHECK(cudaStreamCreateWithFlags(&s, flags));
+  return s;
+}
+
+// cudaFree promised a device-wide synchronization: a plain cudaMalloc after a
+// plain cudaFree may be used on any stream.
+inline int cudafree_then_cudamalloc(unsigned old_flags, unsigned new_flags) {
+  cudaStream_t s1 = stream(old_flags), s2 = stream(new_flags);
+  void* p = nullptr;
+  HAZARD_CHECK(cudaMalloc(&p, kBytes));
+  old_owner_writes(p, s1);
+  HAZARD_CHECK(cudaFree(p));
+  void* q = nullptr;
+  HAZARD_CHECK(cudaMalloc(&q, kBytes));
+  return verdict(p, q, s2);
+}
+
+inline int same_stream() {
+  cudaStream_t s = stream(cudaStreamNonBlocking);
+  void* p = nullptr;
+  HAZARD_CHECK(cudaMallocAsync(&p, kBytes, s));
+  old_owner_writes(p, s);
+  HAZARD_CHECK(cudaFreeAsync(p, s));
+  void* q = nullptr;
+  HAZARD_CHECK(cudaMallocAsync(&q, kBytes, s));
+  return verdict(p, q, s);
+}
+
+// wait_first: the old owner's stream is synchronized before the new request.
+// destroy_first: it is destroyed instead (returns at once; the write is queued).
+inline int cross_stream(bool wait_first, bool destroy_first) {
+  cudaStream_t s1 = stream(cudaStreamNonBlocking), s2 = stream(cudaStreamNonBlocking);
+  void* p = nullptr;
+  HAZARD_CHECK(cudaMallocAsync(&p, kBytes, s1));
+  old_owner_writes(p, s1);
+  HAZARD_CHECK(cudaFreeAsync(p, s1));
+  if (wait_first) HAZARD_CHECK(cudaStreamSynchronize(s1));
+  if (destroy_first) HAZARD_CHECK(cudaStreamDestroy(s1));
+  void* q = nullptr;
+  HAZARD_CHECK(cudaMallocAsync(&q, kBytes, s2));
+  return verdict(p, q, s2);
+}
+
+// This thread's default stream: in a per-thread build (-DCUDA_API_PER_THREAD_DEFAULT_STREAM,
+// whose calls are the _ptsz entry points) stream 0 itself, otherwise cudaStreamPerThread.
+#ifdef CUDA_API_PER_THREAD_DEFAULT_STREAM
+inline const cudaStream_t kThreadStream = nullptr;
+#else
+inline const cudaStream_t kThreadStream = cudaStreamPerThread;
+#endif
+
+// Per-thread default streams on two threads: thread A frees, thread B reuses.
+inline int per_thread_streams() {
+  void* p = nullptr;
+  std::thread a([&] {
+    HAZARD_CHECK(cudaMallocAsync(&p, kBytes, kThreadStream));
+    old_owner_writes(p, kThreadStream);
+    HAZARD_CHECK(cudaFreeAsync(p, kThreadStream));
+  });
+  a.join();
+  int result = 0;
+  std::thread b([&] {
+    void* q = nullptr;
+    HAZARD_CHECK(cudaMallocAsync(&q, kBytes, kThreadStream));
+    result = verdict(p, q, kThreadStream);
+  });
+  b.join();
+  return result;
+}
+
+// `name` is one of the cases; -1 when it is none of them.
+inline int run_case(const std::string& name) {
+  if (name == "cudafree-blocking") return cudafree_then_cudamalloc(cudaStreamDefault, cudaStreamDefault);
+  if (name == "cudafree-nonblocking") return cudafree_then_cudamalloc(cudaStreamNonBlocking, cudaStreamNonBlocking);
+  if (name == "same-stream") return same_stream();
+  if (name == "cross-stream-completed") return cross_stream(true, false);
+  if (name == "cross-stream-pending") return cross_stream(false, false);
+  if (name == "destroyed-stream") return cross_stream(false, true);
+  if (name == "per-thread") return per_thread_streams();
+  return -1;
+}
+
+}  // namespace hazards
