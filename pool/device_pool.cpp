@@ -236,15 +236,16 @@ Block* DevicePool::grow(PoolKind kind, std::size_t rounded, StreamId consumer, b
   return b;
 }
 
+bool DevicePool::within_limit(std::size_t bytes) const {
+  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
+  return options_.memory_limit == kUnlimited ||
+         (bytes <= options_.memory_limit && reserved <= options_.memory_limit - bytes);
+}
+
 Block* DevicePool::new_segment(PoolKind kind, std::size_t bytes, StreamId consumer,
                                bool* limit_reached) {
-  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
-  if (options_.memory_limit != kUnlimited &&
-      (bytes > options_.memory_limit || reserved > options_.memory_limit - bytes)) {
-    *limit_reached = true;
-    return nullptr;
-  }
-  *limit_reached = false;
+  *limit_reached = !within_limit(bytes);
+  if (*limit_reached) return nullptr;
   const std::uint64_t start = now();
   const DevicePtr base = upstream_.allocate_segment(bytes);
   stats_.upstream_alloc_ns += now() - start;

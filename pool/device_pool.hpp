@@ -100,6 +100,8 @@ class DevicePool {
   bool ready_for(Block* b, StreamId consumer, bool allow_wait);
   Block* take_cached(PoolKind kind, std::size_t rounded, StreamId consumer, bool allow_wait);
   bool mergeable(const Block* low, const Block* high);
+  // Whether `bytes` more may be reserved under memory_limit.
+  bool within_limit(std::size_t bytes) const;
   Block* merge_neighbours(Block* b, const std::unordered_set<const Block*>* skip = nullptr);
   static bool entirely_free(const Segment* seg);
   // Merges free neighbours kept apart whose work is now known done (a walk

@@ -140,13 +140,8 @@ Block* DevicePool::grow_expandable(PoolKind kind, std::size_t rounded, StreamId 
   }
 
   const std::size_t bytes = best_pages * page;
-  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
-  if (options_.memory_limit != kUnlimited &&
-      (bytes > options_.memory_limit || reserved > options_.memory_limit - bytes)) {
-    *limit_reached = true;
-    return nullptr;
-  }
-  *limit_reached = false;
+  *limit_reached = !within_limit(bytes);
+  if (*limit_reached) return nullptr;
   const std::uint64_t start = now();
   const bool mapped = upstream_.map_pages(best_hole->addr, bytes);
   stats_.upstream_alloc_ns += now() - start;
