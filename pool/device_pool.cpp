@@ -89,6 +89,9 @@ Allocation DevicePool::allocate_unsampled(std::size_t size, StreamId consumer,
     Fragmentation before;
     bool limit_reached = false;
     b = grow(kind, rounded, consumer, &limit_reached, &before);
+    if (b == nullptr && !limit_reached && !upstream_.failed_for_memory()) {
+      return Allocation{0, false, true};  // not an out-of-memory: no diagnosis of one
+    }
     if (b == nullptr) {
       record_oom(size, rounded, kind, consumer, segment_size(rounded, options_), limit_reached,
                  before);
@@ -213,7 +216,7 @@ Block* DevicePool::grow(PoolKind kind, std::size_t rounded, StreamId consumer, b
     return b;
   };
   Block* b = new_memory();
-  if (b != nullptr) return b;
+  if (b != nullptr || (!*limit_reached && !upstream_.failed_for_memory())) return b;
   // A walk over the free blocks: only here, on the way to a failure, never
   // on an ordinary miss (a growing pool with many free blocks would pay it
   // on every new segment).

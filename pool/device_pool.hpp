@@ -23,6 +23,7 @@ namespace gpupool {
 struct Allocation {
   DevicePtr ptr = 0;
   bool ok = false;
+  bool device_error = false;  // failed for a reason other than memory (Upstream::failed_for_memory)
 };
 
 enum class FreeResult {

@@ -29,6 +29,11 @@ class Upstream {
   // cannot provide it (the pool then releases cache and retries once).
   virtual DevicePtr allocate_segment(std::size_t bytes) = 0;
   virtual void release_segment(DevicePtr base, std::size_t bytes) = 0;
+  // Whether the last failed allocate_segment or map_pages failed for want of
+  // memory. False for a device error (no usable driver, a sticky error left by
+  // a faulting kernel): freeing cache cannot cure that, and the pool passes
+  // it on as what it is rather than as an out-of-memory.
+  virtual bool failed_for_memory() const { return true; }
 
   // Events used as fences. create_event returns 0 on failure.
   virtual EventHandle create_event() = 0;

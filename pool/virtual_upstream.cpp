@@ -12,7 +12,8 @@ constexpr std::size_t kMaxCallsKept = 1 << 16;
 
 DevicePtr VirtualUpstream::allocate_segment(std::size_t bytes) {
   const std::uint64_t attempt = attempts_++;
-  if ((fail_ && fail_(attempt)) || bytes > capacity_ || in_use_ > capacity_ - bytes) {
+  last_failed_by_injection_ = fail_ && fail_(attempt);
+  if (last_failed_by_injection_ || bytes > capacity_ || in_use_ > capacity_ - bytes) {
     ++failed_;
     return 0;
   }
@@ -57,7 +58,8 @@ DevicePtr VirtualUpstream::reserve_address_space(std::size_t bytes) {
 bool VirtualUpstream::map_pages(DevicePtr addr, std::size_t bytes) {
   const std::uint64_t attempt = attempts_++;
   if (addr % kPage != 0 || bytes % kPage != 0) return false;
-  if ((fail_ && fail_(attempt)) || bytes > capacity_ || in_use_ > capacity_ - bytes) {
+  last_failed_by_injection_ = fail_ && fail_(attempt);
+  if (last_failed_by_injection_ || bytes > capacity_ || in_use_ > capacity_ - bytes) {
     ++failed_;
     return false;
   }

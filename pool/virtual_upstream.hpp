@@ -32,6 +32,7 @@ class VirtualUpstream final : public Upstream {
   bool synchronize_stream(StreamId stream) override;
   StreamId legacy_stream() const override { return kLegacy; }
   bool memory_info(std::size_t* free_bytes, std::size_t* total_bytes) override;
+  bool failed_for_memory() const override { return !last_failed_by_injection_ || !device_errors_; }
   std::size_t page_size() const override { return virtual_memory_ ? kPage : 0; }
   DevicePtr reserve_address_space(std::size_t bytes) override;
   bool map_pages(DevicePtr addr, std::size_t bytes) override;
@@ -49,6 +50,8 @@ class VirtualUpstream final : public Upstream {
   void complete_all();
   // Fail the allocation attempts for which `fail` returns true (by call number).
   void set_failure(std::function<bool(std::uint64_t)> fail) { fail_ = std::move(fail); }
+  // Those failures are device errors (failed_for_memory() false), not a lack of memory.
+  void set_failures_are_device_errors(bool yes) { device_errors_ = yes; }
   void set_capacity(std::size_t capacity) { capacity_ = capacity; }
   // Place segments back to back (no gap), as a device may: tests use it to show
   // that blocks of different segments never merge.
@@ -88,6 +91,8 @@ class VirtualUpstream final : public Upstream {
   std::uint64_t releases_ = 0;
   std::uint64_t failed_ = 0;
   std::function<bool(std::uint64_t)> fail_;
+  bool device_errors_ = false;
+  bool last_failed_by_injection_ = false;
   bool complete_at_once_ = true;
   bool contiguous_ = false;
   bool streams_idle_ = false;

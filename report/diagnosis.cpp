@@ -58,6 +58,7 @@ const char* cause_name(OomCause cause) {
     case OomCause::LimitReached: return "limit_reached";
     case OomCause::Fragmentation: return "fragmentation";
     case OomCause::OtherUsers: return "other_users";
+    case OomCause::DeviceRefused: return "device_refused";
     case OomCause::DeviceFull: return "device_full";
   }
   return "device_full";
@@ -100,6 +101,18 @@ OomDiagnosis diagnose(const OomRecord& oom, const PoolOptions& options) {
           bytes(asked).c_str(), bytes(oom.device_free).c_str());
       return d;
     }
+  }
+  const std::size_t asked_of_device = std::max(oom.rounded, oom.segment_asked);
+  if (oom.device_total != 0 && oom.segment_asked != 0 && oom.device_free >= asked_of_device) {
+    // cudaMemGetInfo and the failed call disagree: the room is not this
+    // process's to take (an MPS or MIG limit, another process that took it
+    // in between) or not in one piece.
+    d.cause = OomCause::DeviceRefused;
+    d.verdict = format("the device refused %s although it reports %s free of %s; this process has %s "
+                       "allocated in %s reserved",
+                       bytes(asked_of_device).c_str(), bytes(oom.device_free).c_str(),
+                       bytes(oom.device_total).c_str(), bytes(oom.allocated).c_str(), bytes(oom.reserved).c_str());
+    return d;
   }
   d.cause = OomCause::DeviceFull;
   d.verdict = format("the device is full: asked %s; this process has %s allocated in %s reserved",

@@ -15,6 +15,7 @@ enum class OomCause {
   LimitReached,   // GPUPOOL_MEMORY_LIMIT refused it
   Fragmentation,  // the pool held enough free bytes, but in pieces too small
   OtherUsers,     // the device's memory is taken by someone other than this pool
+  DeviceRefused,  // the device said no though it reports room for the request
   DeviceFull,     // this process's live allocations fill the device
 };
 

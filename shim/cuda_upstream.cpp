@@ -98,6 +98,7 @@ DevicePtr CudaUpstream::allocate_segment(std::size_t bytes) {
   const cudaError_t err = on_device(device_, [&] {
     return internal([&](const RealCuda& r) { return r.cudaMalloc(&p, bytes); });
   });
+  last_error_ = err;
   return err == cudaSuccess ? reinterpret_cast<DevicePtr>(p) : 0;
 }
 
@@ -186,7 +187,7 @@ DevicePtr CudaUpstream::reserve_address_space(std::size_t bytes) {
   return driver_vmm().reserve(&base, bytes, page_, 0, 0) == CUDA_SUCCESS ? static_cast<DevicePtr>(base) : 0;
 }
 
-bool CudaUpstream::set_access(DevicePtr addr, std::size_t bytes, const std::vector<int>& devices) {
+CUresult CudaUpstream::set_access(DevicePtr addr, std::size_t bytes, const std::vector<int>& devices) {
   std::vector<CUmemAccessDesc> access;
   for (int d : devices) {
     CUmemAccessDesc a{};
@@ -195,31 +196,32 @@ bool CudaUpstream::set_access(DevicePtr addr, std::size_t bytes, const std::vect
     a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     access.push_back(a);
   }
-  return driver_vmm().set_access(static_cast<CUdeviceptr>(addr), bytes, access.data(), access.size()) ==
-         CUDA_SUCCESS;
+  return driver_vmm().set_access(static_cast<CUdeviceptr>(addr), bytes, access.data(), access.size());
 }
 
 bool CudaUpstream::map_pages(DevicePtr addr, std::size_t bytes) {
   const DriverVmm& vmm = driver_vmm();
   const CUmemAllocationProp prop = device_memory(device_);
   std::size_t done = 0;
-  bool ok = true;
+  CUresult err = CUDA_SUCCESS;
   for (; done < bytes; done += page_) {
     CUmemGenericAllocationHandle handle = 0;
-    if (vmm.create(&handle, page_, &prop, 0) != CUDA_SUCCESS) {
-      ok = false;
-      break;
-    }
-    if (vmm.map(static_cast<CUdeviceptr>(addr + done), page_, 0, handle, 0) != CUDA_SUCCESS) {
+    err = vmm.create(&handle, page_, &prop, 0);
+    if (err != CUDA_SUCCESS) break;
+    err = vmm.map(static_cast<CUdeviceptr>(addr + done), page_, 0, handle, 0);
+    if (err != CUDA_SUCCESS) {
       vmm.release(handle);
-      ok = false;
       break;
     }
     pages_[addr + done] = handle;
   }
   std::vector<int> devices{device_};
   devices.insert(devices.end(), accessors_.begin(), accessors_.end());
-  if (ok && set_access(addr, bytes, devices)) return true;
+  if (err == CUDA_SUCCESS) err = set_access(addr, bytes, devices);
+  // The driver's error numbers and the runtime's agree for what these calls
+  // return (out of memory 2, invalid value 1, illegal address 700, ...).
+  last_error_ = static_cast<cudaError_t>(err);
+  if (err == CUDA_SUCCESS) return true;
   unmap_pages(addr, done);  // undo what was mapped
   return false;
 }

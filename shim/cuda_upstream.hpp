@@ -4,6 +4,9 @@
 // the program had left there is kept for it (see thread_state.hpp).
 #pragma once
 
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
 #include <unordered_map>
 #include <vector>
 
@@ -17,6 +20,12 @@ class CudaUpstream final : public Upstream {
 
   DevicePtr allocate_segment(std::size_t bytes) override;
   void release_segment(DevicePtr base, std::size_t bytes) override;
+  bool failed_for_memory() const override {
+    return last_error_ == cudaSuccess || last_error_ == cudaErrorMemoryAllocation;
+  }
+  // What the last allocate_segment or map_pages returned: the error to give
+  // the program when the pool reports a device error.
+  cudaError_t last_error() const { return last_error_; }
   EventHandle create_event() override;
   void destroy_event(EventHandle event) override;
   bool record_event(EventHandle event, StreamId stream) override;
@@ -40,9 +49,10 @@ class CudaUpstream final : public Upstream {
   void add_accessor(int accessor);
 
  private:
-  bool set_access(DevicePtr addr, std::size_t bytes, const std::vector<int>& devices);
+  CUresult set_access(DevicePtr addr, std::size_t bytes, const std::vector<int>& devices);
 
   int device_;
+  cudaError_t last_error_ = cudaSuccess;
   mutable std::size_t page_ = 1;  // 1: not asked yet
   std::unordered_map<DevicePtr, unsigned long long> pages_;  // mapped page -> physical handle
   std::vector<int> accessors_;  // peers that may access this device's memory

@@ -150,6 +150,7 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
   DeviceState& d = device(dev);
   const std::uint32_t site = call_sites_.capture();
   Allocation a;
+  cudaError_t error = cudaErrorMemoryAllocation;  // when the pool cannot serve it
   std::size_t block_size = 0;
   for (int attempt = 0; attempt < 2; ++attempt) {
     {
@@ -160,9 +161,10 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
       }
       a = d.pool->allocate(size, consumer, site);
       if (a.ok && a.ptr != 0) block_size = d.pool->find_allocated(a.ptr)->size;
-      if (!a.ok && (attempt == 1 || !caches_.enabled())) warn_oom(d);
+      if (a.device_error) error = d.upstream.last_error();
+      if (!a.ok && !a.device_error && (attempt == 1 || !caches_.enabled())) warn_oom(d);
     }
-    if (a.ok || attempt == 1 || !caches_.enabled()) break;
+    if (a.ok || a.device_error || attempt == 1 || !caches_.enabled()) break;
     caches_.flush_all();  // the blocks other threads keep may be what is missing
   }
   if (a.ok && caches_.enabled()) caches_.live().insert(a.ptr, LiveBlock{block_size, size, dev});
@@ -170,7 +172,7 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
     trace_->record(a.ok ? TraceWriter::Action::Allocate : TraceWriter::Action::AllocateFailure, a.ptr, size,
                    consumer);
   }
-  if (!a.ok) return fail(cudaErrorMemoryAllocation);
+  if (!a.ok) return fail(error);
   *out = reinterpret_cast<void*>(a.ptr);
   return cudaSuccess;
 }

@@ -40,6 +40,7 @@ Memory::Memory()
       devices_(static_cast<int>(env_size("SIMCUDA_DEVICES", 1))),
       fail_rate_(std::getenv("SIMCUDA_FAIL_RATE") ? std::atof(std::getenv("SIMCUDA_FAIL_RATE")) : 0.0),
       fail_after_(env_size("SIMCUDA_FAIL_AFTER", std::numeric_limits<std::size_t>::max())),
+      fail_error_(static_cast<cudaError_t>(env_size("SIMCUDA_FAIL_ERROR", cudaErrorMemoryAllocation))),
       rng_(env_size("SIMCUDA_FAIL_SEED", 1)) {
   if (devices_ < 1) devices_ = 1;
   used_.assign(static_cast<std::size_t>(devices_), 0);
@@ -56,9 +57,10 @@ cudaError_t Memory::allocate(int device, std::size_t size, void** out) {
   counters().malloc_calls++;
   const std::size_t rounded = (size + 511) / 512 * 512;
   std::size_t& used = used_[static_cast<std::size_t>(device)];
-  if (inject_failure() || rounded > capacity_ || used > capacity_ - rounded) {
+  const bool injected = inject_failure();
+  if (injected || rounded > capacity_ || used > capacity_ - rounded) {
     counters().malloc_failures++;
-    return cudaErrorMemoryAllocation;
+    return failure(injected);
   }
   const std::size_t mapped = (rounded + kPage - 1) / kPage * kPage;
   void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -113,12 +115,14 @@ void* Memory::reserve_address_space(std::size_t size) {
   return p == MAP_FAILED ? nullptr : p;
 }
 
-bool Memory::create_physical(int device, std::size_t size, std::uint64_t* handle) {
+cudaError_t Memory::create_physical(int device, std::size_t size, std::uint64_t* handle) {
   std::lock_guard<std::mutex> lock(mu_);
   std::size_t& used = used_[static_cast<std::size_t>(device)];
-  if (size % kGranularity != 0 || inject_failure() || size > capacity_ || used > capacity_ - size) {
+  if (size % kGranularity != 0) return cudaErrorInvalidValue;
+  const bool injected = inject_failure();
+  if (injected || size > capacity_ || used > capacity_ - size) {
     counters().malloc_failures++;
-    return false;
+    return failure(injected);
   }
   ++successes_;
   used += size;
@@ -126,7 +130,7 @@ bool Memory::create_physical(int device, std::size_t size, std::uint64_t* handle
   if (in_use > counters().peak_bytes_in_use) counters().peak_bytes_in_use = in_use;
   *handle = next_handle_++;
   physical_.emplace(*handle, Physical{size, device, false});
-  return true;
+  return cudaSuccess;
 }
 
 bool Memory::release_physical(std::uint64_t handle) {

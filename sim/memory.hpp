@@ -1,6 +1,10 @@
 // Device memory of the simulated device: host memory from mmap, so tests can
 // write patterns into blocks and check them. A capacity per device makes
-// out-of-memory real; failures can be injected, seeded.
+// out-of-memory real; failures can be injected, seeded: SIMCUDA_FAIL_AFTER
+// (successful allocations before every later one fails), SIMCUDA_FAIL_RATE
+// (the chance that any one fails) and SIMCUDA_FAIL_ERROR (the error number
+// they fail with: 2, out of memory, by default; 700, an illegal address, plays
+// a device with a sticky error).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -29,7 +33,7 @@ class Memory {
   // access and unmapping drops the contents.
   static constexpr std::size_t kGranularity = 2 << 20;
   void* reserve_address_space(std::size_t size);
-  bool create_physical(int device, std::size_t size, std::uint64_t* handle);
+  cudaError_t create_physical(int device, std::size_t size, std::uint64_t* handle);
   bool release_physical(std::uint64_t handle);
   bool map(void* ptr, std::size_t size, std::uint64_t handle);
   bool set_access(void* ptr, std::size_t size);
@@ -38,6 +42,7 @@ class Memory {
  private:
   Memory();
   bool inject_failure();  // seeded failures (SIMCUDA_FAIL_RATE, SIMCUDA_FAIL_AFTER)
+  cudaError_t failure(bool injected) const { return injected ? fail_error_ : cudaErrorMemoryAllocation; }
   struct Allocation {
     std::size_t size;
     std::size_t mapped;
@@ -63,6 +68,7 @@ class Memory {
   int devices_;
   double fail_rate_;
   std::uint64_t fail_after_;
+  cudaError_t fail_error_;
   std::uint64_t successes_ = 0;
   std::mt19937_64 rng_;
 };

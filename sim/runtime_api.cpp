@@ -196,6 +196,8 @@ const char* cudaGetErrorName(cudaError_t error) {
     case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
     case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
     case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
     default: return "cudaErrorUnknown";
   }
 }

@@ -33,7 +33,9 @@ CUresult create(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAl
     return CUDA_ERROR_INVALID_VALUE;
   }
   std::uint64_t h = 0;
-  if (!Memory::instance().create_physical(prop->location.id, size, &h)) return CUDA_ERROR_OUT_OF_MEMORY;
+  // The runtime's error numbers and the driver's agree for these (1, 2, 700).
+  const cudaError_t err = Memory::instance().create_physical(prop->location.id, size, &h);
+  if (err != cudaSuccess) return static_cast<CUresult>(err);
   *handle = h;
   return CUDA_SUCCESS;
 }

@@ -50,6 +50,39 @@ class OutOfMemory(ShimTest):
         self.assertIn("the device is full", oom["verdict"])
         self.assertEqual(oom["reserved_bytes"], 60 << 20)
 
+    def test_a_device_that_refuses_is_an_out_of_memory(self):
+        # The simulated device fails every allocation (fault injection): the
+        # pool releases its cache, retries once and diagnoses an OOM.
+        for mode in ({}, FIXED):
+            run = self.run_program(["test-oom", "none"], env=dict(mode, SIMCUDA_FAIL_AFTER="0"))
+            self.assertSucceeded(run)
+            self.assertIn("oom: cudaErrorMemoryAllocation", run.stdout)
+            self.assertIn("out of memory", run.stderr)
+            device = run.report()["devices"]["0"]
+            self.assertEqual(device["stats"]["num_ooms"], 1)
+            # It reports all 16 GiB free: not "the device is full".
+            self.assertEqual(device["ooms"][0]["cause"], "device_refused")
+            self.assertIn("although it reports 16.00 GiB free", device["ooms"][0]["verdict"])
+            for path in run.reports():
+                os.remove(path)
+
+    def test_a_device_error_reaches_the_program_as_itself(self):
+        # A sticky error (700, an illegal address) or a missing driver is not
+        # an out-of-memory: the program gets the runtime's own error, with no
+        # OOM line or diagnosis, in both segment modes.
+        for code, name in ((700, "cudaErrorIllegalAddress"), (100, "cudaErrorNoDevice")):
+            for mode in ({}, FIXED):
+                env = dict(mode, SIMCUDA_FAIL_AFTER="0", SIMCUDA_FAIL_ERROR=str(code))
+                raw = self.run_program(["test-oom", "none"], env=env, preload=False)
+                self.assertIn(f"oom: {name}", raw.stdout)
+                run = self.run_program(["test-oom", "none"], env=env)
+                self.assertSucceeded(run)
+                self.assertIn(f"oom: {name}", run.stdout)
+                self.assertNotIn("out of memory", run.stderr)
+                self.assertEqual(run.report()["devices"]["0"]["stats"]["num_ooms"], 0)
+                for path in run.reports():
+                    os.remove(path)
+
     def test_the_memory_limit_refuses_and_says_so(self):
         run = self.run_program(["test-oom", "full"], env={"GPUPOOL_MEMORY_LIMIT": "64M"})
         self.assertSucceeded(run)

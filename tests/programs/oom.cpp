@@ -2,6 +2,8 @@
 // a way the report must diagnose; prints the 8 MiB request's result:
 //   fragmentation  plenty free in the pool, in 2 MiB pieces, and an 8 MiB request
 //   full           the program's own live blocks fill the device
+//   none           nothing before it (with the simulated runtime's injected
+//                  failures: a device that refuses, or has a sticky error)
 #include <string>
 
 #include "common.hpp"
@@ -23,15 +25,15 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaMalloc(&p, 20 << 20));
       blocks.push_back(p);
     }
-  } else {
-    std::fprintf(stderr, "usage: oom fragmentation|full\n");
+  } else if (mode != "none") {
+    std::fprintf(stderr, "usage: oom fragmentation|full|none\n");
     return 64;
   }
   // Fixed segments cannot serve this; expandable segments can, by giving the
   // free pages back and mapping them where the request fits.
   void* big = nullptr;
   const cudaError_t err = cudaMalloc(&big, 8 << 20);
-  if (err != cudaSuccess) EXPECT(err == cudaErrorMemoryAllocation && cudaGetLastError() == cudaErrorMemoryAllocation);
+  if (err != cudaSuccess) EXPECT(cudaGetLastError() == err);
   std::printf("oom: %s\n", cudaGetErrorName(err));
   return 0;
 }

@@ -170,6 +170,32 @@ TEST_CASE_METHOD(PoolFixture, "upstream failure releases cached segments and ret
   CHECK(pool->stats().num_ooms == 0);
 }
 
+TEST_CASE_METHOD(PoolFixture, "a device error is no out-of-memory: cache is kept, nothing recorded") {
+  const bool expandable = GENERATE(false, true);
+  upstream.set_virtual_memory(expandable);
+  make();
+  release(alloc(20 * kMiB));
+  const std::uint64_t attempts_before = upstream.failed_allocations();
+  upstream.set_failure([](std::uint64_t) { return true; });
+  upstream.set_failures_are_device_errors(true);
+  const Allocation a = pool->allocate(40 * kMiB, kAnyStream);
+  CHECK_FALSE(a.ok);
+  CHECK(a.device_error);
+  CHECK(upstream.failed_allocations() == attempts_before + 1);  // asked once, no retry
+  CHECK(pool->stats().num_ooms == 0);
+  CHECK(pool->ooms().empty());
+  CHECK(pool->stats().num_alloc_retries == 0);
+  CHECK(pool->stats().reserved_bytes[kAll].current == 20 * kMiB);  // the cache was not released
+  // The same failures as a lack of memory: released, retried, recorded.
+  upstream.set_failures_are_device_errors(false);
+  const Allocation b = pool->allocate(40 * kMiB, kAnyStream);
+  CHECK_FALSE(b.ok);
+  CHECK_FALSE(b.device_error);
+  CHECK(pool->stats().num_ooms == 1);
+  CHECK(pool->stats().num_alloc_retries == 1);
+  check();
+}
+
 TEST_CASE_METHOD(PoolFixture, "a request the device cannot hold fails and is recorded") {
   make(40 * kMiB);
   alloc(30 * kMiB);
