@@ -166,8 +166,10 @@ def main():
               "Pairs of `cudaMallocAsync`/`cudaFreeAsync`, each thread on its own stream cycling through its own "
               "WORKING_SET trace sizes (up to 64 MiB each), through the shim on the simulated runtime: "
               "`LD_PRELOAD=build-bench/lib/libgpupool.so build-bench/bin/gpupool-bench-api async THREADS PAIRS "
-              "WORKING_SET`. A thread's freed blocks stay in its own cache (at most 8 blocks and 64 MiB) while they "
-              "fit; a working set that does not fit goes through the device pool, which one lock guards.", "",
+              "WORKING_SET`. A thread's freed blocks stay in its own cache (at most 64 blocks and 256 MiB; "
+              "a full cache keeps the smaller blocks); the rest go through the device pool, which one lock guards. "
+              "The traces have 60 distinct sizes up to 64 MiB (519 MiB together), so with 64 sizes per thread each "
+              "thread cycles through all 60 and its cache holds the smaller ones.", "",
               "| working set per thread | threads | median ns per pair | pairs per second, all threads | vs 1 thread |",
               "|---:|---:|---:|---:|---:|"]
     scaling = {}

@@ -125,7 +125,7 @@ int Runtime::prepare_stream(StreamId stream) {
 
 bool Runtime::take_cached(void** out, std::size_t size, StreamId consumer, int dev) {
   const std::size_t rounded = round_size(size, config_.roundup_power2_divisions);
-  CachedBlock b;
+  CachedBlock b{};
   if (!caches_.take(consumer, dev, rounded, size, &b)) return false;
   caches_.live().insert(b.ptr, LiveBlock{b.block.size, size, dev});
   *out = reinterpret_cast<void*>(b.ptr);
@@ -152,6 +152,7 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
   Allocation a;
   cudaError_t error = cudaErrorMemoryAllocation;  // when the pool cannot serve it
   std::size_t block_size = 0;
+  bool grew = false;
   for (int attempt = 0; attempt < 2; ++attempt) {
     {
       std::lock_guard<AdaptiveMutex> lock(d.mu);
@@ -159,7 +160,9 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
         *capturing = true;
         return cudaSuccess;
       }
+      const std::int64_t reserved_before = d.pool->stats().reserved_bytes[kAll].current;
       a = d.pool->allocate(size, consumer, site);
+      grew = d.pool->stats().reserved_bytes[kAll].current > reserved_before;
       if (a.ok && a.ptr != 0) block_size = d.pool->find_allocated(a.ptr)->size;
       if (a.device_error) error = d.upstream.last_error();
       if (!a.ok && !a.device_error && (attempt == 1 || !caches_.enabled())) warn_oom(d);
@@ -167,7 +170,12 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
     if (a.ok || a.device_error || attempt == 1 || !caches_.enabled()) break;
     caches_.flush_all();  // the blocks other threads keep may be what is missing
   }
-  if (a.ok && caches_.enabled()) caches_.live().insert(a.ptr, LiveBlock{block_size, size, dev});
+  if (a.ok && caches_.enabled()) {
+    caches_.live().insert(a.ptr, LiveBlock{block_size, size, dev});
+    // The pool took memory from the device: the blocks threads keep go back
+    // to it, so that it does not go on growing beside them.
+    if (grew) caches_.flush_all();
+  }
   if (trace_) {
     trace_->record(a.ok ? TraceWriter::Action::Allocate : TraceWriter::Action::AllocateFailure, a.ptr, size,
                    consumer);
@@ -181,7 +189,7 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site) {
   const auto p = reinterpret_cast<DevicePtr>(ptr);
   int first = current_device();
   if (caches_.enabled()) {
-    LiveBlock live;
+    LiveBlock live{};
     if (caches_.live().take(p, &live)) {
       mark_used();
       if (site != kAnyStream && captures_active_.load(std::memory_order_relaxed) == 0 && !bypass()) {

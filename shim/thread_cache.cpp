@@ -54,7 +54,7 @@ bool LiveTable::take(DevicePtr ptr, LiveBlock* out) {
 void LiveTable::clear() {
   for (Stripe& s : stripes_) {
     std::lock_guard<SpinLock> lock(s.lock);
-    s.map = AddressMap<LiveBlock>(256);
+    s.map = AddressMap<LiveBlock>(kSlotsPerStripe);
   }
 }
 
@@ -83,20 +83,21 @@ bool StreamCaches::take(StreamId stream, int device, std::size_t rounded, std::s
                         CachedBlock* out) {
   ThreadCache& c = mine();
   std::lock_guard<SpinLock> lock(c.lock);
-  // The closest fit; most recently freed first among equals (it is warmest).
+  ++c.ops;
+  // The closest fit, among the blocks of the size classes the request's
+  // range (its size to a quarter more) spans.
+  const std::size_t most = rounded + rounded / 4;
   int best = -1;
-  for (int i = c.count - 1; i >= 0; --i) {
-    const CachedBlock& e = c.entries[i];
-    if (e.stream != stream || e.block.device != device || e.block.size < rounded ||
-        e.block.size > rounded + rounded / 4) {
-      continue;
-    }
-    if (best < 0 || e.block.size < c.entries[best].block.size) best = i;
+  for (int k = ThreadCache::size_class(rounded); k <= ThreadCache::size_class(most); ++k) {
+    ThreadCache::for_each_bit(c.by_class[k], [&](int i) {
+      const std::size_t size = c.sizes[i];
+      if (size < rounded || size > most || (best >= 0 && size >= c.sizes[best])) return;
+      if (c.entries[i].stream == stream && c.entries[i].block.device == device) best = i;
+    });
   }
   if (best < 0) return false;
   *out = c.entries[best];
-  c.bytes -= out->block.size;
-  c.entries[best] = c.entries[--c.count];
+  c.remove(best);
   // Counted when a cached block is taken again: its free and this allocation.
   // A block that waits in a cache until a flush is freed by the pool instead.
   if (c.traffic.size() <= static_cast<std::size_t>(device)) c.traffic.resize(static_cast<std::size_t>(device) + 1);
@@ -126,25 +127,39 @@ CacheTraffic StreamCaches::traffic(int device) {
 
 void StreamCaches::keep(const CachedBlock& block) {
   ThreadCache& c = mine();
-  CachedBlock evicted[ThreadCache::kCapacity + 1];
+  CachedBlock out[ThreadCache::kCapacity + 1];
   int n = 0;
   {
     std::lock_guard<SpinLock> lock(c.lock);
-    if (block.block.size > ThreadCache::kMaxBytes) {
-      evicted[n++] = block;
+    const std::uint32_t now = ++c.ops;
+    const std::size_t size = block.block.size;
+    auto full = [&] { return c.count == ThreadCache::kCapacity || c.bytes + size > ThreadCache::kMaxBytes; };
+    // Blocks unused for kStaleOps calls go first, the oldest first; then
+    // larger blocks make way for a smaller one, the largest first.
+    while (size <= ThreadCache::kMaxBytes && full()) {
+      int stale = -1;
+      int larger = -1;
+      std::uint32_t oldest = ThreadCache::kStaleOps;
+      std::size_t largest = size;
+      ThreadCache::for_each_bit(c.used, [&](int i) {
+        const std::uint32_t age = now - c.kept_at[i];
+        stale = age > oldest ? i : stale;
+        oldest = age > oldest ? age : oldest;
+        larger = c.sizes[i] > largest ? i : larger;
+        largest = c.sizes[i] > largest ? c.sizes[i] : largest;
+      });
+      const int victim = stale >= 0 ? stale : larger;
+      if (victim < 0) break;
+      out[n++] = c.entries[victim];
+      c.remove(victim);
+    }
+    if (size > ThreadCache::kMaxBytes || full()) {
+      out[n++] = block;  // the cache keeps what it holds; this one goes to the pool
     } else {
-      // Make room: the oldest go first.
-      while (c.count == ThreadCache::kCapacity || c.bytes + block.block.size > ThreadCache::kMaxBytes) {
-        evicted[n++] = c.entries[0];
-        c.bytes -= c.entries[0].block.size;
-        std::move(c.entries + 1, c.entries + c.count, c.entries);
-        --c.count;
-      }
-      c.entries[c.count++] = block;
-      c.bytes += block.block.size;
+      c.add(block, now);
     }
   }
-  for (int i = 0; i < n; ++i) give_back_(evicted[i]);
+  for (int i = 0; i < n; ++i) give_back_(out[i]);
 }
 
 template <typename Keep>
@@ -154,16 +169,11 @@ void StreamCaches::flush_if(Keep&& keep) {
     std::lock_guard<std::mutex> registry(registry_mu_);
     for (ThreadCache* c : caches_) {
       std::lock_guard<SpinLock> lock(c->lock);
-      int kept = 0;
-      for (int i = 0; i < c->count; ++i) {
-        if (keep(c->entries[i])) {
-          c->entries[kept++] = c->entries[i];
-        } else {
-          c->bytes -= c->entries[i].block.size;
-          out.push_back(c->entries[i]);
-        }
-      }
-      c->count = kept;
+      ThreadCache::for_each_bit(c->used, [&](int i) {
+        if (keep(c->entries[i])) return;
+        out.push_back(c->entries[i]);
+        c->remove(i);
+      });
     }
   }
   for (const CachedBlock& b : out) give_back_(b);
@@ -185,7 +195,7 @@ void StreamCaches::thread_exiting(ThreadCache* cache) {
     for (std::size_t d = 0; d < cache->traffic.size(); ++d) ended_[d].add(cache->traffic[d]);
   }
   // The thread is ending: nothing else can use this cache any more.
-  for (int i = 0; i < cache->count; ++i) give_back_(cache->entries[i]);
+  ThreadCache::for_each_bit(cache->used, [&](int i) { give_back_(cache->entries[i]); });
   delete cache;
 }
 

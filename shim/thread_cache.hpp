@@ -10,6 +10,13 @@
 // back to the pool for every report, before an allocation gives up, before
 // their stream is destroyed, and when their thread ends.
 //
+// A full cache does not simply push out its oldest block: a program cycling
+// through more sizes than fit would then miss every time. It keeps the
+// smaller blocks (more calls served per byte held) and lets a block go only
+// when a smaller one comes or it has gone unused for kStaleOps calls, so a
+// working set larger than the cache is served in part, and a new phase of the
+// program replaces the old one's blocks.
+//
 // To free without the device lock, the shim keeps its own table of live
 // allocations (address -> size, device) in stripes with their own locks.
 #pragma once
@@ -25,10 +32,12 @@
 
 namespace gpupool::shim {
 
+// Plain data without initializers, so that arrays of them cost nothing to
+// declare; value-initialize ({}) where zeros are wanted.
 struct LiveBlock {
-  std::size_t size = 0;       // the block's size in the pool
-  std::size_t requested = 0;  // what the program asked for
-  int device = 0;
+  std::size_t size;       // the block's size in the pool
+  std::size_t requested;  // what the program asked for
+  int device;
 };
 
 class LiveTable {
@@ -39,13 +48,18 @@ class LiveTable {
   void clear();
 
  private:
-  static constexpr int kStripes = 64;
+  // Enough stripes that threads working on their own blocks seldom share
+  // one: a stripe's lock line moving between cores costs more than the
+  // lookup it guards. Each starts small (1024 x 16 slots, about 0.5 MiB).
+  static constexpr int kStripeBits = 10;
+  static constexpr std::size_t kSlotsPerStripe = 16;
   struct alignas(64) Stripe {
     SpinLock lock;
-    AddressMap<LiveBlock> map{256};
+    AddressMap<LiveBlock> map{kSlotsPerStripe};
   };
-  Stripe& stripe(DevicePtr ptr) { return stripes_[(ptr >> 9) % kStripes]; }
-  Stripe stripes_[kStripes];
+  // Hashed: blocks at segment starts share their low address bits.
+  Stripe& stripe(DevicePtr ptr) { return stripes_[((ptr >> 9) * 0x9E3779B97F4A7C15ull) >> (64 - kStripeBits)]; }
+  Stripe stripes_[1 << kStripeBits];
 };
 
 // Allocations and frees a thread's cache served, which the pool does not see
@@ -62,19 +76,55 @@ struct CacheTraffic {
 };
 
 struct CachedBlock {
-  DevicePtr ptr = 0;
+  DevicePtr ptr;
   LiveBlock block;
-  StreamId stream = 0;  // freed on, and reusable on, this stream
+  StreamId stream;  // freed on, and reusable on, this stream
 };
 
+// Blocks sit in slots 0..63; a bit mask per size class (four per power of
+// two) finds the blocks that can serve a size without scanning the rest.
 struct ThreadCache {
-  static constexpr int kCapacity = 8;
-  static constexpr std::size_t kMaxBytes = 64 * kMiB;
+  static constexpr int kCapacity = 64;  // one bit per slot
+  static constexpr std::size_t kMaxBytes = 256 * kMiB;
+  static constexpr std::uint32_t kStaleOps = 4 * kCapacity;
+  static constexpr int kSizeClasses = 256;
+  static int size_class(std::size_t size) {
+    if (size < 4) return static_cast<int>(size);
+    const int e = 63 - __builtin_clzll(size);
+    return e * 4 + static_cast<int>((size >> (e - 2)) & 3);
+  }
+
   SpinLock lock;  // the owner takes it on every use; flushers from other threads
+  std::uint64_t used = 0;                       // occupied slots
+  std::uint64_t by_class[kSizeClasses] = {};    // slots by the size class of their block
+  std::size_t sizes[kCapacity] = {};
   CachedBlock entries[kCapacity];
+  std::uint32_t kept_at[kCapacity] = {};  // the thread's call count when kept
   int count = 0;
   std::size_t bytes = 0;
+  std::uint32_t ops = 0;
   std::vector<CacheTraffic> traffic;  // by device
+
+  void add(const CachedBlock& block, std::uint32_t now) {
+    const int i = __builtin_ctzll(~used);  // the caller checked count < kCapacity
+    used |= std::uint64_t{1} << i;
+    by_class[size_class(block.block.size)] |= std::uint64_t{1} << i;
+    sizes[i] = block.block.size;
+    entries[i] = block;
+    kept_at[i] = now;
+    ++count;
+    bytes += block.block.size;
+  }
+  void remove(int i) {
+    used &= ~(std::uint64_t{1} << i);
+    by_class[size_class(sizes[i])] &= ~(std::uint64_t{1} << i);
+    --count;
+    bytes -= sizes[i];
+  }
+  template <typename F>
+  static void for_each_bit(std::uint64_t mask, F&& f) {
+    for (; mask != 0; mask &= mask - 1) f(__builtin_ctzll(mask));
+  }
 };
 
 class StreamCaches {

@@ -36,6 +36,15 @@ class Integrity(ShimTest):
         self.assertSucceeded(run)
         self.assertEqual(run.reports(), [])
 
+    def test_blocks_parked_in_a_thread_cache_do_not_double_the_memory(self):
+        # One thread frees 16 x 8 MiB stream-ordered (kept in its cache); a
+        # second then needs as much on its own stream. Once the pool has had
+        # to grow, the parked blocks go back to it and serve the rest.
+        run = self.run_program(["test-parked", "16", "8"])
+        self.assertSucceeded(run)
+        stats = run.report()["devices"]["0"]["stats"]
+        self.assertLessEqual(stats["reserved_bytes.all.peak"], (128 + 16) << 20)
+
     def test_threads_allocate_on_one_thread_free_on_another(self):
         run = self.run_program(["test-threads", "3", "300"])
         self.assertSucceeded(run)

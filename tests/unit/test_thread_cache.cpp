@@ -1,0 +1,159 @@
+// The shim's per-thread cache (shim/thread_cache.cpp has no CUDA in it): what
+// it keeps, what it gives back to the pool, and that it never exceeds its
+// limits.
+#include <catch2/catch.hpp>
+
+#include <set>
+#include <vector>
+
+#include "shim/thread_cache.hpp"
+
+namespace gpupool::shim {
+namespace {
+
+std::vector<CachedBlock>& given_back() {
+  static std::vector<CachedBlock> blocks;
+  return blocks;
+}
+void record_give_back(const CachedBlock& b) { given_back().push_back(b); }
+
+// One for the whole binary, as in the shim (a thread's cache outlives tests);
+// each test empties it first and uses streams of its own.
+StreamCaches& caches() {
+  static auto* c = new StreamCaches(record_give_back);
+  return *c;
+}
+
+struct CacheFixture {
+  CacheFixture() {
+    caches().flush_all();
+    given_back().clear();
+  }
+  DevicePtr next = 1 << 20;
+  CachedBlock block(std::size_t size, StreamId stream) {
+    CachedBlock b{};
+    b.ptr = next;
+    next += size + 512;
+    b.block = LiveBlock{size, size, 0};
+    b.stream = stream;
+    return b;
+  }
+  // One cycle: each size is taken from the cache if there, else "allocated"
+  // anew, then kept again. Returns the hits.
+  int cycle(const std::vector<std::size_t>& sizes, StreamId stream) {
+    int hits = 0;
+    for (std::size_t size : sizes) {
+      CachedBlock b{};
+      if (caches().take(stream, 0, size, size, &b)) {
+        CHECK(b.block.size >= size);
+        CHECK(b.stream == stream);
+        ++hits;
+      } else {
+        b = block(size, stream);
+      }
+      caches().keep(b);
+    }
+    return hits;
+  }
+};
+
+TEST_CASE_METHOD(CacheFixture, "a working set larger than the cache is served in part, not missed entirely") {
+  // 20 small sizes (2.6 MiB in all) and 12 from 20 MiB to 3.4 GiB, each more
+  // than a quarter apart (no block serves another size), cycled: more than
+  // ThreadCache::kMaxBytes. Pushing out the oldest block misses on every
+  // call; keeping the smaller blocks serves every small size and the large
+  // ones that fit beside them, smallest first.
+  std::vector<std::size_t> sizes;
+  double size = 4096;
+  for (int i = 0; i < 20; ++i, size *= 1.3) sizes.push_back(static_cast<std::size_t>(size) / 512 * 512);
+  size = 20 * kMiB;
+  for (int i = 0; i < 12; ++i, size *= 1.3) sizes.push_back(static_cast<std::size_t>(size) / 512 * 512);
+  int fit = 0;
+  std::size_t held = 0;
+  for (std::size_t s : sizes) {  // ascending
+    if (held + s > ThreadCache::kMaxBytes) break;
+    held += s;
+    ++fit;
+  }
+  REQUIRE(fit > 20);
+  REQUIRE(fit < static_cast<int>(sizes.size()));
+  for (int round = 0; round < 3; ++round) cycle(sizes, 0x51);
+  CHECK(cycle(sizes, 0x51) == fit);
+}
+
+TEST_CASE_METHOD(CacheFixture, "a new working set replaces blocks that went unused") {
+  // The cache full (by count) of small blocks of an earlier phase.
+  std::set<DevicePtr> old_blocks;
+  for (int i = 0; i < ThreadCache::kCapacity; ++i) {
+    const CachedBlock b = block(4096, 0x52);
+    old_blocks.insert(b.ptr);
+    caches().keep(b);
+  }
+  REQUIRE(given_back().empty());
+  // A new phase with 12 larger sizes. The old blocks are smaller, so they go
+  // only once unused for ThreadCache::kStaleOps calls: until then the new
+  // blocks go back to the pool and the old ones stay (no thrashing).
+  std::vector<std::size_t> new_sizes;
+  double size = kMiB;
+  for (int i = 0; i < 12; ++i, size *= 1.3) new_sizes.push_back(static_cast<std::size_t>(size) / 512 * 512);
+  CHECK(cycle(new_sizes, 0x52) == 0);
+  for (const CachedBlock& b : given_back()) CHECK(old_blocks.count(b.ptr) == 0);
+  const int rounds = static_cast<int>(ThreadCache::kStaleOps / (2 * new_sizes.size())) + 1;
+  for (int round = 0; round < rounds; ++round) cycle(new_sizes, 0x52);
+  CHECK(cycle(new_sizes, 0x52) == 12);
+  std::size_t old_returned = 0;
+  for (const CachedBlock& b : given_back()) old_returned += old_blocks.count(b.ptr);
+  CHECK(old_returned == 12);  // only as many as the new blocks needed
+}
+
+TEST_CASE_METHOD(CacheFixture, "a block is taken only by its stream, closest fit first, within a quarter") {
+  caches().keep(block(2 * kMiB, 0x61));
+  caches().keep(block(2 * kMiB + 512, 0x62));
+  caches().keep(block(3 * kMiB, 0x62));
+  CachedBlock b{};
+  CHECK_FALSE(caches().take(0x62, 0, 3 * kMiB + 512, 3 * kMiB + 512, &b));  // too small
+  CHECK_FALSE(caches().take(0x62, 1, 2 * kMiB, 2 * kMiB, &b));  // another device
+  CHECK_FALSE(caches().take(0x62, 0, 2 * kMiB + 1024, 2 * kMiB + 1024, &b));  // 3 MiB: more than a quarter over
+  caches().flush_all();
+  caches().keep(block(2 * kMiB, 0x61));
+  caches().keep(block(2 * kMiB + 512, 0x62));
+  caches().keep(block(2 * kMiB + 100 * 1024, 0x62));
+  REQUIRE(caches().take(0x62, 0, 2 * kMiB, 2 * kMiB, &b));
+  CHECK(b.stream == 0x62);
+  CHECK(b.block.size == 2 * kMiB + 512);  // the stream-0x61 block fits better but is not its own
+  CHECK_FALSE(caches().take(0x62, 0, 4 * kMiB, 4 * kMiB, &b));
+  REQUIRE(caches().take(0x61, 0, 2 * kMiB, 2 * kMiB, &b));
+  CHECK(b.stream == 0x61);
+}
+
+TEST_CASE_METHOD(CacheFixture, "the cache never holds more than its limits and loses no block") {
+  std::size_t made = 0;
+  std::set<DevicePtr> held;
+  std::uint64_t x = 12345;
+  for (int op = 0; op < 20000; ++op) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    const std::size_t size = ((x >> 33) % (48 * kMiB)) / 512 * 512 + 512;
+    CachedBlock b{};
+    if (caches().take(0x71, 0, size, size, &b)) {
+      REQUIRE(held.erase(b.ptr) == 1);
+    } else {
+      b = block(size, 0x71);
+      ++made;
+    }
+    caches().keep(b);
+    held.insert(b.ptr);
+    for (const CachedBlock& g : given_back()) REQUIRE(held.erase(g.ptr) == 1);
+    given_back().clear();
+    REQUIRE(held.size() <= static_cast<std::size_t>(ThreadCache::kCapacity));
+  }
+  // Everything made is either given back already or still held, once.
+  caches().flush_all();
+  CHECK(given_back().size() == held.size());
+  std::size_t held_bytes = 0;
+  for (const CachedBlock& g : given_back()) held_bytes += g.block.size;
+  CHECK(held_bytes <= ThreadCache::kMaxBytes);
+  CHECK(made > 0);
+}
+
+}  // namespace
+}  // namespace gpupool::shim
