@@ -129,6 +129,8 @@ void print_json(const tools::ReplayResult& r, const std::string& conf) {
   w.field("peak_reserved_bytes", r.peak_reserved);
   w.field("peak_reserved_to_peak_live", r.ratio());
   w.field("upstream_mallocs", r.upstream_mallocs);
+  w.field("page_maps", r.device.stats.num_page_maps);
+  w.field("page_unmaps", r.device.stats.num_page_unmaps);
   w.field("ooms", r.ooms);
   w.field("external_fragmentation_at_peak", r.external_fragmentation_at_peak);
   w.field("ns_per_op", r.ns_per_op);
@@ -137,15 +139,16 @@ void print_json(const tools::ReplayResult& r, const std::string& conf) {
 }
 
 void print_header() {
-  std::printf("%-30s %8s %12s %14s %8s %10s %5s %9s %7s\n", "trace", "allocs", "peak live", "peak reserved",
-              "ratio", "cudaMalloc", "OOMs", "extfrag@pk", "ns/op");
+  std::printf("%-30s %8s %12s %14s %8s %10s %7s %5s %9s %7s\n", "trace", "allocs", "peak live", "peak reserved",
+              "ratio", "cudaMalloc", "maps", "OOMs", "extfrag@pk", "ns/op");
 }
 
 void print_row(const tools::ReplayResult& r, const std::string& label) {
-  std::printf("%-30s %8llu %12s %14s %8.4f %10lld %5lld %9.3f %7.0f\n", label.c_str(),
+  std::printf("%-30s %8llu %12s %14s %8.4f %10lld %7lld %5lld %9.3f %7.0f\n", label.c_str(),
               static_cast<unsigned long long>(r.allocations), human(r.peak_live).c_str(),
-              human(r.peak_reserved).c_str(), r.ratio(), static_cast<long long>(r.upstream_mallocs + r.device.stats.num_page_maps),
-              static_cast<long long>(r.ooms), r.external_fragmentation_at_peak, r.ns_per_op);
+              human(r.peak_reserved).c_str(), r.ratio(), static_cast<long long>(r.upstream_mallocs),
+              static_cast<long long>(r.device.stats.num_page_maps), static_cast<long long>(r.ooms),
+              r.external_fragmentation_at_peak, r.ns_per_op);
   if (r.unknown_frees > 0) {
     std::printf("%30s (%llu frees of pointers the trace never allocated: skipped)\n", "",
                 static_cast<unsigned long long>(r.unknown_frees));
