@@ -131,6 +131,7 @@ void device(JsonWriter& w, const DeviceReport& d) {
   w.end_array();
   w.end_object();
   w.field("quarantined_bytes", d.quarantined_bytes);
+  w.field("thread_cache_kept_peak_bytes", d.thread_cache_kept_peak);
 
   w.key("timeline").begin_object();
   w.field("stride_operations", d.timeline_stride);

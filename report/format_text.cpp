@@ -166,6 +166,12 @@ void device_section(std::string& out, const DeviceReport& d) {
     appendf(out, "\nFreed inside a stream capture (kept out of reuse): %s\n",
             human_bytes(static_cast<double>(d.quarantined_bytes)).c_str());
   }
+  if (d.thread_cache_kept_peak > 0) {
+    appendf(out,
+            "\nBlocks kept in per-thread caches count as allocated in the peaks above: up to %s (the most "
+            "each thread kept, summed over threads). GPUPOOL_THREAD_CACHE_SIZE=0 gives exact peaks\n",
+            human_bytes(static_cast<double>(d.thread_cache_kept_peak)).c_str());
+  }
 
   const std::vector<std::string> lines = advice(d);
   if (!lines.empty()) {

@@ -56,6 +56,9 @@ struct DeviceReport {
   std::uint64_t timeline_stride = 1;
   Leaks leaks;
   std::size_t quarantined_bytes = 0;
+  // Blocks kept in per-thread caches count as allocated in `stats`: a bound
+  // on how many bytes that was at once (each thread's most, summed).
+  std::int64_t thread_cache_kept_peak = 0;
 };
 
 struct Report {

@@ -110,7 +110,9 @@ void write_report_file(const config::Config& config, const std::vector<config::P
   for (DeviceState* d : devices) {
     std::lock_guard<AdaptiveMutex> lock(d->mu);
     report::DeviceReport dr = report::collect(*d->pool, d->device);
-    add_cache_traffic(caches.traffic(d->device), dr.stats);
+    const CacheTraffic traffic = caches.traffic(d->device);
+    add_cache_traffic(traffic, dr.stats);
+    dr.thread_cache_kept_peak = traffic.kept_bytes_peak;
     if (call_sites.enabled()) dr.leaks.sites = leak_sites(*d->pool, call_sites);
     r.devices.push_back(std::move(dr));
   }

@@ -57,6 +57,7 @@ Runtime::Runtime() : start_ns_(clock_.now_ns()) {
   }
   disabled_ = config_.disable;
   if (disabled_) return;
+  caches_.set_max_bytes(config_.thread_cache_size);
   if (config_.backtrace) call_sites_.enable();
   if (!config_.trace.empty()) {
     auto trace = std::make_unique<TraceWriter>();

@@ -33,6 +33,8 @@ void CacheTraffic::add(const CacheTraffic& o) {
     requested_bytes[k] += o.requested_bytes[k];
     requested_freed[k] += o.requested_freed[k];
   }
+  kept_bytes += o.kept_bytes;
+  kept_bytes_peak += o.kept_bytes_peak;
 }
 
 void LiveTable::insert(DevicePtr ptr, const LiveBlock& block) {
@@ -59,7 +61,7 @@ void LiveTable::clear() {
 }
 
 void StreamCaches::note_caller() {
-  if (enabled() || forked_) return;
+  if (enabled() || forked_ || max_bytes_ == 0) return;
   const void* me = this_thread_marker();
   const void* expected = nullptr;
   if (first_thread_.compare_exchange_strong(expected, me) || expected == me) return;
@@ -100,8 +102,7 @@ bool StreamCaches::take(StreamId stream, int device, std::size_t rounded, std::s
   c.remove(best);
   // Counted when a cached block is taken again: its free and this allocation.
   // A block that waits in a cache until a flush is freed by the pool instead.
-  if (c.traffic.size() <= static_cast<std::size_t>(device)) c.traffic.resize(static_cast<std::size_t>(device) + 1);
-  CacheTraffic& t = c.traffic[static_cast<std::size_t>(device)];
+  CacheTraffic& t = c.traffic_of(device);
   const int k = static_cast<int>(pool_kind(out->block.size));
   const auto bytes = static_cast<std::int64_t>(out->block.size);
   ++t.allocations[k];
@@ -133,10 +134,10 @@ void StreamCaches::keep(const CachedBlock& block) {
     std::lock_guard<SpinLock> lock(c.lock);
     const std::uint32_t now = ++c.ops;
     const std::size_t size = block.block.size;
-    auto full = [&] { return c.count == ThreadCache::kCapacity || c.bytes + size > ThreadCache::kMaxBytes; };
+    auto full = [&] { return c.count == ThreadCache::kCapacity || c.bytes + size > max_bytes_; };
     // Blocks unused for kStaleOps calls go first, the oldest first; then
     // larger blocks make way for a smaller one, the largest first.
-    while (size <= ThreadCache::kMaxBytes && full()) {
+    while (size <= max_bytes_ && full()) {
       int stale = -1;
       int larger = -1;
       std::uint32_t oldest = ThreadCache::kStaleOps;
@@ -153,7 +154,7 @@ void StreamCaches::keep(const CachedBlock& block) {
       out[n++] = c.entries[victim];
       c.remove(victim);
     }
-    if (size > ThreadCache::kMaxBytes || full()) {
+    if (size > max_bytes_ || full()) {
       out[n++] = block;  // the cache keeps what it holds; this one goes to the pool
     } else {
       c.add(block, now);
@@ -192,7 +193,10 @@ void StreamCaches::thread_exiting(ThreadCache* cache) {
     std::lock_guard<std::mutex> registry(registry_mu_);
     caches_.erase(std::remove(caches_.begin(), caches_.end(), cache), caches_.end());
     if (ended_.size() < cache->traffic.size()) ended_.resize(cache->traffic.size());
-    for (std::size_t d = 0; d < cache->traffic.size(); ++d) ended_[d].add(cache->traffic[d]);
+    for (std::size_t d = 0; d < cache->traffic.size(); ++d) {
+      cache->traffic[d].kept_bytes = 0;  // all given back below
+      ended_[d].add(cache->traffic[d]);
+    }
   }
   // The thread is ending: nothing else can use this cache any more.
   ThreadCache::for_each_bit(cache->used, [&](int i) { give_back_(cache->entries[i]); });

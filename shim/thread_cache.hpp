@@ -6,9 +6,11 @@
 // lock. Stream order makes that safe: the block is reused on the stream that
 // freed it. The caches switch on only once a second thread makes
 // stream-ordered calls (a single-threaded program is served exactly as
-// before), hold at most kCapacity blocks and kMaxBytes per thread, and go
-// back to the pool for every report, before an allocation gives up, before
-// their stream is destroyed, and when their thread ends.
+// before), hold at most kCapacity blocks and max_bytes() per thread
+// (GPUPOOL_THREAD_CACHE_SIZE; 0 keeps them off), and go back to the pool for
+// every report, before an allocation gives up, before their stream is
+// destroyed, and when their thread ends. The runtime also sends them back
+// whenever the pool has to take new memory from the device.
 //
 // A full cache does not simply push out its oldest block: a program cycling
 // through more sizes than fit would then miss every time. It keeps the
@@ -21,6 +23,7 @@
 // allocations (address -> size, device) in stripes with their own locks.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <vector>
@@ -72,6 +75,11 @@ struct CacheTraffic {
   std::int64_t freed_bytes[kPoolKinds] = {};
   std::int64_t requested_bytes[kPoolKinds] = {};
   std::int64_t requested_freed[kPoolKinds] = {};
+  // Bytes of blocks kept in the cache (the pool counts them as allocated):
+  // now, and the most at once in one thread. Summed over threads, the peaks
+  // bound what was ever kept at once.
+  std::int64_t kept_bytes = 0;
+  std::int64_t kept_bytes_peak = 0;
   void add(const CacheTraffic& o);
 };
 
@@ -85,7 +93,6 @@ struct CachedBlock {
 // two) finds the blocks that can serve a size without scanning the rest.
 struct ThreadCache {
   static constexpr int kCapacity = 64;  // one bit per slot
-  static constexpr std::size_t kMaxBytes = 256 * kMiB;
   static constexpr std::uint32_t kStaleOps = 4 * kCapacity;
   static constexpr int kSizeClasses = 256;
   static int size_class(std::size_t size) {
@@ -105,6 +112,10 @@ struct ThreadCache {
   std::uint32_t ops = 0;
   std::vector<CacheTraffic> traffic;  // by device
 
+  CacheTraffic& traffic_of(int device) {
+    if (traffic.size() <= static_cast<std::size_t>(device)) traffic.resize(static_cast<std::size_t>(device) + 1);
+    return traffic[static_cast<std::size_t>(device)];
+  }
   void add(const CachedBlock& block, std::uint32_t now) {
     const int i = __builtin_ctzll(~used);  // the caller checked count < kCapacity
     used |= std::uint64_t{1} << i;
@@ -114,12 +125,16 @@ struct ThreadCache {
     kept_at[i] = now;
     ++count;
     bytes += block.block.size;
+    CacheTraffic& t = traffic_of(block.block.device);
+    t.kept_bytes += static_cast<std::int64_t>(block.block.size);
+    t.kept_bytes_peak = std::max(t.kept_bytes_peak, t.kept_bytes);
   }
   void remove(int i) {
     used &= ~(std::uint64_t{1} << i);
     by_class[size_class(sizes[i])] &= ~(std::uint64_t{1} << i);
     --count;
     bytes -= sizes[i];
+    traffic_of(entries[i].block.device).kept_bytes -= static_cast<std::int64_t>(sizes[i]);
   }
   template <typename F>
   static void for_each_bit(std::uint64_t mask, F&& f) {
@@ -133,6 +148,9 @@ class StreamCaches {
   explicit StreamCaches(GiveBack give_back) : give_back_(give_back) {}
 
   bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
+  // Most bytes one thread keeps; 0 keeps the caches off. Set before any use.
+  void set_max_bytes(std::size_t bytes) { max_bytes_ = bytes; }
+  std::size_t max_bytes() const { return max_bytes_; }
   // Called on every stream-ordered call: the second distinct thread turns the
   // caches on, for good.
   void note_caller();
@@ -160,6 +178,7 @@ class StreamCaches {
   void flush_if(Keep&& keep);
 
   GiveBack give_back_;
+  std::size_t max_bytes_ = 256 * kMiB;
   std::atomic<bool> enabled_{false};
   bool forked_ = false;
   std::atomic<const void*> first_thread_{nullptr};

@@ -42,8 +42,20 @@ class Integrity(ShimTest):
         # to grow, the parked blocks go back to it and serve the rest.
         run = self.run_program(["test-parked", "16", "8"])
         self.assertSucceeded(run)
-        stats = run.report()["devices"]["0"]["stats"]
-        self.assertLessEqual(stats["reserved_bytes.all.peak"], (128 + 16) << 20)
+        device = run.report()["devices"]["0"]
+        self.assertLessEqual(device["stats"]["reserved_bytes.all.peak"], (128 + 16) << 20)
+        # The first thread kept its 16 blocks: the report says so.
+        self.assertGreaterEqual(device["thread_cache_kept_peak_bytes"], 128 << 20)
+        os.remove(run.reports()[0])
+
+    def test_without_thread_caches_the_peaks_are_exact(self):
+        run = self.run_program(["test-parked", "16", "8"], env={"GPUPOOL_THREAD_CACHE_SIZE": "0"})
+        self.assertSucceeded(run)
+        device = run.report()["devices"]["0"]
+        self.assertEqual(device["thread_cache_kept_peak_bytes"], 0)
+        self.assertEqual(device["stats"]["allocated_bytes.all.peak"], 128 << 20)
+        self.assertEqual(device["stats"]["requested_bytes.all.peak"], 128 << 20)
+        self.assertEqual(device["cache"]["hits"] + device["cache"]["misses"], 2 * 16 + 1)  # all through the pool
 
     def test_threads_allocate_on_one_thread_free_on_another(self):
         run = self.run_program(["test-threads", "3", "300"])

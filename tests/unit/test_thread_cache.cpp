@@ -60,7 +60,7 @@ struct CacheFixture {
 TEST_CASE_METHOD(CacheFixture, "a working set larger than the cache is served in part, not missed entirely") {
   // 20 small sizes (2.6 MiB in all) and 12 from 20 MiB to 3.4 GiB, each more
   // than a quarter apart (no block serves another size), cycled: more than
-  // ThreadCache::kMaxBytes. Pushing out the oldest block misses on every
+  // StreamCaches::max_bytes(). Pushing out the oldest block misses on every
   // call; keeping the smaller blocks serves every small size and the large
   // ones that fit beside them, smallest first.
   std::vector<std::size_t> sizes;
@@ -71,7 +71,7 @@ TEST_CASE_METHOD(CacheFixture, "a working set larger than the cache is served in
   int fit = 0;
   std::size_t held = 0;
   for (std::size_t s : sizes) {  // ascending
-    if (held + s > ThreadCache::kMaxBytes) break;
+    if (held + s > caches().max_bytes()) break;
     held += s;
     ++fit;
   }
@@ -151,7 +151,7 @@ TEST_CASE_METHOD(CacheFixture, "the cache never holds more than its limits and l
   CHECK(given_back().size() == held.size());
   std::size_t held_bytes = 0;
   for (const CachedBlock& g : given_back()) held_bytes += g.block.size;
-  CHECK(held_bytes <= ThreadCache::kMaxBytes);
+  CHECK(held_bytes <= caches().max_bytes());
   CHECK(made > 0);
 }
 
