@@ -112,7 +112,9 @@ void write_report_file(const config::Config& config, const std::vector<config::P
     report::DeviceReport dr = report::collect(*d->pool, d->device);
     const CacheTraffic traffic = caches.traffic(d->device);
     add_cache_traffic(traffic, dr.stats);
-    dr.thread_cache_kept_peak = traffic.kept_bytes_peak;
+    // Never more than the allocated peak it is part of (the sum of each
+    // thread's most can be, when the threads' peaks came at different times).
+    dr.thread_cache_kept_peak = std::min(traffic.kept_bytes_peak, dr.stats.allocated_bytes[kAll].peak);
     if (call_sites.enabled()) dr.leaks.sites = leak_sites(*d->pool, call_sites);
     r.devices.push_back(std::move(dr));
   }
