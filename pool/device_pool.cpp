@@ -239,6 +239,22 @@ Block* DevicePool::grow(PoolKind kind, std::size_t rounded, StreamId consumer, b
   return b;
 }
 
+Block* DevicePool::add_segment(PoolKind kind, DevicePtr base, std::size_t bytes, bool expandable) {
+  auto* seg = new Segment();
+  seg->base = base;
+  seg->size = bytes;
+  seg->kind = kind;
+  seg->expandable = expandable;
+  Block* b = new_block();
+  b->addr = base;
+  b->size = bytes;
+  b->segment = seg;
+  seg->head = b;
+  segments_.emplace(base, seg);
+  increase(stats_.segment, kind, 1);
+  return b;
+}
+
 bool DevicePool::within_limit(std::size_t bytes) const {
   const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
   return options_.memory_limit == kUnlimited ||
@@ -257,18 +273,8 @@ Block* DevicePool::new_segment(PoolKind kind, std::size_t bytes, StreamId consum
     return nullptr;
   }
   ++stats_.num_device_alloc;
-  auto* seg = new Segment();
-  seg->base = base;
-  seg->size = bytes;
-  seg->kind = kind;
-  Block* b = new_block();
-  b->addr = base;
-  b->size = bytes;
-  b->segment = seg;
+  Block* b = add_segment(kind, base, bytes, false);
   b->stream = consumer;  // a fresh block carries no history: epochs stay 0
-  seg->head = b;
-  segments_.emplace(base, seg);
-  increase(stats_.segment, kind, 1);
   increase(stats_.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
   if (bytes >= options_.max_split_size) stats_.oversize_segments.increase(1);
   return b;

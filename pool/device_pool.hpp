@@ -125,6 +125,8 @@ class DevicePool {
   // Returns the bytes unmapped.
   std::size_t unmap_free_pages(bool wait, std::size_t budget = kUnlimited);
   Block* new_segment(PoolKind kind, std::size_t bytes, StreamId consumer, bool* limit_reached);
+  // Registers [base, base+bytes) as a segment of one block (returned, in no pool yet).
+  Block* add_segment(PoolKind kind, DevicePtr base, std::size_t bytes, bool expandable);
   void carve(Block* b, std::size_t rounded);
   void add_free(Block* b);
   void remove_free(Block* b);

@@ -42,20 +42,9 @@ Segment* DevicePool::new_expandable_segment(PoolKind kind, std::size_t min_bytes
   space = round_up(std::max(space, min_bytes), page);
   const DevicePtr base = upstream_.reserve_address_space(space);
   if (base == 0) return nullptr;
-  auto* seg = new Segment();
-  seg->base = base;
-  seg->size = space;
-  seg->kind = kind;
-  seg->expandable = true;
-  Block* b = new_block();
-  b->addr = base;
-  b->size = space;
-  b->segment = seg;
-  seg->head = b;
+  Block* b = add_segment(kind, base, space, true);
   add_hole(b);
-  segments_.emplace(base, seg);
-  increase(stats_.segment, kind, 1);
-  return seg;
+  return b->segment;
 }
 
 // Splits b at `offset`: b keeps [addr, addr+offset), the returned block the
