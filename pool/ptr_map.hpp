@@ -28,6 +28,8 @@ class AddressMap {
     }
   }
 
+  Value* find(DevicePtr key) { return const_cast<Value*>(static_cast<const AddressMap*>(this)->find(key)); }
+
   // Inserts or replaces.
   void insert(DevicePtr key, const Value& value) {
     if ((size_ + 1) * 4 > slots_.size() * 3) grow();

@@ -128,7 +128,7 @@ bool Runtime::take_cached(void** out, std::size_t size, StreamId consumer, int d
   const std::size_t rounded = round_size(size, config_.roundup_power2_divisions);
   CachedBlock b{};
   if (!caches_.take(consumer, dev, rounded, size, &b)) return false;
-  caches_.live().insert(b.ptr, LiveBlock{b.block.size, size, dev});
+  caches_.live().insert(b.ptr, LiveBlock{b.block.size, size, dev, false});
   *out = reinterpret_cast<void*>(b.ptr);
   return true;
 }
@@ -137,6 +137,8 @@ void Runtime::give_back_cached(const CachedBlock& block) {
   Runtime& rt = get();
   DeviceState* d = rt.existing(block.block.device);
   if (d == nullptr) return;
+  LiveBlock parked{};
+  rt.caches_.live().take(block.ptr, &parked);  // the pool's again: a later free is the pool's to judge
   std::lock_guard<AdaptiveMutex> lock(d->mu);
   d->pool->deallocate(block.ptr, block.stream);
 }
@@ -172,7 +174,7 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
     caches_.flush_all();  // the blocks other threads keep may be what is missing
   }
   if (a.ok && caches_.enabled()) {
-    caches_.live().insert(a.ptr, LiveBlock{block_size, size, dev});
+    caches_.live().insert(a.ptr, LiveBlock{block_size, size, dev, false});
     // The pool took memory from the device: the blocks threads keep go back
     // to it, so that it does not go on growing beside them.
     if (grew) caches_.flush_all();
@@ -190,15 +192,23 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site) {
   const auto p = reinterpret_cast<DevicePtr>(ptr);
   int first = current_device();
   if (caches_.enabled()) {
+    const bool cacheable = site != kAnyStream && captures_active_.load(std::memory_order_relaxed) == 0 && !bypass();
     LiveBlock live{};
-    if (caches_.live().take(p, &live)) {
-      mark_used();
-      if (site != kAnyStream && captures_active_.load(std::memory_order_relaxed) == 0 && !bypass()) {
-        caches_.keep(CachedBlock{p, live, site});
-        if (trace_) trace_->record(TraceWriter::Action::Free, p, live.requested, site);
-        return FreeResult::Freed;
-      }
-      first = live.device;  // a plain free, or a capture under way: the pool's
+    switch (caches_.live().release(p, cacheable, &live)) {
+      case LiveTable::Freed::AlreadyParked:
+        mark_used();
+        return FreeResult::NotAllocated;  // freed twice: the first free put it in a thread cache
+      case LiveTable::Freed::Live:
+        mark_used();
+        if (cacheable) {
+          caches_.keep(CachedBlock{p, live, site});
+          if (trace_) trace_->record(TraceWriter::Action::Free, p, live.requested, site);
+          return FreeResult::Freed;
+        }
+        first = live.device;  // a plain free, or a capture under way: the pool's
+        break;
+      case LiveTable::Freed::Unknown:
+        break;
     }
   }
   for (int i = -1; i < kMaxDevices; ++i) {

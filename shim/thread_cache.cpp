@@ -53,6 +53,21 @@ bool LiveTable::take(DevicePtr ptr, LiveBlock* out) {
   return true;
 }
 
+LiveTable::Freed LiveTable::release(DevicePtr ptr, bool park, LiveBlock* out) {
+  Stripe& s = stripe(ptr);
+  std::lock_guard<SpinLock> lock(s.lock);
+  LiveBlock* b = s.map.find(ptr);
+  if (b == nullptr) return Freed::Unknown;
+  if (b->parked) return Freed::AlreadyParked;
+  *out = *b;
+  if (park) {
+    b->parked = true;
+  } else {
+    s.map.erase(ptr);
+  }
+  return Freed::Live;
+}
+
 void LiveTable::clear() {
   for (Stripe& s : stripes_) {
     std::lock_guard<SpinLock> lock(s.lock);

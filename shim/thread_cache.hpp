@@ -20,7 +20,9 @@
 // program replaces the old one's blocks.
 //
 // To free without the device lock, the shim keeps its own table of live
-// allocations (address -> size, device) in stripes with their own locks.
+// allocations (address -> size, device) in stripes with their own locks. A
+// block waiting in a thread cache stays in it, marked parked, so that freeing
+// it again is caught as the double free it is.
 #pragma once
 
 #include <algorithm>
@@ -41,6 +43,7 @@ struct LiveBlock {
   std::size_t size;       // the block's size in the pool
   std::size_t requested;  // what the program asked for
   int device;
+  bool parked;  // freed into a thread cache: the pool still counts it allocated
 };
 
 class LiveTable {
@@ -48,6 +51,11 @@ class LiveTable {
   void insert(DevicePtr ptr, const LiveBlock& block);
   // Removes and returns the entry for ptr; false when there is none.
   bool take(DevicePtr ptr, LiveBlock* out);
+  // A free of ptr. A live entry is returned and either parked (it is going
+  // into a thread cache, and a second free must be refused: the pool still
+  // counts the block allocated) or removed. A parked entry is left as it is.
+  enum class Freed { Unknown, Live, AlreadyParked };
+  Freed release(DevicePtr ptr, bool park, LiveBlock* out);
   void clear();
 
  private:

@@ -48,6 +48,11 @@ class Integrity(ShimTest):
         self.assertGreaterEqual(device["thread_cache_kept_peak_bytes"], 128 << 20)
         os.remove(run.reports()[0])
 
+    def test_a_block_freed_twice_while_in_a_thread_cache_is_refused(self):
+        run = self.run_program(["test-parked", "double-free"])
+        self.assertSucceeded(run)
+        self.assertIn("not a live allocation", run.stderr)
+
     def test_without_thread_caches_the_peaks_are_exact(self):
         run = self.run_program(["test-parked", "16", "8"], env={"GPUPOOL_THREAD_CACHE_SIZE": "0"})
         self.assertSucceeded(run)

@@ -34,7 +34,7 @@ struct CacheFixture {
     CachedBlock b{};
     b.ptr = next;
     next += size + 512;
-    b.block = LiveBlock{size, size, 0};
+    b.block = LiveBlock{size, size, 0, false};
     b.stream = stream;
     return b;
   }
