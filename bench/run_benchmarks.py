@@ -245,6 +245,25 @@ def main():
                      "met" if all_best_ok else "not met", "see the table"))
     lines.append("")
 
+    # Ordering calls: what each trace would cost in event calls on a GPU.
+    plain = {r["trace"]: r for r in replay(["--passes", "2", "--plain"] + traces)}
+    lines += ["## Ordering calls", "",
+              "Event calls the pool would make on a GPU to order reuse, per allocation: every trace replayed twice "
+              "as recorded (stream-ordered, `gpupool-replay --passes 2 --json TRACE`) and as plain "
+              "`cudaMalloc`/`cudaFree` with no stream (`--plain`: a program under "
+              "`PYTORCH_NO_CUDA_MEMORY_CACHING=1`), where each reuse of memory freed since the last device "
+              "barrier records a new one (one `cudaEventRecord` on the legacy stream). The replay's device keeps "
+              "up, so these are lower bounds for queries.", "",
+              "| trace | stream-ordered: records | queries | plain: barriers | records | queries "
+              "| plain peak reserved / live |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name in sorted(default):
+        d, p = default[name], plain[name]
+        n = d["allocations"]
+        lines.append(f"| {name} | {d['events_recorded'] / n:.3f} | {d['event_queries'] / n:.3f} | "
+                     f"{p['barriers'] / n:.3f} | {p['events_recorded'] / n:.3f} | {p['event_queries'] / n:.3f} | "
+                     f"{p['peak_reserved_to_peak_live']:.4f} |")
+    lines.append("")
+
     # Trace recording cost.
     env = {"LD_LIBRARY_PATH": SIM, "TRACES_DIR": TRACES, "GPUPOOL_REPORT": "0", "LD_PRELOAD": LIB}
     off = statistics.median(json.loads(sh([os.path.join(BIN, "gpupool-bench-api"), "async", "1", "200000"], env=env))

@@ -90,6 +90,7 @@ bool VirtualUpstream::record_event(EventHandle event, StreamId stream) {
   auto it = events_.find(event);
   if (it == events_.end()) return false;
   it->second = complete_at_once_;
+  ++event_records_;
   if (calls_.size() < kMaxCallsKept) calls_.push_back(Call{Call::Record, event, stream});
   return true;
 }
@@ -101,6 +102,7 @@ bool VirtualUpstream::wait_event(StreamId stream, EventHandle event) {
 }
 
 EventStatus VirtualUpstream::query_event(EventHandle event) {
+  ++event_queries_;
   auto it = events_.find(event);
   if (it == events_.end()) return EventStatus::Error;
   return it->second ? EventStatus::Complete : EventStatus::Pending;

@@ -2,7 +2,7 @@
 // how much memory each configuration reserves for them.
 //
 //   gpupool-replay [--passes N] [--capacity SIZE] [--conf CONF] [--set KEY=VALUE]...
-//                  [--sweep KEY=V1,V2,...]... [--json] TRACE.csv...
+//                  [--sweep KEY=V1,V2,...]... [--plain] [--json] [--details] TRACE.csv...
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -31,6 +31,7 @@ struct Args {
   std::vector<Sweep> sweeps;
   bool json = false;
   bool details = false;
+  bool plain = false;
   std::vector<std::string> traces;
 };
 
@@ -38,8 +39,10 @@ struct Args {
   if (why != nullptr) std::fprintf(stderr, "gpupool-replay: %s\n", why);
   std::fprintf(stderr,
                "usage: gpupool-replay [--passes N] [--capacity SIZE] [--conf K:V,...] [--set KEY=VALUE]...\n"
-               "                      [--sweep KEY=V1,V2,...]... [--json] [--details] TRACE.csv...\n"
-               "  KEY is any GPUPOOL_CONF key (gpupool config lists them); --sweep tries every combination.\n");
+               "                      [--sweep KEY=V1,V2,...]... [--plain] [--json] [--details] TRACE.csv...\n"
+               "  KEY is any GPUPOOL_CONF key (gpupool config lists them); --sweep tries every combination.\n"
+               "  --plain replays every call as plain cudaMalloc/cudaFree, with no stream (a program\n"
+               "  under PYTORCH_NO_CUDA_MEMORY_CACHING=1).\n");
   std::exit(2);
 }
 
@@ -88,6 +91,8 @@ Args parse_args(int argc, char** argv) {
       a.json = true;
     } else if (arg == "--details") {
       a.details = true;
+    } else if (arg == "--plain") {
+      a.plain = true;
     } else if (arg == "-h" || arg == "--help") {
       usage(nullptr);
     } else if (!arg.empty() && arg[0] == '-') {
@@ -115,12 +120,13 @@ PoolOptions options_for(const std::vector<std::string>& settings, std::string* c
 
 std::string human(std::size_t bytes) { return report::human_bytes(static_cast<double>(bytes)); }
 
-void print_json(const tools::ReplayResult& r, const std::string& conf) {
+void print_json(const tools::ReplayResult& r, const std::string& conf, bool plain) {
   report::JsonWriter w;
   w.begin_object();
   w.field("trace", r.trace);
   w.field("conf", conf);
   w.field("passes", r.passes);
+  w.field("plain", plain);
   w.field("allocations", r.allocations);
   w.field("frees", r.frees);
   w.field("unknown_frees", r.unknown_frees);
@@ -131,6 +137,9 @@ void print_json(const tools::ReplayResult& r, const std::string& conf) {
   w.field("upstream_mallocs", r.upstream_mallocs);
   w.field("page_maps", r.device.stats.num_page_maps);
   w.field("page_unmaps", r.device.stats.num_page_unmaps);
+  w.field("events_recorded", r.events_recorded);
+  w.field("event_queries", r.event_queries);
+  w.field("barriers", r.barriers);
   w.field("ooms", r.ooms);
   w.field("external_fragmentation_at_peak", r.external_fragmentation_at_peak);
   w.field("ns_per_op", r.ns_per_op);
@@ -221,11 +230,11 @@ int main(int argc, char** argv) {
     Row row;
     const PoolOptions options = options_for(settings, &row.conf);
     for (const tools::Trace& t : traces) {
-      row.results.push_back(tools::replay(t, options, args.capacity, args.passes, args.details));
+      row.results.push_back(tools::replay(t, options, args.capacity, args.passes, args.details, args.plain));
       const tools::ReplayResult& r = row.results.back();
       row.mean_ratio += r.ratio() / static_cast<double>(traces.size());
       row.worst_ratio = std::max(row.worst_ratio, r.ratio());
-      if (args.json) print_json(r, row.conf);
+      if (args.json) print_json(r, row.conf, args.plain);
     }
     rows.push_back(std::move(row));
   }

@@ -26,7 +26,7 @@ struct LiveBlock {
 }  // namespace
 
 ReplayResult replay(const Trace& trace, const PoolOptions& options, std::size_t capacity, int passes,
-                    bool find_peak_cause) {
+                    bool find_peak_cause, bool plain) {
   ReplayResult r;
   r.trace = trace.name;
   r.passes = passes;
@@ -46,8 +46,8 @@ ReplayResult replay(const Trace& trace, const PoolOptions& options, std::size_t 
   for (int pass = 0; pass < passes; ++pass) {
     for (std::size_t index = 0; index < trace.events.size(); ++index) {
       const TraceEvent& e = trace.events[index];
-      const StreamId stream = pool_stream(e.stream);
-      if (known.insert(stream).second) pool.stream_created(stream, StreamKind::NonBlocking);
+      const StreamId stream = plain ? kAnyStream : pool_stream(e.stream);
+      if (!plain && known.insert(stream).second) pool.stream_created(stream, StreamKind::NonBlocking);
       switch (e.action) {
         case TraceEvent::Action::AllocateFailure:
           ++r.trace_failures;
@@ -101,6 +101,11 @@ ReplayResult replay(const Trace& trace, const PoolOptions& options, std::size_t 
   r.external_fragmentation_at_peak = pool.fragmentation_at_peak().external;
   r.ns_per_op = operations == 0 ? 0.0 : seconds * 1e9 / static_cast<double>(operations);
   r.device = report::collect(pool, 0);
+  r.events_recorded = upstream.event_records();
+  r.event_queries = upstream.event_queries();
+  for (const StreamReport& stream : r.device.streams) {
+    if (stream.id == kAnyStream) r.barriers = stream.counters.fences_recorded;
+  }
   return r;
 }
 

@@ -26,6 +26,11 @@ struct ReplayResult {
   std::int64_t ooms = 0;
   double external_fragmentation_at_peak = 0.0;
   double ns_per_op = 0.0;
+  // Driver calls the ordering would make on a GPU: events recorded (fences,
+  // and the events of each device barrier) and queried; and device barriers.
+  std::uint64_t events_recorded = 0;
+  std::uint64_t event_queries = 0;
+  std::uint64_t barriers = 0;
   report::DeviceReport device;      // the pool's state at the end, for details
   // The request that last raised the reserved peak, and the cache right then.
   struct PeakCause {
@@ -42,7 +47,10 @@ struct ReplayResult {
 // freed before the next (a trace's start re-allocates what was live before it).
 // With `find_peak_cause`, also records the request that raised the reserved
 // peak and the cache at that moment (slower: it snapshots at each new peak).
+// With `plain`, every allocation and free is replayed as plain cudaMalloc and
+// cudaFree (no stream): what a program under PYTORCH_NO_CUDA_MEMORY_CACHING=1
+// calls, where each reuse must be ordered by the device barrier.
 ReplayResult replay(const Trace& trace, const PoolOptions& options, std::size_t capacity, int passes,
-                    bool find_peak_cause = false);
+                    bool find_peak_cause = false, bool plain = false);
 
 }  // namespace gpupool::tools

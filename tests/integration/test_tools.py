@@ -112,6 +112,19 @@ class Replay(ShimTest):
         self.assertEqual(shared["peak_reserved_bytes"], 100 << 20)
         self.assertEqual(apart["peak_reserved_bytes"], 200 << 20)
 
+    def test_plain_replay_orders_each_reuse_with_a_barrier(self):
+        # Freed and taken again on one stream: stream order suffices. Replayed
+        # as plain cudaFree/cudaMalloc, the reuse needs the device barrier.
+        path = self.write("p.csv", "Thread,Time,Action,Pointer,Size,Stream\n"
+                          "1,00:00:00.000000,allocate,0x1000,1048576,0x7000\n"
+                          "1,00:00:00.000001,free,0x1000,1048576,0x7000\n"
+                          "1,00:00:00.000002,allocate,0x2000,1048576,0x7000\n")
+        ordered = json.loads(self.replay("--json", path).stdout)
+        plain = json.loads(self.replay("--json", "--plain", path).stdout)
+        self.assertEqual((ordered["plain"], ordered["barriers"], ordered["events_recorded"]), (False, 0, 0))
+        self.assertEqual((plain["plain"], plain["barriers"], plain["events_recorded"]), (True, 1, 1))
+        self.assertEqual(plain["peak_reserved_bytes"], ordered["peak_reserved_bytes"])
+
     def test_sweep_recommends_a_setting(self):
         path = self.write("w.csv", "Thread,Time,Action,Pointer,Size,Stream\n" + "".join(
             f"1,00:00:00.{i:06d},{'allocate' if i % 2 == 0 else 'free'},{0x1000 * (i // 2 + 1):#x},"
