@@ -134,7 +134,12 @@ bool StreamOrdering::record_fence(StreamState& s) {
 
 bool StreamOrdering::record_barrier() {
   if (capture_active()) return false;
-  poll();  // recycle what has completed before taking more events
+  // Recycle completed events only when none is spare (one suffices: the
+  // non-blocking streams' events are given back at once): a plain loop of
+  // cudaMalloc/cudaFree records a barrier per reuse, and querying on each
+  // one would double its driver calls. Destroyed streams' events are dropped
+  // as soon as complete (the barrier waits for each one still pending).
+  if (spare_events_.empty() || !retired_.empty()) poll();
   const StreamId legacy = upstream_.legacy_stream();
   // 1. The legacy stream waits for every stream it does not order implicitly.
   for (auto& [id, s] : streams_) {

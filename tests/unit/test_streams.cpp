@@ -291,3 +291,20 @@ TEST_CASE_METHOD(PoolFixture, "plain reuse prefers an equal block freed before t
   CHECK(alloc(12 * kMiB) == b);  // b, not the lower-addressed a: no new barrier
   CHECK(upstream.calls().empty());
 }
+
+TEST_CASE_METHOD(PoolFixture, "plain barriers with their events still pending cost at most one query each") {
+  // Each reuse of the block just freed with cudaFree records a barrier; the
+  // device catches up only now and then. Completed events are recycled when
+  // a barrier needs one, not queried again on every barrier.
+  make();
+  upstream.set_events_complete_at_once(false);
+  const DevicePtr p = alloc(kMiB);
+  for (int i = 0; i < 100; ++i) {
+    release(p);
+    CHECK(alloc(kMiB) == p);
+    if (i % 4 == 3) upstream.complete_all();
+  }
+  CHECK(upstream.event_records() == 100);
+  CHECK(upstream.event_queries() <= 100);
+  CHECK(upstream.events_created() <= 8);
+}
