@@ -5,11 +5,12 @@
 #include <thread>
 
 #include "sim/counters.hpp"
+#include "sim/memory.hpp"
 
 namespace simcuda {
 
 namespace {
-thread_local Stream* t_per_thread = nullptr;
+thread_local std::vector<Stream*> t_per_thread;  // per device
 
 std::uint64_t env_u64(const char* name, std::uint64_t fallback) {
   const char* v = std::getenv(name);
@@ -23,24 +24,31 @@ Engine& Engine::instance() {
 }
 
 Engine::Engine() : delay_us_(env_u64("SIMCUDA_OP_DELAY_US", 0)) {
-  legacy_ = new Stream();
-  legacy_->kind = StreamKind::Legacy;
-  streams_.push_back(legacy_);
+  for (int device = 0; device < Memory::instance().devices(); ++device) {
+    auto* legacy = new Stream();
+    legacy->kind = StreamKind::Legacy;
+    legacy->device = device;
+    legacy_.push_back(legacy);
+    streams_.push_back(legacy);
+  }
 }
 
-Stream* Engine::resolve(cudaStream_t handle, bool per_thread) {
+Stream* Engine::resolve(cudaStream_t handle, bool per_thread, int device) {
   const auto raw = reinterpret_cast<std::uintptr_t>(handle);
   const bool wants_per_thread = raw == 0x2 || (raw == 0 && per_thread);
   if (wants_per_thread) {
-    if (t_per_thread == nullptr) {
+    if (t_per_thread.empty()) t_per_thread.assign(legacy_.size(), nullptr);
+    Stream*& mine = t_per_thread[static_cast<std::size_t>(device)];
+    if (mine == nullptr) {
       std::lock_guard<std::mutex> lock(mu_);
-      t_per_thread = new Stream();
-      t_per_thread->kind = StreamKind::PerThread;
-      streams_.push_back(t_per_thread);
+      mine = new Stream();
+      mine->kind = StreamKind::PerThread;
+      mine->device = device;
+      streams_.push_back(mine);
     }
-    return t_per_thread;
+    return mine;
   }
-  if (raw == 0 || raw == 0x1) return legacy_;
+  if (raw == 0 || raw == 0x1) return legacy_[static_cast<std::size_t>(device)];
   return reinterpret_cast<Stream*>(handle);
 }
 
@@ -54,7 +62,7 @@ Stream* Engine::create_stream(unsigned flags, int device) {
 }
 
 cudaError_t Engine::destroy_stream(Stream* s) {
-  if (s == legacy_ || s->kind == StreamKind::PerThread) return cudaErrorInvalidResourceHandle;
+  if (s->kind == StreamKind::Legacy || s->kind == StreamKind::PerThread) return cudaErrorInvalidResourceHandle;
   std::lock_guard<std::mutex> lock(mu_);
   if (s->destroyed) return cudaErrorInvalidResourceHandle;
   // As CUDA: returns at once; queued work still runs, then the worker ends.
@@ -63,9 +71,9 @@ cudaError_t Engine::destroy_stream(Stream* s) {
   return cudaSuccess;
 }
 
-void Engine::invalidate_captures_blocked_by_legacy() {
+void Engine::invalidate_captures_blocked_by_legacy(int device) {
   for (Stream* other : streams_) {
-    if (other->capturing && other->blocking()) other->invalidated = true;
+    if (other->capturing && other->blocking() && other->device == device) other->invalidated = true;
   }
 }
 
@@ -82,19 +90,20 @@ cudaError_t Engine::enqueue(Stream* s, std::function<void()> run, std::vector<De
   std::vector<Dependency> deps = std::move(extra);
   if (s->kind == StreamKind::Legacy) {
     for (Stream* other : streams_) {
-      if (other->capturing && other->blocking()) {
-        invalidate_captures_blocked_by_legacy();
+      if (other->capturing && other->blocking() && other->device == s->device) {
+        invalidate_captures_blocked_by_legacy(s->device);
         return cudaErrorStreamCaptureImplicit;
       }
     }
     for (Stream* other : streams_) {
-      if (other != s && other->blocking() && other->enqueued > other->completed) {
+      if (other != s && other->blocking() && other->device == s->device && other->enqueued > other->completed) {
         deps.push_back(Dependency{other, other->enqueued});
       }
     }
     counters().legacy_ops++;
-  } else if (s->blocking() && legacy_->enqueued > legacy_->completed) {
-    deps.push_back(Dependency{legacy_, legacy_->enqueued});
+  } else if (s->blocking()) {
+    Stream* legacy = legacy_[static_cast<std::size_t>(s->device)];
+    if (legacy->enqueued > legacy->completed) deps.push_back(Dependency{legacy, legacy->enqueued});
   }
   Op op;
   op.seq = ++s->enqueued;
@@ -140,6 +149,7 @@ void Engine::work(Stream* s) {
 
 cudaError_t Engine::record(Event* e, Stream* s) {
   counters().event_records++;
+  if (e->device != s->device) return cudaErrorInvalidResourceHandle;  // as CUDA: one device for both
   if (s->capturing) {
     std::lock_guard<std::mutex> lock(mu_);
     e->captured = true;
@@ -237,7 +247,7 @@ void Engine::synchronize_all() {
 
 cudaError_t Engine::begin_capture(Stream* s, cudaStreamCaptureMode mode) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (s == legacy_) return cudaErrorStreamCaptureUnsupported;
+  if (s->kind == StreamKind::Legacy) return cudaErrorStreamCaptureUnsupported;
   if (s->capturing) return cudaErrorIllegalState;
   s->capturing = true;
   s->invalidated = false;

@@ -4,7 +4,9 @@
 // all blocking streams and they wait for it; non-blocking streams order with
 // nothing; events complete when their stream reaches them; cudaStreamWaitEvent
 // holds a queue; stream capture records instead of running, and the calls that
-// would invalidate a real capture invalidate this one.
+// would invalidate a real capture invalidate this one. Each device has its own
+// legacy stream and per-thread streams; the legacy rule holds within a device,
+// and an event is recorded only on a stream of the device it was created on.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -52,6 +54,7 @@ struct Stream {
 
 struct Event {
   unsigned flags = 0;
+  int device = 0;            // current when it was created
   Stream* stream = nullptr;  // of the last record; null: never recorded
   std::uint64_t seq = 0;
   bool captured = false;     // last recorded inside a capture
@@ -61,10 +64,10 @@ class Engine {
  public:
   static Engine& instance();  // created once, never destroyed (workers outlive exit)
 
-  // Stream handles: 0 and cudaStreamLegacy are the legacy stream; with
-  // `per_thread` (a _ptsz entry point) 0 means the caller's per-thread stream,
-  // as does cudaStreamPerThread always.
-  Stream* resolve(cudaStream_t handle, bool per_thread);
+  // Stream handles: 0 and cudaStreamLegacy are the legacy stream of `device`
+  // (the caller's current one); with `per_thread` (a _ptsz entry point) 0
+  // means the caller's per-thread stream there, as does cudaStreamPerThread.
+  Stream* resolve(cudaStream_t handle, bool per_thread, int device);
   Stream* create_stream(unsigned flags, int device);
   cudaError_t destroy_stream(Stream* s);
 
@@ -95,12 +98,12 @@ class Engine {
   void start_worker(Stream* s);
   void work(Stream* s);
   bool done(const Dependency& d) const { return d.stream->completed >= d.seq; }
-  void invalidate_captures_blocked_by_legacy();
+  void invalidate_captures_blocked_by_legacy(int device);
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Stream*> streams_;  // every stream ever made; never freed
-  Stream* legacy_;
+  std::vector<Stream*> legacy_;  // per device
   std::uint64_t delay_us_;
 };
 

@@ -110,6 +110,18 @@ bool Memory::contains(const void* ptr, std::size_t bytes) const {
   return true;
 }
 
+int Memory::device_of(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = live_.upper_bound(p);
+  if (it != live_.begin() && p < std::prev(it)->first + std::prev(it)->second.size) return std::prev(it)->second.device;
+  auto m = mappings_.upper_bound(p);
+  if (m != mappings_.begin() && p < std::prev(m)->first + std::prev(m)->second.size) {
+    return physical_.at(std::prev(m)->second.handle).device;
+  }
+  return -1;
+}
+
 void* Memory::reserve_address_space(std::size_t size) {
   void* p = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   return p == MAP_FAILED ? nullptr : p;

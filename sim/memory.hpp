@@ -25,6 +25,8 @@ class Memory {
   cudaError_t release(void* ptr);
   // True when [ptr, ptr+bytes) lies inside one live allocation.
   bool contains(const void* ptr, std::size_t bytes) const;
+  // The device whose memory holds ptr (from cudaMalloc or mapped pages), or -1.
+  int device_of(const void* ptr) const;
   void info(int device, std::size_t* free_bytes, std::size_t* total_bytes) const;
   int devices() const { return devices_; }
 

@@ -32,7 +32,7 @@ cudaError_t result(cudaError_t err) {
   return err;
 }
 
-Stream* stream_of(cudaStream_t s, bool per_thread) { return Engine::instance().resolve(s, per_thread); }
+Stream* stream_of(cudaStream_t s, bool per_thread) { return Engine::instance().resolve(s, per_thread, t_device); }
 
 // The graph handle EndCapture returns; only ever destroyed.
 struct Graph {
@@ -77,7 +77,7 @@ cudaError_t memset_async(void* p, int value, size_t count, cudaStream_t stream, 
 cudaError_t malloc_async(void** p, size_t size, cudaStream_t stream, bool per_thread) {
   if (p == nullptr) return result(cudaErrorInvalidValue);
   counters().malloc_async_calls++;
-  (void)stream_of(stream, per_thread);
+  const int device = stream_of(stream, per_thread)->device;  // the stream's device, as CUDA
   if (size == 0) {
     *p = nullptr;
     return cudaSuccess;
@@ -85,10 +85,10 @@ cudaError_t malloc_async(void** p, size_t size, cudaStream_t stream, bool per_th
   // Memory is usable in stream order at once here; the pool of a real device
   // would also hand it out in stream order. Frees still queued would give
   // memory back in stream order: let them finish before giving up.
-  cudaError_t err = Memory::instance().allocate(t_device, size, p);
+  cudaError_t err = Memory::instance().allocate(device, size, p);
   if (err == cudaErrorMemoryAllocation) {
     Engine::instance().synchronize_all();
-    err = Memory::instance().allocate(t_device, size, p);
+    err = Memory::instance().allocate(device, size, p);
   }
   return result(err);
 }
@@ -281,6 +281,19 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* p) {
   return cudaSuccess;
 }
 
+// Device memory says which device holds it; anything else is unregistered
+// host memory (not an error since CUDA 11).
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* p) {
+  if (attributes == nullptr) return result(cudaErrorInvalidValue);
+  std::memset(attributes, 0, sizeof(*attributes));
+  const int device = Memory::instance().device_of(p);
+  attributes->type = device < 0 ? cudaMemoryTypeUnregistered : cudaMemoryTypeDevice;
+  if (device >= 0) attributes->device = device;
+  attributes->devicePointer = device < 0 ? nullptr : const_cast<void*>(p);
+  attributes->hostPointer = device < 0 ? const_cast<void*>(p) : nullptr;
+  return cudaSuccess;
+}
+
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   if (free_bytes == nullptr || total_bytes == nullptr) return result(cudaErrorInvalidValue);
   Memory::instance().info(t_device, free_bytes, total_bytes);
@@ -431,6 +444,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
   if (e == nullptr) return result(cudaErrorInvalidValue);
   auto* ev = new simcuda::Event();
   ev->flags = flags;
+  ev->device = t_device;
   *e = reinterpret_cast<cudaEvent_t>(ev);
   return cudaSuccess;
 }
