@@ -120,17 +120,25 @@ void CudaUpstream::destroy_event(EventHandle event) {
   internal([&](const RealCuda& r) { return r.cudaEventDestroy(as_event(event)); });
 }
 
+// Stream calls run with this upstream's device current: the legacy and
+// per-thread handles name that device's stream only then, and an event is
+// recorded only on a stream of the device it was created on. A program may
+// free on one device while another is current, or order on another device's
+// stream with cudaMallocAsync.
 bool CudaUpstream::record_event(EventHandle event, StreamId stream) {
   cudaStream_t s = nullptr;
   if (!stream_handle(stream, &s)) return false;
-  return internal([&](const RealCuda& r) { return r.cudaEventRecord(as_event(event), s); }) == cudaSuccess;
+  return on_device(device_, [&] {
+           return internal([&](const RealCuda& r) { return r.cudaEventRecord(as_event(event), s); });
+         }) == cudaSuccess;
 }
 
 bool CudaUpstream::wait_event(StreamId stream, EventHandle event) {
   cudaStream_t s = nullptr;
   if (!stream_handle(stream, &s)) return false;
-  return internal([&](const RealCuda& r) { return r.cudaStreamWaitEvent(s, as_event(event), 0); }) ==
-         cudaSuccess;
+  return on_device(device_, [&] {
+           return internal([&](const RealCuda& r) { return r.cudaStreamWaitEvent(s, as_event(event), 0); });
+         }) == cudaSuccess;
 }
 
 EventStatus CudaUpstream::query_event(EventHandle event) {
@@ -142,7 +150,8 @@ EventStatus CudaUpstream::query_event(EventHandle event) {
 EventStatus CudaUpstream::query_stream(StreamId stream) {
   cudaStream_t s = nullptr;
   if (!stream_handle(stream, &s)) return EventStatus::Error;
-  const cudaError_t err = internal([&](const RealCuda& r) { return r.cudaStreamQuery(s); });
+  const cudaError_t err =
+      on_device(device_, [&] { return internal([&](const RealCuda& r) { return r.cudaStreamQuery(s); }); });
   if (err == cudaSuccess) return EventStatus::Complete;
   return err == cudaErrorNotReady ? EventStatus::Pending : EventStatus::Error;
 }
@@ -154,7 +163,9 @@ bool CudaUpstream::synchronize_event(EventHandle event) {
 bool CudaUpstream::synchronize_stream(StreamId stream) {
   cudaStream_t s = nullptr;
   if (!stream_handle(stream, &s)) return false;
-  return internal([&](const RealCuda& r) { return r.cudaStreamSynchronize(s); }) == cudaSuccess;
+  return on_device(device_, [&] {
+           return internal([&](const RealCuda& r) { return r.cudaStreamSynchronize(s); });
+         }) == cudaSuccess;
 }
 
 StreamId CudaUpstream::legacy_stream() const { return kLegacyStream; }

@@ -70,6 +70,34 @@ class Integrity(ShimTest):
         self.assertEqual(stats["allocation.all.allocated"], 900)
 
 
+class Devices(ShimTest):
+    # Two simulated devices, and room in each device's pool for one 12 MiB
+    # block: a block freed with cudaFree can only be reused, on its device.
+    ENV = {"SIMCUDA_DEVICES": "2", "GPUPOOL_MEMORY_LIMIT": "20M"}
+
+    def test_each_device_serves_its_own_memory_whatever_device_is_current(self):
+        # Blocks asked of one device while the other is current (cudaMallocAsync
+        # on its stream) and freed while the other is current (cudaFree): the
+        # reuse is ordered on the block's device, not the current one.
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                run = self.run_program(["test-devices", "cross", "20"],
+                                       env=dict(self.ENV, GPUPOOL_EXPANDABLE_SEGMENTS=expandable))
+                self.assertSucceeded(run)
+                devices = run.report()["devices"]
+                self.assertEqual(sorted(devices), ["0", "1"])
+                for device in devices.values():
+                    self.assertEqual(device["stats"]["num_ooms"], 0)
+                    self.assertEqual(device["stats"]["reserved_bytes.all.peak"], 12 << 20)
+                    self.assertEqual(device["stats"]["allocation.all.allocated"], 3 * 20)
+                    self.assertEqual(device["stats"]["allocation.all.current"], 0)
+                os.remove(run.reports()[0])
+
+    def test_the_devices_program_passes_without_gpupool_too(self):
+        run = self.run_program(["test-devices", "cross", "5"], env={"SIMCUDA_DEVICES": "2"}, preload=False)
+        self.assertSucceeded(run)
+
+
 class Reuse(ShimTest):
     def test_repeated_workload_makes_few_upstream_calls(self):
         run = self.run_program(["test-repeat", "50"])

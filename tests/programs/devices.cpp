@@ -1,0 +1,114 @@
+// One process driving two devices, as JAX or DataParallel do: every block
+// comes from the memory of the device it was asked for, blocks freed while
+// another device is current go back to their own device's pool, and reusing
+// them is ordered on their own device. Every buffer carries a pattern checked
+// before it is freed. Run with SIMCUDA_DEVICES=2 and, under gpupool, a memory
+// limit that leaves each device room for one block: then a block freed with
+// cudaFree can only be reused, on its device, whatever device is current.
+//   devices cross [rounds]     one thread switching devices between calls
+//   devices threads [rounds]   a thread per device, at the same time
+#include <thread>
+
+#include "common.hpp"
+
+namespace {
+
+constexpr size_t kBytes = 12 << 20;
+
+void expect_on(const void* p, int device) {
+  cudaPointerAttributes a{};
+  CHECK_CUDA(cudaPointerGetAttributes(&a, p));
+  if (a.type != cudaMemoryTypeDevice || a.device != device) {
+    std::fprintf(stderr, "devices: %p is memory of device %d (type %d), asked of device %d\n", p, a.device,
+                 static_cast<int>(a.type), device);
+    std::exit(1);
+  }
+}
+
+void fill(void* p, unsigned char tag, cudaStream_t stream) {
+  CHECK_CUDA(cudaMemsetAsync(p, tag, kBytes, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  EXPECT(testprog::holds_sampled(p, kBytes, tag));
+}
+
+// Device d's blocks, asked for and freed while d or the other device is current.
+void cross(int d, cudaStream_t stream, int round) {
+  const int other = 1 - d;
+  const auto tag = static_cast<unsigned char>(round * 4 + d * 2 + 1);
+  void* p = nullptr;
+  CHECK_CUDA(cudaSetDevice(d));
+  CHECK_CUDA(cudaMalloc(&p, kBytes));
+  expect_on(p, d);
+  fill(p, tag, nullptr);
+  CHECK_CUDA(cudaFree(p));
+
+  // Stream-ordered on d's stream with the other device current: the block
+  // cudaFree gave back is the only room d has, and reusing it needs d's barrier.
+  CHECK_CUDA(cudaSetDevice(other));
+  void* q = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&q, kBytes, stream));
+  expect_on(q, d);
+  fill(q, static_cast<unsigned char>(tag + 1), stream);
+  CHECK_CUDA(cudaFreeAsync(q, stream));
+
+  // Plain cudaMalloc on d, freed while the other device is current.
+  CHECK_CUDA(cudaSetDevice(d));
+  void* r = nullptr;
+  CHECK_CUDA(cudaMalloc(&r, kBytes));
+  expect_on(r, d);
+  fill(r, tag, nullptr);
+  CHECK_CUDA(cudaSetDevice(other));
+  CHECK_CUDA(cudaFree(r));
+}
+
+void own_device(int d, int rounds) {
+  CHECK_CUDA(cudaSetDevice(d));
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int round = 0; round < rounds; ++round) {
+    const auto tag = static_cast<unsigned char>(round * 2 + d + 1);
+    void* p = nullptr;
+    CHECK_CUDA(cudaMallocAsync(&p, kBytes, stream));
+    expect_on(p, d);
+    fill(p, tag, stream);
+    CHECK_CUDA(cudaFreeAsync(p, stream));
+    void* q = nullptr;
+    CHECK_CUDA(cudaMalloc(&q, kBytes));
+    expect_on(q, d);
+    fill(q, tag, nullptr);
+    CHECK_CUDA(cudaFree(q));
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool threads = argc > 1 && std::strcmp(argv[1], "threads") == 0;
+  const int rounds = argc > 2 ? std::atoi(argv[2]) : 20;
+  int count = 0;
+  CHECK_CUDA(cudaGetDeviceCount(&count));
+  EXPECT(count >= 2);
+  if (threads) {
+    std::thread first(own_device, 0, rounds);
+    std::thread second(own_device, 1, rounds);
+    first.join();
+    second.join();
+    return 0;
+  }
+  cudaStream_t streams[2] = {};
+  for (int d = 0; d < 2; ++d) {
+    CHECK_CUDA(cudaSetDevice(d));
+    CHECK_CUDA(cudaStreamCreateWithFlags(&streams[d], cudaStreamNonBlocking));
+  }
+  for (int round = 0; round < rounds; ++round) {
+    for (int d = 0; d < 2; ++d) cross(d, streams[d], round);
+  }
+  for (int d = 0; d < 2; ++d) {
+    CHECK_CUDA(cudaSetDevice(d));
+    CHECK_CUDA(cudaStreamSynchronize(streams[d]));
+    CHECK_CUDA(cudaStreamDestroy(streams[d]));
+  }
+  return 0;
+}
