@@ -51,28 +51,30 @@ bool DevicePool::owns(DevicePtr ptr) const {
 
 // ---------------------------------------------------------------- allocation
 
-Allocation DevicePool::allocate(std::size_t size, StreamId consumer, std::uint32_t site) {
+Allocation DevicePool::allocate(std::size_t size, StreamId consumer, std::uint32_t site, bool last_try) {
   if (size == 0) return Allocation{0, true};
   ++stats_.pool_ops;
+  Allocation a;
   if (clock_ == nullptr || stats_.pool_ops % kTimingSample != 0) {
-    return allocate_unsampled(size, consumer, site);
+    a = allocate_unsampled(size, consumer, site, last_try);
+  } else {
+    const std::uint64_t start = clock_->now_ns();
+    const std::uint64_t upstream_before = stats_.upstream_alloc_ns + stats_.upstream_free_ns;
+    a = allocate_unsampled(size, consumer, site, last_try);
+    const std::uint64_t upstream_spent = stats_.upstream_alloc_ns + stats_.upstream_free_ns - upstream_before;
+    const std::uint64_t spent = clock_->now_ns() - start;
+    stats_.pool_ns_sampled += spent > upstream_spent ? spent - upstream_spent : 0;
+    ++stats_.pool_ops_sampled;
   }
-  const std::uint64_t start = clock_->now_ns();
-  const std::uint64_t upstream_before = stats_.upstream_alloc_ns + stats_.upstream_free_ns;
-  Allocation a = allocate_unsampled(size, consumer, site);
-  const std::uint64_t upstream_spent =
-      stats_.upstream_alloc_ns + stats_.upstream_free_ns - upstream_before;
-  const std::uint64_t spent = clock_->now_ns() - start;
-  stats_.pool_ns_sampled += spent > upstream_spent ? spent - upstream_spent : 0;
-  ++stats_.pool_ops_sampled;
+  // Once per request, however many tries it took.
+  if (a.ok || a.device_error || last_try) request_histogram_.add(size);
   return a;
 }
 
 Allocation DevicePool::allocate_unsampled(std::size_t size, StreamId consumer,
-                                          std::uint32_t site) {
-  request_histogram_.add(size);
+                                          std::uint32_t site, bool last_try) {
   if (size > kMaxRequest) {
-    record_oom(size, size, PoolKind::Large, consumer, 0, false, fragmentation());
+    if (last_try) record_oom(size, size, PoolKind::Large, consumer, 0, false, fragmentation());
     return Allocation{};
   }
   const std::size_t rounded = round_size(size, options_.roundup_divisions);
@@ -93,8 +95,9 @@ Allocation DevicePool::allocate_unsampled(std::size_t size, StreamId consumer,
       return Allocation{0, false, true};  // not an out-of-memory: no diagnosis of one
     }
     if (b == nullptr) {
-      record_oom(size, rounded, kind, consumer, segment_size(rounded, options_), limit_reached,
-                 before);
+      if (last_try) {
+        record_oom(size, rounded, kind, consumer, segment_size(rounded, options_), limit_reached, before);
+      }
       return Allocation{};
     }
   }

@@ -45,7 +45,9 @@ class DevicePool {
 
   // consumer: the stream the program named, or kAnyStream (plain cudaMalloc).
   // size 0 succeeds with a null pointer. `site` tags the block (0: none).
-  Allocation allocate(std::size_t size, StreamId consumer, std::uint32_t site = 0);
+  // last_try false: the caller will try again once it has returned blocks it
+  // holds elsewhere, so a failure is not recorded as an out-of-memory yet.
+  Allocation allocate(std::size_t size, StreamId consumer, std::uint32_t site = 0, bool last_try = true);
   // site: the stream of a stream-ordered free, or kAnyStream (plain cudaFree).
   FreeResult deallocate(DevicePtr ptr, StreamId site);
   // Returns every entirely free segment upstream; returns the bytes released.
@@ -93,7 +95,7 @@ class DevicePool {
   Block* new_block();
   void delete_block(Block* b);
 
-  Allocation allocate_unsampled(std::size_t size, StreamId consumer, std::uint32_t site);
+  Allocation allocate_unsampled(std::size_t size, StreamId consumer, std::uint32_t site, bool last_try);
   FreeResult deallocate_unsampled(DevicePtr ptr, StreamId site);
   bool fits_size_rules(const Block* b, std::size_t rounded) const;
   // Whether b can serve `consumer` now, recording the ordering it needs.

@@ -164,11 +164,13 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
         return cudaSuccess;
       }
       const std::int64_t reserved_before = d.pool->stats().reserved_bytes[kAll].current;
-      a = d.pool->allocate(size, consumer, site);
+      // With thread caches, a first failure is tried again once they are flushed.
+      const bool last_try = attempt == 1 || !caches_.enabled();
+      a = d.pool->allocate(size, consumer, site, last_try);
       grew = d.pool->stats().reserved_bytes[kAll].current > reserved_before;
       if (a.ok && a.ptr != 0) block_size = d.pool->find_allocated(a.ptr)->size;
       if (a.device_error) error = d.upstream.last_error();
-      if (!a.ok && !a.device_error && (attempt == 1 || !caches_.enabled())) warn_oom(d);
+      if (!a.ok && !a.device_error && last_try) warn_oom(d);
     }
     if (a.ok || a.device_error || attempt == 1 || !caches_.enabled()) break;
     caches_.flush_all();  // the blocks other threads keep may be what is missing

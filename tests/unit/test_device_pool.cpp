@@ -1,5 +1,7 @@
 #include "pool_fixture.hpp"
 
+#include <numeric>
+
 using namespace gpupool;
 using gpupool::testing::PoolFixture;
 
@@ -193,6 +195,26 @@ TEST_CASE_METHOD(PoolFixture, "a device error is no out-of-memory: cache is kept
   CHECK_FALSE(b.device_error);
   CHECK(pool->stats().num_ooms == 1);
   CHECK(pool->stats().num_alloc_retries == 1);
+  check();
+}
+
+TEST_CASE_METHOD(PoolFixture, "a failed try the caller will repeat is no out-of-memory yet") {
+  make(40 * kMiB);
+  const DevicePtr held = alloc(30 * kMiB);
+  CHECK_FALSE(pool->allocate(20 * kMiB, kAnyStream, 0, false).ok);
+  CHECK(pool->stats().num_ooms == 0);
+  CHECK(pool->ooms().empty());
+  auto requests = [&] {
+    const auto& c = pool->request_histogram().count;
+    return std::accumulate(c.begin(), c.end(), std::uint64_t{0});
+  };
+  CHECK(requests() == 1);  // the 30 MiB: a request tried again counts once
+  release(held);  // what the caller returns before trying again
+  CHECK(pool->allocate(20 * kMiB, kAnyStream, 0, true).ok);
+  CHECK(pool->stats().num_ooms == 0);
+  CHECK(requests() == 2);
+  CHECK_FALSE(pool->allocate(40 * kMiB, kAnyStream, 0, true).ok);  // the last try fails: recorded
+  CHECK(pool->stats().num_ooms == 1);
   check();
 }
 
