@@ -180,6 +180,7 @@ void StreamCaches::keep(const CachedBlock& block) {
 
 template <typename Keep>
 void StreamCaches::flush_if(Keep&& keep) {
+  std::lock_guard<std::mutex> flushing(flush_mu_);
   std::vector<CachedBlock> out;
   {
     std::lock_guard<std::mutex> registry(registry_mu_);
@@ -204,6 +205,7 @@ void StreamCaches::flush_stream(StreamId stream) {
 }
 
 void StreamCaches::thread_exiting(ThreadCache* cache) {
+  std::lock_guard<std::mutex> flushing(flush_mu_);
   {
     std::lock_guard<std::mutex> registry(registry_mu_);
     caches_.erase(std::remove(caches_.begin(), caches_.end(), cache), caches_.end());

@@ -190,6 +190,10 @@ class StreamCaches {
   std::atomic<bool> enabled_{false};
   bool forked_ = false;
   std::atomic<const void*> first_thread_{nullptr};
+  // Held from taking blocks out of caches until they are back in the pool, so
+  // that a flush returns only once every block cached before it is there,
+  // even those another thread's flush (or an ending thread) took first.
+  std::mutex flush_mu_;
   std::mutex registry_mu_;
   std::vector<ThreadCache*> caches_;
   std::vector<CacheTraffic> ended_;  // by device, of threads that have ended

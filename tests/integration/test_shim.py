@@ -93,6 +93,16 @@ class Devices(ShimTest):
                     self.assertEqual(device["stats"]["allocation.all.current"], 0)
                 os.remove(run.reports()[0])
 
+    def test_a_thread_per_device(self):
+        # Both threads make stream-ordered calls, so each keeps its freed
+        # blocks in its cache; each one's plain cudaMalloc then needs them back
+        # while the other thread may be flushing the caches too.
+        run = self.run_program(["test-devices", "threads", "50"], env=self.ENV)
+        self.assertSucceeded(run)
+        for device in run.report()["devices"].values():
+            self.assertEqual(device["stats"]["num_ooms"], 0)
+            self.assertEqual(device["stats"]["allocation.all.allocated"], 2 * 50)
+
     def test_the_devices_program_passes_without_gpupool_too(self):
         run = self.run_program(["test-devices", "cross", "5"], env={"SIMCUDA_DEVICES": "2"}, preload=False)
         self.assertSucceeded(run)
