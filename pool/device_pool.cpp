@@ -625,6 +625,13 @@ void DevicePool::record_oom(std::size_t size, std::size_t rounded, PoolKind kind
   r.allocated = static_cast<std::size_t>(stats_.allocated_bytes[kAll].current);
   r.free_in_pool = now_frag.free_bytes;
   r.largest_free_block = now_frag.largest_free_block;
+  // A walk over the free blocks, on the way to a failure only.
+  for (const Block* b : pool_of(kind).blocks()) {
+    if (b->size >= rounded && b->size > r.largest_fitting_block && fits_size_rules(b, rounded)) {
+      r.largest_fitting_block = b->size;
+    }
+  }
+  r.during_capture = ordering_.capture_active();
   r.free_before_release = before.free_bytes;
   r.largest_free_before_release = before.largest_free_block;
   r.limit_reached = limit_reached;

@@ -166,6 +166,10 @@ struct OomRecord {
   std::size_t allocated = 0;
   std::size_t free_in_pool = 0;        // after releasing what could be released
   std::size_t largest_free_block = 0;
+  // The largest free block the size rules let serve this request: there, but
+  // not reusable yet (the work queued before its free was not known done).
+  std::size_t largest_fitting_block = 0;
+  bool during_capture = false;         // a stream capture was under way
   std::size_t largest_free_before_release = 0;
   std::size_t free_before_release = 0;
   bool limit_reached = false;          // refused by memory_limit, not by the device

@@ -56,6 +56,7 @@ const char* cause_name(OomCause cause) {
   switch (cause) {
     case OomCause::TooLarge: return "too_large";
     case OomCause::LimitReached: return "limit_reached";
+    case OomCause::PendingReuse: return "pending_reuse";
     case OomCause::Fragmentation: return "fragmentation";
     case OomCause::OtherUsers: return "other_users";
     case OomCause::DeviceRefused: return "device_refused";
@@ -71,6 +72,19 @@ OomDiagnosis diagnose(const OomRecord& oom, const PoolOptions& options) {
     d.cause = OomCause::TooLarge;
     d.verdict = format("the request is larger than the device: asked %s%s", bytes(asked).c_str(),
                        oom.device_total != 0 ? format(" of a %s device", bytes(oom.device_total).c_str()).c_str() : "");
+    return d;
+  }
+  if (oom.largest_fitting_block >= oom.rounded) {
+    // The block was there; what it lacked was proof that its last use is over.
+    d.cause = OomCause::PendingReuse;
+    d.verdict = format("a free block of %s fits, but the work queued before it was freed was not known to be done",
+                       bytes(oom.largest_fitting_block).c_str());
+    if (oom.during_capture) {
+      d.verdict += " (a stream capture was under way: until it ends no event can be recorded to order reuse)";
+      d.advice = "allocate before the capture begins, or synchronize the stream that freed the memory before it";
+    } else if (options.cross_stream_reuse != CrossStreamReuse::Auto) {
+      d.advice = "set GPUPOOL_CROSS_STREAM_REUSE=auto: another stream may then take it after a device-side wait";
+    }
     return d;
   }
   if (oom.free_in_pool >= oom.rounded) {

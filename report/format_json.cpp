@@ -95,6 +95,8 @@ void device(JsonWriter& w, const DeviceReport& d) {
     w.field("allocated_bytes", o.allocated);
     w.field("free_in_pool_bytes", o.free_in_pool);
     w.field("largest_free_block_bytes", o.largest_free_block);
+    w.field("largest_fitting_free_block_bytes", o.largest_fitting_block);
+    w.field("during_capture", o.during_capture);
     w.field("device_free_bytes", o.device_free);
     w.field("device_total_bytes", o.device_total);
     w.field("limit_reached", o.limit_reached);

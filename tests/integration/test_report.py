@@ -40,6 +40,23 @@ class OutOfMemory(ShimTest):
         self.assertEqual(device["stats"]["num_ooms"], 0)
         self.assertGreater(device["upstream"]["page_unmaps"], 0)
 
+    def test_a_fitting_block_still_in_use_during_a_capture_is_not_called_fragmentation(self):
+        # 48 MiB free, its work still queued; while a capture is under way no
+        # event may be recorded to order it, so a 20 MiB request fails.
+        for mode in ({}, FIXED):
+            with self.subTest(**mode):
+                run = self.run_program(["test-oom", "capture"],
+                                       env=dict(SMALL_DEVICE, SIMCUDA_OP_DELAY_US="300000", **mode))
+                self.assertSucceeded(run)
+                self.assertIn("oom: cudaErrorMemoryAllocation", run.stdout)
+                oom = run.report()["devices"]["0"]["ooms"][0]
+                self.assertEqual(oom["cause"], "pending_reuse")
+                self.assertTrue(oom["during_capture"])
+                self.assertEqual(oom["largest_fitting_free_block_bytes"], 48 << 20)
+                self.assertIn("a free block of 48.00 MiB fits", oom["verdict"])
+                self.assertIn("capture", oom["advice"])
+                os.remove(run.reports()[0])
+
     def test_a_full_device_is_called_full(self):
         run = self.run_program(["test-oom", "full"], env=SMALL_DEVICE)
         self.assertSucceeded(run)

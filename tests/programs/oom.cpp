@@ -4,6 +4,9 @@
 //   full           the program's own live blocks fill the device
 //   none           nothing before it (with the simulated runtime's injected
 //                  failures: a device that refuses, or has a sticky error)
+//   capture        48 MiB freed on one stream with its work still queued (run
+//                  with SIMCUDA_OP_DELAY_US), then, while another stream
+//                  captures, a 20 MiB request on a third
 #include <string>
 
 #include "common.hpp"
@@ -25,8 +28,25 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaMalloc(&p, 20 << 20));
       blocks.push_back(p);
     }
+  } else if (mode == "capture") {
+    cudaStream_t freed_on = nullptr, capturing = nullptr, asking = nullptr;
+    for (cudaStream_t* s : {&freed_on, &capturing, &asking}) CHECK_CUDA(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
+    void* p = nullptr;
+    CHECK_CUDA(cudaMallocAsync(&p, 48 << 20, freed_on));
+    CHECK_CUDA(cudaMemsetAsync(p, 1, 48 << 20, freed_on));  // still queued when the request comes
+    CHECK_CUDA(cudaFreeAsync(p, freed_on));
+    CHECK_CUDA(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeRelaxed));
+    void* q = nullptr;
+    const cudaError_t err = cudaMallocAsync(&q, 20 << 20, asking);
+    if (err != cudaSuccess) EXPECT(cudaGetLastError() == err);
+    cudaGraph_t graph = nullptr;
+    CHECK_CUDA(cudaStreamEndCapture(capturing, &graph));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+    if (err == cudaSuccess) CHECK_CUDA(cudaFreeAsync(q, asking));
+    std::printf("oom: %s\n", cudaGetErrorName(err));
+    return 0;
   } else if (mode != "none") {
-    std::fprintf(stderr, "usage: oom fragmentation|full|none\n");
+    std::fprintf(stderr, "usage: oom fragmentation|full|none|capture\n");
     return 64;
   }
   // Fixed segments cannot serve this; expandable segments can, by giving the
