@@ -289,19 +289,19 @@ bool StreamOrdering::stream_ready(StreamId from, std::uint64_t stream_epoch,
   if (device_complete(device_epoch)) return true;
   // An idle stream has finished everything queued before the free: no fence,
   // no wait. Its frees so far close an epoch, as if fenced and completed.
-  if (addressable(src) && src.captures == 0 && upstream_.query_stream(from) == EventStatus::Complete) {
+  if (addressable(src) && usable(src) && upstream_.query_stream(from) == EventStatus::Complete) {
     src.fenced_epoch = src.completed_epoch = src.free_epoch++;
     return true;
   }
 
   if (!may_wait) {
     // Start a fence now so that a later request can find it complete.
-    if (stream_epoch > src.fenced_epoch && addressable(src) && src.captures == 0) record_fence(src);
+    if (stream_epoch > src.fenced_epoch && addressable(src) && usable(src)) record_fence(src);
     return false;
   }
   StreamState& dst = stream(to);
-  if (dst.captures > 0) return false;
-  if (!addressable(src) || src.captures > 0) {
+  if (!usable(dst)) return false;
+  if (!addressable(src) || !usable(src)) {
     // Cannot record on the freeing stream (another thread's per-thread default
     // stream, or capturing): the device barrier orders it instead.
     return device_ready(device_epoch);

@@ -128,6 +128,12 @@ class StreamOrdering {
   bool record_completion_fence();
   void poll(StreamState& s);
   bool addressable(const StreamState& s) const { return s.kind != StreamKind::PerThread; }
+  // Events may be recorded, waited for and queried on it now: not while it
+  // captures, and not on the legacy stream while any capture is under way (a
+  // capturing blocking stream's capture would break).
+  bool usable(const StreamState& s) const {
+    return s.captures == 0 && !(s.kind == StreamKind::Legacy && capture_active());
+  }
 
   Upstream& upstream_;
   const PoolOptions& options_;

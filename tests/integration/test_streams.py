@@ -89,6 +89,19 @@ class Capture(ShimTest):
         self.assertEqual(run.counters()["captures_invalidated"], 0)
         self.assertEqual(device["quarantined_bytes"], 1 << 20)  # freed inside the capture
 
+    def test_other_streams_allocating_during_a_capture_leave_it_valid(self):
+        # Blocks freed on the legacy stream and with cudaFree, still busy: the
+        # pool must neither fence nor query the legacy stream for them while a
+        # blocking stream captures (the capture would be invalidated).
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                run = self.run_program(["test-capture", "others"],
+                                       env={"SIMCUDA_OP_DELAY_US": "100000", "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                self.assertSucceeded(run)
+                self.assertEqual(run.counters()["captures_invalidated"], 0)
+                self.assertEqual(run.report()["devices"]["0"]["stats"]["num_ooms"], 0)
+                os.remove(run.reports()[0])
+
 
 if __name__ == "__main__":
     main()

@@ -1,13 +1,62 @@
 // Stream capture with gpupool underneath: stream-ordered allocations inside the
 // capture go to the runtime (they become graph nodes), nothing gpupool does
 // invalidates the capture, and the pool serves the stream again afterwards.
+//   capture            allocations on the capturing stream
+//   capture others     while a blocking stream captures, another stream asks
+//                      for memory freed on the legacy stream, with plain
+//                      cudaFree and on a third stream, its work still queued
+//                      (run with SIMCUDA_OP_DELAY_US): gpupool must not touch
+//                      the legacy stream, which would break the capture; the
+//                      third stream's 16 MiB may serve after a device-side wait
 #include "common.hpp"
 
 namespace {
 void noop(void*) {}
+
+int others() {
+  cudaStream_t capturing = nullptr, asking = nullptr, freed_on = nullptr;
+  CHECK_CUDA(cudaStreamCreate(&capturing));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&asking, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&freed_on, cudaStreamNonBlocking));
+  void* on_stream = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&on_stream, 16 << 20, freed_on));
+  CHECK_CUDA(cudaMemsetAsync(on_stream, 1, 16 << 20, freed_on));
+  CHECK_CUDA(cudaFreeAsync(on_stream, freed_on));
+  void* on_legacy = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&on_legacy, 4 << 20, nullptr));
+  CHECK_CUDA(cudaMemsetAsync(on_legacy, 1, 4 << 20, nullptr));
+  CHECK_CUDA(cudaFreeAsync(on_legacy, nullptr));
+  void* plain = nullptr;
+  CHECK_CUDA(cudaMalloc(&plain, 4 << 20));
+  CHECK_CUDA(cudaMemsetAsync(plain, 2, 4 << 20, nullptr));
+  CHECK_CUDA(cudaFree(plain));
+
+  CHECK_CUDA(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeRelaxed));
+  CHECK_CUDA(cudaLaunchHostFunc(capturing, noop, nullptr));
+  void* got[4] = {};
+  for (void*& p : got) {
+    CHECK_CUDA(cudaMallocAsync(&p, 4 << 20, asking));
+    CHECK_CUDA(cudaMemsetAsync(p, 3, 4 << 20, asking));
+  }
+  for (void* p : got) CHECK_CUDA(cudaFreeAsync(p, asking));
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(capturing, &graph);
+  if (end != cudaSuccess || graph == nullptr) {
+    std::fprintf(stderr, "capture: the capture was invalidated (%s)\n", cudaGetErrorName(end));
+    return 1;
+  }
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  CHECK_CUDA(cudaStreamSynchronize(asking));
+  CHECK_CUDA(cudaStreamDestroy(capturing));
+  CHECK_CUDA(cudaStreamDestroy(asking));
+  CHECK_CUDA(cudaStreamDestroy(freed_on));
+  std::printf("capture: valid while other streams allocated\n");
+  return 0;
+}
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "others") == 0) return others();
   cudaStream_t s;
   CHECK_CUDA(cudaStreamCreate(&s));  // a blocking stream: legacy-stream work would break its capture
   // Warm the pool and leave frees that a barrier would normally cover.
