@@ -224,7 +224,8 @@ Block* DevicePool::grow(PoolKind kind, std::size_t rounded, StreamId consumer, b
   // on an ordinary miss (a growing pool with many free blocks would pay it
   // on every new segment).
   *before = fragmentation();
-  if (ordering_.capture_active()) return b;
+  // Another stream's block after a device-side wait: allowed during a capture
+  // too, between streams that are not capturing (the ordering checks each).
   if (options_.cross_stream_reuse == CrossStreamReuse::Auto) {
     b = take_cached(kind, rounded, consumer, true);
     if (b != nullptr) {
@@ -232,6 +233,7 @@ Block* DevicePool::grow(PoolKind kind, std::size_t rounded, StreamId consumer, b
       return b;
     }
   }
+  if (ordering_.capture_active()) return b;  // cudaFree and host waits would break it
   // Like PyTorch: release oversize blocks that could make room, then all cache.
   if (!expandable() && release_oversize_for(rounded)) {
     b = new_memory();

@@ -101,6 +101,15 @@ class Capture(ShimTest):
                 self.assertEqual(run.counters()["captures_invalidated"], 0)
                 self.assertEqual(run.report()["devices"]["0"]["stats"]["num_ooms"], 0)
                 os.remove(run.reports()[0])
+        # No room to grow: the requests take the third stream's block, after a
+        # device-side wait for its work, capture or no capture.
+        run = self.run_program(["test-capture", "others"],
+                               env={"SIMCUDA_OP_DELAY_US": "100000", "GPUPOOL_MEMORY_LIMIT": "24M"})
+        self.assertSucceeded(run)
+        self.assertEqual(run.counters()["captures_invalidated"], 0)
+        device = run.report()["devices"]["0"]
+        self.assertEqual(device["stats"]["num_ooms"], 0)
+        self.assertEqual(device["stats"]["reserved_bytes.all.peak"], 24 << 20)
 
 
 if __name__ == "__main__":

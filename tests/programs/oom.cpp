@@ -4,9 +4,10 @@
 //   full           the program's own live blocks fill the device
 //   none           nothing before it (with the simulated runtime's injected
 //                  failures: a device that refuses, or has a sticky error)
-//   capture        48 MiB freed on one stream with its work still queued (run
-//                  with SIMCUDA_OP_DELAY_US), then, while another stream
-//                  captures, a 20 MiB request on a third
+//   capture        48 MiB freed with cudaFree, its work still queued (run with
+//                  SIMCUDA_OP_DELAY_US), then, while a stream captures, a 20 MiB
+//                  request on another (reusing the block would need the legacy
+//                  stream, which the capture forbids)
 #include <string>
 
 #include "common.hpp"
@@ -29,12 +30,13 @@ int main(int argc, char** argv) {
       blocks.push_back(p);
     }
   } else if (mode == "capture") {
-    cudaStream_t freed_on = nullptr, capturing = nullptr, asking = nullptr;
-    for (cudaStream_t* s : {&freed_on, &capturing, &asking}) CHECK_CUDA(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
+    cudaStream_t capturing = nullptr, asking = nullptr;
+    CHECK_CUDA(cudaStreamCreate(&capturing));
+    CHECK_CUDA(cudaStreamCreateWithFlags(&asking, cudaStreamNonBlocking));
     void* p = nullptr;
-    CHECK_CUDA(cudaMallocAsync(&p, 48 << 20, freed_on));
-    CHECK_CUDA(cudaMemsetAsync(p, 1, 48 << 20, freed_on));  // still queued when the request comes
-    CHECK_CUDA(cudaFreeAsync(p, freed_on));
+    CHECK_CUDA(cudaMalloc(&p, 48 << 20));
+    CHECK_CUDA(cudaMemsetAsync(p, 1, 48 << 20, nullptr));  // still queued when the request comes
+    CHECK_CUDA(cudaFree(p));
     CHECK_CUDA(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeRelaxed));
     void* q = nullptr;
     const cudaError_t err = cudaMallocAsync(&q, 20 << 20, asking);
