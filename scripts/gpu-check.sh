@@ -90,11 +90,18 @@ for mode in 1 0; do
   run "repeat (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-repeat 200
   run "threads (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-threads 4 500
   run "capture (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-capture
+  run "capture while other streams allocate (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-capture others
   run "fidelity (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-fidelity
   run "lifecycle fork (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-lifecycle fork
   run "demo (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/gpupool-demo --steps 10
 done
 run "unchanged nvcc -cudart shared program" 0 "${pool[@]}" -- "$out/user_program"
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+  run "two devices, switching between calls" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=20M -- build/bin/test-devices cross 20
+  run "two devices, a thread each" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=20M -- build/bin/test-devices threads 50
+else
+  record "two devices" SKIP "one GPU here"
+fi
 
 if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
   echo "== PyTorch with PYTORCH_NO_CUDA_MEMORY_CACHING=1 under gpupool"
