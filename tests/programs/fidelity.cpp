@@ -1,4 +1,7 @@
-// The runtime's observable behaviour that a transparent pool must keep.
+// The runtime's observable behaviour that a transparent pool must keep, and
+// the driver's that it relies on.
+#include <cuda.h>
+
 #include "common.hpp"
 
 int main() {
@@ -65,6 +68,24 @@ int main() {
   CHECK_CUDA(cudaMalloc(&big, total / 2 + total / 4));
   EXPECT(cudaGetLastError() == cudaSuccess);
   CHECK_CUDA(cudaFree(big));
+  // Address ranges reserved through the driver (reached through the runtime,
+  // as gpupool reaches it) start on a granule whatever their size: expandable
+  // segments map pages at granule offsets from the start.
+  void* reserve_fn = nullptr;
+  void* free_fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  CHECK_CUDA(cudaGetDriverEntryPointByVersion("cuMemAddressReserve", &reserve_fn, 12000, cudaEnableDefault, &found));
+  CHECK_CUDA(cudaGetDriverEntryPointByVersion("cuMemAddressFree", &free_fn, 12000, cudaEnableDefault, &found));
+  EXPECT(reserve_fn != nullptr && free_fn != nullptr);
+  const auto reserve = reinterpret_cast<decltype(&cuMemAddressReserve)>(reserve_fn);
+  const auto release = reinterpret_cast<decltype(&cuMemAddressFree)>(free_fn);
+  constexpr size_t kGranule = 2 << 20;
+  for (size_t granules : {1, 3, 5, 1000}) {
+    CUdeviceptr base = 0;
+    EXPECT(reserve(&base, granules * kGranule, 0, 0, 0) == CUDA_SUCCESS);
+    EXPECT(base % kGranule == 0);
+    EXPECT(release(base, granules * kGranule) == CUDA_SUCCESS);
+  }
   std::printf("fidelity: all checks passed\n");
   return 0;
 }
