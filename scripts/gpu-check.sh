@@ -99,6 +99,7 @@ run "unchanged nvcc -cudart shared program" 0 "${pool[@]}" -- "$out/user_program
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   run "two devices, switching between calls" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=20M -- build/bin/test-devices cross 20
   run "two devices, a thread each" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=20M -- build/bin/test-devices threads 50
+  run "two devices, peer access" 0 "${pool[@]}" -- build/bin/test-devices peer
 else
   record "two devices" SKIP "one GPU here"
 fi

@@ -44,6 +44,7 @@ Memory::Memory()
       rng_(env_size("SIMCUDA_FAIL_SEED", 1)) {
   if (devices_ < 1) devices_ = 1;
   used_.assign(static_cast<std::size_t>(devices_), 0);
+  peers_.assign(static_cast<std::size_t>(devices_), 0);
 }
 
 bool Memory::inject_failure() {
@@ -175,22 +176,49 @@ bool Memory::map(void* ptr, std::size_t size, std::uint64_t handle) {
   if (next != mappings_.end() && next->first < p + size) return false;  // overlaps a mapping
   if (next != mappings_.begin() && std::prev(next)->first + std::prev(next)->second.size > p) return false;
   it->second.mapped = true;
-  mappings_.emplace(p, Mapping{size, handle, false});
+  mappings_.emplace(p, Mapping{size, handle, false, 0});
   counters().vmm_maps++;
   return true;
 }
 
-bool Memory::set_access(void* ptr, std::size_t size) {
+bool Memory::set_access(void* ptr, std::size_t size, std::uint64_t devices) {
   std::lock_guard<std::mutex> lock(mu_);
   const auto p = reinterpret_cast<std::uintptr_t>(ptr);
   // Every byte of the range must be mapped.
   for (std::uintptr_t at = p; at < p + size;) {
     auto m = mappings_.find(at);
     if (m == mappings_.end()) return false;
-    m->second.accessible = true;
     at += m->second.size;
   }
+  for (std::uintptr_t at = p; at < p + size;) {
+    Mapping& m = mappings_.at(at);
+    m.accessible = true;
+    m.devices |= devices;
+    at += m.size;
+  }
   return mprotect(ptr, size, PROT_READ | PROT_WRITE) == 0;
+}
+
+cudaError_t Memory::enable_peer_access(int accessor, int owner) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (owner < 0 || owner >= devices_ || owner == accessor) return cudaErrorInvalidDevice;
+  std::uint64_t& peers = peers_[static_cast<std::size_t>(accessor)];
+  if ((peers >> owner & 1u) != 0) return cudaErrorPeerAccessAlreadyEnabled;
+  peers |= std::uint64_t{1} << owner;
+  return cudaSuccess;
+}
+
+bool Memory::accessible_from(const void* ptr, int device) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = live_.upper_bound(p);
+  if (it != live_.begin() && p < std::prev(it)->first + std::prev(it)->second.size) {
+    const int owner = std::prev(it)->second.device;
+    return owner == device || (peers_[static_cast<std::size_t>(device)] >> owner & 1u) != 0;
+  }
+  auto m = mappings_.upper_bound(p);
+  if (m == mappings_.begin() || p >= std::prev(m)->first + std::prev(m)->second.size) return false;
+  return (std::prev(m)->second.devices >> device & 1u) != 0;
 }
 
 bool Memory::unmap(void* ptr, std::size_t size) {

@@ -38,7 +38,13 @@ class Memory {
   cudaError_t create_physical(int device, std::size_t size, std::uint64_t* handle);
   bool release_physical(std::uint64_t handle);
   bool map(void* ptr, std::size_t size, std::uint64_t handle);
-  bool set_access(void* ptr, std::size_t size);
+  // Grants the devices in `devices` (a bit each) access to the mapped range.
+  bool set_access(void* ptr, std::size_t size, std::uint64_t devices);
+  // Peer access (cudaDeviceEnablePeerAccess): `accessor` may use `owner`'s
+  // cudaMalloc memory. Mapped pages need set_access for it, as on a GPU.
+  cudaError_t enable_peer_access(int accessor, int owner);
+  // Whether `device` may access the device memory at ptr.
+  bool accessible_from(const void* ptr, int device) const;
   bool unmap(void* ptr, std::size_t size);
 
  private:
@@ -61,11 +67,13 @@ class Memory {
     std::size_t size;
     std::uint64_t handle;
     bool accessible;
+    std::uint64_t devices;  // a bit per device granted access
   };
   std::map<std::uint64_t, Physical> physical_;
   std::map<std::uintptr_t, Mapping> mappings_;  // by start address
   std::uint64_t next_handle_ = 1;
   std::vector<std::size_t> used_;
+  std::vector<std::uint64_t> peers_;  // by accessor: a bit per owner it may access
   std::size_t capacity_;
   int devices_;
   double fail_rate_;

@@ -233,6 +233,19 @@ cudaError_t cudaSetDevice(int device) {
   return cudaSuccess;
 }
 
+cudaError_t cudaDeviceCanAccessPeer(int* can, int device, int peer) {
+  if (can == nullptr) return result(cudaErrorInvalidValue);
+  const int n = Memory::instance().devices();
+  if (device < 0 || device >= n || peer < 0 || peer >= n) return result(cudaErrorInvalidDevice);
+  *can = device != peer ? 1 : 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
+  if (flags != 0) return result(cudaErrorInvalidValue);
+  return result(Memory::instance().enable_peer_access(t_device, peer));
+}
+
 cudaError_t cudaDeviceSynchronize(void) {
   Engine::instance().synchronize_all();
   return cudaSuccess;
@@ -538,6 +551,8 @@ cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigned long
 }
 
 // ---------------------------------------------------------------- control
+
+int simcuda_accessible(const void* ptr, int device) { return Memory::instance().accessible_from(ptr, device) ? 1 : 0; }
 
 void simcuda_get_counters(struct simcuda_counters* out) {
   const simcuda::Counters& c = counters();

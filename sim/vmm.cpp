@@ -51,7 +51,16 @@ CUresult map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocation
 
 CUresult set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
   if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
-  return Memory::instance().set_access(reinterpret_cast<void*>(ptr), size) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  std::uint64_t devices = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0 ||
+        desc[i].location.id >= Memory::instance().devices()) {
+      return CUDA_ERROR_INVALID_DEVICE;
+    }
+    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) devices |= std::uint64_t{1} << desc[i].location.id;
+  }
+  return Memory::instance().set_access(reinterpret_cast<void*>(ptr), size, devices) ? CUDA_SUCCESS
+                                                                                     : CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult unmap(CUdeviceptr ptr, size_t size) {

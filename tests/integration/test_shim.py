@@ -103,9 +103,21 @@ class Devices(ShimTest):
             self.assertEqual(device["stats"]["num_ooms"], 0)
             self.assertEqual(device["stats"]["allocation.all.allocated"], 2 * 50)
 
+    def test_peer_access_reaches_pooled_pages(self):
+        # cudaDeviceEnablePeerAccess opens a peer's cudaMalloc memory, not
+        # pages mapped with cuMemMap: gpupool grants those itself, for pages
+        # mapped before and after the call, and for pools made later.
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                run = self.run_program(["test-devices", "peer"],
+                                       env={"SIMCUDA_DEVICES": "2", "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                self.assertSucceeded(run)
+                os.remove(run.reports()[0])
+
     def test_the_devices_program_passes_without_gpupool_too(self):
-        run = self.run_program(["test-devices", "cross", "5"], env={"SIMCUDA_DEVICES": "2"}, preload=False)
-        self.assertSucceeded(run)
+        for mode in ("cross", "peer"):
+            run = self.run_program(["test-devices", mode, "5"], env={"SIMCUDA_DEVICES": "2"}, preload=False)
+            self.assertSucceeded(run)
 
 
 class Reuse(ShimTest):

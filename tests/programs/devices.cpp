@@ -7,6 +7,11 @@
 // cudaFree can only be reused, on its device, whatever device is current.
 //   devices cross [rounds]     one thread switching devices between calls
 //   devices threads [rounds]   a thread per device, at the same time
+//   devices peer               access granted with cudaDeviceEnablePeerAccess
+//                              reaches pooled memory: pages mapped before the
+//                              grant and after it, and pages of a device whose
+//                              pool did not exist yet (checked on the
+//                              simulated runtime, which can say)
 #include <thread>
 
 #include "common.hpp"
@@ -82,9 +87,47 @@ void own_device(int d, int rounds) {
   CHECK_CUDA(cudaStreamDestroy(stream));
 }
 
+// Whether `device` may access ptr; true where the runtime cannot say (a GPU).
+bool accessible(const void* ptr, int device) {
+  static const auto query = reinterpret_cast<int (*)(const void*, int)>(dlsym(RTLD_DEFAULT, "simcuda_accessible"));
+  return query == nullptr || query(ptr, device) != 0;
+}
+
+int peer() {
+  const bool simulated = dlsym(RTLD_DEFAULT, "simcuda_accessible") != nullptr;
+  int can = 0;
+  CHECK_CUDA(cudaDeviceCanAccessPeer(&can, 0, 1));
+  if (can == 0) {
+    std::printf("devices: devices 0 and 1 cannot access each other here; nothing checked\n");
+    return 0;
+  }
+  void* before = nullptr;
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaMalloc(&before, kBytes));
+  if (simulated) EXPECT(!accessible(before, 0));
+  // Device 0 may now access device 1's memory, pooled pages included.
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaDeviceEnablePeerAccess(1, 0));
+  EXPECT(accessible(before, 0));
+  CHECK_CUDA(cudaSetDevice(1));
+  void* after = nullptr;
+  CHECK_CUDA(cudaMalloc(&after, 3 * kBytes));  // more pages, mapped after the grant
+  EXPECT(accessible(after, 0));
+  // Device 1 may access device 0's memory, granted before device 0 has a pool.
+  CHECK_CUDA(cudaDeviceEnablePeerAccess(0, 0));
+  CHECK_CUDA(cudaSetDevice(0));
+  void* zero = nullptr;
+  CHECK_CUDA(cudaMalloc(&zero, kBytes));
+  expect_on(zero, 0);
+  EXPECT(accessible(zero, 1));
+  for (void* p : {before, after, zero}) CHECK_CUDA(cudaFree(p));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "peer") == 0) return peer();
   const bool threads = argc > 1 && std::strcmp(argv[1], "threads") == 0;
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 20;
   int count = 0;
