@@ -13,6 +13,18 @@
 namespace {
 void noop(void*) {}
 
+// Ends the capture on `stream`; false (said on stderr) when it was invalidated.
+bool ended_valid(cudaStream_t stream) {
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  if (end != cudaSuccess || graph == nullptr) {
+    std::fprintf(stderr, "capture: the capture was invalidated (%s)\n", cudaGetErrorName(end));
+    return false;
+  }
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  return true;
+}
+
 int others() {
   cudaStream_t capturing = nullptr, asking = nullptr, freed_on = nullptr;
   CHECK_CUDA(cudaStreamCreate(&capturing));
@@ -39,13 +51,7 @@ int others() {
     CHECK_CUDA(cudaMemsetAsync(p, 3, 4 << 20, asking));
   }
   for (void* p : got) CHECK_CUDA(cudaFreeAsync(p, asking));
-  cudaGraph_t graph = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(capturing, &graph);
-  if (end != cudaSuccess || graph == nullptr) {
-    std::fprintf(stderr, "capture: the capture was invalidated (%s)\n", cudaGetErrorName(end));
-    return 1;
-  }
-  CHECK_CUDA(cudaGraphDestroy(graph));
+  if (!ended_valid(capturing)) return 1;
   CHECK_CUDA(cudaStreamSynchronize(asking));
   CHECK_CUDA(cudaStreamDestroy(capturing));
   CHECK_CUDA(cudaStreamDestroy(asking));
@@ -77,13 +83,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaLaunchHostFunc(s, noop, nullptr));
   for (void* p : inside) CHECK_CUDA(cudaFreeAsync(p, s));
   CHECK_CUDA(cudaFreeAsync(before, s));  // a pooled block freed inside the capture
-  cudaGraph_t graph = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(s, &graph);
-  if (end != cudaSuccess || graph == nullptr) {
-    std::fprintf(stderr, "capture: the capture was invalidated (%s)\n", cudaGetErrorName(end));
-    return 1;
-  }
-  CHECK_CUDA(cudaGraphDestroy(graph));
+  if (!ended_valid(s)) return 1;
   if (sim) {
     simcuda_counters c1{};
     testprog::sim_counters(&c1);
