@@ -73,11 +73,12 @@ cudaError_t free_on(void* ptr, cudaStream_t stream, bool per_thread) {
   auto real_call = per_thread ? real().cudaFreeAsync_ptsz : real().cudaFreeAsync;
   if (rt.disabled() || ptr == nullptr) return real_call != nullptr ? real_call(ptr, stream) : missing();
   const StreamId id = stream_id(stream, per_thread);
+  int device = -1;
   if (!rt.bypass()) {
-    rt.prepare_stream(id);
+    device = rt.prepare_stream(id);
     rt.note_stream_ordered_call();
   }
-  const FreeResult r = rt.deallocate(ptr, id);
+  const FreeResult r = rt.deallocate(ptr, id, device);
   if (r == FreeResult::NotOwned) return real_call != nullptr ? real_call(ptr, stream) : missing();
   return free_result(r, ptr, "cudaFreeAsync");
 }

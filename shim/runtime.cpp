@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "pool/size_rules.hpp"
@@ -157,23 +158,26 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
   std::size_t block_size = 0;
   bool grew = false;
   for (int attempt = 0; attempt < 2; ++attempt) {
+    bool last_try = true;
     {
       std::lock_guard<AdaptiveMutex> lock(d.mu);
       if (capturing != nullptr && d.pool->is_capturing(consumer)) {
         *capturing = true;
         return cudaSuccess;
       }
+      if (!d.foreign_frees.empty()) return_foreign_frees(d, attempt == 1);
       const std::int64_t reserved_before = d.pool->stats().reserved_bytes[kAll].current;
-      // With thread caches, a first failure is tried again once they are flushed.
-      const bool last_try = attempt == 1 || !caches_.enabled();
+      // A first failure is tried again once the blocks held outside the pool
+      // (threads' caches, frees waiting on another device) are back in it.
+      last_try = attempt == 1 || (!caches_.enabled() && d.foreign_frees.empty());
       a = d.pool->allocate(size, consumer, site, last_try);
       grew = d.pool->stats().reserved_bytes[kAll].current > reserved_before;
       if (a.ok && a.ptr != 0) block_size = d.pool->find_allocated(a.ptr)->size;
       if (a.device_error) error = d.upstream.last_error();
       if (!a.ok && !a.device_error && last_try) warn_oom(d);
     }
-    if (a.ok || a.device_error || attempt == 1 || !caches_.enabled()) break;
-    caches_.flush_all();  // the blocks other threads keep may be what is missing
+    if (a.ok || a.device_error || last_try) break;
+    if (caches_.enabled()) caches_.flush_all();  // the blocks other threads keep may be what is missing
   }
   if (a.ok && caches_.enabled()) {
     caches_.live().insert(a.ptr, LiveBlock{block_size, size, dev, false});
@@ -190,19 +194,20 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
   return cudaSuccess;
 }
 
-FreeResult Runtime::deallocate(void* ptr, StreamId site) {
+FreeResult Runtime::deallocate(void* ptr, StreamId site, int site_device) {
   const auto p = reinterpret_cast<DevicePtr>(ptr);
   int first = current_device();
   if (caches_.enabled()) {
+    // Only a block of the freeing stream's own device goes into a cache.
     const bool cacheable = site != kAnyStream && captures_active_.load(std::memory_order_relaxed) == 0 && !bypass();
     LiveBlock live{};
-    switch (caches_.live().release(p, cacheable, &live)) {
+    switch (caches_.live().release(p, cacheable ? site_device : -1, &live)) {
       case LiveTable::Freed::AlreadyParked:
         mark_used();
         return FreeResult::NotAllocated;  // freed twice: the first free put it in a thread cache
       case LiveTable::Freed::Live:
         mark_used();
-        if (cacheable) {
+        if (live.parked) {
           caches_.keep(CachedBlock{p, live, site});
           if (trace_) trace_->record(TraceWriter::Action::Free, p, live.requested, site);
           return FreeResult::Freed;
@@ -222,8 +227,17 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site) {
     FreeResult r;
     {
       std::lock_guard<AdaptiveMutex> lock(d->mu);
-      if (const Block* b = d->pool->find_allocated(p)) size = b->requested;
-      r = d->pool->deallocate(p, site);
+      const Block* b = d->pool->find_allocated(p);
+      if (b != nullptr) size = b->requested;
+      const bool waiting = std::any_of(d->foreign_frees.begin(), d->foreign_frees.end(),
+                                       [p](const DeviceState::ForeignFree& f) { return f.ptr == p; });
+      if (waiting) {
+        r = FreeResult::NotAllocated;  // freed twice: the first free waits on another device
+      } else if (b != nullptr && site != kAnyStream && site_device >= 0 && site_device != index) {
+        r = free_foreign(*d, p, site, site_device);
+      } else {
+        r = d->pool->deallocate(p, site);
+      }
     }
     if (r == FreeResult::NotOwned) continue;
     mark_used();
@@ -231,6 +245,37 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site) {
     return r;
   }
   return FreeResult::NotOwned;
+}
+
+FreeResult Runtime::free_foreign(DeviceState& d, DevicePtr ptr, StreamId site, int site_device) {
+  // The event is made and recorded on the stream's device (its upstream
+  // switches to it); no pool lock of that device is needed for that.
+  CudaUpstream& there = device(site_device).upstream;
+  const EventHandle event = there.create_event();
+  if (event != 0 && there.record_event(event, site)) {
+    d.foreign_frees.push_back(DeviceState::ForeignFree{ptr, event});
+    return FreeResult::Freed;
+  }
+  // No event to be had (a failing runtime): wait for the stream instead.
+  if (event != 0) there.destroy_event(event);
+  there.synchronize_stream(site);
+  return d.pool->deallocate(ptr, kAnyStream);
+}
+
+void Runtime::return_foreign_frees(DeviceState& d, bool wait) {
+  std::size_t kept = 0;
+  for (const DeviceState::ForeignFree& f : d.foreign_frees) {
+    // Events are queried and waited for from any device.
+    const bool done = wait ? (d.upstream.synchronize_event(f.event), true)
+                           : d.upstream.query_event(f.event) != EventStatus::Pending;
+    if (!done) {
+      d.foreign_frees[kept++] = f;
+      continue;
+    }
+    d.upstream.destroy_event(f.event);
+    d.pool->deallocate(f.ptr, kAnyStream);  // as if freed by cudaFree now: reuse waits for this device's barrier
+  }
+  d.foreign_frees.resize(kept);
 }
 
 void Runtime::warn_oom(const DeviceState& d) {
@@ -354,6 +399,8 @@ void Runtime::device_reset(int dev) {
   DeviceState* d = existing(dev);
   if (d == nullptr) return;
   std::lock_guard<AdaptiveMutex> lock(d->mu);
+  for (const DeviceState::ForeignFree& f : d->foreign_frees) d->upstream.destroy_event(f.event);  // another device's
+  d->foreign_frees.clear();
   (void)d->pool.release();  // leaked on purpose: no upstream call may follow
   streams_generation_.fetch_add(1);
   d->pool = std::make_unique<DevicePool>(d->upstream, config::to_pool_options(config_), kUnlimited, &clock_);
@@ -428,6 +475,15 @@ void Runtime::write_report(const char* reason) {
 
 void Runtime::at_exit() {
   if (exiting_.exchange(true)) return;
+  // Frees still waiting on another device's stream were the program's frees:
+  // count them so (no CUDA call: the device may be gone; events are leaked).
+  for (int i = 0; i < kMaxDevices; ++i) {
+    DeviceState* d = existing(i);
+    if (d == nullptr) continue;
+    std::lock_guard<AdaptiveMutex> lock(d->mu);
+    for (const DeviceState::ForeignFree& f : d->foreign_frees) d->pool->deallocate(f.ptr, kAnyStream);
+    d->foreign_frees.clear();
+  }
   write_report("exit");
   if (trace_) trace_->flush();
 }

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "config/config.hpp"
 #include "pool/device_pool.hpp"
@@ -30,6 +31,15 @@ struct DeviceState {
   AdaptiveMutex mu;
   CudaUpstream upstream;
   std::unique_ptr<DevicePool> pool;
+  // Blocks freed with cudaFreeAsync on another device's stream. The pool
+  // orders only this device's streams, so each waits here, still allocated in
+  // the pool, until an event recorded on that stream after the free has
+  // completed; then it goes back as freed. Guarded by mu.
+  struct ForeignFree {
+    DevicePtr ptr;
+    EventHandle event;
+  };
+  std::vector<ForeignFree> foreign_frees;
 };
 
 class Runtime {
@@ -49,7 +59,8 @@ class Runtime {
   cudaError_t allocate(void** out, std::size_t size, StreamId consumer, int device, bool* capturing = nullptr);
   // Freed: done. NotOwned: the caller passes the pointer to the runtime.
   // NotAllocated: a pointer inside the pool that is not live (double free).
-  FreeResult deallocate(void* ptr, StreamId site);
+  // site_device: the device of the stream `site` (a stream-ordered free).
+  FreeResult deallocate(void* ptr, StreamId site, int site_device = -1);
 
   int current_device() const;
   int device_of(StreamId stream) const;
@@ -94,6 +105,11 @@ class Runtime {
     if (!used_.load(std::memory_order_relaxed)) used_.store(true, std::memory_order_relaxed);
   }
   bool take_cached(void** out, std::size_t size, StreamId consumer, int device);
+  // A block of d freed on a stream of another device (d.mu held).
+  FreeResult free_foreign(DeviceState& d, DevicePtr ptr, StreamId site, int site_device);
+  // Gives back to d's pool the foreign frees whose event has completed; with
+  // `wait`, all of them, waiting for each on the host (d.mu held).
+  void return_foreign_frees(DeviceState& d, bool wait);
   static void give_back_cached(const CachedBlock& block);
 
   config::Config config_;

@@ -53,15 +53,15 @@ bool LiveTable::take(DevicePtr ptr, LiveBlock* out) {
   return true;
 }
 
-LiveTable::Freed LiveTable::release(DevicePtr ptr, bool park, LiveBlock* out) {
+LiveTable::Freed LiveTable::release(DevicePtr ptr, int park_device, LiveBlock* out) {
   Stripe& s = stripe(ptr);
   std::lock_guard<SpinLock> lock(s.lock);
   LiveBlock* b = s.map.find(ptr);
   if (b == nullptr) return Freed::Unknown;
   if (b->parked) return Freed::AlreadyParked;
   *out = *b;
-  if (park) {
-    b->parked = true;
+  if (b->device == park_device) {
+    b->parked = out->parked = true;
   } else {
     s.map.erase(ptr);
   }

@@ -51,11 +51,12 @@ class LiveTable {
   void insert(DevicePtr ptr, const LiveBlock& block);
   // Removes and returns the entry for ptr; false when there is none.
   bool take(DevicePtr ptr, LiveBlock* out);
-  // A free of ptr. A live entry is returned and either parked (it is going
-  // into a thread cache, and a second free must be refused: the pool still
-  // counts the block allocated) or removed. A parked entry is left as it is.
+  // A free of ptr. A live entry is returned and either parked when it is
+  // `park_device`'s block (it is going into a thread cache, and a second free
+  // must be refused: the pool still counts the block allocated; out->parked
+  // says so) or removed. A parked entry is left as it is. -1 parks nothing.
   enum class Freed { Unknown, Live, AlreadyParked };
-  Freed release(DevicePtr ptr, bool park, LiveBlock* out);
+  Freed release(DevicePtr ptr, int park_device, LiveBlock* out);
   void clear();
 
  private:

@@ -103,6 +103,28 @@ class Devices(ShimTest):
             self.assertEqual(device["stats"]["num_ooms"], 0)
             self.assertEqual(device["stats"]["allocation.all.allocated"], 2 * 50)
 
+    def test_a_block_freed_on_another_devices_stream_waits_for_that_stream(self):
+        # Device 1's stream writes device 0's block (peer access), then frees
+        # it in its order. Device 0's pool cannot order its reuse on its own
+        # streams; the block comes back only once device 1's stream has passed
+        # the free (a pattern check fails if it comes back early), and device
+        # 0's pool never sees device 1's stream.
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                run = self.run_program(["test-devices", "foreign", "10"],
+                                       env=dict(self.ENV, SIMCUDA_OP_DELAY_US="20000",
+                                                GPUPOOL_EXPANDABLE_SEGMENTS=expandable))
+                self.assertSucceeded(run)
+                zero = run.report()["devices"]["0"]
+                self.assertEqual(zero["stats"]["num_ooms"], 0)
+                self.assertEqual(zero["stats"]["reserved_bytes.large_pool.peak"], 12 << 20)  # one block
+                self.assertEqual(zero["leaks"]["blocks"], 0)
+                one = run.report()["devices"]["1"]
+                own = {s["stream"] for s in one["streams"]} - {"cudaMalloc/cudaFree", "legacy"}
+                self.assertTrue(own)
+                self.assertFalse(own & {s["stream"] for s in zero["streams"]})
+                os.remove(run.reports()[0])
+
     def test_peer_access_reaches_pooled_pages(self):
         # cudaDeviceEnablePeerAccess opens a peer's cudaMalloc memory, not
         # pages mapped with cuMemMap: gpupool grants those itself, for pages

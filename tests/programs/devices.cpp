@@ -7,6 +7,11 @@
 // cudaFree can only be reused, on its device, whatever device is current.
 //   devices cross [rounds]     one thread switching devices between calls
 //   devices threads [rounds]   a thread per device, at the same time
+//   devices foreign [rounds]   device 0's blocks written by a stream of device 1
+//                              (through peer access) and freed in its order
+//                              with cudaFreeAsync, then asked for again on
+//                              device 0: never handed out before that write
+//                              is done (run with SIMCUDA_OP_DELAY_US)
 //   devices peer               access granted with cudaDeviceEnablePeerAccess
 //                              reaches pooled memory: pages mapped before the
 //                              grant and after it, and pages of a device whose
@@ -124,10 +129,53 @@ int peer() {
   return 0;
 }
 
+int foreign(int rounds) {
+  cudaStream_t zero = nullptr, one = nullptr;
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&one, cudaStreamNonBlocking));
+  int can = 0;
+  CHECK_CUDA(cudaDeviceCanAccessPeer(&can, 1, 0));
+  if (can == 0) {
+    std::printf("devices: device 1 cannot access device 0 here; nothing checked\n");
+    return 0;
+  }
+  if (cudaDeviceEnablePeerAccess(0, 0) != cudaErrorPeerAccessAlreadyEnabled) CHECK_CUDA(cudaGetLastError());
+  CHECK_CUDA(cudaSetDevice(0));
+  // Stream-ordered calls from a second thread: gpupool's per-thread caches on.
+  std::thread([] {
+    void* warm = nullptr;
+    CHECK_CUDA(cudaMallocAsync(&warm, 512, cudaStreamPerThread));
+    CHECK_CUDA(cudaFreeAsync(warm, cudaStreamPerThread));
+    CHECK_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
+  }).join();
+  CHECK_CUDA(cudaStreamCreateWithFlags(&zero, cudaStreamNonBlocking));
+  for (int round = 0; round < rounds; ++round) {
+    const auto tag = static_cast<unsigned char>(round + 1);
+    void* p = nullptr;
+    if (round % 2 == 0) {
+      CHECK_CUDA(cudaMalloc(&p, kBytes));
+    } else {
+      CHECK_CUDA(cudaMallocAsync(&p, kBytes, zero));
+    }
+    expect_on(p, 0);
+    fill(p, tag, zero);
+    CHECK_CUDA(cudaMemsetAsync(p, 0xEE, kBytes, one));  // device 1's last use, still queued
+    CHECK_CUDA(cudaFreeAsync(p, one));                   // freed in device 1's stream order
+  }
+  CHECK_CUDA(cudaStreamSynchronize(zero));
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaStreamSynchronize(one));
+  CHECK_CUDA(cudaStreamDestroy(one));
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaStreamDestroy(zero));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "peer") == 0) return peer();
+  if (argc > 1 && std::strcmp(argv[1], "foreign") == 0) return foreign(argc > 2 ? std::atoi(argv[2]) : 20);
   const bool threads = argc > 1 && std::strcmp(argv[1], "threads") == 0;
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 20;
   int count = 0;
