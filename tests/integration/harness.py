@@ -67,8 +67,12 @@ class ShimTest(unittest.TestCase):
         e["LD_LIBRARY_PATH"] = SIM
         e["SIMCUDA_COUNTERS_FILE"] = os.path.join(self.workdir, "counters.json")
         if preload:
-            preloads = [p for p in (sanitizer_runtime(), library) if p]
+            runtime = sanitizer_runtime()
+            preloads = [p for p in (runtime, library) if p]
             e["LD_PRELOAD"] = ":".join(preloads)
+            if runtime and "libtsan" in runtime:
+                supp = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tsan.supp")
+                e["TSAN_OPTIONS"] = f"suppressions={supp} " + e.get("TSAN_OPTIONS", "")
             if log:
                 e["GPUPOOL_LOG"] = os.path.join(self.workdir, "report-%p." + fmt)
             e["GPUPOOL_LOG_FORMAT"] = fmt

@@ -142,6 +142,39 @@ class Devices(ShimTest):
             self.assertSucceeded(run)
 
 
+class Stress(ShimTest):
+    # Three threads, two devices, every kind of stream, frees with work still
+    # queued (some on the other device's stream), streams renewed; a memory
+    # limit makes the pool reuse under pressure.
+    ENV = {"SIMCUDA_DEVICES": "2", "SIMCUDA_OP_DELAY_US": "50", "GPUPOOL_MEMORY_LIMIT": "256M"}
+
+    def test_random_work_on_two_devices_keeps_every_pattern(self):
+        for seed, expandable in (("1", "1"), ("2", "1"), ("3", "0"), ("4", "0")):
+            with self.subTest(seed=seed, expandable_segments=expandable):
+                run = self.run_program(["test-stress", "3", "10", "200", seed],
+                                       env=dict(self.ENV, GPUPOOL_EXPANDABLE_SEGMENTS=expandable))
+                self.assertSucceeded(run)
+                did = run.output_json()
+                devices = run.report()["devices"].values()
+                self.assertEqual(sum(d["stats"]["allocation.all.allocated"] for d in devices), did["allocations"])
+                self.assertEqual(sum(d["stats"]["allocation.all.current"] for d in devices), 0)
+                # Refusals come only from the limit, seldom: blocks freed on a
+                # device's streams, or on the other's, come back to be reused.
+                self.assertLess(did["refused"] * 20, did["allocations"])
+                os.remove(run.reports()[0])
+
+    def test_without_ordering_the_stress_breaks_patterns(self):
+        # The control: the program does catch a pool that reuses too early.
+        run = self.run_program(["test-stress", "3", "10", "200", "1"],
+                               env=dict(self.ENV, GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING="1"))
+        self.assertNotEqual(run.code, 0)
+        self.assertIn("lost its pattern", run.stderr)
+
+    def test_the_stress_program_passes_without_gpupool(self):
+        run = self.run_program(["test-stress", "3", "5", "200", "1"], env=self.ENV, preload=False)
+        self.assertSucceeded(run)
+
+
 class Reuse(ShimTest):
     def test_repeated_workload_makes_few_upstream_calls(self):
         run = self.run_program(["test-repeat", "50"])

@@ -1,0 +1,230 @@
+// Threads on two devices doing everything at random: plain and stream-ordered
+// allocations on the legacy, per-thread, a blocking and a non-blocking stream
+// of either device; each block written on a stream of its device and, just
+// before it is freed, written again by the stream that frees it (ordered after
+// the first write by an event), so that work is still queued when the free
+// returns (run with SIMCUDA_OP_DELAY_US). Some frees go on the other device's
+// stream, some with plain cudaFree; non-blocking streams are destroyed and
+// made anew. A pool that hands a block out before its last use is done, or
+// overlaps two blocks, or gives a device another's memory, breaks a pattern
+// or a check: every live block is read back whenever the threads meet.
+//   stress [threads] [rounds] [operations per round] [seed]
+#include <barrier>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "common.hpp"
+
+namespace {
+
+constexpr int kDevices = 2;
+
+struct Block {
+  size_t size;
+  unsigned char tag;
+  int device;
+  cudaStream_t writer;  // the stream of its last write
+};
+
+// Every live block of every thread: no two may overlap.
+std::mutex ranges_mu;
+std::map<char*, size_t> ranges;
+std::atomic<long long> allocations{0}, frees{0}, refused{0};
+
+void add_range(void* p, size_t size) {
+  std::lock_guard<std::mutex> lock(ranges_mu);
+  auto* c = static_cast<char*>(p);
+  auto next = ranges.lower_bound(c);
+  EXPECT(next == ranges.end() || c + size <= next->first);
+  if (next != ranges.begin()) EXPECT(std::prev(next)->first + std::prev(next)->second <= c);
+  ranges.emplace(c, size);
+}
+
+void remove_range(void* p) {
+  std::lock_guard<std::mutex> lock(ranges_mu);
+  ranges.erase(static_cast<char*>(p));
+}
+
+class Worker {
+ public:
+  Worker(int index, std::uint64_t seed) : index_(index), rng_(seed) {
+    for (int d = 0; d < kDevices; ++d) {
+      CHECK_CUDA(cudaSetDevice(d));
+      CHECK_CUDA(cudaStreamCreate(&blocking_[d]));
+      CHECK_CUDA(cudaStreamCreateWithFlags(&nonblocking_[d], cudaStreamNonBlocking));
+      CHECK_CUDA(cudaEventCreateWithFlags(&event_[d], cudaEventDisableTiming));
+    }
+  }
+
+  void step() {
+    const unsigned r = static_cast<unsigned>(rng_() % 100);
+    if (r < 2) {
+      renew_stream(static_cast<int>(rng_() % kDevices));
+    } else if (live_.empty() || (r < 55 && live_.size() < 60)) {
+      allocate();
+    } else {
+      release(std::next(live_.begin(), static_cast<long>(rng_() % live_.size())));
+    }
+  }
+
+  // All threads have synchronized every device: every block must hold its tag.
+  void check() const {
+    for (const auto& [p, b] : live_) {
+      CHECK_CUDA(cudaSetDevice(b.device));
+      if (!testprog::holds_sampled(p, b.size, b.tag)) {
+        std::fprintf(stderr, "stress: thread %d: block %p (%zu bytes, device %d) lost its pattern %u\n", index_, p,
+                     b.size, b.device, b.tag);
+        std::exit(1);
+      }
+    }
+  }
+
+  void finish() {
+    for (auto it = live_.begin(); it != live_.end();) release(it++);
+    for (int d = 0; d < kDevices; ++d) {
+      CHECK_CUDA(cudaSetDevice(d));
+      CHECK_CUDA(cudaStreamSynchronize(blocking_[d]));
+      CHECK_CUDA(cudaStreamSynchronize(nonblocking_[d]));
+      CHECK_CUDA(cudaStreamDestroy(blocking_[d]));
+      CHECK_CUDA(cudaStreamDestroy(nonblocking_[d]));
+      CHECK_CUDA(cudaEventDestroy(event_[d]));
+    }
+  }
+
+ private:
+  // A stream of device d (the current device must be d for the first two).
+  cudaStream_t any_stream(int d) {
+    switch (rng_() % 4) {
+      case 0: return nullptr;
+      case 1: return cudaStreamPerThread;
+      case 2: return blocking_[d];
+      default: return nonblocking_[d];
+    }
+  }
+
+  size_t any_size() {
+    const unsigned r = static_cast<unsigned>(rng_() % 100);
+    return r < 50 ? 1 + rng_() % 8192 : r < 90 ? 8192 + rng_() % (2 << 20) : (2 << 20) + rng_() % (16 << 20);
+  }
+
+  void allocate() {
+    const int d = static_cast<int>(rng_() % kDevices);
+    CHECK_CUDA(cudaSetDevice(d));
+    const size_t size = any_size();
+    const bool plain = rng_() % 3 == 0;
+    cudaStream_t s = any_stream(d);
+    void* p = nullptr;
+    const cudaError_t err = plain ? cudaMalloc(&p, size) : cudaMallocAsync(&p, size, s);
+    if (err == cudaErrorMemoryAllocation) {  // under the memory limit: free something next
+      EXPECT(cudaGetLastError() == err);
+      ++refused;
+      return;
+    }
+    CHECK_CUDA(err);
+    cudaPointerAttributes a{};
+    CHECK_CUDA(cudaPointerGetAttributes(&a, p));
+    EXPECT(a.type == cudaMemoryTypeDevice && a.device == d);
+    add_range(p, size);
+    const auto tag = static_cast<unsigned char>(1 + rng_() % 250);
+    CHECK_CUDA(cudaMemsetAsync(p, tag, size, s));
+    live_.emplace(p, Block{size, tag, d, s});
+    ++allocations;
+  }
+
+  void release(std::map<void*, Block>::iterator it) {
+    void* p = it->first;
+    const Block b = it->second;
+    CHECK_CUDA(cudaSetDevice(b.device));
+    const unsigned how = static_cast<unsigned>(rng_() % 8);
+    if (how == 0) {
+      // Plain cudaFree right after a last write still queued on the writer.
+      CHECK_CUDA(cudaMemsetAsync(p, b.tag, b.size, b.writer));
+      remove_range(p);
+      CHECK_CUDA(cudaFree(p));
+    } else {
+      // Stream-ordered, on a stream of its device or (1 in 7) of the other
+      // one, after a last write there ordered after the writer's.
+      int fd = b.device;
+      if (how == 1) fd = 1 - b.device;
+      CHECK_CUDA(cudaEventRecord(event_[b.device], b.writer));
+      CHECK_CUDA(cudaSetDevice(fd));
+      cudaStream_t f = any_stream(fd);
+      CHECK_CUDA(cudaStreamWaitEvent(f, event_[b.device], 0));
+      CHECK_CUDA(cudaMemsetAsync(p, b.tag, b.size < 4096 ? b.size : 4096, f));
+      remove_range(p);
+      CHECK_CUDA(cudaFreeAsync(p, f));
+    }
+    live_.erase(it);
+    ++frees;
+  }
+
+  // Blocks just freed on the old stream are still queued there when it goes.
+  void renew_stream(int d) {
+    CHECK_CUDA(cudaSetDevice(d));
+    cudaStream_t old = nonblocking_[d];
+    CHECK_CUDA(cudaEventRecord(event_[d], old));
+    CHECK_CUDA(cudaStreamWaitEvent(blocking_[d], event_[d], 0));
+    for (auto& [p, b] : live_) {
+      if (b.writer == old) b.writer = blocking_[d];  // its writes so far are now before blocking_'s next
+    }
+    CHECK_CUDA(cudaStreamDestroy(old));
+    CHECK_CUDA(cudaStreamCreateWithFlags(&nonblocking_[d], cudaStreamNonBlocking));
+  }
+
+  int index_;
+  std::mt19937_64 rng_;
+  cudaStream_t blocking_[kDevices] = {};
+  cudaStream_t nonblocking_[kDevices] = {};
+  cudaEvent_t event_[kDevices] = {};
+  std::map<void*, Block> live_;
+};
+
+void synchronize_devices() {
+  for (int d = 0; d < kDevices; ++d) {
+    CHECK_CUDA(cudaSetDevice(d));
+    CHECK_CUDA(cudaDeviceSynchronize());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int threads = argc > 1 ? std::atoi(argv[1]) : 3;
+  const int rounds = argc > 2 ? std::atoi(argv[2]) : 10;
+  const int operations = argc > 3 ? std::atoi(argv[3]) : 200;
+  const std::uint64_t seed = argc > 4 ? std::strtoull(argv[4], nullptr, 10) : 1;
+  int count = 0;
+  CHECK_CUDA(cudaGetDeviceCount(&count));
+  EXPECT(count >= kDevices);
+  // Each device may use the other's memory: frees go on the other's streams.
+  for (int d = 0; d < kDevices; ++d) {
+    int can = 0;
+    CHECK_CUDA(cudaDeviceCanAccessPeer(&can, d, 1 - d));
+    EXPECT(can == 1);
+    CHECK_CUDA(cudaSetDevice(d));
+    CHECK_CUDA(cudaDeviceEnablePeerAccess(1 - d, 0));
+  }
+  std::barrier meet(threads);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      Worker w(t, seed * 1000 + static_cast<std::uint64_t>(t));
+      for (int round = 0; round < rounds; ++round) {
+        for (int op = 0; op < operations; ++op) w.step();
+        meet.arrive_and_wait();
+        if (t == 0) synchronize_devices();
+        meet.arrive_and_wait();
+        w.check();
+        meet.arrive_and_wait();
+      }
+      w.finish();
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  synchronize_devices();
+  std::printf("{\"allocations\": %lld, \"frees\": %lld, \"refused\": %lld}\n", allocations.load(), frees.load(),
+              refused.load());
+  return 0;
+}
