@@ -94,6 +94,7 @@ for mode in 1 0; do
   run "fidelity (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-fidelity
   run "lifecycle fork (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-lifecycle fork
   run "demo (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/gpupool-demo --steps 10
+  run "stress, threads and every kind of stream (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-stress 3 10 200 1
 done
 run "unchanged nvcc -cudart shared program" 0 "${pool[@]}" -- "$out/user_program"
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
