@@ -83,8 +83,17 @@ cudaError_t free_on(void* ptr, cudaStream_t stream, bool per_thread) {
   return free_result(r, ptr, "cudaFreeAsync");
 }
 
-cudaError_t begin_capture(cudaStream_t stream, bool per_thread, cudaError_t err) {
-  if (err == cudaSuccess && !Runtime::get().bypass()) Runtime::get().capture_began(stream_id(stream, per_thread));
+// The pool stops ordering on the stream before the runtime starts capturing
+// it: a fence recorded there in between would join the capture, and a wait
+// there would break it. If the runtime refuses, the pool takes it back.
+template <typename Begin>
+cudaError_t begin_capture(cudaStream_t stream, bool per_thread, Begin&& begin) {
+  Runtime& rt = Runtime::get();
+  const bool tell = !rt.bypass();
+  const StreamId id = stream_id(stream, per_thread);
+  if (tell) rt.capture_began(id);
+  const cudaError_t err = begin();
+  if (err != cudaSuccess && tell) rt.capture_ended(id);
   return err;
 }
 
@@ -252,19 +261,20 @@ GPUPOOL_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 
 GPUPOOL_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
   enter();
-  return begin_capture(stream, false, real().cudaStreamBeginCapture(stream, mode));
+  return begin_capture(stream, false, [&] { return real().cudaStreamBeginCapture(stream, mode); });
 }
 GPUPOOL_EXPORT cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, cudaStreamCaptureMode mode) {
   enter();
   if (real().cudaStreamBeginCapture_ptsz == nullptr) return missing();
-  return begin_capture(stream, true, real().cudaStreamBeginCapture_ptsz(stream, mode));
+  return begin_capture(stream, true, [&] { return real().cudaStreamBeginCapture_ptsz(stream, mode); });
 }
 GPUPOOL_EXPORT cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t stream, cudaGraph_t graph,
                                                          const cudaGraphNode_t* deps, const cudaGraphEdgeData* data,
                                                          size_t count, cudaStreamCaptureMode mode) {
   enter();
   if (real().cudaStreamBeginCaptureToGraph == nullptr) return missing();
-  return begin_capture(stream, false, real().cudaStreamBeginCaptureToGraph(stream, graph, deps, data, count, mode));
+  return begin_capture(stream, false,
+                       [&] { return real().cudaStreamBeginCaptureToGraph(stream, graph, deps, data, count, mode); });
 }
 GPUPOOL_EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t stream, cudaGraph_t graph,
                                                               const cudaGraphNode_t* deps,
@@ -272,8 +282,8 @@ GPUPOOL_EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t strea
                                                               cudaStreamCaptureMode mode) {
   enter();
   if (real().cudaStreamBeginCaptureToGraph_ptsz == nullptr) return missing();
-  return begin_capture(stream, true,
-                       real().cudaStreamBeginCaptureToGraph_ptsz(stream, graph, deps, data, count, mode));
+  return begin_capture(
+      stream, true, [&] { return real().cudaStreamBeginCaptureToGraph_ptsz(stream, graph, deps, data, count, mode); });
 }
 GPUPOOL_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
   enter();
