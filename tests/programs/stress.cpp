@@ -5,7 +5,8 @@
 // the first write by an event), so that work is still queued when the free
 // returns (run with SIMCUDA_OP_DELAY_US). Some frees go on the other device's
 // stream, some with plain cudaFree; non-blocking streams are destroyed and
-// made anew. A pool that hands a block out before its last use is done, or
+// made anew; now and then a stream captures while the other threads go on. A
+// pool that hands a block out before its last use is done, or
 // overlaps two blocks, or gives a device another's memory, breaks a pattern
 // or a check: every live block is read back whenever the threads meet.
 //   stress [threads] [rounds] [operations per round] [seed]
@@ -29,10 +30,11 @@ struct Block {
   cudaStream_t writer;  // the stream of its last write
 };
 
-// Every live block of every thread: no two may overlap.
-std::mutex ranges_mu;
-std::map<char*, size_t> ranges;
-std::atomic<long long> allocations{0}, frees{0}, refused{0};
+// Every live block of every thread: no two may overlap. Never destroyed: a
+// failed check exits while the other threads still run.
+std::mutex& ranges_mu = *new std::mutex;
+std::map<char*, size_t>& ranges = *new std::map<char*, size_t>;
+std::atomic<long long> allocations{0}, frees{0}, refused{0}, captures{0};
 
 void add_range(void* p, size_t size) {
   std::lock_guard<std::mutex> lock(ranges_mu);
@@ -63,6 +65,8 @@ class Worker {
     const unsigned r = static_cast<unsigned>(rng_() % 100);
     if (r < 2) {
       renew_stream(static_cast<int>(rng_() % devices));
+    } else if (r < 3) {
+      capture(static_cast<int>(rng_() % devices));
     } else if (live_.empty() || (r < 55 && live_.size() < 60)) {
       allocate();
     } else {
@@ -161,6 +165,38 @@ class Worker {
     ++frees;
   }
 
+  // A capture on the non-blocking stream while the other threads go on: an
+  // allocation inside it is the runtime's (a graph node), and a pooled block
+  // freed inside it is the graph's from then on. Nothing may break it.
+  void capture(int d) {
+    CHECK_CUDA(cudaSetDevice(d));
+    cudaStream_t s = nonblocking_[d];
+    auto victim = live_.end();
+    for (auto it = live_.begin(); it != live_.end(); ++it) {
+      if (it->second.device == d) victim = it;
+    }
+    if (victim != live_.end()) {  // its writes before the capture's work
+      CHECK_CUDA(cudaEventRecord(event_[d], victim->second.writer));
+      CHECK_CUDA(cudaStreamWaitEvent(s, event_[d], 0));
+    }
+    CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    void* node = nullptr;
+    CHECK_CUDA(cudaMallocAsync(&node, 4096, s));
+    CHECK_CUDA(cudaMemsetAsync(node, 1, 4096, s));
+    CHECK_CUDA(cudaFreeAsync(node, s));
+    if (victim != live_.end()) {
+      remove_range(victim->first);
+      CHECK_CUDA(cudaFreeAsync(victim->first, s));
+      live_.erase(victim);
+      ++frees;
+    }
+    cudaGraph_t graph = nullptr;
+    CHECK_CUDA(cudaStreamEndCapture(s, &graph));
+    EXPECT(graph != nullptr);
+    CHECK_CUDA(cudaGraphDestroy(graph));
+    ++captures;
+  }
+
   // Blocks just freed on the old stream are still queued there when it goes.
   void renew_stream(int d) {
     CHECK_CUDA(cudaSetDevice(d));
@@ -225,7 +261,7 @@ int main(int argc, char** argv) {
   }
   for (std::thread& th : pool) th.join();
   synchronize_devices();
-  std::printf("{\"allocations\": %lld, \"frees\": %lld, \"refused\": %lld}\n", allocations.load(), frees.load(),
-              refused.load());
+  std::printf("{\"allocations\": %lld, \"frees\": %lld, \"refused\": %lld, \"captures\": %lld}\n",
+              allocations.load(), frees.load(), refused.load(), captures.load());
   return 0;
 }
