@@ -149,9 +149,13 @@ class Stress(ShimTest):
     ENV = {"SIMCUDA_DEVICES": "2", "SIMCUDA_OP_DELAY_US": "50", "GPUPOOL_MEMORY_LIMIT": "256M"}
 
     def test_random_work_on_two_devices_keeps_every_pattern(self):
-        for seed, expandable in (("1", "1"), ("2", "1"), ("3", "0"), ("4", "0")):
-            with self.subTest(seed=seed, expandable_segments=expandable):
-                run = self.run_program(["test-stress", "3", "10", "200", seed],
+        # test-stress-ptds: the same built for the per-thread default stream
+        # (every stream call through a _ptsz entry point).
+        for program, seed, expandable in (("test-stress", "1", "1"), ("test-stress", "2", "1"),
+                                          ("test-stress", "3", "0"), ("test-stress", "4", "0"),
+                                          ("test-stress-ptds", "5", "1")):
+            with self.subTest(program=program, seed=seed, expandable_segments=expandable):
+                run = self.run_program([program, "3", "10", "200", seed],
                                        env=dict(self.ENV, GPUPOOL_EXPANDABLE_SEGMENTS=expandable))
                 self.assertSucceeded(run)
                 did = run.output_json()
