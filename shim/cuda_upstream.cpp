@@ -168,6 +168,16 @@ bool CudaUpstream::synchronize_stream(StreamId stream) {
          }) == cudaSuccess;
 }
 
+bool CudaUpstream::capturing(StreamId stream) {
+  cudaStream_t s = nullptr;
+  if (!stream_handle(stream, &s) || real().cudaStreamIsCapturing == nullptr) return false;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t err = on_device(device_, [&] {
+    return internal([&](const RealCuda& r) { return r.cudaStreamIsCapturing(s, &status); });
+  });
+  return err == cudaSuccess && status != cudaStreamCaptureStatusNone;
+}
+
 StreamId CudaUpstream::legacy_stream() const { return kLegacyStream; }
 
 bool CudaUpstream::memory_info(std::size_t* free_bytes, std::size_t* total_bytes) {

@@ -34,6 +34,8 @@ class CudaUpstream final : public Upstream {
   EventStatus query_stream(StreamId stream) override;
   bool synchronize_event(EventHandle event) override;
   bool synchronize_stream(StreamId stream) override;
+  // Whether the runtime says the stream is capturing now (false if it cannot say).
+  bool capturing(StreamId stream);
   StreamId legacy_stream() const override;
   bool memory_info(std::size_t* free_bytes, std::size_t* total_bytes) override;
 

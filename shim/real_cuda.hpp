@@ -31,6 +31,7 @@ namespace gpupool::shim {
   X(cudaStreamWaitEvent, cudaError_t(cudaStream_t, cudaEvent_t, unsigned int))        \
   X(cudaStreamSynchronize, cudaError_t(cudaStream_t))                                 \
   X(cudaStreamQuery, cudaError_t(cudaStream_t))                                       \
+  X(cudaStreamIsCapturing, cudaError_t(cudaStream_t, cudaStreamCaptureStatus*))       \
   X(cudaStreamGetFlags, cudaError_t(cudaStream_t, unsigned int*))                     \
   X(cudaStreamCreate, cudaError_t(cudaStream_t*))                                     \
   X(cudaStreamCreateWithFlags, cudaError_t(cudaStream_t*, unsigned int))              \

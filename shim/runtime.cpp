@@ -251,6 +251,12 @@ FreeResult Runtime::free_foreign(DeviceState& d, DevicePtr ptr, StreamId site, i
   // The event is made and recorded on the stream's device (its upstream
   // switches to it); no pool lock of that device is needed for that.
   CudaUpstream& there = device(site_device).upstream;
+  if (there.capturing(site)) {
+    // Freed inside a capture: the graph's from now on, like a pooled block
+    // freed inside one; it waits here for good (event 0), never handed out.
+    d.foreign_frees.push_back(DeviceState::ForeignFree{ptr, 0});
+    return FreeResult::Freed;
+  }
   const EventHandle event = there.create_event();
   if (event != 0 && there.record_event(event, site)) {
     d.foreign_frees.push_back(DeviceState::ForeignFree{ptr, event});
@@ -265,9 +271,10 @@ FreeResult Runtime::free_foreign(DeviceState& d, DevicePtr ptr, StreamId site, i
 void Runtime::return_foreign_frees(DeviceState& d, bool wait) {
   std::size_t kept = 0;
   for (const DeviceState::ForeignFree& f : d.foreign_frees) {
-    // Events are queried and waited for from any device.
-    const bool done = wait ? (d.upstream.synchronize_event(f.event), true)
-                           : d.upstream.query_event(f.event) != EventStatus::Pending;
+    // Events are queried and waited for from any device. An error (a device
+    // in error) keeps the block: only a completed event lets it go.
+    const bool done = f.event != 0 && (wait ? d.upstream.synchronize_event(f.event)
+                                            : d.upstream.query_event(f.event) == EventStatus::Complete);
     if (!done) {
       d.foreign_frees[kept++] = f;
       continue;
@@ -399,7 +406,9 @@ void Runtime::device_reset(int dev) {
   DeviceState* d = existing(dev);
   if (d == nullptr) return;
   std::lock_guard<AdaptiveMutex> lock(d->mu);
-  for (const DeviceState::ForeignFree& f : d->foreign_frees) d->upstream.destroy_event(f.event);  // another device's
+  for (const DeviceState::ForeignFree& f : d->foreign_frees) {
+    if (f.event != 0) d->upstream.destroy_event(f.event);  // another device's
+  }
   d->foreign_frees.clear();
   (void)d->pool.release();  // leaked on purpose: no upstream call may follow
   streams_generation_.fetch_add(1);

@@ -34,7 +34,8 @@ struct DeviceState {
   // Blocks freed with cudaFreeAsync on another device's stream. The pool
   // orders only this device's streams, so each waits here, still allocated in
   // the pool, until an event recorded on that stream after the free has
-  // completed; then it goes back as freed. Guarded by mu.
+  // completed; then it goes back as freed. Event 0: freed inside a capture of
+  // that stream, the graph's for good. Guarded by mu.
   struct ForeignFree {
     DevicePtr ptr;
     EventHandle event;

@@ -125,6 +125,16 @@ class Devices(ShimTest):
                 self.assertFalse(own & {s["stream"] for s in zero["streams"]})
                 os.remove(run.reports()[0])
 
+    def test_a_block_freed_on_another_devices_stream_inside_a_capture_stays_the_graphs(self):
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                run = self.run_program(["test-devices", "foreign-capture"],
+                                       env={"SIMCUDA_DEVICES": "2", "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                self.assertSucceeded(run)
+                self.assertEqual(run.counters()["captures_invalidated"], 0)
+                self.assertEqual(run.report()["devices"]["0"]["leaks"]["blocks"], 0)  # the program freed it
+                os.remove(run.reports()[0])
+
     def test_peer_access_reaches_pooled_pages(self):
         # cudaDeviceEnablePeerAccess opens a peer's cudaMalloc memory, not
         # pages mapped with cuMemMap: gpupool grants those itself, for pages

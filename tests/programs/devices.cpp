@@ -12,6 +12,9 @@
 //                              with cudaFreeAsync, then asked for again on
 //                              device 0: never handed out before that write
 //                              is done (run with SIMCUDA_OP_DELAY_US)
+//   devices foreign-capture    such a free inside a capture of device 1's
+//                              stream: the block is the graph's from then on
+//                              and never handed out again
 //   devices peer               access granted with cudaDeviceEnablePeerAccess
 //                              reaches pooled memory: pages mapped before the
 //                              grant and after it, and pages of a device whose
@@ -171,10 +174,36 @@ int foreign(int rounds) {
   return 0;
 }
 
+int foreign_capture() {
+  cudaStream_t one = nullptr;
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&one, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaSetDevice(0));
+  void* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, kBytes));
+  fill(p, 1, nullptr);
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaStreamBeginCapture(one, cudaStreamCaptureModeRelaxed));
+  CHECK_CUDA(cudaFreeAsync(p, one));  // a free node of the graph
+  cudaGraph_t graph = nullptr;
+  CHECK_CUDA(cudaStreamEndCapture(one, &graph));
+  EXPECT(graph != nullptr);
+  CHECK_CUDA(cudaSetDevice(0));
+  void* q = nullptr;
+  CHECK_CUDA(cudaMalloc(&q, kBytes));
+  EXPECT(q != p);  // the graph's memory is not handed out again
+  CHECK_CUDA(cudaFree(q));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaStreamDestroy(one));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "peer") == 0) return peer();
+  if (argc > 1 && std::strcmp(argv[1], "foreign-capture") == 0) return foreign_capture();
   if (argc > 1 && std::strcmp(argv[1], "foreign") == 0) return foreign(argc > 2 ? std::atoi(argv[2]) : 20);
   const bool threads = argc > 1 && std::strcmp(argv[1], "threads") == 0;
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 20;
