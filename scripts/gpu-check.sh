@@ -102,6 +102,7 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   run "two devices, a thread each" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=20M -- build/bin/test-devices threads 50
   run "two devices, peer access" 0 "${pool[@]}" -- build/bin/test-devices peer
   run "two devices, a block freed on the other's stream" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=20M -- build/bin/test-devices foreign 20
+  run "two devices, such a free inside a capture" 0 "${pool[@]}" -- build/bin/test-devices foreign-capture
 else
   record "two devices" SKIP "one GPU here"
 fi
