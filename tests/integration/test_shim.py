@@ -75,23 +75,29 @@ class Devices(ShimTest):
     # block: a block freed with cudaFree can only be reused, on its device.
     ENV = {"SIMCUDA_DEVICES": "2", "GPUPOOL_MEMORY_LIMIT": "20M"}
 
+    def in_both_segment_modes(self, args, env, check):
+        """Runs test-devices ARGS with expandable segments on, then off, and
+        calls check(report) on each run's JSON report."""
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                run = self.run_program(["test-devices"] + args, env=dict(env, GPUPOOL_EXPANDABLE_SEGMENTS=expandable))
+                self.assertSucceeded(run)
+                self.assertEqual(run.counters()["captures_invalidated"], 0)
+                check(run.report())
+                os.remove(run.reports()[0])
+
     def test_each_device_serves_its_own_memory_whatever_device_is_current(self):
         # Blocks asked of one device while the other is current (cudaMallocAsync
         # on its stream) and freed while the other is current (cudaFree): the
         # reuse is ordered on the block's device, not the current one.
-        for expandable in ("1", "0"):
-            with self.subTest(expandable_segments=expandable):
-                run = self.run_program(["test-devices", "cross", "20"],
-                                       env=dict(self.ENV, GPUPOOL_EXPANDABLE_SEGMENTS=expandable))
-                self.assertSucceeded(run)
-                devices = run.report()["devices"]
-                self.assertEqual(sorted(devices), ["0", "1"])
-                for device in devices.values():
-                    self.assertEqual(device["stats"]["num_ooms"], 0)
-                    self.assertEqual(device["stats"]["reserved_bytes.all.peak"], 12 << 20)
-                    self.assertEqual(device["stats"]["allocation.all.allocated"], 3 * 20)
-                    self.assertEqual(device["stats"]["allocation.all.current"], 0)
-                os.remove(run.reports()[0])
+        def check(report):
+            self.assertEqual(sorted(report["devices"]), ["0", "1"])
+            for device in report["devices"].values():
+                self.assertEqual(device["stats"]["num_ooms"], 0)
+                self.assertEqual(device["stats"]["reserved_bytes.all.peak"], 12 << 20)
+                self.assertEqual(device["stats"]["allocation.all.allocated"], 3 * 20)
+                self.assertEqual(device["stats"]["allocation.all.current"], 0)
+        self.in_both_segment_modes(["cross", "20"], self.ENV, check)
 
     def test_a_thread_per_device(self):
         # Both threads make stream-ordered calls, so each keeps its freed
@@ -109,45 +115,29 @@ class Devices(ShimTest):
         # streams; the block comes back only once device 1's stream has passed
         # the free (a pattern check fails if it comes back early), and device
         # 0's pool never sees device 1's stream.
-        for expandable in ("1", "0"):
-            with self.subTest(expandable_segments=expandable):
-                run = self.run_program(["test-devices", "foreign", "10"],
-                                       env=dict(self.ENV, SIMCUDA_OP_DELAY_US="20000",
-                                                GPUPOOL_EXPANDABLE_SEGMENTS=expandable))
-                self.assertSucceeded(run)
-                zero = run.report()["devices"]["0"]
-                self.assertEqual(zero["stats"]["num_ooms"], 0)
-                self.assertEqual(zero["stats"]["reserved_bytes.large_pool.peak"], 12 << 20)  # one block
-                self.assertEqual(zero["leaks"]["blocks"], 0)
-                one = run.report()["devices"]["1"]
-                own = {s["stream"] for s in one["streams"]} - {"cudaMalloc/cudaFree", "legacy"}
-                self.assertTrue(own)
-                self.assertFalse(own & {s["stream"] for s in zero["streams"]})
-                os.remove(run.reports()[0])
+        def check(report):
+            zero, one = report["devices"]["0"], report["devices"]["1"]
+            self.assertEqual(zero["stats"]["num_ooms"], 0)
+            self.assertEqual(zero["stats"]["reserved_bytes.large_pool.peak"], 12 << 20)  # one block
+            self.assertEqual(zero["leaks"]["blocks"], 0)
+            own = {s["stream"] for s in one["streams"]} - {"cudaMalloc/cudaFree", "legacy"}
+            self.assertTrue(own)
+            self.assertFalse(own & {s["stream"] for s in zero["streams"]})
+        self.in_both_segment_modes(["foreign", "10"], dict(self.ENV, SIMCUDA_OP_DELAY_US="20000"), check)
 
     def test_a_block_freed_on_another_devices_stream_inside_a_capture_stays_the_graphs(self):
-        for expandable in ("1", "0"):
-            with self.subTest(expandable_segments=expandable):
-                run = self.run_program(["test-devices", "foreign-capture"],
-                                       env={"SIMCUDA_DEVICES": "2", "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
-                self.assertSucceeded(run)
-                self.assertEqual(run.counters()["captures_invalidated"], 0)
-                self.assertEqual(run.report()["devices"]["0"]["leaks"]["blocks"], 0)  # the program freed it
-                os.remove(run.reports()[0])
+        def check(report):
+            self.assertEqual(report["devices"]["0"]["leaks"]["blocks"], 0)  # the program freed it
+        self.in_both_segment_modes(["foreign-capture"], {"SIMCUDA_DEVICES": "2"}, check)
 
     def test_peer_access_reaches_pooled_pages(self):
         # cudaDeviceEnablePeerAccess opens a peer's cudaMalloc memory, not
         # pages mapped with cuMemMap: gpupool grants those itself, for pages
         # mapped before and after the call, and for pools made later.
-        for expandable in ("1", "0"):
-            with self.subTest(expandable_segments=expandable):
-                run = self.run_program(["test-devices", "peer"],
-                                       env={"SIMCUDA_DEVICES": "2", "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
-                self.assertSucceeded(run)
-                os.remove(run.reports()[0])
+        self.in_both_segment_modes(["peer"], {"SIMCUDA_DEVICES": "2"}, lambda report: None)
 
     def test_the_devices_program_passes_without_gpupool_too(self):
-        for mode in ("cross", "peer"):
+        for mode in ("cross", "peer", "foreign", "foreign-capture"):
             run = self.run_program(["test-devices", mode, "5"], env={"SIMCUDA_DEVICES": "2"}, preload=False)
             self.assertSucceeded(run)
 
