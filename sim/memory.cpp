@@ -235,6 +235,38 @@ bool Memory::unmap(void* ptr, std::size_t size) {
   return true;
 }
 
+void Memory::reset(int device) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = live_.begin(); it != live_.end();) {
+    if (it->second.device != device) {
+      ++it;
+      continue;
+    }
+    munmap(reinterpret_cast<void*>(it->first), it->second.mapped);
+    counters().bytes_in_use -= it->second.size;
+    it = live_.erase(it);
+  }
+  for (auto m = mappings_.begin(); m != mappings_.end();) {
+    if (physical_.at(m->second.handle).device != device) {
+      ++m;
+      continue;
+    }
+    void* p = reinterpret_cast<void*>(m->first);
+    madvise(p, m->second.size, MADV_DONTNEED);
+    mprotect(p, m->second.size, PROT_NONE);
+    m = mappings_.erase(m);
+  }
+  for (auto it = physical_.begin(); it != physical_.end();) {
+    if (it->second.device != device) {
+      ++it;
+      continue;
+    }
+    counters().bytes_in_use -= it->second.size;
+    it = physical_.erase(it);
+  }
+  used_[static_cast<std::size_t>(device)] = 0;
+}
+
 void Memory::info(int device, std::size_t* free_bytes, std::size_t* total_bytes) const {
   std::lock_guard<std::mutex> lock(mu_);
   *total_bytes = capacity_;

@@ -46,6 +46,9 @@ class Memory {
   // Whether `device` may access the device memory at ptr.
   bool accessible_from(const void* ptr, int device) const;
   bool unmap(void* ptr, std::size_t size);
+  // cudaDeviceReset: every allocation and every physical page of the device
+  // goes, mapped or not (later access faults). Address reservations stay.
+  void reset(int device);
 
  private:
   Memory();

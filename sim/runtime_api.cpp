@@ -246,6 +246,14 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
   return result(Memory::instance().enable_peer_access(t_device, peer));
 }
 
+// Waits for all work, then frees all of the current device's memory. Streams
+// and events are not destroyed here (a program must not use them afterwards).
+cudaError_t cudaDeviceReset(void) {
+  Engine::instance().synchronize_all();
+  Memory::instance().reset(t_device);
+  return cudaSuccess;
+}
+
 cudaError_t cudaDeviceSynchronize(void) {
   Engine::instance().synchronize_all();
   return cudaSuccess;
