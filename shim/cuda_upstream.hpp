@@ -49,6 +49,8 @@ class CudaUpstream final : public Upstream {
   // Device `accessor` was granted peer access to this device: mapped pages,
   // now and later, are made accessible to it too (cudaMalloc memory is).
   void add_accessor(int accessor);
+  // cudaDeviceReset released every page: forget them.
+  void forget_pages() { pages_.clear(); }
 
  private:
   CUresult set_access(DevicePtr addr, std::size_t bytes, const std::vector<int>& devices);

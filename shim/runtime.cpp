@@ -405,7 +405,11 @@ void Runtime::device_reset(int dev) {
   // forget them (their memory is gone) and start a fresh pool on next use.
   DeviceState* d = existing(dev);
   if (d == nullptr) return;
+  // Blocks threads keep hold the same memory (taken before the pool's lock:
+  // a flush takes the caches, then the pool).
+  caches_.forget_device(dev);
   std::lock_guard<AdaptiveMutex> lock(d->mu);
+  d->upstream.forget_pages();
   for (const DeviceState::ForeignFree& f : d->foreign_frees) {
     if (f.event != 0) d->upstream.destroy_event(f.event);  // another device's
   }

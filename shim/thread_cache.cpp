@@ -75,6 +75,17 @@ void LiveTable::clear() {
   }
 }
 
+void LiveTable::forget_device(int device) {
+  for (Stripe& s : stripes_) {
+    std::lock_guard<SpinLock> lock(s.lock);
+    std::vector<DevicePtr> gone;
+    s.map.for_each([&](DevicePtr ptr, const LiveBlock& b) {
+      if (b.device == device) gone.push_back(ptr);
+    });
+    for (DevicePtr ptr : gone) s.map.erase(ptr);
+  }
+}
+
 void StreamCaches::note_caller() {
   if (enabled() || forked_ || max_bytes_ == 0) return;
   const void* me = this_thread_marker();
@@ -202,6 +213,20 @@ void StreamCaches::flush_all() {
 
 void StreamCaches::flush_stream(StreamId stream) {
   flush_if([stream](const CachedBlock& b) { return b.stream != stream; });
+}
+
+void StreamCaches::forget_device(int device) {
+  {
+    std::lock_guard<std::mutex> flushing(flush_mu_);
+    std::lock_guard<std::mutex> registry(registry_mu_);
+    for (ThreadCache* c : caches_) {
+      std::lock_guard<SpinLock> lock(c->lock);
+      ThreadCache::for_each_bit(c->used, [&](int i) {
+        if (c->entries[i].block.device == device) c->remove(i);
+      });
+    }
+  }
+  live_.forget_device(device);
 }
 
 void StreamCaches::thread_exiting(ThreadCache* cache) {

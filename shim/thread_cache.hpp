@@ -58,6 +58,8 @@ class LiveTable {
   enum class Freed { Unknown, Live, AlreadyParked };
   Freed release(DevicePtr ptr, int park_device, LiveBlock* out);
   void clear();
+  // Drops every entry of the device (its memory is gone: cudaDeviceReset).
+  void forget_device(int device);
 
  private:
   // Enough stripes that threads working on their own blocks seldom share
@@ -174,6 +176,9 @@ class StreamCaches {
   // Gives cached blocks back to the pool: every thread's, or those of one stream.
   void flush_all();
   void flush_stream(StreamId stream);
+  // cudaDeviceReset took the device's memory: its cached blocks are dropped,
+  // not given back, and no live entry of it is kept.
+  void forget_device(int device);
   // In a forked child: the parent's caches belong to pools the child does not
   // use; they are left alone (their locks may be held) and caching stays off.
   void disable_after_fork();

@@ -288,6 +288,18 @@ class Lifecycle(ShimTest):
         self.assertSucceeded(run)
         self.assertEqual(len(run.reports()), 1)
 
+    def test_nothing_from_before_a_device_reset_is_handed_out_after_it(self):
+        # Blocks kept in a thread's cache when the device is reset are gone
+        # with it; the next requests get new memory (the memset fails on
+        # memory the reset took).
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                run = self.run_program(["test-lifecycle", "reset"], env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                self.assertSucceeded(run)
+                self.assertIn("lifecycle: reset", run.stdout)
+                for path in run.reports():
+                    os.remove(path)
+
     def test_ipc_handle_of_a_pooled_block_is_warned_about(self):
         for expandable, says in (("1", "expandable segment, which CUDA IPC cannot share"),
                                  ("0", "bytes into a pooled segment")):

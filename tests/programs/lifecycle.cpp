@@ -5,6 +5,10 @@
 //   fork       uses CUDA, then forks a child that exits without using it
 //   signal R   raises SIGUSR1; the next CUDA call writes a report to R, which
 //              this program then prints
+//   reset      with a second thread's stream-ordered calls (gpupool's thread
+//              caches on), frees a block on the legacy stream, resets the
+//              device, and allocates there again: nothing from before the
+//              reset may come back
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +16,8 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "common.hpp"
 
@@ -70,6 +76,33 @@ int main(int argc, char** argv) {
     std::stringstream text;
     text << in.rdbuf();
     std::fputs(text.str().c_str(), stdout);
+    return 0;
+  }
+  if (mode == "reset") {
+    std::thread([] {
+      void* warm = nullptr;
+      CHECK_CUDA(cudaMallocAsync(&warm, 512, cudaStreamPerThread));
+      CHECK_CUDA(cudaFreeAsync(warm, cudaStreamPerThread));
+      CHECK_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
+    }).join();
+    std::vector<void*> before;
+    for (size_t size : {size_t{1} << 20, size_t{3} << 20}) {
+      void* p = nullptr;
+      CHECK_CUDA(cudaMallocAsync(&p, size, nullptr));
+      before.push_back(p);
+    }
+    for (void* p : before) CHECK_CUDA(cudaFreeAsync(p, nullptr));  // kept for this thread's next requests
+    CHECK_CUDA(cudaDeviceReset());
+    for (size_t size : {size_t{1} << 20, size_t{3} << 20}) {
+      void* p = nullptr;
+      CHECK_CUDA(cudaMallocAsync(&p, size, nullptr));
+      CHECK_CUDA(cudaMemsetAsync(p, 7, size, nullptr));  // fails on memory the reset took
+      CHECK_CUDA(cudaStreamSynchronize(nullptr));
+      EXPECT(testprog::holds_sampled(p, size, 7));
+      CHECK_CUDA(cudaFreeAsync(p, nullptr));
+    }
+    CHECK_CUDA(cudaStreamSynchronize(nullptr));
+    std::printf("lifecycle: reset\n");
     return 0;
   }
   if (mode == "chdir") {
