@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <unordered_set>
 
 #include "sim/counters.hpp"
 #include "sim/engine.hpp"
@@ -21,6 +22,16 @@ using simcuda::Stream;
 using simcuda::counters;
 
 namespace {
+
+// Every live event, so that a device reset can destroy the device's own.
+std::mutex& events_mu() {
+  static auto* mu = new std::mutex;
+  return *mu;
+}
+std::unordered_set<simcuda::Event*>& events() {
+  static auto* all = new std::unordered_set<simcuda::Event*>;
+  return *all;
+}
 
 thread_local cudaError_t t_last_error = cudaSuccess;
 thread_local int t_device = 0;
@@ -246,11 +257,21 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
   return result(Memory::instance().enable_peer_access(t_device, peer));
 }
 
-// Waits for all work, then frees all of the current device's memory. Streams
-// and events are not destroyed here (a program must not use them afterwards).
+// Waits for all work, then frees all of the current device's memory and
+// destroys its events. Streams are not destroyed here (a program must not use
+// them afterwards).
 cudaError_t cudaDeviceReset(void) {
   Engine::instance().synchronize_all();
   Memory::instance().reset(t_device);
+  std::lock_guard<std::mutex> lock(events_mu());
+  for (auto it = events().begin(); it != events().end();) {
+    if ((*it)->device != t_device) {
+      ++it;
+      continue;
+    }
+    delete *it;
+    it = events().erase(it);
+  }
   return cudaSuccess;
 }
 
@@ -466,6 +487,10 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
   auto* ev = new simcuda::Event();
   ev->flags = flags;
   ev->device = t_device;
+  {
+    std::lock_guard<std::mutex> lock(events_mu());
+    events().insert(ev);
+  }
   *e = reinterpret_cast<cudaEvent_t>(ev);
   return cudaSuccess;
 }
@@ -473,8 +498,13 @@ cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e,
 
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
   if (e == nullptr) return result(cudaErrorInvalidResourceHandle);
+  auto* ev = reinterpret_cast<simcuda::Event*>(e);
+  {
+    std::lock_guard<std::mutex> lock(events_mu());
+    if (events().erase(ev) == 0) return result(cudaErrorInvalidResourceHandle);  // destroyed already (a reset)
+  }
   // Waits already queued copied the event's stream position, so it can go.
-  delete reinterpret_cast<simcuda::Event*>(e);
+  delete ev;
   return cudaSuccess;
 }
 
