@@ -414,8 +414,8 @@ void Runtime::device_reset(int dev) {
     if (f.event != 0) d->upstream.destroy_event(f.event);  // another device's
   }
   d->foreign_frees.clear();
-  (void)d->pool.release();  // leaked on purpose: no upstream call may follow
   streams_generation_.fetch_add(1);
+  // The old pool goes: its destructor frees bookkeeping only, no upstream call.
   d->pool = std::make_unique<DevicePool>(d->upstream, config::to_pool_options(config_), kUnlimited, &clock_);
   d->pool->stream_created(kLegacyStream, StreamKind::Legacy);
 }
