@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "sim/simcuda.h"
@@ -46,6 +47,17 @@ inline bool holds_sampled(const void* p, size_t n, unsigned char tag) {
   const size_t k = n < 256 ? n : 256;
   const auto* c = static_cast<const char*>(p);
   return holds(c, k, tag) && holds(c + (n - k) / 2, k, tag) && holds(c + n - k, k, tag);
+}
+
+// Stream-ordered calls from a second thread: under gpupool, from now on each
+// thread keeps the blocks it frees with cudaFreeAsync in its own cache.
+inline void turn_thread_caches_on() {
+  std::thread([] {
+    void* warm = nullptr;
+    CHECK_CUDA(cudaMallocAsync(&warm, 512, cudaStreamPerThread));
+    CHECK_CUDA(cudaFreeAsync(warm, cudaStreamPerThread));
+    CHECK_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
+  }).join();
 }
 
 // The simulated runtime's counters, when running on it.

@@ -144,13 +144,7 @@ int foreign(int rounds) {
   }
   if (cudaDeviceEnablePeerAccess(0, 0) != cudaErrorPeerAccessAlreadyEnabled) CHECK_CUDA(cudaGetLastError());
   CHECK_CUDA(cudaSetDevice(0));
-  // Stream-ordered calls from a second thread: gpupool's per-thread caches on.
-  std::thread([] {
-    void* warm = nullptr;
-    CHECK_CUDA(cudaMallocAsync(&warm, 512, cudaStreamPerThread));
-    CHECK_CUDA(cudaFreeAsync(warm, cudaStreamPerThread));
-    CHECK_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
-  }).join();
+  testprog::turn_thread_caches_on();
   CHECK_CUDA(cudaStreamCreateWithFlags(&zero, cudaStreamNonBlocking));
   for (int round = 0; round < rounds; ++round) {
     const auto tag = static_cast<unsigned char>(round + 1);

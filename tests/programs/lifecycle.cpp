@@ -79,12 +79,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "reset") {
-    std::thread([] {
-      void* warm = nullptr;
-      CHECK_CUDA(cudaMallocAsync(&warm, 512, cudaStreamPerThread));
-      CHECK_CUDA(cudaFreeAsync(warm, cudaStreamPerThread));
-      CHECK_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
-    }).join();
+    testprog::turn_thread_caches_on();
     std::vector<void*> before;
     for (size_t size : {size_t{1} << 20, size_t{3} << 20}) {
       void* p = nullptr;
