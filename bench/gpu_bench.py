@@ -27,7 +27,11 @@ LIB = os.path.join(ROOT, "build", "lib", "libgpupool.so")
 def run_json(cmd, env, runs):
     results = []
     for _ in range(runs):
-        out = subprocess.run(cmd, env=dict(os.environ, **env), capture_output=True, text=True, check=True).stdout
+        # The timeout keeps a hang from eating the GPU lease.
+        proc = subprocess.run(cmd, env=dict(os.environ, **env), capture_output=True, text=True, timeout=180)
+        if proc.returncode != 0:
+            sys.exit(f"gpu_bench: {' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+        out = proc.stdout
         results.append(json.loads(out.strip().splitlines()[-1]))
     return results
 
@@ -51,7 +55,7 @@ def gpu_name():
 
 def torch_available():
     probe = subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"],
-                           capture_output=True)
+                           capture_output=True, timeout=120)
     return probe.returncode == 0
 
 
@@ -99,6 +103,7 @@ def main():
         speedup[(mode, threads)] = raw / pooled
         name = "`cudaMalloc`+`cudaFree`" if mode == "plain" else "`cudaMallocAsync`+`cudaFreeAsync`"
         lines.append(f"| {name} | {threads} | {ws} | {raw:.0f} | {pooled:.0f} | {raw / pooled:.1f}x |")
+        print(lines[-1], flush=True)  # partial results survive a later failure
     lines.append("")
     verdicts = [("gpupool >= 100x faster than raw cudaMalloc/cudaFree",
                  "met" if speedup[("plain", 1)] >= 100 else "not met", f"{speedup[('plain', 1)]:.0f}x")]

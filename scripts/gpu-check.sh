@@ -46,10 +46,13 @@ run() {
   shift
   local log="$out/$(echo "$name" | tr -c 'A-Za-z0-9_.-' '_').log"
   local start=$SECONDS
-  env "${envs[@]}" "$@" >"$log" 2>&1
+  # A hang must not eat the GPU lease: each program gets $GPU_CHECK_TIMEOUT s.
+  timeout --kill-after=5 "${GPU_CHECK_TIMEOUT:-120}" env "${envs[@]}" "$@" >"$log" 2>&1
   local code=$?
   local took=$((SECONDS - start))s
-  if [ "$code" = "$expect" ]; then record "$name" PASS "$took"; else record "$name" FAIL "exit $code, expected $expect ($log)"; fi
+  if [ "$code" = "$expect" ]; then record "$name" PASS "$took"
+  elif [ "$code" = 124 ] || [ "$code" = 137 ]; then record "$name" FAIL "timed out after $took ($log)"
+  else record "$name" FAIL "exit $code, expected $expect ($log)"; fi
   return 0
 }
 
