@@ -17,6 +17,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -112,21 +113,30 @@ inline const cudaStream_t kThreadStream = cudaStreamPerThread;
 #endif
 
 // Per-thread default streams on two threads: thread A frees, thread B reuses.
+// A stays alive until B is done: the real runtime may give an exited thread's
+// per-thread stream to the next thread, and then stream order alone would
+// hide the hazard.
 inline int per_thread_streams() {
   void* p = nullptr;
+  std::promise<void> freed, reused;
+  std::future<void> freed_done = freed.get_future(), reused_done = reused.get_future();
   std::thread a([&] {
     HAZARD_CHECK(cudaMallocAsync(&p, kBytes, kThreadStream));
     old_owner_writes(p, kThreadStream);
     HAZARD_CHECK(cudaFreeAsync(p, kThreadStream));
+    freed.set_value();
+    reused_done.wait();
   });
-  a.join();
   int result = 0;
   std::thread b([&] {
+    freed_done.wait();
     void* q = nullptr;
     HAZARD_CHECK(cudaMallocAsync(&q, kBytes, kThreadStream));
     result = verdict(p, q, kThreadStream);
+    reused.set_value();
   });
   b.join();
+  a.join();
   return result;
 }
 
