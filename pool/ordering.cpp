@@ -119,6 +119,22 @@ EventHandle StreamOrdering::take_event() {
 
 void StreamOrdering::give_back_event(EventHandle event) { spare_events_.push_back(event); }
 
+void StreamOrdering::refill_spare_events() {
+  if (!spare_events_.empty()) return;
+  // A plain loop of cudaMalloc/cudaFree records a barrier per reuse, and
+  // querying the last one before recording the next would double its driver
+  // calls. Every device fence has an event on the legacy stream and the
+  // newest completes after all older ones, so the oldest, if it is just that
+  // one event, may be recorded again unqueried: its epoch is learned complete
+  // when a newer fence's is. Otherwise completed events are collected.
+  if (device_.pending.size() >= 2 && device_.pending.front().more.empty()) {
+    spare_events_.push_back(device_.pending.front().event);
+    device_.pending.pop_front();
+    return;
+  }
+  poll();
+}
+
 bool StreamOrdering::record_fence(StreamState& s) {
   const EventHandle event = take_event();
   if (event == 0) return false;
@@ -134,12 +150,10 @@ bool StreamOrdering::record_fence(StreamState& s) {
 
 bool StreamOrdering::record_barrier() {
   if (capture_active()) return false;
-  // Recycle completed events only when none is spare (one suffices: the
-  // non-blocking streams' events are given back at once): a plain loop of
-  // cudaMalloc/cudaFree records a barrier per reuse, and querying on each
-  // one would double its driver calls. Destroyed streams' events are dropped
-  // as soon as complete (the barrier waits for each one still pending).
-  if (spare_events_.empty() || !retired_.empty()) poll();
+  // Destroyed streams' events are dropped as soon as complete (the barrier
+  // waits for each one still pending).
+  if (!retired_.empty()) poll();
+  refill_spare_events();  // one is enough: the non-blocking streams' are given back at once
   const StreamId legacy = upstream_.legacy_stream();
   // 1. The legacy stream waits for every stream it does not order implicitly.
   for (auto& [id, s] : streams_) {

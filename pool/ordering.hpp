@@ -122,6 +122,7 @@ class StreamOrdering {
   StreamState& lookup(StreamId id);
   bool capturing(StreamId id) const;
   EventHandle take_event();
+  void refill_spare_events();  // before a barrier
   void give_back_event(EventHandle event);
   bool record_fence(StreamState& s);  // one event on s covering its frees so far
   bool record_barrier();
