@@ -14,7 +14,8 @@ namespace {
 
 // Kinds with a numeric range checked against the table's min and max.
 template <typename Kind>
-inline constexpr bool kRanged = std::is_same_v<Kind, ByteSize> || std::is_same_v<Kind, MiBSize>;
+inline constexpr bool kRanged =
+    std::is_same_v<Kind, ByteSize> || std::is_same_v<Kind, MiBSize> || std::is_same_v<Kind, Count>;
 
 template <typename Kind>
 std::string accepted_text(std::size_t lo, std::size_t hi) {
@@ -276,6 +277,7 @@ PoolOptions to_pool_options(const Config& c) {
   o.cross_stream_reuse = c.cross_stream_reuse;
   o.expandable_segments = c.expandable_segments;
   o.recycle_pages = c.recycle_pages;
+  o.recycle_idle_allocations = c.recycle_idle_allocations;
   o.unsafe_skip_ordering = c.debug_unsafe_skip_ordering;
   return o;
 }

@@ -36,6 +36,16 @@ struct MiBSize {
   static std::string format(value_type v);
 };
 
+// A plain count, like a number of allocations.
+struct Count {
+  using value_type = std::uint64_t;
+  static constexpr const char* kKind = "count";
+  static bool parse(std::string_view text, value_type* out, std::string* why) {
+    return parse_unsigned(text, out, why);
+  }
+  static std::string format(value_type v) { return std::to_string(v); }
+};
+
 struct Fraction {
   using value_type = double;
   static constexpr const char* kKind = "fraction";

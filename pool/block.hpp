@@ -44,6 +44,9 @@ struct Block {
   StreamId stream = kAnyStream;
   std::uint64_t stream_epoch = 0;  // free: `stream`'s free epoch at the free
   std::uint64_t device_epoch = 0;  // free: the device free epoch at the free
+  // Free: the pool's reuse-attempt count at the latest free that made it up
+  // (recycling leaves the pages of recently used blocks alone).
+  std::uint64_t freed_at = 0;
   Block* prev = nullptr;           // neighbours in the segment, by address
   Block* next = nullptr;
   Segment* segment = nullptr;

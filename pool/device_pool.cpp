@@ -366,6 +366,7 @@ FreeResult DevicePool::deallocate_unsampled(DevicePtr ptr, StreamId site) {
   b->stream = site;
   b->stream_epoch = stamp.stream_epoch;
   b->device_epoch = stamp.device_epoch;
+  b->freed_at = reuse_attempts_;
 
   b = merge_neighbours(b);
   add_free(b);
@@ -438,6 +439,7 @@ void DevicePool::absorb_next(Block* low) {
     low->stream_epoch = 0;
     low->device_epoch = std::max(low->device_epoch, high->device_epoch);
   }
+  low->freed_at = std::max(low->freed_at, high->freed_at);
   low->size += high->size;
   low->next = high->next;
   if (high->next != nullptr) high->next->prev = low;

@@ -124,8 +124,18 @@ class DevicePool {
   // Unmaps the whole pages inside free blocks of expandable segments, largest
   // blocks first, until `budget` bytes are unmapped; with `wait`, after waiting
   // for every free to complete, else only blocks already known complete.
+  // Skips `keep` and blocks used within the last `min_idle` allocations.
   // Returns the bytes unmapped.
-  std::size_t unmap_free_pages(bool wait, std::size_t budget = kUnlimited);
+  std::size_t unmap_free_pages(bool wait, std::size_t budget = kUnlimited, std::uint64_t min_idle = 0,
+                               const Block* keep = nullptr);
+  // How an expandable pool of `kind` gets `rounded` more mapped bytes most
+  // cheaply: a hole alone, or a free block grown into the hole after it.
+  struct Growth {
+    Block* hole = nullptr;   // nullptr: none fits, a new segment
+    Block* grown = nullptr;  // the free block that grows into the hole, if any
+    std::size_t pages = 0;   // pages to map
+  };
+  Growth plan_growth(PoolKind kind, std::size_t rounded, StreamId consumer);
   Block* new_segment(PoolKind kind, std::size_t bytes, StreamId consumer, bool* limit_reached);
   // Registers [base, base+bytes) as a segment of one block (returned, in no pool yet).
   Block* add_segment(PoolKind kind, DevicePtr base, std::size_t bytes, bool expandable);

@@ -58,6 +58,7 @@ Block* DevicePool::split_off(Block* b, std::size_t offset) {
   rest->stream = b->stream;
   rest->stream_epoch = b->stream_epoch;
   rest->device_epoch = b->device_epoch;
+  rest->freed_at = b->freed_at;
   rest->prev = b;
   rest->next = b->next;
   if (b->next != nullptr) b->next->prev = rest;
@@ -80,52 +81,56 @@ Block* DevicePool::map_front(Block* hole, std::size_t bytes) {
   return hole;
 }
 
-Block* DevicePool::grow_expandable(PoolKind kind, std::size_t rounded, StreamId consumer, bool* limit_reached) {
+DevicePool::Growth DevicePool::plan_growth(PoolKind kind, std::size_t rounded, StreamId consumer) {
   const std::size_t page = upstream_.page_size();
-  BlockPool& holes = holes_[static_cast<int>(kind)];
-  // Growing past the largest reservation so far: first give back as many free
-  // pages known idle as the growth needs (largest free blocks first, the least
-  // likely to be reused whole), so that the peak stays near the bytes live.
-  // Only when free memory is more than kRecycleSlack of what is reserved: below
-  // that, giving pages back and mapping them again costs more than it saves.
-  const auto reserved_now = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
-  if (options_.recycle_pages &&
-      reserved_now + round_up(rounded, page) > static_cast<std::size_t>(stats_.reserved_bytes[kAll].peak) &&
-      (reserved_now - static_cast<std::size_t>(stats_.allocated_bytes[kAll].current)) * kRecycleSlackDivisor >=
-          reserved_now) {
-    unmap_free_pages(false, round_up(rounded, page));
-  }
-
-  // The cheapest way to get `rounded` mapped bytes: a hole alone (best fit),
-  // or a free mapped block grown into the hole right after it.
-  Block* best_hole = nullptr;
-  Block* grown = nullptr;
-  std::size_t best_pages = kUnlimited;
-  for (Block* hole : holes.blocks()) {
+  Growth g{nullptr, nullptr, round_up(rounded, page) / page};  // a new segment, unless a hole does better
+  bool found = false;
+  for (Block* hole : holes_[static_cast<int>(kind)].blocks()) {
     if (hole->size >= rounded) {
       const std::size_t pages = round_up(rounded, page) / page;
-      if (pages < best_pages) {
-        best_pages = pages;
-        best_hole = hole;
-        grown = nullptr;
-      }
+      if (!found || pages < g.pages) g = Growth{hole, nullptr, pages};
+      found = true;
     }
     Block* prev = hole->prev;
     if (prev != nullptr && prev->is_free_mapped() && prev->size < rounded && prev->size + hole->size >= rounded) {
       const std::size_t pages = round_up(rounded - prev->size, page) / page;
       const bool stream_allowed = options_.cross_stream_reuse != CrossStreamReuse::Never || prev->stream == consumer;
-      if (pages < best_pages && stream_allowed && ready_for(prev, consumer, false)) {
-        best_pages = pages;
-        best_hole = hole;
-        grown = prev;
+      if ((!found || pages < g.pages) && stream_allowed && ready_for(prev, consumer, false)) {
+        g = Growth{hole, prev, pages};
+        found = true;
       }
     }
   }
+  return g;
+}
+
+Block* DevicePool::grow_expandable(PoolKind kind, std::size_t rounded, StreamId consumer, bool* limit_reached) {
+  const std::size_t page = upstream_.page_size();
+  // The cheapest way to get `rounded` mapped bytes: a hole alone (best fit),
+  // or a free mapped block grown into the hole right after it.
+  Growth g = plan_growth(kind, rounded, consumer);
+  // Growing past the largest reservation so far: first give back as many free
+  // pages known idle as the growth needs (largest free blocks first, the least
+  // likely to be reused whole; never the block about to grow), so that the
+  // peak stays near the bytes live. Only when free memory is more than
+  // kRecycleSlack of what is reserved: below that, giving pages back and
+  // mapping them again costs more than it saves.
+  const auto reserved_now = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
+  if (options_.recycle_pages &&
+      reserved_now + g.pages * page > static_cast<std::size_t>(stats_.reserved_bytes[kAll].peak) &&
+      (reserved_now - static_cast<std::size_t>(stats_.allocated_bytes[kAll].current)) * kRecycleSlackDivisor >=
+          reserved_now) {
+    if (unmap_free_pages(false, g.pages * page, options_.recycle_idle_allocations, g.grown) > 0) {
+      g = plan_growth(kind, rounded, consumer);  // the pages given back may have opened a better hole
+    }
+  }
+  Block* best_hole = g.hole;
+  Block* grown = g.grown;
+  std::size_t best_pages = g.pages;
   if (best_hole == nullptr) {
     Segment* seg = new_expandable_segment(kind, round_up(rounded, page));
     if (seg == nullptr) return nullptr;
     best_hole = seg->head;
-    best_pages = round_up(rounded, page) / page;
   }
 
   const std::size_t bytes = best_pages * page;
@@ -149,7 +154,7 @@ Block* DevicePool::grow_expandable(PoolKind kind, std::size_t rounded, StreamId 
   return fresh;
 }
 
-std::size_t DevicePool::unmap_free_pages(bool wait, std::size_t budget) {
+std::size_t DevicePool::unmap_free_pages(bool wait, std::size_t budget, std::uint64_t min_idle, const Block* keep) {
   if (!expandable() || ordering_.capture_active()) return 0;
   const std::size_t page = upstream_.page_size();
   // Unmapping memory that queued work may still touch would fault. Either wait
@@ -166,7 +171,7 @@ std::size_t DevicePool::unmap_free_pages(bool wait, std::size_t budget) {
   for (const BlockPool& pool : pools_) {
     for (Block* b : pool.blocks()) {
       if (b->segment->expandable && round_up(b->addr, page) < round_down(b->addr + b->size, page) &&
-          ordering_.device_complete(b->device_epoch)) {
+          ordering_.device_complete(b->device_epoch) && reuse_attempts_ - b->freed_at >= min_idle && b != keep) {
         candidates.push_back(b);
       }
     }

@@ -55,6 +55,13 @@ struct PoolOptions {
   // growth needs among those whose last use is known complete (no host
   // waits), so the peak stays close to the live bytes.
   bool recycle_pages = true;
+  // Recycling leaves alone the free blocks used within this many allocations:
+  // they are the working set. Recycling them too keeps the peak lowest, but a
+  // working set just above the peak then has its pages unmapped and mapped
+  // again over and over, and on a GPU each map costs about as much as a
+  // cudaMalloc. (Replaying the shared traces, 16 ended the steady remapping
+  // and kept every peak within 5.1% of the live bytes; 0 gives 2.8%.)
+  std::uint64_t recycle_idle_allocations = 16;
   // Testing only: skip every ordering step (fences, barriers, event waits) so
   // that the hazard tests can show they fail without them. Never safe.
   bool unsafe_skip_ordering = false;

@@ -88,6 +88,7 @@ TEST_CASE_METHOD(ExpandableFixture, "releasing waits for the device before unmap
 }
 
 TEST_CASE_METHOD(ExpandableFixture, "recycling unmaps only frees already known complete, without waiting") {
+  options.recycle_idle_allocations = 0;  // a just freed is a candidate
   make();
   pool->stream_created(0x1000, StreamKind::Blocking);
   upstream.set_events_complete_at_once(false);
@@ -119,6 +120,7 @@ std::int64_t reserved_after_growth(PoolFixture& f) {
 }  // namespace
 
 TEST_CASE_METHOD(ExpandableFixture, "recycling gives idle pages back before growing past the peak") {
+  options.recycle_idle_allocations = 0;
   make();
   CHECK(reserved_after_growth(*this) == static_cast<std::int64_t>(22 * kMiB));
   check_mapping();
@@ -203,6 +205,7 @@ TEST_CASE_METHOD(ExpandableFixture, "a free next to a block whose work is known 
 }
 
 TEST_CASE_METHOD(ExpandableFixture, "recycling unmaps only the pages growth needs, from a free block's top") {
+  options.recycle_idle_allocations = 0;
   make();
   const DevicePtr a = alloc(16 * kMiB);
   release(a);
@@ -212,5 +215,53 @@ TEST_CASE_METHOD(ExpandableFixture, "recycling unmaps only the pages growth need
   CHECK(upstream.covers(a, 14 * kMiB));  // a's lower part stays mapped
   CHECK_FALSE(upstream.covers(a + 14 * kMiB, kPage));
   CHECK(alloc(14 * kMiB) == a);  // and serves the next request that fits, with no mapping
+  check_mapping();
+}
+
+TEST_CASE_METHOD(ExpandableFixture, "recycling leaves the blocks of the working set alone") {
+  make();
+  const std::uint64_t idle = options.recycle_idle_allocations;
+  REQUIRE(idle > 0);
+  const DevicePtr a = alloc(8 * kMiB);
+  alloc(2 * kMiB);  // keeps a away from the unmapped tail
+  release(a);
+  alloc(20 * kMiB);  // past the peak, but a was used one allocation ago
+  CHECK(upstream.covers(a, 8 * kMiB));
+  check_mapping();
+  for (std::uint64_t i = 0; i < idle; ++i) release(alloc(4096));  // the small pool's; a idles
+  const std::int64_t peak = pool->stats().reserved_bytes[kAll].peak;
+  alloc(8 * kMiB + kPage);  // past the peak again: a's pages are idle now and go back
+  CHECK_FALSE(upstream.covers(a, kPage));
+  CHECK(pool->stats().reserved_bytes[kAll].peak == peak + static_cast<std::int64_t>(kPage));  // 1 new page, not 5
+  check_mapping();
+}
+
+namespace {
+// A single-stream loop whose working set (one block at a time, the largest
+// 64 MiB, plus the small pool's page) needs one page more than the pool's
+// peak after the first pass; returns the pages mapped over `passes` passes.
+std::int64_t maps_cycling_sizes(PoolFixture& f, int passes) {
+  const std::size_t sizes[] = {64 * kMiB, 1000, 30 * kMiB, 4096, 6 * kMiB, 512, 12 * kMiB};
+  for (int pass = 0; pass < passes; ++pass) {
+    for (std::size_t size : sizes) f.release(f.alloc(size));
+  }
+  return f.pool->stats().num_page_maps;
+}
+}  // namespace
+
+TEST_CASE_METHOD(ExpandableFixture, "a working set just above the peak is not remapped over and over") {
+  make();
+  const std::int64_t warm = maps_cycling_sizes(*this, 2);
+  CHECK(maps_cycling_sizes(*this, 200) == warm);  // the pages stay mapped
+  CHECK(pool->stats().reserved_bytes[kAll].peak <= static_cast<std::int64_t>(66 * kMiB));
+  check_mapping();
+}
+
+TEST_CASE_METHOD(ExpandableFixture, "recycling every idle page keeps the lowest peak at the cost of remapping") {
+  options.recycle_idle_allocations = 0;
+  make();
+  const std::int64_t warm = maps_cycling_sizes(*this, 2);
+  CHECK(maps_cycling_sizes(*this, 200) > warm + 100);  // the small pool's page and 64 MiB take turns
+  CHECK(pool->stats().reserved_bytes[kAll].peak == static_cast<std::int64_t>(64 * kMiB));
   check_mapping();
 }
