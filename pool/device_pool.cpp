@@ -301,6 +301,9 @@ void DevicePool::carve(Block* b, std::size_t rounded) {
   rest->stream = b->stream;
   rest->stream_epoch = b->stream_epoch;
   rest->device_epoch = b->device_epoch;
+  // Its pages were not needed now: recycling may take them at once (keeping
+  // the parent's free time instead raised multistream-10's peak 1.051 -> 1.078).
+  rest->freed_at = 0;
   // The remainder may sit next to a free block: one kept apart from the block
   // it came from, or (growing an expandable segment) a block before a hole.
   // Each merge may change its history, so look again (b, before it, is taken).
