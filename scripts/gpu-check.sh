@@ -101,6 +101,22 @@ for mode in 1 0; do
   run "stress, threads and every kind of stream (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-stress 3 10 200 1
 done
 run "unchanged nvcc -cudart shared program" 0 "${pool[@]}" -- "$out/user_program"
+
+# A loop of pairs whose working set needs a page more than the pool's peak:
+# on this runtime recycling once remapped pages on almost every pair (29 us a
+# pair on an H200). After warm-up its pages must stay mapped.
+for mode in async plain; do
+  loop_report="$out/report-loop-$mode.json"
+  run "allocation loop ($mode) runs" 0 "${pool[@]}" GPUPOOL_LOG="$loop_report" \
+    -- build/bin/gpupool-bench-api "$mode" 1 20000 64
+  maps=$(python3 -c "import json, sys; d = json.load(open(sys.argv[1]))
+print(sum(v['upstream']['page_maps'] for v in d['devices'].values()))" "$loop_report" 2>/dev/null || echo unknown)
+  if [ "$maps" != unknown ] && [ "$maps" -le 64 ]; then
+    record "allocation loop ($mode) keeps its pages mapped" PASS "$maps page maps over 20000 pairs"
+  else
+    record "allocation loop ($mode) keeps its pages mapped" FAIL "$maps page maps over 20000 pairs ($loop_report)"
+  fi
+done
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   run "two devices, switching between calls" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=20M -- build/bin/test-devices cross 20
   run "two devices, a thread each" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=20M -- build/bin/test-devices threads 50
