@@ -198,6 +198,17 @@ std::vector<std::string> advice(const DeviceReport& dev) {
                "GPUPOOL_CROSS_STREAM_REUSE=completed avoids those device-side waits at some memory cost",
                static_cast<unsigned long long>(waits)));
   }
+  // Pages given back and mapped again cost driver calls each time (on an
+  // H200 about 0.5 ms a map): a loop doing it on many allocations crawls.
+  const auto unmaps = static_cast<std::uint64_t>(s.num_page_unmaps);
+  if (o.recycle_pages && unmaps > 100 && unmaps * 20 > allocations) {
+    add(format("gpupool gave back and mapped again device pages %llu times (%.0f ms in the driver): the working "
+               "set is just above the pool's peak; raise GPUPOOL_RECYCLE_IDLE_ALLOCATIONS (now %llu) or set "
+               "GPUPOOL_RECYCLE_PAGES=0 to keep them mapped, at a little more memory",
+               static_cast<unsigned long long>(unmaps),
+               static_cast<double>(s.upstream_alloc_ns + s.upstream_free_ns) / 1e6,
+               static_cast<unsigned long long>(o.recycle_idle_allocations)));
+  }
   if (dev.quarantined_bytes > 0) {
     add(format("%s freed with cudaFreeAsync inside a stream capture is never reused: free such "
                "memory outside the capture",

@@ -1,6 +1,8 @@
 // Expandable segments: one address range per pool kind, pages mapped as it
 // grows and unmapped when released.
 #include "pool_fixture.hpp"
+#include "report/collect.hpp"
+#include "report/diagnosis.hpp"
 
 using namespace gpupool;
 using gpupool::testing::PoolFixture;
@@ -264,4 +266,20 @@ TEST_CASE_METHOD(ExpandableFixture, "recycling every idle page keeps the lowest 
   CHECK(maps_cycling_sizes(*this, 200) > warm + 100);  // the small pool's page and 64 MiB take turns
   CHECK(pool->stats().reserved_bytes[kAll].peak == static_cast<std::int64_t>(64 * kMiB));
   check_mapping();
+}
+
+namespace {
+bool advises_keeping_pages(const DevicePool& pool) {
+  const std::vector<std::string> lines = report::advice(report::collect(pool, 0));
+  return std::any_of(lines.begin(), lines.end(), [](const std::string& line) {
+    return line.find("GPUPOOL_RECYCLE_IDLE_ALLOCATIONS") != std::string::npos;
+  });
+}
+}  // namespace
+
+TEST_CASE_METHOD(ExpandableFixture, "the report tells when recycling remaps pages over and over") {
+  options.recycle_idle_allocations = GENERATE(0u, 16u);
+  make();
+  maps_cycling_sizes(*this, 200);
+  CHECK(advises_keeping_pages(*pool) == (options.recycle_idle_allocations == 0));
 }
