@@ -126,11 +126,15 @@ void StreamOrdering::refill_spare_events() {
   // calls. Every device fence has an event on the legacy stream and the
   // newest completes after all older ones, so the oldest, if it is just that
   // one event, may be recorded again unqueried: its epoch is learned complete
-  // when a newer fence's is. Otherwise completed events are collected.
-  if (device_.pending.size() >= 2 && device_.pending.front().more.empty()) {
-    spare_events_.push_back(device_.pending.front().event);
-    device_.pending.pop_front();
-    return;
+  // when a newer fence's is. Not the latest barrier's: a non-blocking stream
+  // created later waits on it. Otherwise completed events are collected.
+  if (device_.pending.size() >= 2) {
+    const Fence& oldest = device_.pending.front();
+    if (oldest.more.empty() && oldest.event != last_barrier_.event) {
+      spare_events_.push_back(oldest.event);
+      device_.pending.pop_front();
+      return;
+    }
   }
   poll();
 }

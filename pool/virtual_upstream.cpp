@@ -88,7 +88,7 @@ void VirtualUpstream::destroy_event(EventHandle event) { events_.erase(event); }
 
 bool VirtualUpstream::record_event(EventHandle event, StreamId stream) {
   auto it = events_.find(event);
-  if (it == events_.end()) return false;
+  if (it == events_.end() || (failing_record_stream_ != 0 && stream == failing_record_stream_)) return false;
   it->second = complete_at_once_;
   ++event_records_;
   if (calls_.size() < kMaxCallsKept) calls_.push_back(Call{Call::Record, event, stream});

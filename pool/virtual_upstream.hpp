@@ -58,6 +58,8 @@ class VirtualUpstream final : public Upstream {
   void set_contiguous(bool yes) { contiguous_ = yes; }
   // Offer virtual memory (page mapping) for expandable segments.
   void set_virtual_memory(bool yes) { virtual_memory_ = yes; }
+  // Event records on this stream fail (0: none do).
+  void set_failing_record_stream(StreamId stream) { failing_record_stream_ = stream; }
 
   // --- observation ---
   struct Call {
@@ -107,6 +109,7 @@ class VirtualUpstream final : public Upstream {
   EventHandle next_event_ = 1;
   std::uint64_t event_records_ = 0;
   std::uint64_t event_queries_ = 0;
+  StreamId failing_record_stream_ = 0;
   std::vector<Call> calls_;
 };
 

@@ -311,3 +311,33 @@ TEST_CASE_METHOD(PoolFixture, "plain barriers record their events again without 
   CHECK(upstream.event_queries() <= 1);  // only before the first barrier has a successor
   CHECK(upstream.events_created() <= 4);
 }
+
+TEST_CASE("the latest barrier's event is never recorded again while a new stream may wait on it") {
+  // A non-blocking stream created later waits for the latest barrier. When a
+  // newer barrier fails half-way, that event must still mark the old one.
+  VirtualUpstream upstream;
+  PoolOptions options;
+  StreamOrdering ordering(upstream, options);
+  upstream.set_events_complete_at_once(false);
+  constexpr StreamId kNonBlocking = 0x1000, kLater = 0x2000;
+  ordering.stream_created(kNonBlocking, StreamKind::NonBlocking);
+  REQUIRE(ordering.device_ready(ordering.stamp_free(kAnyStream).device_epoch));  // the barrier
+  ordering.stamp_free(kAnyStream);
+  ordering.fence_frees();  // a completion fence after it, still pending
+  upstream.set_failing_record_stream(kNonBlocking);
+  CHECK_FALSE(ordering.device_ready(ordering.stamp_free(kAnyStream).device_epoch));  // fails at step 1
+  upstream.set_failing_record_stream(0);
+  ordering.stream_destroying(kNonBlocking);  // takes a spare event and records it there
+  ordering.stream_created(kLater, StreamKind::NonBlocking);
+  const std::vector<VirtualUpstream::Call>& calls = upstream.calls();
+  REQUIRE(!calls.empty());
+  const VirtualUpstream::Call wait = calls.back();
+  REQUIRE(wait.kind == VirtualUpstream::Call::Wait);
+  CHECK(wait.stream == kLater);
+  // The event it waits for was last recorded on the legacy stream: the barrier.
+  StreamId recorded_on = 0;
+  for (const VirtualUpstream::Call& c : calls) {
+    if (c.kind == VirtualUpstream::Call::Record && c.event == wait.event) recorded_on = c.stream;
+  }
+  CHECK(recorded_on == VirtualUpstream::kLegacy);
+}
