@@ -196,6 +196,10 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
 
 FreeResult Runtime::deallocate(void* ptr, StreamId site, int site_device) {
   const auto p = reinterpret_cast<DevicePtr>(ptr);
+  // The freeing stream's device state, made now if it is new (free_foreign
+  // needs it): never while a pool's lock is held, which would invert the
+  // order fork's handler takes the locks in.
+  if (site_device >= 0) device(site_device);
   int first = current_device();
   if (caches_.enabled()) {
     // Only a block of the freeing stream's own device goes into a cache.
@@ -249,17 +253,18 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site, int site_device) {
 
 FreeResult Runtime::free_foreign(DeviceState& d, DevicePtr ptr, StreamId site, int site_device) {
   // The event is made and recorded on the stream's device (its upstream
-  // switches to it); no pool lock of that device is needed for that.
-  CudaUpstream& there = device(site_device).upstream;
+  // switches to it); no pool lock of that device is needed for that. Its
+  // state exists: deallocate made sure before taking d's lock.
+  CudaUpstream& there = existing(site_device)->upstream;
   if (there.capturing(site)) {
     // Freed inside a capture: the graph's from now on, like a pooled block
     // freed inside one; it waits here for good (event 0), never handed out.
-    d.foreign_frees.push_back(DeviceState::ForeignFree{ptr, 0});
+    d.foreign_frees.push_back(DeviceState::ForeignFree{ptr, 0, site_device});
     return FreeResult::Freed;
   }
   const EventHandle event = there.create_event();
   if (event != 0 && there.record_event(event, site)) {
-    d.foreign_frees.push_back(DeviceState::ForeignFree{ptr, event});
+    d.foreign_frees.push_back(DeviceState::ForeignFree{ptr, event, site_device});
     return FreeResult::Freed;
   }
   // No event to be had (a failing runtime): wait for the stream instead.
@@ -268,14 +273,23 @@ FreeResult Runtime::free_foreign(DeviceState& d, DevicePtr ptr, StreamId site, i
   return d.pool->deallocate(ptr, kAnyStream);
 }
 
-void Runtime::return_foreign_frees(DeviceState& d, bool wait) {
+void Runtime::return_foreign_frees(DeviceState& d, bool wait, int reset_device) {
   std::size_t kept = 0;
-  for (const DeviceState::ForeignFree& f : d.foreign_frees) {
+  for (DeviceState::ForeignFree f : d.foreign_frees) {
+    if (reset_device >= 0 && f.event_device != reset_device) {
+      d.foreign_frees[kept++] = f;
+      continue;
+    }
     // Events are queried and waited for from any device. An error (a device
     // in error) keeps the block: only a completed event lets it go.
     const bool done = f.event != 0 && (wait ? d.upstream.synchronize_event(f.event)
                                             : d.upstream.query_event(f.event) == EventStatus::Complete);
     if (!done) {
+      if (reset_device >= 0 && f.event != 0) {
+        // Gone with the reset; its handle may name a new event of the program's.
+        d.upstream.destroy_event(f.event);
+        f.event = 0;
+      }
       d.foreign_frees[kept++] = f;
       continue;
     }
@@ -408,16 +422,27 @@ void Runtime::device_reset(int dev) {
   // Blocks threads keep hold the same memory (taken before the pool's lock:
   // a flush takes the caches, then the pool).
   caches_.forget_device(dev);
-  std::lock_guard<AdaptiveMutex> lock(d->mu);
-  d->upstream.forget_pages();
-  for (const DeviceState::ForeignFree& f : d->foreign_frees) {
-    if (f.event != 0) d->upstream.destroy_event(f.event);  // another device's
+  {
+    std::lock_guard<AdaptiveMutex> lock(d->mu);
+    d->upstream.forget_pages();
+    for (const DeviceState::ForeignFree& f : d->foreign_frees) {
+      if (f.event != 0) d->upstream.destroy_event(f.event);  // another device's
+    }
+    d->foreign_frees.clear();
+    streams_generation_.fetch_add(1);
+    // The old pool goes: its destructor frees bookkeeping only, no upstream call.
+    d->pool = std::make_unique<DevicePool>(d->upstream, config::to_pool_options(config_), kUnlimited, &clock_);
+    d->pool->stream_created(kLegacyStream, StreamKind::Legacy);
   }
-  d->foreign_frees.clear();
-  streams_generation_.fetch_add(1);
-  // The old pool goes: its destructor frees bookkeeping only, no upstream call.
-  d->pool = std::make_unique<DevicePool>(d->upstream, config::to_pool_options(config_), kUnlimited, &clock_);
-  d->pool->stream_created(kLegacyStream, StreamKind::Legacy);
+  // Other devices' blocks freed on this device's streams wait on its events,
+  // which the reset destroys: wait for them now, while they still mean
+  // something (the reset would wait for that work too).
+  for (int i = 0; i < kMaxDevices; ++i) {
+    DeviceState* other = i == dev ? nullptr : existing(i);
+    if (other == nullptr) continue;
+    std::lock_guard<AdaptiveMutex> lock(other->mu);
+    if (!other->foreign_frees.empty()) return_foreign_frees(*other, true, dev);
+  }
 }
 
 void Runtime::peer_access_enabled(int accessor, int owner) {

@@ -39,6 +39,7 @@ struct DeviceState {
   struct ForeignFree {
     DevicePtr ptr;
     EventHandle event;
+    int event_device;  // the freeing stream's device
   };
   std::vector<ForeignFree> foreign_frees;
 };
@@ -109,8 +110,10 @@ class Runtime {
   // A block of d freed on a stream of another device (d.mu held).
   FreeResult free_foreign(DeviceState& d, DevicePtr ptr, StreamId site, int site_device);
   // Gives back to d's pool the foreign frees whose event has completed; with
-  // `wait`, all of them, waiting for each on the host (d.mu held).
-  void return_foreign_frees(DeviceState& d, bool wait);
+  // `wait`, all of them, waiting for each on the host (d.mu held). With
+  // `reset_device`, only those whose event is that device's, which its reset
+  // is about to destroy: each is waited for, and no longer queried after.
+  void return_foreign_frees(DeviceState& d, bool wait, int reset_device = -1);
   static void give_back_cached(const CachedBlock& block);
 
   config::Config config_;

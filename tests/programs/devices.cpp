@@ -15,6 +15,10 @@
 //   devices foreign-capture    such a free inside a capture of device 1's
 //                              stream: the block is the graph's from then on
 //                              and never handed out again
+//   devices foreign-reset      such a free still queued when device 1 is reset:
+//                              the reset ends that work, so device 0 gets the
+//                              block back (run with a limit that leaves room
+//                              for one block, and SIMCUDA_OP_DELAY_US)
 //   devices peer               access granted with cudaDeviceEnablePeerAccess
 //                              reaches pooled memory: pages mapped before the
 //                              grant and after it, and pages of a device whose
@@ -193,11 +197,39 @@ int foreign_capture() {
   return 0;
 }
 
+int foreign_reset() {
+  cudaStream_t one = nullptr;
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&one, cudaStreamNonBlocking));
+  int can = 0;
+  CHECK_CUDA(cudaDeviceCanAccessPeer(&can, 1, 0));
+  if (can == 0) {
+    std::printf("devices: device 1 cannot access device 0 here; nothing checked\n");
+    return 0;
+  }
+  if (cudaDeviceEnablePeerAccess(0, 0) != cudaErrorPeerAccessAlreadyEnabled) CHECK_CUDA(cudaGetLastError());
+  CHECK_CUDA(cudaSetDevice(0));
+  void* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, kBytes));
+  fill(p, 1, nullptr);
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaMemsetAsync(p, 0xEE, kBytes, one));  // device 1's last use, still queued
+  CHECK_CUDA(cudaFreeAsync(p, one));
+  CHECK_CUDA(cudaDeviceReset());  // ends that work, and destroys device 1's events and streams
+  CHECK_CUDA(cudaSetDevice(0));
+  void* q = nullptr;
+  CHECK_CUDA(cudaMalloc(&q, kBytes));  // under the limit, only p's memory is left for it
+  fill(q, 2, nullptr);
+  CHECK_CUDA(cudaFree(q));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "peer") == 0) return peer();
   if (argc > 1 && std::strcmp(argv[1], "foreign-capture") == 0) return foreign_capture();
+  if (argc > 1 && std::strcmp(argv[1], "foreign-reset") == 0) return foreign_reset();
   if (argc > 1 && std::strcmp(argv[1], "foreign") == 0) return foreign(argc > 2 ? std::atoi(argv[2]) : 20);
   const bool threads = argc > 1 && std::strcmp(argv[1], "threads") == 0;
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 20;
