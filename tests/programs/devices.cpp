@@ -136,17 +136,24 @@ int peer() {
   return 0;
 }
 
-int foreign(int rounds) {
-  cudaStream_t zero = nullptr, one = nullptr;
+// A non-blocking stream of device 1 that may write device 0's memory (peer
+// access); false, said on stdout, where the devices cannot access each other.
+bool peer_stream_of_device_one(cudaStream_t* one) {
   CHECK_CUDA(cudaSetDevice(1));
-  CHECK_CUDA(cudaStreamCreateWithFlags(&one, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(one, cudaStreamNonBlocking));
   int can = 0;
   CHECK_CUDA(cudaDeviceCanAccessPeer(&can, 1, 0));
   if (can == 0) {
     std::printf("devices: device 1 cannot access device 0 here; nothing checked\n");
-    return 0;
+    return false;
   }
   if (cudaDeviceEnablePeerAccess(0, 0) != cudaErrorPeerAccessAlreadyEnabled) CHECK_CUDA(cudaGetLastError());
+  return true;
+}
+
+int foreign(int rounds) {
+  cudaStream_t zero = nullptr, one = nullptr;
+  if (!peer_stream_of_device_one(&one)) return 0;
   CHECK_CUDA(cudaSetDevice(0));
   testprog::turn_thread_caches_on();
   CHECK_CUDA(cudaStreamCreateWithFlags(&zero, cudaStreamNonBlocking));
@@ -199,15 +206,7 @@ int foreign_capture() {
 
 int foreign_reset() {
   cudaStream_t one = nullptr;
-  CHECK_CUDA(cudaSetDevice(1));
-  CHECK_CUDA(cudaStreamCreateWithFlags(&one, cudaStreamNonBlocking));
-  int can = 0;
-  CHECK_CUDA(cudaDeviceCanAccessPeer(&can, 1, 0));
-  if (can == 0) {
-    std::printf("devices: device 1 cannot access device 0 here; nothing checked\n");
-    return 0;
-  }
-  if (cudaDeviceEnablePeerAccess(0, 0) != cudaErrorPeerAccessAlreadyEnabled) CHECK_CUDA(cudaGetLastError());
+  if (!peer_stream_of_device_one(&one)) return 0;
   CHECK_CUDA(cudaSetDevice(0));
   void* p = nullptr;
   CHECK_CUDA(cudaMalloc(&p, kBytes));
