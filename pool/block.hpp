@@ -47,6 +47,12 @@ struct Block {
   // Free: the pool's reuse-attempt count at the latest free that made it up
   // (recycling leaves the pages of recently used blocks alone).
   std::uint64_t freed_at = 0;
+  // Free: bytes outside [hot_begin, hot_end) were last freed at device epochs
+  // <= cold_epoch (see plain_reuse.cpp); an empty range (begin == end) means
+  // every byte. Kept up to date by frees, merges and splits.
+  DevicePtr hot_begin = 0;
+  DevicePtr hot_end = 0;
+  std::uint64_t cold_epoch = 0;
   Block* prev = nullptr;           // neighbours in the segment, by address
   Block* next = nullptr;
   Segment* segment = nullptr;

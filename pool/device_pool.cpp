@@ -179,6 +179,14 @@ Block* DevicePool::take_cached(PoolKind kind, std::size_t rounded, StreamId cons
       }
     }
   }
+  if (own != nullptr && consumer == kAnyStream && !ordering_.device_ordered(own->device_epoch) &&
+      fits_size_rules(own, rounded)) {
+    // Or the part of it that the last barrier covers.
+    if (Block* part = take_covered_part(own, rounded); part != nullptr) {
+      ++counters.same_stream_reuses;
+      return part;
+    }
+  }
   if (own != nullptr && fits_size_rules(own, rounded) && ready_for(own, consumer, true)) {
     remove_free(own);
     ++counters.same_stream_reuses;
@@ -301,6 +309,10 @@ void DevicePool::carve(Block* b, std::size_t rounded) {
   rest->stream = b->stream;
   rest->stream_epoch = b->stream_epoch;
   rest->device_epoch = b->device_epoch;
+  rest->hot_begin = b->hot_begin;
+  rest->hot_end = b->hot_end;
+  rest->cold_epoch = b->cold_epoch;
+  clip_hot(rest);
   // Its pages were not needed now: recycling may take them at once (keeping
   // the parent's free time instead raised multistream-10's peak 1.051 -> 1.078).
   rest->freed_at = 0;
@@ -370,6 +382,9 @@ FreeResult DevicePool::deallocate_unsampled(DevicePtr ptr, StreamId site) {
   b->stream_epoch = stamp.stream_epoch;
   b->device_epoch = stamp.device_epoch;
   b->freed_at = reuse_attempts_;
+  b->hot_begin = b->addr;  // none of it is covered by a barrier yet
+  b->hot_end = b->addr + b->size;
+  b->cold_epoch = 0;
 
   b = merge_neighbours(b);
   add_free(b);
@@ -424,6 +439,8 @@ Block* DevicePool::merge_neighbours(Block* b, const std::unordered_set<const Blo
 // otherwise always look busy, and the streams would grow instead of reusing it.
 void DevicePool::absorb_next(Block* low) {
   Block* high = low->next;
+  const Cover low_cover = cover_of(low);
+  const Cover high_cover = cover_of(high);
   // (Under the "never" policy a stream's memory stays its own, done or not.)
   const bool drop_finished = options_.cross_stream_reuse != CrossStreamReuse::Never;
   auto done = [&](const Block* b) {
@@ -443,6 +460,7 @@ void DevicePool::absorb_next(Block* low) {
     low->device_epoch = std::max(low->device_epoch, high->device_epoch);
   }
   low->freed_at = std::max(low->freed_at, high->freed_at);
+  join_covers(low, low_cover, high_cover);
   low->size += high->size;
   low->next = high->next;
   if (high->next != nullptr) high->next->prev = low;

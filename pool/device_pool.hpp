@@ -102,6 +102,22 @@ class DevicePool {
   // Without allow_wait, another stream's block only if its use is complete.
   bool ready_for(Block* b, StreamId consumer, bool allow_wait);
   Block* take_cached(PoolKind kind, std::size_t rounded, StreamId consumer, bool allow_wait);
+  // Plain reuse without a new barrier (plain_reuse.cpp). Which bytes of a
+  // free block a barrier already covers: those outside [hot_begin, hot_end).
+  struct Cover {
+    DevicePtr hot_begin = 0;  // begin == end: no hot bytes
+    DevicePtr hot_end = 0;
+    std::uint64_t cold_epoch = 0;  // the latest free of a byte outside the hot range
+  };
+  Cover cover_of(const Block* b) const;
+  // The cover of `merged`, made of two blocks whose covers were these.
+  static void join_covers(Block* merged, const Cover& low, const Cover& high);
+  // After a split: the hot range kept within the block.
+  static void clip_hot(Block* b);
+  // From a free block of the plain pool that a barrier does not cover, the
+  // part a plain request of `rounded` bytes can use without a new one: the
+  // block itself or its upper part, out of the pool. Null if none.
+  Block* take_covered_part(Block* b, std::size_t rounded);
   bool mergeable(const Block* low, const Block* high);
   // Whether `bytes` more may be reserved under memory_limit.
   bool within_limit(std::size_t bytes) const;

@@ -33,6 +33,8 @@ void DevicePool::add_hole(Block* b) {
   b->stream = kAnyStream;  // unmapped memory has no history
   b->stream_epoch = 0;
   b->device_epoch = 0;
+  b->hot_begin = b->hot_end = 0;
+  b->cold_epoch = 0;
   holes_[static_cast<int>(b->segment->kind)].insert(b);
 }
 
@@ -59,11 +61,16 @@ Block* DevicePool::split_off(Block* b, std::size_t offset) {
   rest->stream_epoch = b->stream_epoch;
   rest->device_epoch = b->device_epoch;
   rest->freed_at = b->freed_at;
+  rest->hot_begin = b->hot_begin;
+  rest->hot_end = b->hot_end;
+  rest->cold_epoch = b->cold_epoch;
   rest->prev = b;
   rest->next = b->next;
   if (b->next != nullptr) b->next->prev = rest;
   b->next = rest;
   b->size = offset;
+  clip_hot(b);
+  clip_hot(rest);
   return rest;
 }
 

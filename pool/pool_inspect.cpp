@@ -175,6 +175,11 @@ bool DevicePool::validate(std::string* error) const {
         if (b->size >= options_.max_split_size) ++rc.oversize_allocations;
       } else if (b->is_free_mapped()) {
         ++free_seen[static_cast<int>(seg->kind)];
+        if (b->hot_begin != b->hot_end &&
+            (b->hot_begin < b->addr || b->hot_end > b->addr + b->size || b->hot_begin > b->hot_end)) {
+          why << "free block at " << b->addr << " (size " << b->size << ") has a hot range outside it";
+          return fail();
+        }
         if (b->is_split()) {
           add(rc.inactive_split, seg->kind, 1);
           add(rc.inactive_split_bytes, seg->kind, static_cast<std::int64_t>(b->size));

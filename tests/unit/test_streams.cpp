@@ -284,8 +284,10 @@ TEST_CASE_METHOD(PoolFixture, "plain reuse prefers an equal block freed before t
   const DevicePtr a = alloc(12 * kMiB);
   const DevicePtr b = alloc(12 * kMiB);
   release(b);
-  release(alloc(1000));
-  alloc(1000);  // reuses a freed block: a barrier is recorded, b is covered from now on
+  const DevicePtr x = alloc(kMiB);
+  alloc(kMiB);  // the rest of x's segment
+  release(x);
+  alloc(kMiB);  // x again, only after a barrier: b is covered from now on
   release(a);   // a is freed after it
   upstream.clear_calls();
   CHECK(alloc(12 * kMiB) == b);  // b, not the lower-addressed a: no new barrier

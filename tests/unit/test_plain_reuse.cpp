@@ -1,0 +1,194 @@
+// Plain cudaMalloc taking the part of a free block that the last device
+// barrier covers (pool/plain_reuse.cpp): fewer barriers, never an unordered
+// byte, and the placements that keep memory low left as they were.
+#include <map>
+#include <random>
+
+#include "pool_fixture.hpp"
+
+using namespace gpupool;
+using gpupool::testing::PoolFixture;
+
+namespace {
+
+std::uint64_t barriers(const DevicePool& pool) {
+  for (const StreamReport& s : pool.streams()) {
+    if (s.id == kAnyStream) return s.counters.fences_recorded;
+  }
+  return 0;
+}
+
+// Frees of plain blocks until now are covered by a barrier: one is recorded
+// by reusing, whole, a small block freed after them (its segment is full).
+void cover_frees_so_far(PoolFixture& f) {
+  const std::uint64_t before = barriers(*f.pool);
+  const DevicePtr p = f.alloc(kMiB);
+  f.alloc(kMiB);
+  f.release(p);
+  REQUIRE(f.alloc(kMiB) == p);
+  REQUIRE(barriers(*f.pool) == before + 1);
+}
+
+}  // namespace
+
+TEST_CASE_METHOD(PoolFixture, "a loop of plain pairs records one barrier per sweep, not per pair") {
+  options.expandable_segments = GENERATE(false, true);
+  upstream.set_virtual_memory(true);
+  make();
+  upstream.set_events_complete_at_once(false);  // only barriers can order reuse
+  release(alloc(64 * kMiB));
+  const std::size_t sizes[] = {3 * kMiB, 5 * kMiB, 2 * kMiB, 7 * kMiB, 4 * kMiB, 6 * kMiB};
+  const std::uint64_t before = barriers(*pool);
+  constexpr int kPairs = 300;
+  for (int i = 0; i < kPairs; ++i) release(alloc(sizes[i % 6]));
+  // 4.5 MiB on average: about 13 pairs per sweep through 64 MiB.
+  const std::uint64_t recorded = barriers(*pool) - before;
+  CHECK(recorded >= kPairs / 16);
+  CHECK(recorded <= kPairs / 10);
+  CHECK(pool->stats().reserved_bytes[kAll].peak == static_cast<std::int64_t>(64 * kMiB));  // no growth
+}
+
+TEST_CASE_METHOD(PoolFixture, "a block freed and asked for again at its size goes back where it was") {
+  make();
+  const DevicePtr region = alloc(128 * kMiB);
+  release(region);
+  cover_frees_so_far(*this);
+  const DevicePtr a = alloc(32 * kMiB);
+  CHECK(a == region);  // covered: the front, with no barrier
+  release(a);
+  const std::uint64_t before = barriers(*pool);
+  SECTION("the same size: its place again, after a barrier") {
+    CHECK(alloc(32 * kMiB) == a);
+    CHECK(barriers(*pool) == before + 1);
+  }
+  SECTION("a size it fits as well as a best fit would") {
+    CHECK(alloc(29 * kMiB) == a);
+    CHECK(barriers(*pool) == before + 1);
+  }
+  SECTION("a smaller request takes the covered memory above it, with no barrier") {
+    CHECK(alloc(16 * kMiB) == a + 32 * kMiB);
+    CHECK(barriers(*pool) == before);
+  }
+}
+
+TEST_CASE_METHOD(PoolFixture, "requests over 64 MiB keep their place and take a barrier") {
+  make();
+  const DevicePtr region = alloc(512 * kMiB);
+  release(region);
+  cover_frees_so_far(*this);
+  release(alloc(96 * kMiB));
+  const std::uint64_t before = barriers(*pool);
+  const DevicePtr p = alloc(80 * kMiB);
+  CHECK(p == region);
+  CHECK(barriers(*pool) == before + 1);
+  release(p);
+  CHECK(alloc(64 * kMiB) == p + 80 * kMiB);  // 64 MiB still skips the 80 MiB freed
+  CHECK(barriers(*pool) == before + 1);
+}
+
+TEST_CASE_METHOD(PoolFixture, "a split keeps each part's hot bytes, and a merge joins them") {
+  make();
+  const DevicePtr region = alloc(64 * kMiB);
+  release(region);
+  cover_frees_so_far(*this);
+  const DevicePtr low = alloc(8 * kMiB);   // covered: at the front
+  const DevicePtr mid = alloc(8 * kMiB);
+  const DevicePtr high = alloc(8 * kMiB);
+  REQUIRE(mid == low + 8 * kMiB);
+  REQUIRE(high == mid + 8 * kMiB);
+  release(mid);                             // hot: [mid, mid + 8 MiB)
+  release(high);                            // merges with mid and the covered rest
+  alloc(1000);
+  const std::uint64_t before = barriers(*pool);
+  // The hot bytes are [mid, high + 8 MiB): 16 MiB from mid; 4 MiB fits above them.
+  CHECK(alloc(4 * kMiB) == high + 8 * kMiB);
+  CHECK(barriers(*pool) == before);
+  release(low);  // hot [low, high + 8 MiB) now, with the 4 MiB above still live
+  alloc(1000);
+  CHECK(alloc(24 * kMiB) == low);  // a near-exact fit of the hot bytes, freed a while ago
+  CHECK(barriers(*pool) == before + 1);
+}
+
+// Every plain allocation is checked against a model of the device: each byte
+// the program used remembers the operation that freed it, and a plain
+// allocation may hold it only if a barrier was recorded after that free.
+// Events never complete here, so nothing else can make the reuse safe.
+TEST_CASE("no plain allocation holds a byte freed after the last barrier", "[random]") {
+  const bool expandable = GENERATE(false, true);
+  PoolOptions options;
+  options.expandable_segments = expandable;
+  VirtualUpstream upstream;
+  upstream.set_virtual_memory(true);
+  upstream.set_events_complete_at_once(false);
+  DevicePool pool(upstream, options, 8 * kGiB);
+  constexpr StreamId kStreams[] = {kAnyStream, kAnyStream, kAnyStream, 0x1000, 0x2000};
+  pool.stream_created(0x1000, StreamKind::Blocking);
+  pool.stream_created(0x2000, StreamKind::NonBlocking);
+  std::mt19937_64 rng(expandable ? 11 : 12);
+
+  struct Freed {
+    DevicePtr end;
+    std::uint64_t op;
+  };
+  std::map<DevicePtr, Freed> freed;  // disjoint ranges of used bytes, by start
+  // Removes [begin, end) from `freed`, keeping what lies outside it.
+  auto forget = [&](DevicePtr begin, DevicePtr end) {
+    auto it = freed.lower_bound(begin);
+    if (it != freed.begin() && std::prev(it)->second.end > begin) --it;
+    while (it != freed.end() && it->first < end) {
+      const DevicePtr s = it->first;
+      const Freed r = it->second;
+      it = freed.erase(it);
+      if (s < begin) freed.emplace(s, Freed{begin, r.op});
+      if (r.end > end) freed.emplace(end, Freed{r.end, r.op});
+    }
+  };
+  struct Live {
+    DevicePtr ptr;
+    std::size_t size;
+    StreamId stream;
+  };
+  std::vector<Live> live;
+  std::uint64_t barrier_op = 0;  // the operation during which the last barrier was recorded
+  std::uint64_t last_barriers = 0;
+  std::uint64_t checked_ranges = 0;
+  std::string why;
+
+  for (std::uint64_t op = 1; op <= 60000; ++op) {
+    if (live.empty() || (rng() % 100 < 50 && live.size() < 300)) {
+      const std::uint64_t r = rng() % 100;
+      const std::size_t size = r < 40 ? 1 + rng() % kMiB : r < 95 ? kMiB + rng() % (24 * kMiB) : 48 * kMiB + rng() % (48 * kMiB);
+      const StreamId stream = kStreams[rng() % 5];
+      const Allocation a = pool.allocate(size, stream);
+      REQUIRE(a.ok);
+      const std::uint64_t now = barriers(pool);
+      if (now != last_barriers) barrier_op = op;
+      last_barriers = now;
+      if (stream == kAnyStream) {
+        auto it = freed.lower_bound(a.ptr);
+        if (it != freed.begin() && std::prev(it)->second.end > a.ptr) --it;
+        for (; it != freed.end() && it->first < a.ptr + size; ++it) {
+          INFO("operation " << op << ": bytes at " << it->first << " freed at operation " << it->second.op
+                            << ", last barrier at " << barrier_op);
+          REQUIRE(it->second.op < barrier_op);
+          ++checked_ranges;
+        }
+      }
+      forget(a.ptr, a.ptr + size);
+      live.push_back(Live{a.ptr, size, stream});
+    } else {
+      const std::size_t i = rng() % live.size();
+      const Live l = live[i];
+      live[i] = live.back();
+      live.pop_back();
+      REQUIRE(pool.deallocate(l.ptr, l.stream) == FreeResult::Freed);
+      freed.emplace(l.ptr, Freed{l.ptr + l.size, op});
+    }
+    if (op % 997 == 0) {
+      const bool ok = pool.validate(&why);
+      INFO(why);
+      REQUIRE(ok);
+    }
+  }
+  CHECK(checked_ranges > 10000);  // the check saw plenty of reuse
+}
