@@ -263,6 +263,22 @@ def main():
         lines.append(f"| {name} | {d['events_recorded'] / n:.3f} | {d['event_queries'] / n:.3f} | "
                      f"{p['barriers'] / n:.3f} | {p['events_recorded'] / n:.3f} | {p['event_queries'] / n:.3f} | "
                      f"{p['peak_reserved_to_peak_live']:.4f} |")
+    # The API loop of plain pairs that the GPU target times: its barriers, as
+    # the simulated runtime counts its event records (no other stream exists,
+    # so each barrier is one record on the legacy stream).
+    counters = os.path.join(BUILD, "bench-counters.json")
+    pairs = 200000
+    loop = json.loads(sh([os.path.join(BIN, "gpupool-bench-api"), "plain", "1", str(pairs), "64"],
+                         env={"LD_LIBRARY_PATH": SIM, "TRACES_DIR": TRACES, "GPUPOOL_REPORT": "0",
+                              "LD_PRELOAD": LIB, "SIMCUDA_COUNTERS_FILE": counters}))
+    with open(counters) as f:
+        legacy_records = json.load(f)["event_records"]
+    os.remove(counters)
+    lines += ["", f"The loop of plain pairs that the GPU target times (`gpupool-bench-api plain 1 {pairs} 64` under "
+              f"`LD_PRELOAD` on the simulated runtime, whose `SIMCUDA_COUNTERS_FILE` counts the calls) records "
+              f"{legacy_records} events, each a barrier's one `cudaEventRecord` on the legacy stream: "
+              f"{legacy_records / pairs:.2f} per pair "
+              f"({loop['ns_per_pair']:.0f} ns per pair on the simulated runtime)."]
     lines.append("")
 
     # Trace recording cost.
