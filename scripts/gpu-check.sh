@@ -74,12 +74,15 @@ run "legacy stream event orders blocking streams" 0 -- "$out/hazards_gpu" legacy
 
 echo "== reuse hazards with real kernels (0: ordered; 1 without ordering: the hazard)"
 for mode in 1 0; do
-  for case in cudafree-blocking cudafree-nonblocking same-stream cross-stream-completed cross-stream-pending \
-              destroyed-stream per-thread; do
-    run "hazard $case (expandable=$mode)" 0 "${pool[@]}" "${pressure[@]}" GPUPOOL_EXPANDABLE_SEGMENTS=$mode \
+  for case in cudafree-blocking cudafree-nonblocking cudafree-covered same-stream cross-stream-completed \
+              cross-stream-pending destroyed-stream per-thread; do
+    limit=("${pressure[@]}")
+    [ "$case" = cudafree-covered ] && limit=(GPUPOOL_MEMORY_LIMIT=unlimited)  # a block of each pool
+    run "hazard $case (expandable=$mode)" 0 "${pool[@]}" "${limit[@]}" GPUPOOL_EXPANDABLE_SEGMENTS=$mode \
       -- "$out/hazards_gpu" "$case"
     case $case in
       same-stream|cross-stream-completed) ;;  # no ordering step to remove
+      cudafree-covered) ;;  # ordered by an earlier barrier; without ordering it lands elsewhere
       *) run "hazard $case shows without ordering (expandable=$mode)" 1 "${pool[@]}" "${pressure[@]}" \
            GPUPOOL_EXPANDABLE_SEGMENTS=$mode GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING=1 -- "$out/hazards_gpu" "$case" ;;
     esac

@@ -28,9 +28,9 @@ __global__ void slow_fill(unsigned char* p, size_t n, unsigned char value, unsig
 
 }  // namespace
 
-void old_owner_writes(void* p, cudaStream_t s) {
+void old_owner_writes(void* p, cudaStream_t s, size_t bytes) {
   // One block waits, then every block writes: a single block is enough.
-  slow_fill<<<1, 1024, 0, s>>>(static_cast<unsigned char*>(p), kBytes, kOld, delay_ms * 1000000ull);
+  slow_fill<<<1, 1024, 0, s>>>(static_cast<unsigned char*>(p), bytes, kOld, delay_ms * 1000000ull);
   HAZARD_CHECK(cudaGetLastError());
 }
 

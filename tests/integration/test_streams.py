@@ -44,6 +44,16 @@ class Hazards(ShimTest):
                 with self.subTest(case=case, expandable_segments=expandable):
                     self.check("test-hazards", case, has_step, {"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
 
+    def test_plain_reuse_of_memory_an_earlier_barrier_covers(self):
+        # No barrier of its own: the earlier one orders it. Without ordering the
+        # pool records no barriers, so the request lands elsewhere (exit 2) and
+        # there is no hazard to show; the unit tests model the bookkeeping.
+        # The case needs a block of each pool: no memory limit.
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                self.check("test-hazards", "cudafree-covered", False,
+                           {"GPUPOOL_EXPANDABLE_SEGMENTS": expandable, "GPUPOOL_MEMORY_LIMIT": "unlimited"})
+
     def test_per_thread_default_stream_build(self):
         # Built with CUDA_API_PER_THREAD_DEFAULT_STREAM: the _ptsz entry points.
         self.check("test-hazards-ptds", "per-thread", True)

@@ -9,8 +9,8 @@
 // run_case's exit codes: 0 reused, kNew intact; 1 a hazard; 2 not reused (so
 // nothing shown); 3 a CUDA call failed (never to be taken for a hazard); 64
 // an unknown case. The includer defines, in namespace hazards:
-//   extern const size_t kBytes = ...;                // the block size
-//   void old_owner_writes(void* p, cudaStream_t s);  // queues the slow write of kOld
+//   extern const size_t kBytes = ...;  // the block size
+//   void old_owner_writes(void* p, cudaStream_t s, size_t bytes);  // queues the slow write of kOld
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -37,18 +37,19 @@ constexpr unsigned char kOld = 0xAA;
 constexpr unsigned char kNew = 0x55;
 extern const size_t kBytes;
 inline unsigned delay_ms = 100;  // how long the old owner's write waits
-void old_owner_writes(void* p, cudaStream_t stream);
+void old_owner_writes(void* p, cudaStream_t stream, size_t bytes = kBytes);
 
-inline int verdict(void* old_ptr, void* new_ptr, cudaStream_t new_stream) {
+// The new owner's `bytes` at new_ptr, written on its stream, must survive.
+inline int verdict(void* old_ptr, void* new_ptr, cudaStream_t new_stream, size_t bytes = kBytes) {
   if (new_ptr != old_ptr) {
     std::printf("not reused: the pool handed out %p, not %p\n", new_ptr, old_ptr);
     HAZARD_CHECK(cudaDeviceSynchronize());
     return 2;
   }
-  HAZARD_CHECK(cudaMemsetAsync(new_ptr, kNew, kBytes, new_stream));
+  HAZARD_CHECK(cudaMemsetAsync(new_ptr, kNew, bytes, new_stream));
   HAZARD_CHECK(cudaDeviceSynchronize());
-  std::vector<unsigned char> host(kBytes);
-  HAZARD_CHECK(cudaMemcpy(host.data(), new_ptr, kBytes, cudaMemcpyDeviceToHost));
+  std::vector<unsigned char> host(bytes);
+  HAZARD_CHECK(cudaMemcpy(host.data(), new_ptr, bytes, cudaMemcpyDeviceToHost));
   for (unsigned char c : host) {
     if (c != kNew) {
       std::printf("HAZARD: the old owner's write landed last\n");
@@ -76,6 +77,32 @@ inline int cudafree_then_cudamalloc(unsigned old_flags, unsigned new_flags) {
   void* q = nullptr;
   HAZARD_CHECK(cudaMalloc(&q, kBytes));
   return verdict(p, q, s2);
+}
+
+// A plain cudaMalloc may take, with no barrier of its own, memory freed
+// before the last device barrier, past memory freed since then
+// (pool/plain_reuse.cpp): that earlier barrier must order the new owner after
+// the old one. The old owner's block sits right above a block freed later.
+inline int cudafree_covered() {
+  const size_t half = kBytes / 2;
+  cudaStream_t s1 = stream(cudaStreamNonBlocking), s2 = stream(cudaStreamNonBlocking);
+  void* low = nullptr;
+  void* high = nullptr;
+  HAZARD_CHECK(cudaMalloc(&low, half));
+  HAZARD_CHECK(cudaMalloc(&high, half));
+  old_owner_writes(high, s1, half);
+  HAZARD_CHECK(cudaFree(high));
+  // A barrier after that free: a block of the other pool (small or large),
+  // freed and asked for again at its size, is reused only after one.
+  const size_t other = half > (size_t{1} << 20) ? (size_t{512} << 10) : (size_t{4} << 20);
+  void* d = nullptr;
+  HAZARD_CHECK(cudaMalloc(&d, other));
+  HAZARD_CHECK(cudaFree(d));
+  HAZARD_CHECK(cudaMalloc(&d, other));
+  HAZARD_CHECK(cudaFree(low));  // freed after the barrier: the request must skip it
+  void* q = nullptr;
+  HAZARD_CHECK(cudaMalloc(&q, half / 2));
+  return verdict(high, q, s2, half / 2);
 }
 
 inline int same_stream() {
@@ -144,6 +171,7 @@ inline int per_thread_streams() {
 inline int run_case(const std::string& name) {
   if (name == "cudafree-blocking") return cudafree_then_cudamalloc(cudaStreamDefault, cudaStreamDefault);
   if (name == "cudafree-nonblocking") return cudafree_then_cudamalloc(cudaStreamNonBlocking, cudaStreamNonBlocking);
+  if (name == "cudafree-covered") return cudafree_covered();
   if (name == "same-stream") return same_stream();
   if (name == "cross-stream-completed") return cross_stream(true, false);
   if (name == "cross-stream-pending") return cross_stream(false, false);

@@ -16,19 +16,20 @@ extern const size_t kBytes = 1 << 20;
 namespace {
 struct SlowWrite {
   void* ptr;
+  size_t bytes;
   unsigned char value;
 };
 
 void slow_write(void* arg) {
   auto* w = static_cast<SlowWrite*>(arg);
   std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
-  std::memset(w->ptr, w->value, kBytes);
+  std::memset(w->ptr, w->value, w->bytes);
 }
 }  // namespace
 
-void old_owner_writes(void* p, cudaStream_t stream) {
+void old_owner_writes(void* p, cudaStream_t stream, size_t bytes) {
   static SlowWrite w;
-  w = SlowWrite{p, kOld};
+  w = SlowWrite{p, bytes, kOld};
   HAZARD_CHECK(cudaLaunchHostFunc(stream, slow_write, &w));
 }
 
