@@ -58,6 +58,9 @@ struct Event {
   Stream* stream = nullptr;  // of the last record; null: never recorded
   std::uint64_t seq = 0;
   bool captured = false;     // last recorded inside a capture
+  // Destroyed by cudaDeviceReset. Such an event is kept (a bounded leak) so
+  // that a later use is caught and counted, not a use after free.
+  bool reset = false;
 };
 
 class Engine {

@@ -32,6 +32,22 @@ std::unordered_set<simcuda::Event*>& events() {
   static auto* all = new std::unordered_set<simcuda::Event*>;
   return *all;
 }
+// Events a device reset destroyed (kept: see Event::reset). Under events_mu.
+std::unordered_set<simcuda::Event*>& reset_events() {
+  static auto* all = new std::unordered_set<simcuda::Event*>;
+  return *all;
+}
+
+// The event behind a handle, or null (the call fails) when there is none or a
+// device reset destroyed it; such a use is counted, for tests to catch.
+simcuda::Event* usable_event(cudaEvent_t e) {
+  auto* ev = reinterpret_cast<simcuda::Event*>(e);
+  if (ev != nullptr && ev->reset) {
+    counters().stale_event_uses++;
+    return nullptr;
+  }
+  return ev;
+}
 
 thread_local cudaError_t t_last_error = cudaSuccess;
 thread_local int t_device = 0;
@@ -126,7 +142,7 @@ void write_counters_at_exit() {
                "\"event_queries\": %llu, \"event_syncs\": %llu, \"stream_syncs\": %llu, "
                "\"device_syncs\": %llu, \"legacy_ops\": %llu, \"captures_begun\": %llu, "
                "\"captures_invalidated\": %llu, \"kernel_launches\": %llu, \"vmm_maps\": %llu, "
-               "\"vmm_unmaps\": %llu}\n",
+               "\"vmm_unmaps\": %llu, \"stale_event_uses\": %llu}\n",
                (unsigned long long)c.malloc_calls, (unsigned long long)c.malloc_failures,
                (unsigned long long)c.free_calls, (unsigned long long)c.malloc_async_calls,
                (unsigned long long)c.free_async_calls, (unsigned long long)c.bytes_in_use,
@@ -136,7 +152,7 @@ void write_counters_at_exit() {
                (unsigned long long)c.device_syncs, (unsigned long long)c.legacy_ops,
                (unsigned long long)c.captures_begun, (unsigned long long)c.captures_invalidated,
                (unsigned long long)c.kernel_launches, (unsigned long long)c.vmm_maps,
-               (unsigned long long)c.vmm_unmaps);
+               (unsigned long long)c.vmm_unmaps, (unsigned long long)c.stale_event_uses);
   std::fclose(f);
 }
 
@@ -258,7 +274,7 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
 }
 
 // Waits for all work, then frees all of the current device's memory and
-// destroys its events. Streams are not destroyed here (a program must not use
+// destroys its events (a later use of one fails and is counted). Streams are not destroyed here (a program must not use
 // them afterwards).
 cudaError_t cudaDeviceReset(void) {
   Engine::instance().synchronize_all();
@@ -269,7 +285,8 @@ cudaError_t cudaDeviceReset(void) {
       ++it;
       continue;
     }
-    delete *it;
+    (*it)->reset = true;  // kept: see Event::reset
+    reset_events().insert(*it);
     it = events().erase(it);
   }
   return cudaSuccess;
@@ -428,12 +445,14 @@ cudaError_t cudaStreamQuery(cudaStream_t s) { return Engine::instance().query(st
 cudaError_t cudaStreamQuery_ptsz(cudaStream_t s) { return Engine::instance().query(stream_of(s, true)); }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
-  if (e == nullptr) return result(cudaErrorInvalidResourceHandle);
-  return result(Engine::instance().wait(stream_of(s, false), reinterpret_cast<simcuda::Event*>(e)));
+  simcuda::Event* ev = usable_event(e);
+  if (ev == nullptr) return result(cudaErrorInvalidResourceHandle);
+  return result(Engine::instance().wait(stream_of(s, false), ev));
 }
 cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t s, cudaEvent_t e, unsigned int) {
-  if (e == nullptr) return result(cudaErrorInvalidResourceHandle);
-  return result(Engine::instance().wait(stream_of(s, true), reinterpret_cast<simcuda::Event*>(e)));
+  simcuda::Event* ev = usable_event(e);
+  if (ev == nullptr) return result(cudaErrorInvalidResourceHandle);
+  return result(Engine::instance().wait(stream_of(s, true), ev));
 }
 
 cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void* data) {
@@ -501,7 +520,11 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
   auto* ev = reinterpret_cast<simcuda::Event*>(e);
   {
     std::lock_guard<std::mutex> lock(events_mu());
-    if (events().erase(ev) == 0) return result(cudaErrorInvalidResourceHandle);  // destroyed already (a reset)
+    if (events().erase(ev) == 0) {
+      // Destroyed already: by a reset (kept, so counted), or by the caller.
+      if (reset_events().count(ev) != 0) counters().stale_event_uses++;
+      return result(cudaErrorInvalidResourceHandle);
+    }
   }
   // Waits already queued copied the event's stream position, so it can go.
   delete ev;
@@ -509,23 +532,27 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
-  if (e == nullptr) return result(cudaErrorInvalidResourceHandle);
-  return result(Engine::instance().record(reinterpret_cast<simcuda::Event*>(e), stream_of(s, false)));
+  simcuda::Event* ev = usable_event(e);
+  if (ev == nullptr) return result(cudaErrorInvalidResourceHandle);
+  return result(Engine::instance().record(ev, stream_of(s, false)));
 }
 cudaError_t cudaEventRecord_ptsz(cudaEvent_t e, cudaStream_t s) {
-  if (e == nullptr) return result(cudaErrorInvalidResourceHandle);
-  return result(Engine::instance().record(reinterpret_cast<simcuda::Event*>(e), stream_of(s, true)));
+  simcuda::Event* ev = usable_event(e);
+  if (ev == nullptr) return result(cudaErrorInvalidResourceHandle);
+  return result(Engine::instance().record(ev, stream_of(s, true)));
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t e) {
-  if (e == nullptr) return result(cudaErrorInvalidResourceHandle);
-  const cudaError_t err = Engine::instance().query(reinterpret_cast<simcuda::Event*>(e));
+  simcuda::Event* ev = usable_event(e);
+  if (ev == nullptr) return result(cudaErrorInvalidResourceHandle);
+  const cudaError_t err = Engine::instance().query(ev);
   return err == cudaErrorNotReady ? err : result(err);
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-  if (e == nullptr) return result(cudaErrorInvalidResourceHandle);
-  return result(Engine::instance().synchronize(reinterpret_cast<simcuda::Event*>(e)));
+  simcuda::Event* ev = usable_event(e);
+  if (ev == nullptr) return result(cudaErrorInvalidResourceHandle);
+  return result(Engine::instance().synchronize(ev));
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
@@ -613,6 +640,7 @@ void simcuda_get_counters(struct simcuda_counters* out) {
   out->kernel_launches = c.kernel_launches;
   out->vmm_maps = c.vmm_maps;
   out->vmm_unmaps = c.vmm_unmaps;
+  out->stale_event_uses = c.stale_event_uses;
 }
 
 }  // extern "C"

@@ -31,6 +31,7 @@ struct simcuda_counters {
   uint64_t kernel_launches;
   uint64_t vmm_maps;            /* cuMemMap */
   uint64_t vmm_unmaps;          /* cuMemUnmap */
+  uint64_t stale_event_uses;    /* an event used after cudaDeviceReset destroyed it */
 };
 
 /* The counters so far. */

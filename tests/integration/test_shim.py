@@ -83,6 +83,7 @@ class Devices(ShimTest):
                 run = self.run_program(["test-devices"] + args, env=dict(env, GPUPOOL_EXPANDABLE_SEGMENTS=expandable))
                 self.assertSucceeded(run)
                 self.assertEqual(run.counters()["captures_invalidated"], 0)
+                self.assertEqual(run.counters()["stale_event_uses"], 0)  # none after a reset destroyed it
                 check(run.report())
                 os.remove(run.reports()[0])
 
@@ -308,6 +309,7 @@ class Lifecycle(ShimTest):
                 run = self.run_program(["test-lifecycle", "reset"], env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
                 self.assertSucceeded(run)
                 self.assertIn("lifecycle: reset", run.stdout)
+                self.assertEqual(run.counters()["stale_event_uses"], 0)
                 for path in run.reports():
                     os.remove(path)
 
