@@ -46,6 +46,16 @@ def api_pairs(mode, threads, pairs, working_set, preload, runs=5, extra_env=None
     return statistics.median(r["ns_per_pair"] for r in results), statistics.median(r["pairs_per_second"] for r in results)
 
 
+def code_commit():
+    """', on the code of commit X' where git can tell (the tree may be a copy without .git)."""
+    try:
+        rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return f", on the code of commit {rev}" if rev else ""
+
+
 def gpu_name():
     try:
         return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
@@ -88,7 +98,7 @@ def size_mix():
 
 def main():
     lines = ["## GPU", "",
-             f"Measured by `scripts/gpu-bench.sh` on {gpu_name()}, {datetime.date.today().isoformat()}. "
+             f"Measured by `scripts/gpu-bench.sh` on {gpu_name()}, {datetime.date.today().isoformat()}{code_commit()}. "
              "Medians of 5 runs (PyTorch: 3 runs), measured side by side in one session.", ""]
     lines += ["### Allocation pairs through the real CUDA runtime", "",
               "`build/bin/gpupool-bench-api MODE THREADS PAIRS WORKING_SET`, with and without "

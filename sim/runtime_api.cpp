@@ -111,9 +111,10 @@ cudaError_t malloc_async(void** p, size_t size, cudaStream_t stream, bool per_th
   }
   // Memory is usable in stream order at once here; the pool of a real device
   // would also hand it out in stream order. Frees still queued would give
-  // memory back in stream order: let them finish before giving up.
+  // memory back in stream order: let them finish before giving up. Another
+  // thread may take what they gave back before this one retries: a few tries.
   cudaError_t err = Memory::instance().allocate(device, size, p);
-  if (err == cudaErrorMemoryAllocation) {
+  for (int tries = 0; err == cudaErrorMemoryAllocation && tries < 8; ++tries) {
     Engine::instance().synchronize_all();
     err = Memory::instance().allocate(device, size, p);
   }
