@@ -139,8 +139,14 @@ void StreamOrdering::refill_spare_events() {
   // Only the latest barrier pending (a device that keeps up, whose fences are
   // seen complete and recycled at every turn): one more event instead of a
   // query, so that from the next barrier on the older one is taken unqueried.
-  if (device_.pending.size() == 1 && device_.pending.front().event == last_barrier_.event) return;
-  poll();
+  if (device_.pending.size() == 1 && device_.pending.front().event == last_barrier_.event) {
+    const EventHandle fresh = upstream_.create_event();
+    if (fresh != 0) {
+      spare_events_.push_back(fresh);
+      return;
+    }
+  }
+  poll();  // (also when no event can be made: a completed one may be recycled)
 }
 
 bool StreamOrdering::record_fence(StreamState& s) {

@@ -79,6 +79,7 @@ void VirtualUpstream::unmap_pages(DevicePtr addr, std::size_t bytes) {
 }
 
 EventHandle VirtualUpstream::create_event() {
+  if (event_creation_fails_) return 0;
   const EventHandle e = next_event_++;
   events_.emplace(e, true);
   return e;

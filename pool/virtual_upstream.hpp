@@ -60,6 +60,8 @@ class VirtualUpstream final : public Upstream {
   void set_virtual_memory(bool yes) { virtual_memory_ = yes; }
   // Event records on this stream fail (0: none do).
   void set_failing_record_stream(StreamId stream) { failing_record_stream_ = stream; }
+  // No event can be created (create_event returns 0).
+  void set_event_creation_fails(bool yes) { event_creation_fails_ = yes; }
 
   // --- observation ---
   struct Call {
@@ -110,6 +112,7 @@ class VirtualUpstream final : public Upstream {
   std::uint64_t event_records_ = 0;
   std::uint64_t event_queries_ = 0;
   StreamId failing_record_stream_ = 0;
+  bool event_creation_fails_ = false;
   std::vector<Call> calls_;
 };
 

@@ -317,6 +317,20 @@ TEST_CASE_METHOD(PoolFixture, "plain barriers record their events again without 
   CHECK(upstream.events_created() <= 4);
 }
 
+TEST_CASE_METHOD(PoolFixture, "when no event can be made, barriers recycle a completed one") {
+  make();
+  const DevicePtr p = alloc(kMiB);
+  release(p);
+  CHECK(alloc(kMiB) == p);  // the first barrier: its event is made
+  upstream.set_event_creation_fails(true);
+  for (int i = 0; i < 10; ++i) {
+    release(p);
+    CHECK(alloc(kMiB) == p);  // each after a barrier on the first event, seen complete
+  }
+  CHECK(upstream.event_records() == 11);
+  CHECK(upstream.allocations() == 1);
+}
+
 TEST_CASE("the latest barrier's event is never recorded again while a new stream may wait on it") {
   // A non-blocking stream created later waits for the latest barrier. When a
   // newer barrier fails half-way, that event must still mark the old one.
