@@ -179,15 +179,15 @@ Block* DevicePool::take_cached(PoolKind kind, std::size_t rounded, StreamId cons
       }
     }
   }
-  if (own != nullptr && consumer == kAnyStream && !ordering_.device_ordered(own->device_epoch) &&
-      fits_size_rules(own, rounded)) {
+  const bool own_fits = own != nullptr && fits_size_rules(own, rounded);
+  if (own_fits && consumer == kAnyStream && !ordering_.device_ordered(own->device_epoch)) {
     // Or the part of it that the last barrier covers.
     if (Block* part = take_covered_part(own, rounded); part != nullptr) {
       ++counters.same_stream_reuses;
       return part;
     }
   }
-  if (own != nullptr && fits_size_rules(own, rounded) && ready_for(own, consumer, true)) {
+  if (own_fits && ready_for(own, consumer, true)) {
     remove_free(own);
     ++counters.same_stream_reuses;
     return own;
