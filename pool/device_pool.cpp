@@ -90,7 +90,7 @@ Allocation DevicePool::allocate_unsampled(std::size_t size, StreamId consumer,
   } else {
     Fragmentation before;
     bool limit_reached = false;
-    b = grow(kind, rounded, consumer, &limit_reached, &before);
+    b = grow(kind, rounded, consumer, last_try, &limit_reached, &before);
     if (b == nullptr && !limit_reached && !upstream_.failed_for_memory()) {
       return Allocation{0, false, true};  // not an out-of-memory: no diagnosis of one
     }
@@ -216,8 +216,8 @@ Block* DevicePool::take_cached(PoolKind kind, std::size_t rounded, StreamId cons
   return nullptr;
 }
 
-Block* DevicePool::grow(PoolKind kind, std::size_t rounded, StreamId consumer, bool* limit_reached,
-                        Fragmentation* before) {
+Block* DevicePool::grow(PoolKind kind, std::size_t rounded, StreamId consumer, bool last_try,
+                        bool* limit_reached, Fragmentation* before) {
   if (options_.garbage_collection_threshold > 0.0) garbage_collect();
   const std::size_t bytes = segment_size(rounded, options_);
   auto new_memory = [&]() -> Block* {
@@ -228,6 +228,10 @@ Block* DevicePool::grow(PoolKind kind, std::size_t rounded, StreamId consumer, b
   };
   Block* b = new_memory();
   if (b != nullptr || (!*limit_reached && !upstream_.failed_for_memory())) return b;
+  // The caller first takes back the blocks it keeps elsewhere (no device
+  // call); making a stream wait, or releasing the cache after a host wait,
+  // is for the last try.
+  if (!last_try) return nullptr;
   // A walk over the free blocks: only here, on the way to a failure, never
   // on an ordinary miss (a growing pool with many free blocks would pay it
   // on every new segment).

@@ -127,8 +127,9 @@ class DevicePool {
   // over the free blocks: for the release paths only).
   void coalesce_free();
   // `before`: the pool's state once new memory has failed, before the cache is
-  // released to retry (what an out-of-memory diagnosis describes).
-  Block* grow(PoolKind kind, std::size_t rounded, StreamId consumer, bool* limit_reached,
+  // released to retry (what an out-of-memory diagnosis describes). Only a
+  // last try goes on past new memory (see allocate).
+  Block* grow(PoolKind kind, std::size_t rounded, StreamId consumer, bool last_try, bool* limit_reached,
               Fragmentation* before);
   // Expandable segments (expandable.cpp).
   bool expandable() const { return options_.expandable_segments && upstream_.page_size() != 0; }

@@ -48,6 +48,18 @@ class Integrity(ShimTest):
         self.assertGreaterEqual(device["thread_cache_kept_peak_bytes"], 128 << 20)
         os.remove(run.reports()[0])
 
+    def test_at_the_memory_limit_parked_blocks_come_back_before_the_cache_is_released(self):
+        # The same, with no room to grow past the first thread's blocks: the
+        # pool takes back what threads keep (no device call) before it would
+        # release its cache (a host wait and device frees) and try again.
+        run = self.run_program(["test-parked", "16", "8"], env={"GPUPOOL_MEMORY_LIMIT": "130M"})
+        self.assertSucceeded(run)
+        stats = run.report()["devices"]["0"]["stats"]
+        self.assertLessEqual(stats["reserved_bytes.all.peak"], 130 << 20)
+        self.assertEqual(stats["num_ooms"], 0)
+        self.assertEqual(stats["num_alloc_retries"], 0)
+        os.remove(run.reports()[0])
+
     def test_a_block_freed_twice_while_in_a_thread_cache_is_refused(self):
         run = self.run_program(["test-parked", "double-free"])
         self.assertSucceeded(run)

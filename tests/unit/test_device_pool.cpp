@@ -217,6 +217,23 @@ TEST_CASE_METHOD(PoolFixture, "a failed try the caller will repeat is no out-of-
   check();
 }
 
+TEST_CASE_METHOD(PoolFixture, "a failed try the caller will repeat keeps the cache for the last try") {
+  // The shim takes back the blocks threads keep before its last try: until
+  // then nothing is released (a host wait and device frees) for them.
+  make(40 * kMiB);
+  release(alloc(20 * kMiB));
+  CHECK_FALSE(pool->allocate(30 * kMiB, kAnyStream, 0, false).ok);
+  CHECK(pool->stats().num_alloc_retries == 0);
+  CHECK(upstream.releases() == 0);
+  CHECK(pool->stats().reserved_bytes[kAll].current == 20 * kMiB);
+  const Allocation a = pool->allocate(30 * kMiB, kAnyStream, 0, true);
+  CHECK(a.ok);
+  CHECK(pool->stats().num_alloc_retries == 1);
+  CHECK(upstream.releases() == 1);
+  CHECK(pool->stats().num_ooms == 0);
+  check();
+}
+
 TEST_CASE_METHOD(PoolFixture, "a request the device cannot hold fails and is recorded") {
   make(40 * kMiB);
   alloc(30 * kMiB);
