@@ -29,6 +29,12 @@ std::string split_advice(std::size_t rounded, const PoolOptions& options) {
         "requests instead of being split up by small ones",
         threshold / kMiB, bytes(threshold).c_str());
   }
+  if (!options.expandable_segments) {
+    // Free space stranded in the tails and holes of fixed segments; one
+    // growable range per pool maps it where the request fits.
+    return "set GPUPOOL_EXPANDABLE_SEGMENTS=1: free pages then join into one range instead of staying "
+           "stranded in separate segments";
+  }
   if (options.roundup_divisions[roundup_interval(rounded)] <= 1) {
     return "set GPUPOOL_ROUNDUP_POWER2_DIVISIONS=4: sizes rounded to quarter steps between powers "
            "of two leave blocks that later requests can reuse";

@@ -1,0 +1,49 @@
+// The advice an out-of-memory diagnosis gives for fragmentation names the
+// setting that would have served the request in that configuration.
+#include <catch2/catch.hpp>
+
+#include "report/diagnosis.hpp"
+
+using namespace gpupool;
+
+namespace {
+
+// 24 MiB free in 4 MiB pieces, an 8 MiB request: fragmentation.
+OomRecord fragmented(std::size_t request) {
+  OomRecord r;
+  r.requested = request;
+  r.rounded = request;
+  r.reserved = 128 * kMiB;
+  r.allocated = 104 * kMiB;
+  r.free_in_pool = 24 * kMiB + request;
+  r.largest_free_block = 4 * kMiB;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("fragmentation in fixed segments is advised expandable segments") {
+  PoolOptions options;
+  options.expandable_segments = false;
+  const report::OomDiagnosis d = report::diagnose(fragmented(8 * kMiB), options);
+  CHECK(d.cause == report::OomCause::Fragmentation);
+  CHECK(d.advice.find("GPUPOOL_EXPANDABLE_SEGMENTS=1") != std::string::npos);
+}
+
+TEST_CASE("fragmentation in expandable segments is advised rounding, then a sweep") {
+  PoolOptions options;
+  options.expandable_segments = true;
+  CHECK(report::diagnose(fragmented(8 * kMiB), options).advice.find("GPUPOOL_ROUNDUP_POWER2_DIVISIONS=4") !=
+        std::string::npos);
+  options.roundup_divisions.fill(4);  // rounding already on: only a sweep can tell
+  CHECK(report::diagnose(fragmented(8 * kMiB), options).advice.find("gpupool-replay --sweep") != std::string::npos);
+}
+
+TEST_CASE("fragmentation for a large request is advised a split limit in either segment mode") {
+  PoolOptions options;
+  for (const bool expandable : {false, true}) {
+    options.expandable_segments = expandable;
+    const report::OomDiagnosis d = report::diagnose(fragmented(256 * kMiB), options);
+    CHECK(d.advice.find("GPUPOOL_MAX_SPLIT_SIZE_MB=128") != std::string::npos);
+  }
+}
