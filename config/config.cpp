@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <cstring>
 #include <unistd.h>
 #include <map>
@@ -181,9 +182,43 @@ const OptionInfo* find_option(std::string_view key) {
   return nullptr;
 }
 
+namespace {
+
+const OptionInfo* find_option_by_variable(std::string_view variable) {
+  for (const OptionInfo& o : option_table()) {
+    if (o.variable == variable) return &o;
+  }
+  return nullptr;
+}
+
+// Control characters written as escapes, so that a value with a newline in it
+// still makes one line; a long value is cut (its start is what tells).
+std::string one_line(std::string_view text, std::size_t most = 256) {
+  std::string out;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (out.size() >= most) {
+      out += "...";
+      break;
+    }
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[5];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string Problem::line() const {
-  std::string s = "gpupool: " + variable + ": " + what + " ('" + value + "'); ";
-  return s + (fallback == "ignored" ? "ignored" : "using " + fallback);
+  const std::string s = "gpupool: " + one_line(variable) + ": " + one_line(what) + " ('" + one_line(value) + "'); ";
+  return s + (fallback == "ignored" ? "ignored" : "using " + one_line(fallback));
 }
 
 ParsedConfig parse_config(const Environment& environment) {
@@ -224,8 +259,7 @@ ParsedConfig parse_config(const Environment& environment) {
   }
   for (const auto& [name, value] : vars) {
     if (name == "GPUPOOL_CONF") continue;
-    const bool known = std::any_of(option_table().begin(), option_table().end(),
-                                   [&](const OptionInfo& o) { return o.variable == name; });
+    const bool known = find_option_by_variable(name) != nullptr;
     if (!known) {
       parsed.problems.push_back(
           Problem{name, "unknown variable" + suggestion(name, true), value, "ignored"});

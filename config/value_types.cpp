@@ -264,16 +264,28 @@ bool Divisions::parse(std::string_view text, value_type* out, std::string* why) 
 }
 
 std::string Divisions::format(const value_type& v) {
-  bool uniform = true;
-  for (std::uint32_t d : v) uniform = uniform && d == v[0];
-  if (uniform) return std::to_string(v[0]);
-  std::string s = "[";
-  for (int i = 0; i < kRoundupIntervals; ++i) {
-    if (i > 0 && v[i] == v[i - 1]) continue;
-    if (s.size() > 1) s += ",";
-    s += std::to_string(std::size_t{1} << i) + ":" + std::to_string(v[i]);
+  // Written so that parse reads back exactly this table: the first entry also
+  // sets the intervals below it, '>' sets those after the last entry, and an
+  // interval no entry names stays 0 (not the value before it).
+  int lead_end = 0;  // the leading run of equal values: v[0..lead_end]
+  while (lead_end + 1 < kRoundupIntervals && v[lead_end + 1] == v[0]) ++lead_end;
+  if (lead_end == kRoundupIntervals - 1) return std::to_string(v[0]);
+  int tail_begin = kRoundupIntervals - 1;  // the trailing run: v[tail_begin..]
+  while (tail_begin - 1 > lead_end && v[tail_begin - 1] == v[kRoundupIntervals - 1]) --tail_begin;
+  auto entry = [&](int i) { return std::to_string(std::size_t{1} << i) + ":" + std::to_string(v[i]) + ","; };
+  std::string s = "[" + entry(lead_end);
+  int last = lead_end;
+  for (int i = lead_end + 1; i < tail_begin; ++i) {
+    if (v[i] == 0) continue;
+    s += entry(i);
+    last = i;
   }
-  return s + "]";
+  if (v[tail_begin] != 0) {
+    if (last != tail_begin - 1) s += entry(tail_begin);
+    s += ">:" + std::to_string(v[tail_begin]) + ",";
+  }
+  s.back() = ']';
+  return s;
 }
 
 bool Signal::parse(std::string_view text, value_type* out, std::string* why) {

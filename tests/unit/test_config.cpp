@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -107,6 +108,42 @@ TEST_CASE("roundup_power2_divisions takes a single value for every size") {
   CHECK(parse({{"GPUPOOL_ROUNDUP_POWER2_DIVISIONS", "[300:2]"}}).problems.size() == 1);
   CHECK(parse({{"GPUPOOL_ROUNDUP_POWER2_DIVISIONS", "[256:2"}}).problems.size() == 1);
   CHECK(parse({{"GPUPOOL_ROUNDUP_POWER2_DIVISIONS", "[256]"}}).problems.size() == 1);
+}
+
+TEST_CASE("a roundup_power2_divisions table is shown as text that reads back as the same table") {
+  // Shown in the report and by gpupool-config, and pasted back by users: an
+  // interval no entry names is 0, not the value before it.
+  const OptionInfo* option = find_option("roundup_power2_divisions");
+  REQUIRE(option != nullptr);
+  for (const char* text : {"[256:1,512:2,>:8]", "[64:4,128:0,256:8]", "[1:0,2:4,4:0,8:4]", "[1:4]", "[>:4]",
+                           "[32768:2]", "[2:8,4:8,16:2]", "[1024:4,2048:0,>:2]"}) {
+    INFO(text);
+    const ParsedConfig p = parse({{"GPUPOOL_ROUNDUP_POWER2_DIVISIONS", text}});
+    REQUIRE(p.problems.empty());
+    const std::string shown = option->show(p.config);
+    INFO(shown);
+    const ParsedConfig again = parse({{"GPUPOOL_ROUNDUP_POWER2_DIVISIONS", shown}});
+    CHECK(again.problems.empty());
+    CHECK(again.config.roundup_power2_divisions == p.config.roundup_power2_divisions);
+  }
+  CHECK(option->show(parse({{"GPUPOOL_ROUNDUP_POWER2_DIVISIONS", "[256:1,512:2,>:8]"}}).config) ==
+        "[256:1,512:2,>:8]");
+}
+
+TEST_CASE("a problem with a control character or a long value in it is still one short line") {
+  const ParsedConfig p = parse({{"GPUPOOL_LOG_LEVEL", "debug\nGPUPOOL_REPORT=0"},
+                                {"GPUPOOL_MEMORY_LIMIT", std::string(10000, '9')}});
+  REQUIRE(p.problems.size() == 2);
+  for (const Problem& problem : p.problems) {
+    const std::string line = problem.line();
+    INFO(line);
+    CHECK(line.find('\n') == std::string::npos);
+    CHECK(line.size() < 400);
+  }
+  const bool escaped = std::any_of(p.problems.begin(), p.problems.end(), [](const Problem& problem) {
+    return problem.line().find("('debug\\nGPUPOOL_REPORT=0')") != std::string::npos;
+  });
+  CHECK(escaped);
 }
 
 TEST_CASE("a GPUPOOL_<KEY> variable wins over the same key in GPUPOOL_CONF") {
