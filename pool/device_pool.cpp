@@ -502,11 +502,13 @@ void DevicePool::release_segment(Segment* seg) {
   delete seg;
 }
 
-void DevicePool::coalesce_free() {
+void DevicePool::coalesce_free(bool all_done) {
   std::vector<Block*> firsts;
   for (const BlockPool& pool : pools_) {
     for (Block* b : pool.blocks()) {
-      if (b->next != nullptr && b->next->is_free_mapped() && mergeable(b, b->next)) firsts.push_back(b);
+      if (b->next != nullptr && b->next->is_free_mapped() && (all_done || mergeable(b, b->next))) {
+        firsts.push_back(b);
+      }
     }
   }
   // From the top down: a merge deletes only blocks above the one merging.
@@ -524,7 +526,7 @@ std::size_t DevicePool::release_cached() {
   // Everything freed so far done (one host wait, as cudaFree would make):
   // free neighbours kept apart join, and every free page may go back.
   const bool waited = ordering_.wait_for_frees();
-  coalesce_free();
+  coalesce_free(waited);
   std::vector<Segment*> idle;
   for (const auto& [base, seg] : segments_) {
     if (!seg->expandable && entirely_free(seg)) idle.push_back(seg);

@@ -124,8 +124,10 @@ class DevicePool {
   Block* merge_neighbours(Block* b, const std::unordered_set<const Block*>* skip = nullptr);
   static bool entirely_free(const Segment* seg);
   // Merges free neighbours kept apart whose work is now known done (a walk
-  // over the free blocks: for the release paths only).
-  void coalesce_free();
+  // over the free blocks: for the release paths only). all_done: a host wait
+  // has just seen every free complete, so they join whatever the cross-stream
+  // policy (kept apart, they would pin their pages and segments for good).
+  void coalesce_free(bool all_done);
   // `before`: the pool's state once new memory has failed, before the cache is
   // released to retry (what an out-of-memory diagnosis describes). Only a
   // last try goes on past new memory (see allocate).

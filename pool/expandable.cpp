@@ -170,7 +170,7 @@ std::size_t DevicePool::unmap_free_pages(bool wait, std::size_t budget, std::uin
   // that later frees will be too.
   if (wait) {
     if (!ordering_.wait_for_frees()) return 0;
-    coalesce_free();  // all done now: neighbours kept apart join, whole pages appear
+    coalesce_free(true);  // all done now: neighbours kept apart join, whole pages appear
   } else {
     ordering_.fence_frees();
   }

@@ -182,6 +182,22 @@ TEST_CASE_METHOD(ExpandableFixture, "growth never extends another stream's block
   check_mapping();
 }
 
+TEST_CASE_METHOD(ExpandableFixture, "blocks of streams kept apart still give their pages back once all is done") {
+  // Found by tests/fuzz (fuzz-pool): two free blocks of one page, freed on
+  // different streams, never merged under "never", so release_cached left the
+  // page mapped for good.
+  options.cross_stream_reuse = CrossStreamReuse::Never;
+  make();
+  pool->stream_created(0x1000, StreamKind::Blocking);
+  release(alloc(16 * 1024, 0x1000), 0x1000);
+  const DevicePtr b = alloc(512, 0x1000);  // from the block just freed
+  release(b);                              // a plain free: another history
+  upstream.complete_all();
+  pool->release_cached();
+  check_mapping();
+  CHECK(reserved() == 0);
+}
+
 TEST_CASE_METHOD(ExpandableFixture, "a free next to a block whose work is known done keeps only its own history") {
   make();
   constexpr StreamId kS1 = 0x1000, kS2 = 0x2000, kS3 = 0x3000;
