@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages gpupool needs to build and test, if missing, and
 # checks for the CUDA Toolkit (headers only; no GPU needed). Used by
-# scripts/demo, scripts/test and .ci/run.
+# scripts/demo, scripts/test and .ci/run; arguments name more packages
+# (scripts/fuzz asks for clang).
 set -euo pipefail
 
-packages=(g++ cmake ninja-build libspdlog-dev libfmt-dev catch2 python3 python3-jsonschema python3-matplotlib valgrind)
+packages=(g++ cmake ninja-build libspdlog-dev libfmt-dev catch2 python3 python3-jsonschema python3-matplotlib valgrind "$@")
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

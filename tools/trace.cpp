@@ -45,12 +45,18 @@ bool read_trace(const std::string& path, Trace* out, std::string* error) {
     *error = path + ": cannot open";
     return false;
   }
+  if (!parse_trace(in, path, out, error)) return false;
   out->name = path.substr(path.find_last_of('/') + 1);
+  return true;
+}
+
+bool parse_trace(std::istream& in, const std::string& name, Trace* out, std::string* error) {
+  out->name = name;
   out->events.clear();
   std::string line;
   std::size_t number = 0;
   auto fail = [&](const std::string& what) {
-    *error = path + ":" + std::to_string(number) + ": " + what + " ('" + line + "')";
+    *error = name + ":" + std::to_string(number) + ": " + what + " ('" + line + "')";
     return false;
   };
   while (std::getline(in, line)) {

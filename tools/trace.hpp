@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iosfwd>
 #include <string>
 #include <vector>
 
@@ -27,5 +28,7 @@ struct Trace {
 
 // Reads a trace; on a malformed line returns false with "FILE:LINE: what".
 bool read_trace(const std::string& path, Trace* out, std::string* error);
+// The same from any stream; `name` stands for the file in messages.
+bool parse_trace(std::istream& in, const std::string& name, Trace* out, std::string* error);
 
 }  // namespace gpupool::tools

@@ -1,0 +1,157 @@
+// The pool under any configuration and any sequence of the calls the shim
+// makes: allocations and frees on plain, legacy, blocking and non-blocking
+// streams, cross-stream frees, captures, a stream destroyed and its handle
+// reused, device failures, a device that lags or keeps up, cache releases.
+// After every step every invariant of the pool holds; no allocation overlaps
+// a live one or leaves the device's memory; at the end the books balance.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <iterator>
+#include <map>
+#include <string>
+
+#include "pool/device_pool.hpp"
+#include "pool/virtual_upstream.hpp"
+#include "tests/fuzz/fuzz_check.hpp"
+
+using namespace gpupool;
+
+namespace {
+
+class Input {
+ public:
+  Input(const std::uint8_t* data, std::size_t size) : data_(data), size_(size) {}
+  bool empty() const { return at_ == size_; }
+  std::uint8_t byte() { return at_ < size_ ? data_[at_++] : 0; }
+  template <typename T, std::size_t N>
+  T pick(const T (&choices)[N]) { return choices[byte() % N]; }
+
+ private:
+  const std::uint8_t* data_;
+  std::size_t size_;
+  std::size_t at_ = 0;
+};
+
+constexpr StreamId kLegacy = VirtualUpstream::kLegacy;
+constexpr StreamId kNonBlocking = 0x100;
+constexpr StreamId kBlocking = 0x200;
+
+PoolOptions options_from(Input& in) {
+  PoolOptions o;
+  const std::uint8_t flags = in.byte();
+  o.expandable_segments = (flags & 1) != 0;
+  o.recycle_pages = (flags & 2) != 0;
+  o.cross_stream_reuse = static_cast<CrossStreamReuse>((flags >> 2) % 3);
+  o.max_split_size = in.pick({kUnlimited, 21 * kMiB, 64 * kMiB, 300 * kMiB});
+  o.max_non_split_rounding = in.pick({std::size_t{0}, 20 * kMiB, kUnlimited});
+  o.small_segment_size = in.pick({2 * kMiB, 4 * kMiB});
+  o.large_segment_size = in.pick({4 * kMiB, 20 * kMiB, 64 * kMiB});
+  const std::uint32_t divisions = in.pick({0u, 1u, 2u, 4u, 8u, 1024u});
+  for (std::uint32_t& d : o.roundup_divisions) d = (in.byte() & 1) != 0 ? divisions : 0;
+  o.garbage_collection_threshold = in.pick({0.0, 0.5, 0.8});
+  o.memory_limit = in.pick({kUnlimited, 64 * kMiB, 300 * kMiB, 1 * kGiB});
+  o.recycle_idle_allocations = in.pick({std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{16}});
+  return o;
+}
+
+std::size_t size_from(Input& in) {
+  // A power of two from 1 B to 1 GiB times a factor up to 2, odd sizes included.
+  const unsigned shift = in.byte() % 31;
+  const std::size_t base = std::size_t{1} << shift;
+  return base + base * in.byte() / 256 + in.byte() % 7;
+}
+
+void check_valid(const DevicePool& pool) {
+  std::string why;
+  if (pool.validate(&why)) return;
+  std::fprintf(stderr, "invariant broken: %s\n", why.c_str());
+  std::abort();
+}
+
+struct Live {
+  std::size_t size;
+  StreamId stream;
+};
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  Input in(data, size);
+  const PoolOptions options = options_from(in);
+  const std::size_t capacity = in.pick({kUnlimited, 512 * kMiB, 2 * kGiB});
+  VirtualUpstream upstream(capacity);
+  upstream.set_virtual_memory(options.expandable_segments);
+  upstream.set_events_complete_at_once(false);
+  DevicePool pool(upstream, options, capacity == kUnlimited ? 80 * kGiB : capacity);
+  pool.stream_created(kLegacy, StreamKind::Legacy);
+  pool.stream_created(kNonBlocking, StreamKind::NonBlocking);
+  pool.stream_created(kBlocking, StreamKind::Blocking);
+  const StreamId streams[] = {kAnyStream, kLegacy, kNonBlocking, kBlocking};
+  std::map<DevicePtr, Live> live;
+  int failures_left = 0;
+  upstream.set_failure([&](std::uint64_t) { return failures_left > 0 && failures_left-- > 0; });
+
+  for (int step = 0; step < 4096 && !in.empty(); ++step) {
+    switch (in.byte() % 12) {
+      case 0: case 1: case 2: case 3: {  // allocate
+        const std::size_t bytes = size_from(in);
+        const StreamId stream = in.pick(streams);
+        if (pool.is_capturing(stream)) break;  // the shim hands those to the runtime
+        const Allocation a = pool.allocate(bytes, stream);
+        if (!a.ok) break;
+        FUZZ_CHECK(a.ptr % 512 == 0);
+        FUZZ_CHECK(upstream.covers(a.ptr, bytes));
+        auto next = live.lower_bound(a.ptr);
+        FUZZ_CHECK(next == live.end() || next->first >= a.ptr + bytes);
+        if (next != live.begin()) {
+          auto prev = std::prev(next);
+          FUZZ_CHECK(prev->first + prev->second.size <= a.ptr);
+        }
+        live.emplace(a.ptr, Live{bytes, stream});
+        break;
+      }
+      case 4: case 5: case 6: {  // free: plain, on its own stream, or on another
+        if (live.empty()) break;
+        auto it = std::next(live.begin(), static_cast<long>(in.byte() % live.size()));
+        const std::uint8_t how = in.byte() % 3;
+        const StreamId site = how == 0 ? kAnyStream : how == 1 ? it->second.stream : in.pick(streams);
+        const DevicePtr ptr = it->first;
+        live.erase(it);
+        FUZZ_CHECK(pool.deallocate(ptr, site) == FreeResult::Freed);
+        FUZZ_CHECK(pool.deallocate(ptr, site) == FreeResult::NotAllocated);  // a second free is refused
+        break;
+      }
+      case 7:
+        upstream.complete_all();  // the device catches up
+        break;
+      case 8:
+        if (in.byte() % 2 == 0) pool.release_cached();
+        else upstream.set_events_complete_at_once(in.byte() % 2 == 0);
+        break;
+      case 9:  // a capture on the blocking stream begins or ends
+        if (pool.is_capturing(kBlocking)) pool.capture_ended(kBlocking);
+        else pool.capture_began(kBlocking);
+        break;
+      case 10:  // the non-blocking stream is destroyed and its handle reused
+        pool.stream_destroying(kNonBlocking);
+        pool.stream_created(kNonBlocking, StreamKind::NonBlocking);
+        break;
+      case 11:  // the next few allocation attempts fail, as a lack of memory or a device error
+        failures_left = in.byte() % 4;
+        upstream.set_failures_are_device_errors(in.byte() % 2 == 0);
+        break;
+    }
+    check_valid(pool);
+  }
+  upstream.set_failure(nullptr);
+  if (pool.is_capturing(kBlocking)) pool.capture_ended(kBlocking);
+  for (const auto& [ptr, block] : live) FUZZ_CHECK(pool.deallocate(ptr, kAnyStream) == FreeResult::Freed);
+  upstream.complete_all();
+  pool.release_cached();
+  check_valid(pool);
+  FUZZ_CHECK(pool.stats().allocated_bytes[kAll].current == 0);
+  FUZZ_CHECK(pool.stats().requested_bytes[kAll].current == 0);
+  if (pool.quarantined_bytes() == 0) FUZZ_CHECK(pool.stats().reserved_bytes[kAll].current == 0);
+  return 0;
+}

@@ -1,0 +1,43 @@
+// gpupool-replay reads trace files users bring from anywhere. Whatever the
+// bytes: no crash, a rejected file gets one line naming the file and line,
+// and an accepted one replays (stream-ordered and plain) with its books
+// balanced: every allocation and free accounted for, nothing live at the end.
+#include <algorithm>
+#include <cstdint>
+#include <sstream>
+#include <string>
+
+#include "tests/fuzz/fuzz_check.hpp"
+#include "tools/replay.hpp"
+#include "tools/trace.hpp"
+
+using namespace gpupool;
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  std::istringstream in(std::string(reinterpret_cast<const char*>(data), size));
+  tools::Trace trace;
+  std::string error;
+  if (!tools::parse_trace(in, "fuzz.csv", &trace, &error)) {
+    FUZZ_CHECK(error.rfind("fuzz.csv:", 0) == 0);
+    FUZZ_CHECK(error.find('\n') == std::string::npos);
+    return 0;
+  }
+  auto count = [&](tools::TraceEvent::Action action) {
+    return static_cast<std::uint64_t>(std::count_if(trace.events.begin(), trace.events.end(),
+                                                    [&](const tools::TraceEvent& e) { return e.action == action; }));
+  };
+  const std::uint64_t allocations = count(tools::TraceEvent::Action::Allocate);
+  const std::uint64_t frees = count(tools::TraceEvent::Action::Free);
+  for (const bool plain : {false, true}) {
+    PoolOptions options;
+    options.expandable_segments = !plain;  // both segment kinds, one with each mode
+    const std::size_t capacity = 4 * kGiB;
+    const tools::ReplayResult r = tools::replay(trace, options, capacity, 2, !plain, plain);
+    FUZZ_CHECK(r.allocations == 2 * allocations);
+    FUZZ_CHECK(r.frees + r.unknown_frees == 2 * frees);
+    FUZZ_CHECK(r.peak_reserved <= capacity);
+    FUZZ_CHECK(r.device.stats.allocated_bytes[kAll].current == 0);
+    FUZZ_CHECK(r.device.stats.requested_bytes[kAll].current == 0);
+  }
+  return 0;
+}
