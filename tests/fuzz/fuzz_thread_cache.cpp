@@ -1,0 +1,85 @@
+// The per-thread caches of stream-ordered frees (shim/thread_cache.cpp) under
+// any sequence of keeps, takes, flushes and device resets, with any size
+// bound. Every kept block comes back exactly once (taken again, pushed out,
+// flushed) unless its device was reset; a taken block suits the request;
+// the cache never holds more than its bounds.
+#include <cstdint>
+#include <map>
+
+#include "pool/size_rules.hpp"
+#include "shim/thread_cache.hpp"
+#include "tests/fuzz/fuzz_check.hpp"
+
+using namespace gpupool;
+using namespace gpupool::shim;
+
+namespace {
+
+std::map<DevicePtr, CachedBlock>* g_outstanding = nullptr;  // kept, not yet back
+
+void came_back(const CachedBlock& b) {
+  auto it = g_outstanding->find(b.ptr);
+  FUZZ_CHECK(it != g_outstanding->end());  // kept once, back once
+  FUZZ_CHECK(it->second.block.size == b.block.size && it->second.stream == b.stream);
+  g_outstanding->erase(it);
+}
+
+StreamCaches& caches() {
+  static auto* c = new StreamCaches(came_back);  // one per process, as in the shim
+  return *c;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  std::map<DevicePtr, CachedBlock> outstanding;
+  g_outstanding = &outstanding;
+  StreamCaches& c = caches();
+  std::size_t at = 0;
+  auto byte = [&]() -> std::uint8_t { return at < size ? data[at++] : 0; };
+  const std::size_t bounds[] = {1 * kMiB, 64 * kMiB, 256 * kMiB, 16 * kGiB};
+  c.set_max_bytes(bounds[byte() % 4]);
+  DevicePtr next = DevicePtr{1} << 40;
+  for (int step = 0; step < 8192 && at < size; ++step) {
+    const std::uint8_t op = byte();
+    const StreamId stream = 0x100 + byte() % 3;
+    const int device = byte() % 2;
+    const std::size_t bytes = (std::size_t{512} << (byte() % 22)) * (1 + byte() % 5);
+    switch (op % 8) {
+      case 0: case 1: case 2: {  // a cudaFreeAsync kept in this thread's cache
+        const CachedBlock b{next, LiveBlock{bytes, bytes - bytes / 8, device, true}, stream};
+        next += bytes + 512;
+        outstanding.emplace(b.ptr, b);
+        c.keep(b);
+        break;
+      }
+      case 3: case 4: case 5: {  // a cudaMallocAsync served from it
+        CachedBlock got{};
+        if (!c.take(stream, device, bytes, bytes, &got)) break;
+        FUZZ_CHECK(got.stream == stream && got.block.device == device);
+        FUZZ_CHECK(got.block.size >= bytes && got.block.size <= bytes + bytes / 4);
+        came_back(got);
+        break;
+      }
+      case 6:
+        if (op & 8) c.flush_all();
+        else c.flush_stream(stream);
+        break;
+      case 7: {  // cudaDeviceReset: the device's cached blocks are gone, not given back
+        c.forget_device(device);
+        for (auto it = outstanding.begin(); it != outstanding.end();) {
+          it = it->second.block.device == device ? outstanding.erase(it) : std::next(it);
+        }
+        break;
+      }
+    }
+    std::size_t held = 0;
+    for (const auto& [ptr, b] : outstanding) held += b.block.size;
+    FUZZ_CHECK(outstanding.size() <= ThreadCache::kCapacity);
+    FUZZ_CHECK(held <= c.max_bytes());
+  }
+  c.flush_all();
+  FUZZ_CHECK(outstanding.empty());
+  g_outstanding = nullptr;
+  return 0;
+}
