@@ -3,7 +3,9 @@
 // streams, cross-stream frees, captures, a stream destroyed and its handle
 // reused, device failures, a device that lags or keeps up, cache releases.
 // After every step every invariant of the pool holds; no allocation overlaps
-// a live one or leaves the device's memory; at the end the books balance.
+// a live one or leaves the device's memory, and none may race the work queued
+// before its bytes were last freed (ordering_oracle.hpp judges by CUDA's
+// rules); no page is unmapped under queued work; at the end the books balance.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +16,7 @@
 #include "pool/device_pool.hpp"
 #include "pool/virtual_upstream.hpp"
 #include "tests/fuzz/fuzz_check.hpp"
+#include "tests/fuzz/ordering_oracle.hpp"
 
 using namespace gpupool;
 
@@ -82,11 +85,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::size_t capacity = in.pick({kUnlimited, 512 * kMiB, 2 * kGiB});
   VirtualUpstream upstream(capacity);
   upstream.set_virtual_memory(options.expandable_segments);
-  upstream.set_events_complete_at_once(false);
-  DevicePool pool(upstream, options, capacity == kUnlimited ? 80 * kGiB : capacity);
-  pool.stream_created(kLegacy, StreamKind::Legacy);
-  pool.stream_created(kNonBlocking, StreamKind::NonBlocking);
-  pool.stream_created(kBlocking, StreamKind::Blocking);
+  fuzz::OrderingOracle oracle(upstream);
+  oracle.set_events_complete_at_once(false);
+  DevicePool pool(oracle, options, capacity == kUnlimited ? 80 * kGiB : capacity);
+  auto begin_stream = [&](StreamId id, StreamKind kind) {
+    oracle.stream_begins(id, kind);
+    pool.stream_created(id, kind);
+  };
+  begin_stream(kLegacy, StreamKind::Legacy);
+  begin_stream(kNonBlocking, StreamKind::NonBlocking);
+  begin_stream(kBlocking, StreamKind::Blocking);
   const StreamId streams[] = {kAnyStream, kLegacy, kNonBlocking, kBlocking};
   std::map<DevicePtr, Live> live;
   int failures_left = 0;
@@ -108,6 +116,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           auto prev = std::prev(next);
           FUZZ_CHECK(prev->first + prev->second.size <= a.ptr);
         }
+        std::string why;
+        if (!oracle.safe_to_use(a.ptr, bytes, stream, &why)) {
+          std::fprintf(stderr, "unordered reuse: %s\n", why.c_str());
+          std::abort();
+        }
         live.emplace(a.ptr, Live{bytes, stream});
         break;
       }
@@ -117,25 +130,34 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         const std::uint8_t how = in.byte() % 3;
         const StreamId site = how == 0 ? kAnyStream : how == 1 ? it->second.stream : in.pick(streams);
         const DevicePtr ptr = it->first;
+        oracle.freed(ptr, it->second.size, site);
         live.erase(it);
         FUZZ_CHECK(pool.deallocate(ptr, site) == FreeResult::Freed);
         FUZZ_CHECK(pool.deallocate(ptr, site) == FreeResult::NotAllocated);  // a second free is refused
         break;
       }
       case 7:
-        upstream.complete_all();  // the device catches up
+        oracle.complete_all();  // the device catches up
         break;
       case 8:
-        if (in.byte() % 2 == 0) pool.release_cached();
-        else upstream.set_events_complete_at_once(in.byte() % 2 == 0);
+        switch (in.byte() % 3) {
+          case 0: pool.release_cached(); break;
+          case 1: oracle.set_events_complete_at_once(in.byte() % 2 == 0); break;
+          case 2: upstream.set_streams_idle(in.byte() % 2 == 0); break;  // what stream queries answer
+        }
         break;
       case 9:  // a capture on the blocking stream begins or ends
-        if (pool.is_capturing(kBlocking)) pool.capture_ended(kBlocking);
-        else pool.capture_began(kBlocking);
+        if (pool.is_capturing(kBlocking)) {
+          pool.capture_ended(kBlocking);
+          oracle.set_capturing(kBlocking, false);
+        } else {
+          oracle.set_capturing(kBlocking, true);
+          pool.capture_began(kBlocking);
+        }
         break;
       case 10:  // the non-blocking stream is destroyed and its handle reused
         pool.stream_destroying(kNonBlocking);
-        pool.stream_created(kNonBlocking, StreamKind::NonBlocking);
+        begin_stream(kNonBlocking, StreamKind::NonBlocking);
         break;
       case 11:  // the next few allocation attempts fail, as a lack of memory or a device error
         failures_left = in.byte() % 4;
@@ -143,13 +165,24 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         break;
     }
     check_valid(pool);
+    if (!oracle.violation().empty()) {
+      std::fprintf(stderr, "ordering broken: %s\n", oracle.violation().c_str());
+      std::abort();
+    }
   }
   upstream.set_failure(nullptr);
-  if (pool.is_capturing(kBlocking)) pool.capture_ended(kBlocking);
-  for (const auto& [ptr, block] : live) FUZZ_CHECK(pool.deallocate(ptr, kAnyStream) == FreeResult::Freed);
-  upstream.complete_all();
+  if (pool.is_capturing(kBlocking)) {
+    pool.capture_ended(kBlocking);
+    oracle.set_capturing(kBlocking, false);
+  }
+  for (const auto& [ptr, block] : live) {
+    oracle.freed(ptr, block.size, kAnyStream);
+    FUZZ_CHECK(pool.deallocate(ptr, kAnyStream) == FreeResult::Freed);
+  }
+  oracle.complete_all();
   pool.release_cached();
   check_valid(pool);
+  FUZZ_CHECK(oracle.violation().empty());
   FUZZ_CHECK(pool.stats().allocated_bytes[kAll].current == 0);
   FUZZ_CHECK(pool.stats().requested_bytes[kAll].current == 0);
   if (pool.quarantined_bytes() == 0) FUZZ_CHECK(pool.stats().reserved_bytes[kAll].current == 0);

@@ -1,0 +1,256 @@
+// An Upstream between the pool and a VirtualUpstream that knows what the
+// device would know: vector clocks of stream work, with CUDA's rules (a
+// recorded event captures its stream's work so far, a wait makes later work
+// on a stream follow it, the legacy stream and blocking streams order each
+// other, a completed event means the work it captured is done). The fuzz
+// target tells it what the program does (frees, new streams, captures); it
+// then says whether the bytes of an allocation may be used by its consumer
+// without racing the work queued before their last free, and checks that
+// pages are unmapped only once that work is done.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "pool/types.hpp"
+#include "pool/virtual_upstream.hpp"
+
+namespace gpupool::fuzz {
+
+class OrderingOracle final : public Upstream {
+ public:
+  explicit OrderingOracle(VirtualUpstream& device) : device_(device) {}
+
+  // --- what the program does ---
+  // A stream (handle) begins: a new identity, even for a handle seen before.
+  void stream_begins(StreamId handle, StreamKind kind) {
+    streams_[handle] = Stream{next_identity_++, kind, false};
+  }
+  void set_capturing(StreamId handle, bool capturing) { streams_.at(handle).capturing = capturing; }
+  // The program freed [ptr, ptr+bytes): plainly (kAnyStream: its work may be
+  // on any stream), or stream-ordered on `site`.
+  void freed(DevicePtr ptr, std::size_t bytes, StreamId site) {
+    // A stream-ordered free promises that the block's uses are ordered before
+    // it on `site`: at least the consumer's work up to the allocation.
+    if (auto use = in_use_.find(ptr); use != in_use_.end()) {
+      if (site != kAnyStream && !streams_.at(site).capturing) merge(knowledge_[identity(site)], use->second);
+      in_use_.erase(use);
+    }
+    Clock requirement;
+    if (site == kAnyStream) {
+      for (auto& [handle, s] : streams_) requirement[s.identity] = ++position_[s.identity];
+    } else if (streams_.at(site).capturing) {
+      requirement[kGraph] = 1;  // freed when a graph runs: never known done
+    } else {
+      const std::uint32_t id = streams_.at(site).identity;
+      requirement[id] = ++position_[id];
+    }
+    freed_.emplace(ptr, Freed{ptr + bytes, std::move(requirement)});
+  }
+  // Whether the consumer (a stream, or kAnyStream: any stream) may use
+  // [ptr, ptr+bytes) now; the bytes are in use from then on.
+  bool safe_to_use(DevicePtr ptr, std::size_t bytes, StreamId consumer, std::string* why) {
+    bool safe = true;
+    for_each_freed(ptr, ptr + bytes, [&](const Freed& f) {
+      for (const auto& [id, at] : f.requirement) {
+        if (covered(completed_, id, at)) continue;
+        for (const auto& [handle, s] : streams_) {
+          if (consumer != kAnyStream && handle != consumer) continue;
+          if (id == s.identity || covered(effective(handle), id, at)) continue;
+          *why = "bytes freed at position " + std::to_string(at) + " of stream identity " + std::to_string(id) +
+                 " handed to a consumer whose stream " + std::to_string(handle) + " is not ordered after it";
+          safe = false;
+        }
+      }
+    });
+    forget(ptr, ptr + bytes);
+    Clock& use = in_use_[ptr];
+    use.clear();
+    if (consumer != kAnyStream) {
+      use = effective(consumer);
+      use[identity(consumer)] = std::max(use[identity(consumer)], position_[identity(consumer)]);
+    }
+    return safe;
+  }
+  void set_events_complete_at_once(bool yes) {
+    at_once_ = yes;
+    device_.set_events_complete_at_once(yes);
+  }
+  void complete_all() {
+    device_.complete_all();
+    for (const auto& [event, clock] : recorded_) merge(completed_, clock);
+  }
+  // The first rule broken by the pool's own calls, or empty.
+  const std::string& violation() const { return violation_; }
+
+  // --- Upstream ---
+  DevicePtr allocate_segment(std::size_t bytes) override { return device_.allocate_segment(bytes); }
+  void release_segment(DevicePtr base, std::size_t bytes) override {
+    // cudaFree waits for the device: everything queued so far is done.
+    for (const auto& [handle, s] : streams_) {
+      merge(completed_, effective(handle));
+      completed_[s.identity] = std::max(completed_[s.identity], position_[s.identity]);
+    }
+    forget(base, base + bytes);
+    device_.release_segment(base, bytes);
+  }
+  bool failed_for_memory() const override { return device_.failed_for_memory(); }
+  EventHandle create_event() override { return device_.create_event(); }
+  void destroy_event(EventHandle event) override {
+    recorded_.erase(event);
+    device_.destroy_event(event);
+  }
+  bool record_event(EventHandle event, StreamId stream) override {
+    if (!device_.record_event(event, stream)) return false;
+    check_not_capturing(stream, "record_event");
+    Clock clock = settle(stream);
+    const std::uint32_t id = identity(stream);
+    clock[id] = std::max(clock[id], position_[id]);
+    if (at_once_) merge(completed_, clock);
+    recorded_[event] = std::move(clock);
+    return true;
+  }
+  bool wait_event(StreamId stream, EventHandle event) override {
+    if (!device_.wait_event(stream, event)) return false;
+    check_not_capturing(stream, "wait_event");
+    settle(stream);
+    auto it = recorded_.find(event);
+    if (it != recorded_.end()) merge(knowledge_[identity(stream)], it->second);
+    return true;
+  }
+  EventStatus query_event(EventHandle event) override { return device_.query_event(event); }
+  EventStatus query_stream(StreamId stream) override {
+    const EventStatus status = device_.query_stream(stream);
+    if (status == EventStatus::Complete) stream_done(stream);
+    return status;
+  }
+  bool synchronize_event(EventHandle event) override {
+    if (!device_.synchronize_event(event)) return false;
+    auto it = recorded_.find(event);
+    if (it != recorded_.end()) merge(completed_, it->second);
+    return true;
+  }
+  bool synchronize_stream(StreamId stream) override {
+    if (!device_.synchronize_stream(stream)) return false;
+    stream_done(stream);
+    return true;
+  }
+  StreamId legacy_stream() const override { return device_.legacy_stream(); }
+  bool memory_info(std::size_t* free_bytes, std::size_t* total_bytes) override {
+    return device_.memory_info(free_bytes, total_bytes);
+  }
+  std::size_t page_size() const override { return device_.page_size(); }
+  DevicePtr reserve_address_space(std::size_t bytes) override { return device_.reserve_address_space(bytes); }
+  bool map_pages(DevicePtr addr, std::size_t bytes) override { return device_.map_pages(addr, bytes); }
+  void unmap_pages(DevicePtr addr, std::size_t bytes) override {
+    // No wait here: work still queued on these bytes would fault.
+    for_each_freed(addr, addr + bytes, [&](const Freed& f) {
+      for (const auto& [id, at] : f.requirement) {
+        if (!covered(completed_, id, at) && violation_.empty()) {
+          violation_ = "pages unmapped under work not known done (stream identity " + std::to_string(id) + ")";
+        }
+      }
+    });
+    forget(addr, addr + bytes);
+    device_.unmap_pages(addr, bytes);
+  }
+
+ private:
+  using Clock = std::map<std::uint32_t, std::uint64_t>;  // stream identity -> position
+  static constexpr std::uint32_t kGraph = 0;
+  struct Stream {
+    std::uint32_t identity;
+    StreamKind kind;
+    bool capturing;
+  };
+  struct Freed {
+    DevicePtr end;
+    Clock requirement;  // positions of work that must be done, or followed
+  };
+
+  static void merge(Clock& into, const Clock& from) {
+    for (const auto& [id, at] : from) into[id] = std::max(into[id], at);
+  }
+  static bool covered(const Clock& clock, std::uint32_t id, std::uint64_t at) {
+    auto it = clock.find(id);
+    return it != clock.end() && it->second >= at;
+  }
+  std::uint32_t identity(StreamId handle) const { return streams_.at(handle).identity; }
+  // What later work on `handle` follows: its own knowledge, and the legacy
+  // stream's and the blocking streams' ordering of each other.
+  Clock effective(StreamId handle) {
+    const Stream& s = streams_.at(handle);
+    Clock clock = knowledge_[s.identity];
+    for (const auto& [other, o] : streams_) {
+      const bool orders = (s.kind == StreamKind::Blocking && o.kind == StreamKind::Legacy) ||
+                          (s.kind == StreamKind::Legacy && o.kind == StreamKind::Blocking);
+      if (!orders) continue;
+      merge(clock, knowledge_[o.identity]);
+      clock[o.identity] = std::max(clock[o.identity], position_[o.identity]);
+    }
+    return clock;
+  }
+  // An operation on the stream: from now on it knows what it follows.
+  Clock settle(StreamId handle) {
+    Clock clock = effective(handle);
+    knowledge_[identity(handle)] = clock;
+    return clock;
+  }
+  void stream_done(StreamId handle) {
+    merge(completed_, effective(handle));
+    const std::uint32_t id = identity(handle);
+    completed_[id] = std::max(completed_[id], position_[id]);
+  }
+  void check_not_capturing(StreamId handle, const char* call) {
+    if (!violation_.empty()) return;
+    const bool legacy = handle == device_.legacy_stream();
+    for (const auto& [other, s] : streams_) {
+      if (s.capturing && (other == handle || legacy)) {
+        violation_ = std::string(call) + " on stream " + std::to_string(handle) + " while stream " +
+                     std::to_string(other) + " captures";
+      }
+    }
+  }
+  template <typename F>
+  void for_each_freed(DevicePtr begin, DevicePtr end, F&& f) {
+    auto it = freed_.upper_bound(begin);
+    if (it != freed_.begin()) --it;
+    for (; it != freed_.end() && it->first < end; ++it) {
+      if (it->second.end > begin) f(it->second);
+    }
+  }
+  // The bytes no longer carry a free's history; the parts of freed ranges
+  // outside them keep theirs.
+  void forget(DevicePtr begin, DevicePtr end) {
+    std::vector<std::pair<DevicePtr, Freed>> kept;
+    auto it = freed_.upper_bound(begin);
+    if (it != freed_.begin()) --it;
+    while (it != freed_.end() && it->first < end) {
+      if (it->second.end <= begin) {
+        ++it;
+        continue;
+      }
+      if (it->first < begin) kept.emplace_back(it->first, Freed{begin, it->second.requirement});
+      if (it->second.end > end) kept.emplace_back(end, Freed{it->second.end, it->second.requirement});
+      it = freed_.erase(it);
+    }
+    for (auto& [at, f] : kept) freed_.emplace(at, std::move(f));
+  }
+
+  VirtualUpstream& device_;
+  bool at_once_ = true;
+  std::map<StreamId, Stream> streams_;
+  std::uint32_t next_identity_ = kGraph + 1;
+  std::map<std::uint32_t, std::uint64_t> position_;  // frees so far, per stream identity
+  std::map<std::uint32_t, Clock> knowledge_;         // per stream identity
+  std::map<EventHandle, Clock> recorded_;            // each event's latest record
+  Clock completed_;                                  // work known done on the device
+  std::map<DevicePtr, Freed> freed_;
+  std::map<DevicePtr, Clock> in_use_;  // each live allocation's consumer clock when it was made
+  std::string violation_;
+};
+
+}  // namespace gpupool::fuzz
