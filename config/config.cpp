@@ -30,6 +30,8 @@ std::string accepted_text(std::size_t lo, std::size_t hi) {
     return "1 or 0 (true/false, yes/no, on/off)";
   } else if constexpr (std::is_same_v<Kind, PathTemplate>) {
     return "a path; %p, %e, %r, %% expand";
+  } else if constexpr (std::is_same_v<Kind, DevicePathTemplate>) {
+    return "a path; %p, %e, %r, %d, %% expand";
   } else if constexpr (std::is_same_v<Kind, Divisions>) {
     return "0 or a power of two up to 1024, or [MB:N,...,>:N]";
   } else if constexpr (std::is_same_v<Kind, Signal>) {

@@ -184,7 +184,9 @@ bool Flag::parse(std::string_view text, value_type* out, std::string* why) {
   return false;
 }
 
-bool PathTemplate::parse(std::string_view text, value_type* out, std::string* why) {
+namespace {
+
+bool parse_path_template(std::string_view text, bool device_field, std::string* out, std::string* why) {
   text = trim(text);
   if (text.empty()) {
     *why = "empty value";
@@ -193,14 +195,25 @@ bool PathTemplate::parse(std::string_view text, value_type* out, std::string* wh
   for (std::size_t i = 0; i < text.size(); ++i) {
     if (text[i] != '%') continue;
     const char next = i + 1 < text.size() ? text[i + 1] : '\0';
-    if (next != 'p' && next != 'e' && next != 'r' && next != '%') {
-      *why = "unknown '%" + std::string(1, next) + "' (use %p pid, %e program, %r rank, %% percent)";
+    if (next != 'p' && next != 'e' && next != 'r' && next != '%' && !(device_field && next == 'd')) {
+      *why = "unknown '%" + std::string(1, next) + "' (use %p pid, %e program, %r rank, " +
+             (device_field ? "%d device, " : "") + "%% percent)";
       return false;
     }
     ++i;
   }
   *out = std::string(text);
   return true;
+}
+
+}  // namespace
+
+bool PathTemplate::parse(std::string_view text, value_type* out, std::string* why) {
+  return parse_path_template(text, false, out, why);
+}
+
+bool DevicePathTemplate::parse(std::string_view text, value_type* out, std::string* why) {
+  return parse_path_template(text, true, out, why);
 }
 
 bool Divisions::parse(std::string_view text, value_type* out, std::string* why) {

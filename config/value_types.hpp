@@ -68,6 +68,14 @@ struct PathTemplate {
   static std::string format(const value_type& v) { return v.empty() ? "(none)" : v; }
 };
 
+// The same, and %d the device: one file per device (traces).
+struct DevicePathTemplate {
+  using value_type = std::string;
+  static constexpr const char* kKind = "path";
+  static bool parse(std::string_view text, value_type* out, std::string* why);
+  static std::string format(const value_type& v) { return v.empty() ? "(none)" : v; }
+};
+
 // roundup_power2_divisions: one number for every size, or PyTorch's list form
 // [256:1,512:2,>:8] (keys are MiB interval starts, powers of two).
 struct Divisions {

@@ -78,7 +78,7 @@ void add_cache_traffic(const CacheTraffic& t, MemoryStats& s) {
 
 }  // namespace
 
-std::string expand_path_template(const std::string& pattern) {
+std::string expand_path_template(const std::string& pattern, int device) {
   std::string out;
   for (std::size_t i = 0; i < pattern.size(); ++i) {
     if (pattern[i] != '%' || i + 1 == pattern.size()) {
@@ -89,10 +89,20 @@ std::string expand_path_template(const std::string& pattern) {
       case 'p': out += std::to_string(getpid()); break;
       case 'e': out += program_name(); break;
       case 'r': out += rank(); break;
+      case 'd': out += std::to_string(device); break;
       default: out += pattern[i]; break;
     }
   }
   return out;
+}
+
+bool names_device(const std::string& pattern) {
+  for (std::size_t i = 0; i + 1 < pattern.size(); ++i) {
+    if (pattern[i] != '%') continue;
+    if (pattern[i + 1] == 'd') return true;
+    ++i;  // %% and the other fields
+  }
+  return false;
 }
 
 void write_report_file(const config::Config& config, const std::vector<config::Problem>& problems,

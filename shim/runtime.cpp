@@ -62,12 +62,12 @@ Runtime::Runtime() : start_ns_(clock_.now_ns()) {
   if (config_.backtrace) call_sites_.enable();
   if (!config_.trace.empty()) {
     auto trace = std::make_unique<TraceWriter>();
-    const std::string path = expand_path_template(config_.trace);
-    if (trace->open(path)) {
+    if (trace->open(config_.trace)) {
       trace_ = std::move(trace);
-      trace_path_ = path;
+      trace_path_ = expand_path_template(config_.trace);
     } else {
-      message(config::LogLevel::Error, "gpupool: GPUPOOL_TRACE: cannot write '" + path + "'; not tracing");
+      message(config::LogLevel::Error, "gpupool: GPUPOOL_TRACE: cannot write '" +
+                                           expand_path_template(config_.trace) + "'; not tracing");
     }
   }
   install_report_signal();
@@ -148,7 +148,7 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
   mark_used();
   const bool caching = caches_.enabled() && consumer != kAnyStream;
   if (caching && captures_active_.load(std::memory_order_relaxed) == 0 && take_cached(out, size, consumer, dev)) {
-    if (trace_) trace_->record(TraceWriter::Action::Allocate, reinterpret_cast<DevicePtr>(*out), size, consumer);
+    if (trace_) trace_->record(TraceWriter::Action::Allocate, reinterpret_cast<DevicePtr>(*out), size, consumer, dev);
     return cudaSuccess;
   }
   DeviceState& d = device(dev);
@@ -187,7 +187,7 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
   }
   if (trace_) {
     trace_->record(a.ok ? TraceWriter::Action::Allocate : TraceWriter::Action::AllocateFailure, a.ptr, size,
-                   consumer);
+                   consumer, dev);
   }
   if (!a.ok) return fail(error);
   *out = reinterpret_cast<void*>(a.ptr);
@@ -213,7 +213,7 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site, int site_device) {
         mark_used();
         if (live.parked) {
           caches_.keep(CachedBlock{p, live, site});
-          if (trace_) trace_->record(TraceWriter::Action::Free, p, live.requested, site);
+          if (trace_) trace_->record(TraceWriter::Action::Free, p, live.requested, site, live.device);
           return FreeResult::Freed;
         }
         first = live.device;  // a plain free, or a capture under way: the pool's
@@ -245,7 +245,7 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site, int site_device) {
     }
     if (r == FreeResult::NotOwned) continue;
     mark_used();
-    if (r == FreeResult::Freed && trace_) trace_->record(TraceWriter::Action::Free, p, size, site);
+    if (r == FreeResult::Freed && trace_) trace_->record(TraceWriter::Action::Free, p, size, site, index);
     return r;
   }
   return FreeResult::NotOwned;
@@ -523,7 +523,15 @@ void Runtime::at_exit() {
     d->foreign_frees.clear();
   }
   write_report("exit");
-  if (trace_) trace_->flush();
+  if (trace_) {
+    trace_->flush();
+    if (const int devices = trace_->devices_in_one_file(); devices > 1) {
+      message(config::LogLevel::Warn, "gpupool: GPUPOOL_TRACE: '" + trace_->one_file() + "' mixes " +
+                                          std::to_string(devices) +
+                                          " devices, which gpupool-replay replays as one; put %d in the path "
+                                          "for a trace per device");
+    }
+  }
 }
 
 void Runtime::before_fork() {
@@ -563,7 +571,7 @@ void Runtime::after_fork_child() {
     trace_->forget_buffer();
     const std::string path = expand_path_template(config_.trace);
     auto child_trace = std::make_unique<TraceWriter>();
-    if (path != trace_path_ && child_trace->open(path)) {
+    if (path != trace_path_ && child_trace->open(config_.trace)) {
       trace_ = std::move(child_trace);
       trace_path_ = path;
     } else {

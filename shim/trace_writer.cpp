@@ -5,6 +5,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
+
+#include "shim/messages.hpp"
+#include "shim/report_file.hpp"
 
 namespace gpupool::shim {
 
@@ -56,19 +60,45 @@ char* put_text(char* out, const char* text) {
 }
 }  // namespace
 
-bool TraceWriter::open(const std::string& path) {
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) return false;
+bool TraceWriter::open(const std::string& path_template) {
+  template_ = path_template;
+  per_device_ = names_device(path_template);
   const time_t t = time(nullptr);
   tm local;
   localtime_r(&t, &local);
   utc_offset_ = local.tm_gmtoff;
-  buffer_.reserve(kFlushBytes + 256);
-  buffer_ = "Thread,Time,Action,Pointer,Size,Stream\n";
+  opened_ = true;
+  if (per_device_) return true;
+  outputs_.resize(1);
+  return open_output(outputs_[0], expand_path_template(path_template));
+}
+
+bool TraceWriter::open_output(Output& out, const std::string& path) {
+  out.tried = true;
+  out.fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (out.fd < 0) return false;
+  out.buffer.reserve(kFlushBytes + 256);
+  out.buffer = "Thread,Time,Action,Pointer,Size,Stream\n";
   return true;
 }
 
-void TraceWriter::record(Action action, DevicePtr ptr, std::size_t size, StreamId stream) {
+TraceWriter::Output& TraceWriter::output_for(int device) {
+  if (device >= 0 && device < 64) devices_seen_ |= std::uint64_t{1} << device;
+  if (!per_device_) return outputs_[0];
+  const auto index = static_cast<std::size_t>(std::max(device, 0));
+  if (outputs_.size() <= index) outputs_.resize(index + 1);
+  Output& out = outputs_[index];
+  if (!out.tried) {
+    const std::string path = expand_path_template(template_, device);
+    if (!open_output(out, path)) {
+      message(config::LogLevel::Error, "gpupool: GPUPOOL_TRACE: cannot write '" + path + "'; device " +
+                                           std::to_string(device) + " not traced");
+    }
+  }
+  return out;
+}
+
+void TraceWriter::record(Action action, DevicePtr ptr, std::size_t size, StreamId stream, int device) {
   timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
   // Local time of day without localtime_r's locking: the offset is read once.
@@ -96,29 +126,38 @@ void TraceWriter::record(Action action, DevicePtr ptr, std::size_t size, StreamI
   *out++ = '\n';
   const auto n = static_cast<std::size_t>(out - line);
   std::lock_guard<std::mutex> lock(mu_);
-  if (fd_ < 0) return;
-  buffer_.append(line, n);
-  if (buffer_.size() >= kFlushBytes) flush_locked();
+  if (!opened_) return;
+  Output& o = output_for(device);
+  if (o.fd < 0) return;
+  o.buffer.append(line, n);
+  if (o.buffer.size() >= kFlushBytes) flush_output(o);
 }
 
 void TraceWriter::flush() {
   std::lock_guard<std::mutex> lock(mu_);
-  flush_locked();
+  for (Output& o : outputs_) flush_output(o);
 }
 
-void TraceWriter::flush_locked() {
+void TraceWriter::flush_output(Output& out) {
   std::size_t done = 0;
-  while (fd_ >= 0 && done < buffer_.size()) {
-    const ssize_t w = ::write(fd_, buffer_.data() + done, buffer_.size() - done);
+  while (out.fd >= 0 && done < out.buffer.size()) {
+    const ssize_t w = ::write(out.fd, out.buffer.data() + done, out.buffer.size() - done);
     if (w <= 0) break;
     done += static_cast<std::size_t>(w);
   }
-  buffer_.clear();
+  out.buffer.clear();
 }
 
 void TraceWriter::forget_buffer() {
   std::lock_guard<std::mutex> lock(mu_);
-  buffer_.clear();
+  for (Output& o : outputs_) o.buffer.clear();
 }
+
+int TraceWriter::devices_in_one_file() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return per_device_ ? 0 : __builtin_popcountll(devices_seen_);
+}
+
+std::string TraceWriter::one_file() const { return per_device_ ? std::string() : expand_path_template(template_); }
 
 }  // namespace gpupool::shim

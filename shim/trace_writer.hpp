@@ -1,11 +1,15 @@
 // GPUPOOL_TRACE: every intercepted allocation and free, in RMM's
 // logging_resource_adaptor CSV layout (Thread,Time,Action,Pointer,Size,Stream),
 // buffered and written in large chunks so that tracing a hot loop costs little.
+// The layout has no device column: a path template with %d gives each device
+// its own file (opened at its first record), since gpupool-replay replays a
+// trace as one device.
 #pragma once
 
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "pool/types.hpp"
 
@@ -15,23 +19,38 @@ class TraceWriter {
  public:
   enum class Action { Allocate, AllocateFailure, Free };
 
-  // Opens (truncates) `path`; false if it cannot.
-  bool open(const std::string& path);
-  void record(Action action, DevicePtr ptr, std::size_t size, StreamId stream);
+  // Opens (truncates) the file the template names, expanded as GPUPOOL_LOG's;
+  // false if it cannot. With %d, each device's file is opened at its first
+  // record instead (a failure then is said once, and that device untraced).
+  bool open(const std::string& path_template);
+  void record(Action action, DevicePtr ptr, std::size_t size, StreamId stream, int device);
   void flush();
   // In a forked child: the parent's buffered lines are the parent's to write.
   void forget_buffer();
+  // Devices recorded into one file (a template without %d), and that file.
+  int devices_in_one_file() const;
+  std::string one_file() const;
 
   // Held across fork() so that the child never inherits it locked.
   std::mutex& mutex() { return mu_; }
 
  private:
-  void flush_locked();
+  struct Output {
+    int fd = -1;
+    bool tried = false;  // opened, or failed to: not tried again
+    std::string buffer;
+  };
+  Output& output_for(int device);  // with mu_ held
+  bool open_output(Output& out, const std::string& path);
+  static void flush_output(Output& out);
 
-  std::mutex mu_;
-  int fd_ = -1;
+  mutable std::mutex mu_;
+  std::string template_;
+  bool per_device_ = false;
+  bool opened_ = false;
   long utc_offset_ = 0;
-  std::string buffer_;
+  std::vector<Output> outputs_;     // by device; just one without %d
+  std::uint64_t devices_seen_ = 0;  // a bit per device recorded (up to 64)
 };
 
 }  // namespace gpupool::shim

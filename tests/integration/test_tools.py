@@ -69,6 +69,34 @@ class Recording(ShimTest):
         self.assertEqual(sum(r[2] == "allocate failure" for r in read_csv(path)[1:]), 1)
 
 
+    def test_a_process_driving_two_devices_gets_a_trace_per_device(self):
+        # The CSV layout has no device column and a trace replays as one
+        # device: %d in the path gives each device its own file.
+        env = {"SIMCUDA_DEVICES": "2", "GPUPOOL_TRACE": os.path.join(self.workdir, "trace-%p-dev%d.csv")}
+        run = self.run_program(["test-devices", "threads", "20"], env=env)
+        self.assertSucceeded(run)
+        traces = sorted(p for p in os.listdir(self.workdir) if p.startswith("trace-"))
+        self.assertEqual([t[-9:] for t in traces], ["-dev0.csv", "-dev1.csv"], traces)
+        devices = run.report()["devices"]
+        pointers = []
+        for device, name in enumerate(traces):
+            path = os.path.join(self.workdir, name)
+            rows = read_csv(path)[1:]
+            allocations = sum(r[2] == "allocate" for r in rows)
+            self.assertEqual(allocations, devices[str(device)]["stats"]["allocation.all.allocated"])
+            pointers.append({r[3] for r in rows})
+            replayed = subprocess.run([REPLAY, "--json", path], capture_output=True, text=True, check=True)
+            self.assertEqual(json.loads(replayed.stdout)["unknown_frees"], 0)
+        self.assertFalse(pointers[0] & pointers[1])  # each device's blocks in its own file
+        self.assertNotIn("mixes", run.stderr)
+
+    def test_one_trace_of_two_devices_says_it_mixes_them(self):
+        run, path = self.trace(["test-devices", "threads", "5"], env={"SIMCUDA_DEVICES": "2"})
+        self.assertSucceeded(run)
+        self.assertIn("mixes 2 devices", run.stderr)
+        self.assertIn("put %d in the path", run.stderr)
+
+
 class Replay(ShimTest):
     def write(self, name, text):
         path = os.path.join(self.workdir, name)

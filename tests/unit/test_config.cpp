@@ -219,6 +219,15 @@ TEST_CASE("choices, flags and signals parse every accepted spelling") {
   CHECK(parse({{"GPUPOOL_LOG", "/tmp/r-%e-%p-%r.txt"}}).config.log == "/tmp/r-%e-%p-%r.txt");
 }
 
+TEST_CASE("a trace path may name the device; a report path may not (one report covers every device)") {
+  CHECK(parse({{"GPUPOOL_TRACE", "/tmp/t-%p-%d.csv"}}).problems.empty());
+  CHECK(parse({{"GPUPOOL_TRACE", "/tmp/t-%p-%d.csv"}}).config.trace == "/tmp/t-%p-%d.csv");
+  const ParsedConfig log = parse({{"GPUPOOL_LOG", "/tmp/r-%d.txt"}});
+  REQUIRE(log.problems.size() == 1);
+  CHECK(log.problems[0].line().find("unknown '%d'") != std::string::npos);
+  CHECK(log.config.log.empty());
+}
+
 TEST_CASE("the pool options follow the configuration") {
   const ParsedConfig p = parse({{"GPUPOOL_CONF", "max_split_size_mb:256,garbage_collection_threshold:0.8"},
                                 {"GPUPOOL_MEMORY_LIMIT", "8G"},
