@@ -14,6 +14,7 @@
 #include <string>
 
 #include "pool/device_pool.hpp"
+#include "pool/size_rules.hpp"
 #include "pool/virtual_upstream.hpp"
 #include "tests/fuzz/fuzz_check.hpp"
 #include "tests/fuzz/ordering_oracle.hpp"
@@ -59,8 +60,10 @@ PoolOptions options_from(Input& in) {
 }
 
 std::size_t size_from(Input& in) {
-  // A power of two from 1 B to 1 GiB times a factor up to 2, odd sizes included.
-  const unsigned shift = in.byte() % 31;
+  // A power of two from 1 B to 1 GiB times a factor up to 2, odd sizes
+  // included; now and then more than any device holds.
+  const unsigned shift = in.byte() % 32;
+  if (shift == 31) return kMaxRequest + in.byte();
   const std::size_t base = std::size_t{1} << shift;
   return base + base * in.byte() / 256 + in.byte() % 7;
 }
@@ -71,6 +74,13 @@ void check_valid(const DevicePool& pool) {
   std::fprintf(stderr, "invariant broken: %s\n", why.c_str());
   std::abort();
 }
+
+// FUZZ_POOL_TRACE=1 prints each step, for reading a failing input.
+const bool kTrace = std::getenv("FUZZ_POOL_TRACE") != nullptr;
+#define SAY(...)                                 \
+  do {                                           \
+    if (kTrace) std::fprintf(stderr, __VA_ARGS__); \
+  } while (0)
 
 struct Live {
   std::size_t size;
@@ -107,6 +117,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         const StreamId stream = in.pick(streams);
         if (pool.is_capturing(stream)) break;  // the shim hands those to the runtime
         const Allocation a = pool.allocate(bytes, stream);
+        SAY("allocate %zu on %llx: %llx%s\n", bytes, static_cast<unsigned long long>(stream),
+            static_cast<unsigned long long>(a.ptr), a.ok ? "" : " (failed)");
         if (!a.ok) break;
         FUZZ_CHECK(a.ptr % 512 == 0);
         FUZZ_CHECK(upstream.covers(a.ptr, bytes));
@@ -130,6 +142,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         const std::uint8_t how = in.byte() % 3;
         const StreamId site = how == 0 ? kAnyStream : how == 1 ? it->second.stream : in.pick(streams);
         const DevicePtr ptr = it->first;
+        SAY("free %llx on %llx\n", static_cast<unsigned long long>(ptr), static_cast<unsigned long long>(site));
         oracle.freed(ptr, it->second.size, site);
         live.erase(it);
         FUZZ_CHECK(pool.deallocate(ptr, site) == FreeResult::Freed);
@@ -137,16 +150,28 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         break;
       }
       case 7:
+        SAY("complete all\n");
         oracle.complete_all();  // the device catches up
         break;
       case 8:
         switch (in.byte() % 3) {
-          case 0: pool.release_cached(); break;
-          case 1: oracle.set_events_complete_at_once(in.byte() % 2 == 0); break;
-          case 2: upstream.set_streams_idle(in.byte() % 2 == 0); break;  // what stream queries answer
+          case 0: SAY("release cached\n"); pool.release_cached(); break;
+          case 1: {
+            const bool yes = in.byte() % 2 == 0;
+            SAY("events complete at once: %d\n", yes);
+            oracle.set_events_complete_at_once(yes);
+            break;
+          }
+          case 2: {
+            const bool yes = in.byte() % 2 == 0;
+            SAY("streams idle: %d\n", yes);
+            upstream.set_streams_idle(yes);  // what stream queries answer
+            break;
+          }
         }
         break;
       case 9:  // a capture on the blocking stream begins or ends
+        SAY("capture %s\n", pool.is_capturing(kBlocking) ? "ends" : "begins");
         if (pool.is_capturing(kBlocking)) {
           pool.capture_ended(kBlocking);
           oracle.set_capturing(kBlocking, false);
@@ -156,12 +181,30 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         }
         break;
       case 10:  // the non-blocking stream is destroyed and its handle reused
+        SAY("non-blocking stream destroyed and made again\n");
         pool.stream_destroying(kNonBlocking);
         begin_stream(kNonBlocking, StreamKind::NonBlocking);
         break;
-      case 11:  // the next few allocation attempts fail, as a lack of memory or a device error
-        failures_left = in.byte() % 4;
-        upstream.set_failures_are_device_errors(in.byte() % 2 == 0);
+      case 11:  // the device fails: allocations (for want of memory, or a device error), event records, events
+        switch (in.byte() % 3) {
+          case 0:
+            failures_left = in.byte() % 4;
+            upstream.set_failures_are_device_errors(in.byte() % 2 == 0);
+            SAY("next %d allocation attempts fail\n", failures_left);
+            break;
+          case 1: {
+            const StreamId failing = in.pick(streams);
+            upstream.set_failing_record_stream(failing == kAnyStream ? 0 : failing);  // kAnyStream: none
+            SAY("records fail on %llx\n", static_cast<unsigned long long>(failing));
+            break;
+          }
+          case 2: {
+            const bool yes = in.byte() % 2 == 0;
+            SAY("event creation fails: %d\n", yes);
+            upstream.set_event_creation_fails(yes);
+            break;
+          }
+        }
         break;
     }
     check_valid(pool);
@@ -171,6 +214,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
   }
   upstream.set_failure(nullptr);
+  upstream.set_failing_record_stream(0);
+  upstream.set_event_creation_fails(false);
   if (pool.is_capturing(kBlocking)) {
     pool.capture_ended(kBlocking);
     oracle.set_capturing(kBlocking, false);
