@@ -503,21 +503,26 @@ void DevicePool::release_segment(Segment* seg) {
 }
 
 void DevicePool::coalesce_free(bool all_done) {
-  std::vector<Block*> firsts;
-  for (const BlockPool& pool : pools_) {
-    for (Block* b : pool.blocks()) {
-      if (b->next != nullptr && b->next->is_free_mapped() && (all_done || mergeable(b, b->next))) {
-        firsts.push_back(b);
+  // A merge changes the merged block's history, which can make it mergeable
+  // with a neighbour that was kept apart: passes until none merges.
+  for (bool merged = true; merged;) {
+    std::vector<Block*> firsts;
+    for (const BlockPool& pool : pools_) {
+      for (Block* b : pool.blocks()) {
+        if (b->next != nullptr && b->next->is_free_mapped() && (all_done || mergeable(b, b->next))) {
+          firsts.push_back(b);
+        }
       }
     }
-  }
-  // From the top down: a merge deletes only blocks above the one merging.
-  std::sort(firsts.begin(), firsts.end(), [](const Block* a, const Block* b) { return a->addr > b->addr; });
-  for (Block* b : firsts) {
-    remove_free(b);
-    remove_free(b->next);
-    absorb_next(b);
-    add_free(b);
+    // From the top down: a merge deletes only blocks above the one merging.
+    std::sort(firsts.begin(), firsts.end(), [](const Block* a, const Block* b) { return a->addr > b->addr; });
+    for (Block* b : firsts) {
+      remove_free(b);
+      remove_free(b->next);
+      absorb_next(b);
+      add_free(b);
+    }
+    merged = !firsts.empty();
   }
 }
 
