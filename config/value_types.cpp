@@ -196,8 +196,10 @@ bool parse_path_template(std::string_view text, bool device_field, std::string* 
     if (text[i] != '%') continue;
     const char next = i + 1 < text.size() ? text[i + 1] : '\0';
     if (next != 'p' && next != 'e' && next != 'r' && next != '%' && !(device_field && next == 'd')) {
-      *why = "unknown '%" + std::string(1, next) + "' (use %p pid, %e program, %r rank, " +
-             (device_field ? "%d device, " : "") + "%% percent)";
+      std::string fields = "%p pid, %e program, %r rank, ";
+      if (device_field) fields += "%d device, ";
+      fields += "%% percent";
+      why->assign("unknown '%").append(1, next).append("' (use ").append(fields).append(")");
       return false;
     }
     ++i;
@@ -285,17 +287,18 @@ std::string Divisions::format(const value_type& v) {
   if (lead_end == kRoundupIntervals - 1) return std::to_string(v[0]);
   int tail_begin = kRoundupIntervals - 1;  // the trailing run: v[tail_begin..]
   while (tail_begin - 1 > lead_end && v[tail_begin - 1] == v[kRoundupIntervals - 1]) --tail_begin;
-  auto entry = [&](int i) { return std::to_string(std::size_t{1} << i) + ":" + std::to_string(v[i]) + ","; };
-  std::string s = "[" + entry(lead_end);
+  std::string s = "[";
+  auto entry = [&](const std::string& key, std::uint32_t d) { s.append(key).append(":").append(std::to_string(d)).append(","); };
+  entry(std::to_string(std::size_t{1} << lead_end), v[lead_end]);
   int last = lead_end;
   for (int i = lead_end + 1; i < tail_begin; ++i) {
     if (v[i] == 0) continue;
-    s += entry(i);
+    entry(std::to_string(std::size_t{1} << i), v[i]);
     last = i;
   }
   if (v[tail_begin] != 0) {
-    if (last != tail_begin - 1) s += entry(tail_begin);
-    s += ">:" + std::to_string(v[tail_begin]) + ",";
+    if (last != tail_begin - 1) entry(std::to_string(std::size_t{1} << tail_begin), v[tail_begin]);
+    entry(">", v[tail_begin]);
   }
   s.back() = ']';
   return s;
