@@ -40,6 +40,7 @@ class Input {
 constexpr StreamId kLegacy = VirtualUpstream::kLegacy;
 constexpr StreamId kNonBlocking = 0x100;
 constexpr StreamId kBlocking = 0x200;
+constexpr std::size_t kMostLive = 256 * kGiB;
 
 PoolOptions options_from(Input& in) {
   PoolOptions o;
@@ -107,6 +108,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   begin_stream(kBlocking, StreamKind::Blocking);
   const StreamId streams[] = {kAnyStream, kLegacy, kNonBlocking, kBlocking};
   std::map<DevicePtr, Live> live;
+  std::size_t live_bytes = 0;
   int failures_left = 0;
   upstream.set_failure([&](std::uint64_t) { return failures_left > 0 && failures_left-- > 0; });
 
@@ -116,6 +118,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         const std::size_t bytes = size_from(in);
         const StreamId stream = in.pick(streams);
         if (pool.is_capturing(stream)) break;  // the shim hands those to the runtime
+        // An unlimited device still has a bound here: the virtual upstream
+        // keeps a node per mapped page.
+        if (bytes <= kMaxRequest && live_bytes + bytes > kMostLive) break;
         const Allocation a = pool.allocate(bytes, stream);
         SAY("allocate %zu on %llx: %llx%s\n", bytes, static_cast<unsigned long long>(stream),
             static_cast<unsigned long long>(a.ptr), a.ok ? "" : " (failed)");
@@ -134,6 +139,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           std::abort();
         }
         live.emplace(a.ptr, Live{bytes, stream});
+        live_bytes += bytes;
         break;
       }
       case 4: case 5: case 6: {  // free: plain, on its own stream, or on another
@@ -142,6 +148,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         const std::uint8_t how = in.byte() % 3;
         const StreamId site = how == 0 ? kAnyStream : how == 1 ? it->second.stream : in.pick(streams);
         const DevicePtr ptr = it->first;
+        live_bytes -= it->second.size;
         SAY("free %llx on %llx\n", static_cast<unsigned long long>(ptr), static_cast<unsigned long long>(site));
         oracle.freed(ptr, it->second.size, site);
         live.erase(it);
