@@ -186,13 +186,6 @@ const OptionInfo* find_option(std::string_view key) {
 
 namespace {
 
-const OptionInfo* find_option_by_variable(std::string_view variable) {
-  for (const OptionInfo& o : option_table()) {
-    if (o.variable == variable) return &o;
-  }
-  return nullptr;
-}
-
 // Control characters written as escapes, so that a value with a newline in it
 // still makes one line; a long value is cut (its start is what tells).
 std::string one_line(std::string_view text, std::size_t most = 256) {
@@ -261,7 +254,9 @@ ParsedConfig parse_config(const Environment& environment) {
   }
   for (const auto& [name, value] : vars) {
     if (name == "GPUPOOL_CONF") continue;
-    const bool known = find_option_by_variable(name) != nullptr;
+    const std::string& variable = name;  // (clang 14 cannot capture a structured binding)
+    const bool known = std::any_of(option_table().begin(), option_table().end(),
+                                   [&](const OptionInfo& o) { return o.variable == variable; });
     if (!known) {
       parsed.problems.push_back(
           Problem{name, "unknown variable" + suggestion(name, true), value, "ignored"});

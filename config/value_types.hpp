@@ -69,11 +69,8 @@ struct PathTemplate {
 };
 
 // The same, and %d the device: one file per device (traces).
-struct DevicePathTemplate {
-  using value_type = std::string;
-  static constexpr const char* kKind = "path";
+struct DevicePathTemplate : PathTemplate {
   static bool parse(std::string_view text, value_type* out, std::string* why);
-  static std::string format(const value_type& v) { return v.empty() ? "(none)" : v; }
 };
 
 // roundup_power2_divisions: one number for every size, or PyTorch's list form

@@ -275,8 +275,8 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
 }
 
 // Waits for all work, then frees all of the current device's memory and
-// destroys its events (a later use of one fails and is counted). Streams are not destroyed here (a program must not use
-// them afterwards).
+// destroys its events (a later use of one fails and is counted). Streams are
+// not destroyed here (a program must not use them afterwards).
 cudaError_t cudaDeviceReset(void) {
   Engine::instance().synchronize_all();
   Memory::instance().reset(t_device);
