@@ -90,6 +90,13 @@ class Recording(ShimTest):
         self.assertFalse(pointers[0] & pointers[1])  # each device's blocks in its own file
         self.assertNotIn("mixes", run.stderr)
 
+    def test_a_device_trace_that_cannot_be_written_is_said_once_and_the_program_runs_on(self):
+        env = {"SIMCUDA_DEVICES": "2", "GPUPOOL_TRACE": os.path.join(self.workdir, "missing", "t-%d.csv")}
+        run = self.run_program(["test-devices", "threads", "5"], env=env)
+        self.assertSucceeded(run)
+        for device in (0, 1):
+            self.assertEqual(run.stderr.count(f"t-{device}.csv'; device {device} not traced"), 1, run.stderr)
+
     def test_one_trace_of_two_devices_says_it_mixes_them(self):
         run, path = self.trace(["test-devices", "threads", "5"], env={"SIMCUDA_DEVICES": "2"})
         self.assertSucceeded(run)
