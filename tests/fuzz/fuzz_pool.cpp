@@ -5,7 +5,8 @@
 // After every step every invariant of the pool holds; no allocation overlaps
 // a live one or leaves the device's memory, and none may race the work queued
 // before its bytes were last freed (ordering_oracle.hpp judges by CUDA's
-// rules); no page is unmapped under queued work; at the end the books balance.
+// rules), not even on a stream made while a plain allocation is live; no page
+// is unmapped under queued work; at the end the books balance.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -102,6 +103,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   auto begin_stream = [&](StreamId id, StreamKind kind) {
     oracle.stream_begins(id, kind);
     pool.stream_created(id, kind);
+    std::string why;
+    if (!oracle.stream_ready_for_plain(id, &why)) {
+      std::fprintf(stderr, "unordered reuse: %s\n", why.c_str());
+      std::abort();
+    }
   };
   begin_stream(kLegacy, StreamKind::Legacy);
   begin_stream(kNonBlocking, StreamKind::NonBlocking);

@@ -39,6 +39,7 @@ class OrderingOracle final : public Upstream {
       if (site != kAnyStream && !streams_.at(site).capturing) merge(knowledge_[identity(site)], use->second);
       in_use_.erase(use);
     }
+    plain_obligations_.erase(ptr);
     Clock requirement;
     if (site == kAnyStream) {
       for (auto& [handle, s] : streams_) requirement[s.identity] = ++position_[s.identity];
@@ -54,9 +55,11 @@ class OrderingOracle final : public Upstream {
   // [ptr, ptr+bytes) now; the bytes are in use from then on.
   bool safe_to_use(DevicePtr ptr, std::size_t bytes, StreamId consumer, std::string* why) {
     bool safe = true;
+    Clock obligations;  // what a stream made later must follow too, for a plain allocation
     for_each_freed(ptr, ptr + bytes, [&](const Freed& f) {
       for (const auto& [id, at] : f.requirement) {
         if (covered(completed_, id, at)) continue;
+        obligations[id] = std::max(obligations[id], at);
         for (const auto& [handle, s] : streams_) {
           if (consumer != kAnyStream && handle != consumer) continue;
           if (id == s.identity || covered(effective(handle), id, at)) continue;
@@ -67,6 +70,7 @@ class OrderingOracle final : public Upstream {
       }
     });
     forget(ptr, ptr + bytes);
+    if (consumer == kAnyStream && !obligations.empty()) plain_obligations_[ptr] = std::move(obligations);
     Clock& use = in_use_[ptr];
     use.clear();
     if (consumer != kAnyStream) {
@@ -74,6 +78,22 @@ class OrderingOracle final : public Upstream {
       use[identity(consumer)] = std::max(use[identity(consumer)], position_[identity(consumer)]);
     }
     return safe;
+  }
+  // After the pool has seen a stream begin: the program may use any live
+  // plain allocation on it at once, so it must already follow the work queued
+  // before those bytes were freed (or that work be known done).
+  bool stream_ready_for_plain(StreamId handle, std::string* why) {
+    const Clock follows = effective(handle);
+    for (const auto& [ptr, obligations] : plain_obligations_) {
+      for (const auto& [id, at] : obligations) {
+        if (covered(completed_, id, at) || covered(follows, id, at)) continue;
+        *why = "stream " + std::to_string(handle) + " made while plain allocation " + std::to_string(ptr) +
+               " is live is not ordered after position " + std::to_string(at) + " of stream identity " +
+               std::to_string(id) + ", queued before its bytes were freed";
+        return false;
+      }
+    }
+    return true;
   }
   void set_events_complete_at_once(bool yes) {
     at_once_ = yes;
@@ -250,6 +270,8 @@ class OrderingOracle final : public Upstream {
   Clock completed_;                                  // work known done on the device
   std::map<DevicePtr, Freed> freed_;
   std::map<DevicePtr, Clock> in_use_;  // each live allocation's consumer clock when it was made
+  // Each live plain allocation's frees not known done when it was made.
+  std::map<DevicePtr, Clock> plain_obligations_;
   std::string violation_;
 };
 
