@@ -1,0 +1,113 @@
+// The runtime's part in the process's life after the lazy start
+// (Runtime::get): a report on a signal or on request, the report at exit
+// (no CUDA call from then on), and fork (no lock held across it; the child
+// starts with empty pools and traces to its own file or not at all).
+#include <signal.h>
+
+#include "shim/messages.hpp"
+#include "shim/report_file.hpp"
+#include "shim/runtime.hpp"
+
+namespace gpupool::shim {
+
+void Runtime::on_report_signal(int) { report_requested_.store(true, std::memory_order_relaxed); }
+
+void Runtime::install_report_signal() {
+  if (config_.report_signal == 0) return;
+  struct sigaction current {};
+  if (sigaction(config_.report_signal, nullptr, &current) != 0) return;
+  if (current.sa_handler != SIG_DFL) return;  // the program's own: leave it
+  struct sigaction ours {};
+  ours.sa_handler = &Runtime::on_report_signal;
+  ours.sa_flags = SA_RESTART;
+  sigemptyset(&ours.sa_mask);
+  sigaction(config_.report_signal, &ours, nullptr);
+}
+
+void Runtime::write_requested_report() {
+  if (!report_requested_.exchange(false)) return;
+  write_report("signal");
+}
+
+void Runtime::write_report(const char* reason) {
+  if (disabled_ || !config_.report || !used_.load()) return;
+  if (trace_) trace_->flush();
+  caches_.flush_all();  // so that the pools' current figures are the program's
+  std::vector<DeviceState*> states;
+  for (int i = 0; i < kMaxDevices; ++i) {
+    if (DeviceState* d = existing(i)) states.push_back(d);
+  }
+  const double seconds = static_cast<double>(clock_.now_ns() - start_ns_) / 1e9;
+  write_report_file(config_, problems_, states, call_sites_, caches_, reason, seconds);
+}
+
+void Runtime::at_exit() {
+  if (exiting_.exchange(true)) return;
+  // Frees still waiting on another device's stream were the program's frees:
+  // count them so (no CUDA call: the device may be gone; events are leaked).
+  for (int i = 0; i < kMaxDevices; ++i) {
+    DeviceState* d = existing(i);
+    if (d == nullptr) continue;
+    std::lock_guard<AdaptiveMutex> lock(d->mu);
+    for (const DeviceState::ForeignFree& f : d->foreign_frees) d->pool->deallocate(f.ptr, kAnyStream);
+    d->foreign_frees.clear();
+  }
+  write_report("exit");
+  if (trace_) {
+    trace_->flush();
+    if (const int devices = trace_->devices_in_one_file(); devices > 1) {
+      message(config::LogLevel::Warn, "gpupool: GPUPOOL_TRACE: '" + trace_->one_file() + "' mixes " +
+                                          std::to_string(devices) +
+                                          " devices, which gpupool-replay replays as one; put %d in the path "
+                                          "for a trace per device");
+    }
+  }
+}
+
+void Runtime::before_fork() {
+  devices_mu_.lock();
+  streams_mu_.lock();
+  call_sites_.mutex().lock();
+  if (trace_) trace_->mutex().lock();
+  for (int i = 0; i < kMaxDevices; ++i) {
+    if (DeviceState* d = existing(i)) d->mu.lock();
+  }
+}
+
+void Runtime::after_fork_parent() {
+  for (int i = kMaxDevices - 1; i >= 0; --i) {
+    if (DeviceState* d = existing(i)) d->mu.unlock();
+  }
+  if (trace_) trace_->mutex().unlock();
+  call_sites_.mutex().unlock();
+  streams_mu_.unlock();
+  devices_mu_.unlock();
+}
+
+void Runtime::after_fork_child() {
+  after_fork_parent();
+  // The parent's pools, streams and buffered trace lines are the parent's. The
+  // child starts empty and reports only what it does itself.
+  for (int i = 0; i < kMaxDevices; ++i) {
+    if (DeviceState* d = devices_[i].exchange(nullptr)) inherited_.push_back(d);  // kept, never used
+  }
+  stream_devices_.clear();
+  streams_generation_.fetch_add(1);
+  caches_.disable_after_fork();
+  used_.store(false);
+  if (trace_) {
+    // A child traces to its own file when the template names one (%p);
+    // otherwise it would write into the parent's, so it does not trace.
+    trace_->forget_buffer();
+    const std::string path = expand_path_template(config_.trace);
+    auto child_trace = std::make_unique<TraceWriter>();
+    if (path != trace_path_ && child_trace->open(config_.trace)) {
+      trace_ = std::move(child_trace);
+      trace_path_ = path;
+    } else {
+      (void)trace_.release();  // the parent's file stays the parent's
+    }
+  }
+}
+
+}  // namespace gpupool::shim
