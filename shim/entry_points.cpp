@@ -2,7 +2,6 @@
 // serves them: the preload library (preload.c) forwards each call here through
 // the table gpupool_core_open returns, the only symbol this library exports.
 #include <cuda_runtime_api.h>
-#include <link.h>
 #include <pthread.h>
 
 #include <cstdio>
@@ -21,6 +20,8 @@
 
 using gpupool::FreeResult;
 using gpupool::StreamId;
+using gpupool::shim::cuda_driver_loaded;
+using gpupool::shim::explain_nothing_pooled;
 using gpupool::shim::fail;
 using gpupool::shim::real;
 using gpupool::shim::Runtime;
@@ -105,32 +106,17 @@ cudaError_t end_capture(cudaStream_t stream, bool per_thread, cudaError_t err) {
 
 // ---------------------------------------------------------------- lifecycle
 
-// True when this process loaded the CUDA driver (libcuda), i.e. used CUDA.
-int find_driver(struct dl_phdr_info* info, size_t, void* found) {
-  const char* name = info->dlpi_name;
-  if (name != nullptr && std::strstr(name, "/libcuda.so") != nullptr) *static_cast<bool*>(found) = true;
-  return 0;
-}
-
 void at_exit() {
   if (Runtime* rt = Runtime::if_started()) {
     rt->at_exit();
     return;
   }
-  // CUDA was used, but not through any call gpupool sees: most likely the
-  // program carries the static CUDA runtime (nvcc's default).
-  bool driver = false;
-  dl_iterate_phdr(find_driver, &driver);
-  if (!driver) return;
+  // No call reached gpupool, yet CUDA may have been used all the same.
+  if (!cuda_driver_loaded()) return;
   const gpupool::config::Config c =
       gpupool::config::parse_config(gpupool::config::process_environment()).config;
   gpupool::shim::set_log_level(c.log_level);
-  if (!c.disable) {
-    gpupool::shim::message(gpupool::config::LogLevel::Warn,
-                           "gpupool: this program used CUDA but never called cudaMalloc through the shared "
-                           "runtime, so gpupool saw nothing; if it was built with nvcc's default static "
-                           "runtime, rebuild it with -cudart shared");
-  }
+  if (!c.disable) explain_nothing_pooled();
 }
 
 void prepare_fork() {

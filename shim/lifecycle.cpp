@@ -2,13 +2,37 @@
 // (Runtime::get): a report on a signal or on request, the report at exit
 // (no CUDA call from then on), and fork (no lock held across it; the child
 // starts with empty pools and traces to its own file or not at all).
+#include <link.h>
 #include <signal.h>
+
+#include <cstring>
 
 #include "shim/messages.hpp"
 #include "shim/report_file.hpp"
 #include "shim/runtime.hpp"
 
 namespace gpupool::shim {
+
+bool cuda_driver_loaded() {
+  bool found = false;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* out) {
+        if (info->dlpi_name != nullptr && std::strstr(info->dlpi_name, "/libcuda.so") != nullptr) {
+          *static_cast<bool*>(out) = true;
+        }
+        return 0;
+      },
+      &found);
+  return found;
+}
+
+void explain_nothing_pooled() {
+  message(config::LogLevel::Warn,
+          "gpupool: this program used CUDA, but none of its device memory was asked for with cudaMalloc or "
+          "cudaMallocAsync of the shared CUDA runtime, so gpupool pooled nothing; a program built with nvcc's "
+          "default static runtime must be rebuilt with -cudart shared, and memory taken through the driver API "
+          "(cuMemAlloc, as JAX/XLA takes it) is not pooled");
+}
 
 void Runtime::on_report_signal(int) { report_requested_.store(true, std::memory_order_relaxed); }
 
@@ -53,6 +77,8 @@ void Runtime::at_exit() {
     d->foreign_frees.clear();
   }
   write_report("exit");
+  // A forked child's CUDA was its parent's, which speaks for it.
+  if (!disabled_ && !used_.load() && !forked_child_ && cuda_driver_loaded()) explain_nothing_pooled();
   if (trace_) {
     trace_->flush();
     if (const int devices = trace_->devices_in_one_file(); devices > 1) {
@@ -95,6 +121,7 @@ void Runtime::after_fork_child() {
   streams_generation_.fetch_add(1);
   caches_.disable_after_fork();
   used_.store(false);
+  forked_child_ = true;
   if (trace_) {
     // A child traces to its own file when the template names one (%p);
     // otherwise it would write into the parent's, so it does not trace.

@@ -101,14 +101,25 @@ static int find_driver(struct dl_phdr_info* info, size_t size, void* found) {
   return 0;
 }
 
+static int driver_loaded(void) {
+  int driver = 0;
+  dl_iterate_phdr(find_driver, &driver);
+  return driver;
+}
+
+/* A forked child inherits the driver its parent loaded; the parent speaks for
+   that use of CUDA. Only a child that loads the driver itself (CUDA may be
+   used after fork only where the parent had not used it) is told. */
+static int driver_at_fork;   /* in the parent, just before fork */
+static int inherited_driver; /* in the child */
+
 static void at_exit(void) {
   const struct gpupool_core* c = atomic_load_explicit(&core, memory_order_acquire);
   if (c == NULL) {
     /* No call reached gpupool. If CUDA was used all the same (a program with
-       the static runtime), the core explains; otherwise nothing to do. */
-    int driver = 0;
-    dl_iterate_phdr(find_driver, &driver);
-    if (!driver) return;
+       the static runtime, or one allocating through the driver API), the
+       core explains; otherwise nothing to do. */
+    if (inherited_driver || !driver_loaded()) return;
     c = get_core();
   }
   if (c->at_exit != NULL) c->at_exit();
@@ -116,6 +127,7 @@ static void at_exit(void) {
 
 static void prepare_fork(void) {
   const struct gpupool_core* c = atomic_load_explicit(&core, memory_order_acquire);
+  if (c == NULL) driver_at_fork = driver_loaded();
   if (c != NULL && c->prepare_fork != NULL) c->prepare_fork();
 }
 static void parent_after_fork(void) {
@@ -124,6 +136,7 @@ static void parent_after_fork(void) {
 }
 static void child_after_fork(void) {
   const struct gpupool_core* c = atomic_load_explicit(&core, memory_order_acquire);
+  inherited_driver = c == NULL && driver_at_fork;
   if (c != NULL && c->child_after_fork != NULL) c->child_after_fork();
 }
 

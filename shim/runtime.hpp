@@ -44,6 +44,12 @@ struct DeviceState {
   std::vector<ForeignFree> foreign_frees;
 };
 
+// True when the process has loaded the CUDA driver (libcuda): it used CUDA.
+bool cuda_driver_loaded();
+// At exit, in a process that used CUDA without a single allocation reaching
+// gpupool: one line on what gpupool cannot see.
+void explain_nothing_pooled();
+
 class Runtime {
  public:
   static Runtime& get();
@@ -120,7 +126,8 @@ class Runtime {
   std::vector<config::Problem> problems_;
   bool disabled_ = false;
   std::atomic<bool> exiting_{false};
-  std::atomic<bool> used_{false};
+  std::atomic<bool> used_{false};  // an allocation reached the pool
+  bool forked_child_ = false;       // CUDA was the parent's to use
   std::atomic<DeviceState*> devices_[kMaxDevices] = {};
   std::mutex devices_mu_;  // creation of device states
   std::vector<DeviceState*> inherited_;  // a forked child's copies of the parent's pools

@@ -1,5 +1,6 @@
 """The shim under real programs: data integrity, reuse, fidelity with the
 runtime, the exported interface, process lifecycle."""
+import glob
 import os
 import re
 import shutil
@@ -301,6 +302,26 @@ class Lifecycle(ShimTest):
             self.assertSucceeded(run)
             self.assertEqual(run.reports(), [])
             self.assertEqual(run.stderr, "")
+
+    def test_a_process_that_used_cuda_unseen_is_told_once(self):
+        # The driver loaded, but no allocation reached gpupool (nvcc's static
+        # runtime, the driver API): one line says why nothing was pooled, in
+        # whichever process used CUDA, never in a child that inherited it.
+        driver = os.path.join(BUILD, "tests", "fake-driver", "libcuda.so.1")
+        told = "so gpupool pooled nothing"
+        for use, lines in (("none", 1), ("stream", 1), ("alloc", 0)):
+            for fork in ([], ["fork"]):
+                with self.subTest(use=use, fork=bool(fork)):
+                    reports_before = len(glob.glob(os.path.join(self.workdir, "report-*")))
+                    run = self.run_program(["test-lifecycle", "driver", driver, use] + fork)
+                    self.assertSucceeded(run)
+                    self.assertEqual(run.stderr.count(told), lines, run.stderr)
+                    self.assertEqual(len(run.reports()) - reports_before, 1 - lines)
+        for env in ({"GPUPOOL_DISABLE": "1"}, {"GPUPOOL_LOG_LEVEL": "error"}):
+            with self.subTest(env=env):
+                run = self.run_program(["test-lifecycle", "driver", driver, "stream"], env=env)
+                self.assertSucceeded(run)
+                self.assertNotIn(told, run.stderr)
 
     def test_frees_in_static_destructors_count_before_the_report(self):
         run = self.run_program(["test-lifecycle", "static"])

@@ -9,6 +9,14 @@
 //              caches on), frees a block on the legacy stream, resets the
 //              device, and allocates there again: nothing from before the
 //              reset may come back
+//   chdir      makes its first CUDA call after changing directory
+//   ipc        takes the IPC handle of a block inside a pooled segment
+//   driver LIB none|stream|alloc [fork]
+//              loads LIB as the CUDA driver (as a program's own static
+//              runtime would), then makes no CUDA call, only stream calls, or
+//              an allocation through the shared runtime; with fork, a child
+//              then exits without using CUDA
+#include <dlfcn.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -123,6 +131,30 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaFree(first));
     return 0;
   }
-  std::fprintf(stderr, "usage: lifecycle leak|static|fork|chdir|ipc|signal REPORT\n");
+  if (mode == "driver" && argc > 3) {
+    if (dlopen(argv[2], RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+      std::fprintf(stderr, "lifecycle: cannot load %s: %s\n", argv[2], dlerror());
+      return 1;
+    }
+    const std::string use = argv[3];
+    if (use == "stream") {
+      cudaStream_t stream = nullptr;
+      CHECK_CUDA(cudaStreamCreate(&stream));
+      CHECK_CUDA(cudaStreamDestroy(stream));
+    } else if (use == "alloc") {
+      void* p = nullptr;
+      CHECK_CUDA(cudaMalloc(&p, 1 << 20));
+      CHECK_CUDA(cudaFree(p));
+    }
+    if (argc > 4 && std::string(argv[4]) == "fork") {
+      const pid_t child = fork();
+      if (child == 0) std::exit(0);
+      int status = 0;
+      waitpid(child, &status, 0);
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return 1;
+    }
+    return 0;
+  }
+  std::fprintf(stderr, "usage: lifecycle leak|static|fork|reset|chdir|ipc|signal REPORT|driver LIB USE [fork]\n");
   return 64;
 }
