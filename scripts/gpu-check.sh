@@ -63,6 +63,9 @@ arch=-arch=native
   { echo "gpu-check: nvcc failed ($out/nvcc.log)"; exit 1; }
 "$nvcc" $arch -O2 -cudart shared -o "$out/user_program" tests/gpu/user_program.cu 2>>"$out/nvcc.log" ||
   { echo "gpu-check: nvcc failed ($out/nvcc.log)"; exit 1; }
+# nvcc's default: the CUDA runtime linked in, out of the preload's reach.
+"$nvcc" $arch -O2 -o "$out/user_program_static" tests/gpu/user_program.cu 2>>"$out/nvcc.log" ||
+  { echo "gpu-check: nvcc failed ($out/nvcc.log)"; exit 1; }
 
 pool=(LD_PRELOAD="$lib" GPUPOOL_LOG="$out/report-%e-%p.json" GPUPOOL_LOG_FORMAT=json)
 # Room for one 16 MiB block: a request on another stream must take the cached
@@ -104,6 +107,14 @@ for mode in 1 0; do
   run "stress, threads and every kind of stream (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-stress 3 10 200 1
 done
 run "unchanged nvcc -cudart shared program" 0 "${pool[@]}" -- "$out/user_program"
+unseen="nvcc static-runtime program runs unpooled"
+run "$unseen" 0 "${pool[@]}" -- "$out/user_program_static"
+unseen_log="$out/$(echo "$unseen" | tr -c 'A-Za-z0-9_.-' '_').log"
+if [ "$(grep -c "so gpupool pooled nothing" "$unseen_log")" = 1 ]; then
+  record "nvcc static-runtime program is told why nothing was pooled" PASS "one line at exit"
+else
+  record "nvcc static-runtime program is told why nothing was pooled" FAIL "no such line, or more than one ($unseen_log)"
+fi
 
 # A loop of pairs whose working set needs a page more than the pool's peak:
 # on this runtime recycling once remapped pages on almost every pair (29 us a
