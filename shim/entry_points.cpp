@@ -5,8 +5,6 @@
 #include <pthread.h>
 
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 
 #include "shim/core_interface.h"
 #include "shim/messages.hpp"
