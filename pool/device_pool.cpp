@@ -42,11 +42,11 @@ void DevicePool::delete_block(Block* b) {
   block_nodes_.give_back(b, sizeof(Block));
 }
 
-bool DevicePool::owns(DevicePtr ptr) const {
+const Segment* DevicePool::segment_of(DevicePtr ptr) const {
   auto it = segments_.upper_bound(ptr);
-  if (it == segments_.begin()) return false;
+  if (it == segments_.begin()) return nullptr;
   --it;
-  return ptr < it->second->base + it->second->size;
+  return ptr < it->second->base + it->second->size ? it->second : nullptr;
 }
 
 // ---------------------------------------------------------------- allocation

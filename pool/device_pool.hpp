@@ -54,7 +54,8 @@ class DevicePool {
   std::size_t release_cached();
 
   const Block* find_allocated(DevicePtr ptr) const { return allocated_.find(ptr); }
-  bool owns(DevicePtr ptr) const;
+  bool owns(DevicePtr ptr) const { return segment_of(ptr) != nullptr; }
+  const Segment* segment_of(DevicePtr ptr) const;  // the segment holding ptr, or null
 
   void stream_created(StreamId id, StreamKind kind) { ordering_.stream_created(id, kind); }
   void stream_destroying(StreamId id);

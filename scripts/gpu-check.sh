@@ -107,6 +107,21 @@ for mode in 1 0; do
   run "stress, threads and every kind of stream (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-stress 3 10 200 1
 done
 run "unchanged nvcc -cudart shared program" 0 "${pool[@]}" -- "$out/user_program"
+# A CUDA IPC handle names a whole allocation: only a block that starts a fixed
+# segment may be exported; any other is refused, not handed out to map other bytes.
+for mode in 1 0; do
+  ipc_log="$out/ipc-$mode.out"
+  timeout 60 env "${pool[@]}" GPUPOOL_EXPANDABLE_SEGMENTS=$mode build/bin/test-lifecycle ipc >"$ipc_log" 2>&1
+  first=cudaSuccess
+  [ "$mode" = 1 ] && first=cudaErrorInvalidValue
+  expected="cudaIpcGetMemHandle: $first, then $first
+cudaIpcGetMemHandle: cudaErrorInvalidValue, then cudaErrorInvalidValue"
+  if [ "$(grep '^cudaIpcGetMemHandle' "$ipc_log")" = "$expected" ]; then
+    record "IPC handle only for a block that starts its segment (expandable=$mode)" PASS ""
+  else
+    record "IPC handle only for a block that starts its segment (expandable=$mode)" FAIL "($ipc_log)"
+  fi
+done
 unseen="nvcc static-runtime program runs unpooled"
 run "$unseen" 0 "${pool[@]}" -- "$out/user_program_static"
 unseen_log="$out/$(echo "$unseen" | tr -c 'A-Za-z0-9_.-' '_').log"

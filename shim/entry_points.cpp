@@ -194,7 +194,8 @@ GPUPOOL_EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int fla
 
 GPUPOOL_EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
   Runtime& rt = enter();
-  if (!rt.bypass()) rt.check_ipc_pointer(ptr);
+  // A handle naming other memory than the block would corrupt silently.
+  if (!rt.bypass() && !rt.ipc_exportable(ptr)) return fail(cudaErrorInvalidValue);
   return real().cudaIpcGetMemHandle != nullptr ? real().cudaIpcGetMemHandle(handle, ptr) : missing();
 }
 

@@ -453,25 +453,33 @@ void Runtime::peer_access_enabled(int accessor, int owner) {
   }
 }
 
-void Runtime::check_ipc_pointer(const void* ptr) {
-  DeviceState* d = existing(current_device());
-  if (d == nullptr) return;
+bool Runtime::ipc_exportable(const void* ptr) {
   const auto p = reinterpret_cast<DevicePtr>(ptr);
-  std::lock_guard<AdaptiveMutex> lock(d->mu);
-  const Block* b = d->pool->find_allocated(p);
-  if (b == nullptr) return;
-  if (b->segment->expandable) {
-    // Legacy IPC cannot export memory mapped with cuMemMap: the call fails.
-    message(config::LogLevel::Warn,
-            "gpupool: cudaIpcGetMemHandle: this block lies in an expandable segment, which CUDA IPC cannot share; "
-            "run programs that share device memory over IPC with GPUPOOL_DISABLE=1 "
-            "(or at least GPUPOOL_EXPANDABLE_SEGMENTS=0)");
-  } else if (b->addr != b->segment->base) {
-    message(config::LogLevel::Warn,
-            "gpupool: cudaIpcGetMemHandle: this block starts " + std::to_string(b->addr - b->segment->base) +
-                " bytes into a pooled segment, and the other process will map the segment's start; "
-                "run programs that share device memory over IPC with GPUPOOL_DISABLE=1");
+  for (int i = 0; i < kMaxDevices; ++i) {
+    DeviceState* d = existing(i);
+    if (d == nullptr) continue;
+    std::string why;
+    {
+      std::lock_guard<AdaptiveMutex> lock(d->mu);
+      const Segment* seg = d->pool->segment_of(p);
+      if (seg == nullptr) continue;
+      const Block* b = seg->head;
+      while (b->next != nullptr && b->next->addr <= p) b = b->next;
+      if (seg->expandable) {
+        why = "this block lies in an expandable segment, which CUDA IPC cannot share";
+      } else if (b->addr != seg->base) {
+        why = "this block starts " + std::to_string(b->addr - seg->base) +
+              " bytes into a pooled segment, and a handle would make the other process map the segment's start";
+      } else {
+        return true;  // the handle names the segment, which starts where the block does
+      }
+    }
+    message(config::LogLevel::Warn, "gpupool: cudaIpcGetMemHandle: " + why +
+                                        "; refused with cudaErrorInvalidValue. Run programs that share device "
+                                        "memory over CUDA IPC with GPUPOOL_DISABLE=1");
+    return false;
   }
+  return true;  // not gpupool's memory: the runtime judges
 }
 
 }  // namespace gpupool::shim

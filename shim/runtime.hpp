@@ -83,7 +83,11 @@ class Runtime {
   bool is_capturing(StreamId stream);
   void adjust_mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
   void device_reset(int device);
-  void check_ipc_pointer(const void* ptr);
+  // False, after a line saying why, when a CUDA IPC handle for ptr would make
+  // the other process map memory other than the program's block: the block
+  // lies in an expandable segment (not exportable) or not at its segment's
+  // start (the handle names the segment).
+  bool ipc_exportable(const void* ptr);
   // `accessor` may now access `owner`'s memory (cudaDeviceEnablePeerAccess).
   void peer_access_enabled(int accessor, int owner);
 

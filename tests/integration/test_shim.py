@@ -346,16 +346,24 @@ class Lifecycle(ShimTest):
                 for path in run.reports():
                     os.remove(path)
 
-    def test_ipc_handle_of_a_pooled_block_is_warned_about(self):
-        for expandable, says in (("1", "expandable segment, which CUDA IPC cannot share"),
-                                 ("0", "bytes into a pooled segment")):
-            run = self.run_program(["test-lifecycle", "ipc"], env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
-            self.assertSucceeded(run)
-            self.assertIn(says, run.stderr)
-            self.assertIn("GPUPOOL_DISABLE=1", run.stderr)
+    def test_ipc_handle_that_would_name_other_memory_is_refused(self):
+        # A handle names the whole segment: given for a block that does not
+        # start it, the other process would map other bytes than the block.
+        refused = "cudaIpcGetMemHandle: cudaErrorInvalidValue, then cudaErrorInvalidValue"
+        given = "cudaIpcGetMemHandle: cudaSuccess, then cudaSuccess"
+        for expandable, says, results in (
+                ("1", "expandable segment, which CUDA IPC cannot share", [refused, refused]),
+                ("0", "4096 bytes into a pooled segment", [given, refused])):
+            with self.subTest(expandable=expandable):
+                run = self.run_program(["test-lifecycle", "ipc"], env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                self.assertSucceeded(run)
+                self.assertEqual(run.stdout.splitlines(), results)
+                self.assertIn(says, run.stderr)
+                self.assertEqual(run.stderr.count("refused with cudaErrorInvalidValue"), results.count(refused))
+                self.assertIn("GPUPOOL_DISABLE=1", run.stderr)
         run = self.run_program(["test-lifecycle", "ipc"], env={"GPUPOOL_DISABLE": "1"})
         self.assertSucceeded(run)
-        self.assertIn("cudaIpcGetMemHandle: cudaSuccess", run.stdout)
+        self.assertEqual(run.stdout.splitlines(), [given, given])
         self.assertNotIn("IPC", run.stderr)
 
     def test_fixed_segments_use_cudamalloc(self):

@@ -117,16 +117,19 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "ipc") {
-    // The second block of a pool lies inside a segment: its handle would map the
-    // wrong memory in the other process (or, in an expandable segment, fails).
+    // Under gpupool the second block lies inside a segment: a handle would map
+    // the segment's start in the other process (in an expandable segment,
+    // neither block can be exported). Prints each call's result and the error
+    // cudaGetLastError then reports.
     void* first = nullptr;
     void* second = nullptr;
     CHECK_CUDA(cudaMalloc(&first, 4096));
     CHECK_CUDA(cudaMalloc(&second, 4096));
-    cudaIpcMemHandle_t handle;
-    const cudaError_t e = cudaIpcGetMemHandle(&handle, second);
-    std::printf("cudaIpcGetMemHandle: %s\n", cudaGetErrorName(e));
-    cudaGetLastError();
+    for (void* p : {first, second}) {
+      cudaIpcMemHandle_t handle;
+      const cudaError_t e = cudaIpcGetMemHandle(&handle, p);
+      std::printf("cudaIpcGetMemHandle: %s, then %s\n", cudaGetErrorName(e), cudaGetErrorName(cudaGetLastError()));
+    }
     CHECK_CUDA(cudaFree(second));
     CHECK_CUDA(cudaFree(first));
     return 0;
