@@ -352,8 +352,8 @@ class Lifecycle(ShimTest):
         refused = "cudaIpcGetMemHandle: cudaErrorInvalidValue, then cudaErrorInvalidValue"
         given = "cudaIpcGetMemHandle: cudaSuccess, then cudaSuccess"
         for expandable, says, results in (
-                ("1", "expandable segment, which CUDA IPC cannot share", [refused, refused]),
-                ("0", "4096 bytes into a pooled segment", [given, refused])):
+                ("1", "expandable segment, which CUDA IPC cannot share", [refused] * 4),
+                ("0", "4096 bytes into a pooled segment", [given, refused] * 2)):
             with self.subTest(expandable=expandable):
                 run = self.run_program(["test-lifecycle", "ipc"], env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
                 self.assertSucceeded(run)
@@ -363,7 +363,7 @@ class Lifecycle(ShimTest):
                 self.assertIn("GPUPOOL_DISABLE=1", run.stderr)
         run = self.run_program(["test-lifecycle", "ipc"], env={"GPUPOOL_DISABLE": "1"})
         self.assertSucceeded(run)
-        self.assertEqual(run.stdout.splitlines(), [given, given])
+        self.assertEqual(run.stdout.splitlines(), [given] * 4)
         self.assertNotIn("IPC", run.stderr)
 
     def test_fixed_segments_use_cudamalloc(self):

@@ -119,13 +119,15 @@ int main(int argc, char** argv) {
   if (mode == "ipc") {
     // Under gpupool the second block lies inside a segment: a handle would map
     // the segment's start in the other process (in an expandable segment,
-    // neither block can be exported). Prints each call's result and the error
-    // cudaGetLastError then reports.
+    // neither block can be exported). A pointer inside a block is judged by
+    // its block. Prints each call's result and the error cudaGetLastError
+    // then reports.
     void* first = nullptr;
     void* second = nullptr;
     CHECK_CUDA(cudaMalloc(&first, 4096));
     CHECK_CUDA(cudaMalloc(&second, 4096));
-    for (void* p : {first, second}) {
+    for (void* p : {first, second, static_cast<void*>(static_cast<char*>(first) + 512),
+                    static_cast<void*>(static_cast<char*>(second) + 512)}) {
       cudaIpcMemHandle_t handle;
       const cudaError_t e = cudaIpcGetMemHandle(&handle, p);
       std::printf("cudaIpcGetMemHandle: %s, then %s\n", cudaGetErrorName(e), cudaGetErrorName(cudaGetLastError()));
