@@ -6,6 +6,8 @@ namespace {
 // Destroyed streams kept individually in the report; later ones are folded into
 // the last entry.
 constexpr std::size_t kDestroyedStreamsReported = 64;
+// A non-blocking stream found busy is asked again after this many barriers.
+constexpr std::uint8_t kBusyCheckInterval = 8;
 
 void add_counters(StreamCounters& into, const StreamCounters& from) {
   into.same_stream_reuses += from.same_stream_reuses;
@@ -149,6 +151,20 @@ void StreamOrdering::refill_spare_events() {
   poll();  // (also when no event can be made: a completed one may be recycled)
 }
 
+bool StreamOrdering::seen_idle(StreamState& s) {
+  if (s.idle_checks_skipped > 0) {
+    --s.idle_checks_skipped;
+    return false;
+  }
+  if (!addressable(s) || !usable(s) || upstream_.query_stream(s.id) != EventStatus::Complete) {
+    s.idle_checks_skipped = kBusyCheckInterval - 1;
+    return false;
+  }
+  // Its frees so far close an epoch, as if fenced and completed.
+  s.fenced_epoch = s.completed_epoch = s.free_epoch++;
+  return true;
+}
+
 bool StreamOrdering::record_fence(StreamState& s) {
   const EventHandle event = take_event();
   if (event == 0) return false;
@@ -169,9 +185,15 @@ bool StreamOrdering::record_barrier() {
   if (!retired_.empty()) poll();
   refill_spare_events();  // one is enough: the non-blocking streams' are given back at once
   const StreamId legacy = upstream_.legacy_stream();
-  // 1. The legacy stream waits for every stream it does not order implicitly.
+  // 1. The legacy stream waits for every stream it does not order implicitly,
+  //    unless that stream has nothing left to wait for. PyTorch creates 32
+  //    non-blocking streams per priority level the first time a program asks
+  //    for a side stream, and most of them never run anything: one query
+  //    each, instead of a record and a wait that the device executes. (One
+  //    still waiting for the last barrier is busy: this pays off only where
+  //    the device has caught up with the barriers.)
   for (auto& [id, s] : streams_) {
-    if (s.kind != StreamKind::NonBlocking) continue;
+    if (s.kind != StreamKind::NonBlocking || seen_idle(s)) continue;
     const EventHandle event = take_event();
     if (event == 0) return false;
     const bool ok = upstream_.record_event(event, id) && upstream_.wait_event(legacy, event);
@@ -252,10 +274,10 @@ bool StreamOrdering::record_completion_fence() {
     return true;
   };
   // The legacy stream's event completes after all earlier work of blocking
-  // streams; each non-blocking stream needs its own.
+  // streams; each non-blocking stream with work left needs its own.
   bool ok = record_on(legacy);
   for (auto& [id, s] : streams_) {
-    if (ok && s.kind == StreamKind::NonBlocking && s.captures == 0) ok = record_on(id);
+    if (ok && s.kind == StreamKind::NonBlocking && s.captures == 0 && !seen_idle(s)) ok = record_on(id);
   }
   if (!ok) {
     if (fence.event != 0) retired_.push_back(fence.event);

@@ -8,9 +8,10 @@
 //   waits for it on the device (cudaStreamWaitEvent; no host wait).
 // - Plain cudaFree promised a device-wide synchronization, and plain cudaMalloc
 //   names no stream, so such reuse needs the *device barrier*: each live
-//   non-blocking stream (and each destroyed stream with work in flight) records
-//   an event that the legacy stream waits for; the legacy stream records event
-//   L; each live non-blocking stream waits for L. CUDA's legacy-stream rule does
+//   non-blocking stream not found idle (and each destroyed stream with work in
+//   flight) records an event that the legacy stream waits for; the legacy
+//   stream records event L; each live non-blocking stream waits for L (idle
+//   or not: its later work must follow). CUDA's legacy-stream rule does
 //   the rest: a legacy action waits for all prior work of blocking streams, and
 //   later work of blocking streams waits for it. After one barrier, every
 //   stream's later work runs after every stream's earlier work, with no host
@@ -45,6 +46,9 @@ struct StreamState {
   std::uint64_t completed_epoch = 0;  // frees stamped <= this are complete
   std::deque<Fence> pending;          // recorded, not yet seen complete
   int captures = 0;                   // captures under way on this stream
+  // Device barriers and completion fences to go before this stream, found
+  // busy, is asked again whether it is idle (see seen_idle).
+  std::uint8_t idle_checks_skipped = 0;
   StreamCounters counters;
 };
 
@@ -124,6 +128,11 @@ class StreamOrdering {
   EventHandle take_event();
   void refill_spare_events();  // before a barrier
   void give_back_event(EventHandle event);
+  // True when all work queued on s so far has completed; its frees so far
+  // are then complete. Asked of the device for a stream found idle at its
+  // last check, and for one found busy only every kBusyCheckInterval-th time:
+  // a busy stream tends to stay busy, and the query would be a wasted call.
+  bool seen_idle(StreamState& s);
   bool record_fence(StreamState& s);  // one event on s covering its frees so far
   bool record_barrier();
   bool record_completion_fence();

@@ -110,6 +110,7 @@ EventStatus VirtualUpstream::query_event(EventHandle event) {
 }
 
 EventStatus VirtualUpstream::query_stream(StreamId) {
+  ++stream_queries_;
   return streams_idle_ ? EventStatus::Complete : EventStatus::Pending;
 }
 

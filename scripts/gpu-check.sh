@@ -77,7 +77,7 @@ run "legacy stream event orders blocking streams" 0 -- "$out/hazards_gpu" legacy
 
 echo "== reuse hazards with real kernels (0: ordered; 1 without ordering: the hazard)"
 for mode in 1 0; do
-  for case in cudafree-blocking cudafree-nonblocking cudafree-covered same-stream cross-stream-completed \
+  for case in cudafree-blocking cudafree-nonblocking cudafree-idle-streams cudafree-covered same-stream cross-stream-completed \
               cross-stream-pending destroyed-stream per-thread; do
     limit=("${pressure[@]}")
     [ "$case" = cudafree-covered ] && limit=(GPUPOOL_MEMORY_LIMIT=unlimited)  # a block of each pool

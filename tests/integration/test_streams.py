@@ -16,6 +16,7 @@ PRESSURE = {"GPUPOOL_MEMORY_LIMIT": "2M"}
 CASES = {
     "cudafree-blocking": True,      # cudaFree, cudaMalloc, blocking streams: the barrier
     "cudafree-nonblocking": True,   # cudaFree's promise on non-blocking streams
+    "cudafree-idle-streams": True,  # idle streams are asked, not skipped, at each barrier
     "same-stream": False,           # stream order
     "cross-stream-completed": False,  # the old work is done before the reuse
     "cross-stream-pending": True,   # the new stream waits on the free's fence

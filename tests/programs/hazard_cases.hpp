@@ -105,6 +105,25 @@ inline int cudafree_covered() {
   return verdict(high, q, s2, half / 2);
 }
 
+// A barrier asks each non-blocking stream whether it is idle, and records
+// and waits only on those with work left (PyTorch's stream pool: dozens of
+// streams, most never used). A stream idle at one barrier must be asked
+// again at the next, and an idle stream that takes the block must still wait
+// for the barrier.
+inline int cudafree_idle_streams() {
+  std::vector<cudaStream_t> pool;
+  for (int i = 0; i < 8; ++i) pool.push_back(stream(cudaStreamNonBlocking));
+  void* p = nullptr;
+  HAZARD_CHECK(cudaMalloc(&p, kBytes));
+  HAZARD_CHECK(cudaFree(p));
+  HAZARD_CHECK(cudaMalloc(&p, kBytes));  // a barrier while every stream is idle
+  old_owner_writes(p, pool[3]);
+  HAZARD_CHECK(cudaFree(p));
+  void* q = nullptr;
+  HAZARD_CHECK(cudaMalloc(&q, kBytes));  // the next: pool[3] is busy now
+  return verdict(p, q, pool[5]);
+}
+
 inline int same_stream() {
   cudaStream_t s = stream(cudaStreamNonBlocking);
   void* p = nullptr;
@@ -172,6 +191,7 @@ inline int run_case(const std::string& name) {
   if (name == "cudafree-blocking") return cudafree_then_cudamalloc(cudaStreamDefault, cudaStreamDefault);
   if (name == "cudafree-nonblocking") return cudafree_then_cudamalloc(cudaStreamNonBlocking, cudaStreamNonBlocking);
   if (name == "cudafree-covered") return cudafree_covered();
+  if (name == "cudafree-idle-streams") return cudafree_idle_streams();
   if (name == "same-stream") return same_stream();
   if (name == "cross-stream-completed") return cross_stream(true, false);
   if (name == "cross-stream-pending") return cross_stream(false, false);

@@ -55,6 +55,70 @@ TEST_CASE_METHOD(PoolFixture, "the barrier brings non-blocking streams in both d
   CHECK((c[3].kind == Call::Wait && c[3].stream == kNB && c[3].event == c[2].event));
 }
 
+TEST_CASE_METHOD(PoolFixture, "a barrier asks idle non-blocking streams instead of recording on them") {
+  // PyTorch's stream pool: dozens of non-blocking streams, most never used.
+  // Each still waits for the barrier; none needs the legacy stream to wait.
+  make();
+  constexpr int kStreams = 64;
+  for (int i = 0; i < kStreams; ++i) pool->stream_created(kNB + i, StreamKind::NonBlocking);
+  upstream.set_streams_idle(true);
+  const DevicePtr a = alloc(1000);
+  release(a);
+  upstream.clear_calls();
+  const std::uint64_t queries = upstream.stream_queries();
+  CHECK(alloc(1000) == a);
+  const auto& c = upstream.calls();
+  REQUIRE(c.size() == 1 + kStreams);
+  CHECK((c[0].kind == Call::Record && c[0].stream == kLegacy));
+  for (int i = 0; i < kStreams; ++i) CHECK(count(c, Call::Wait, kNB + i) == 1);
+  CHECK(count(c, Call::Wait, kLegacy) == 0);
+  CHECK(upstream.stream_queries() - queries == kStreams);
+}
+
+TEST_CASE_METHOD(PoolFixture, "a busy non-blocking stream is ordered by every barrier and asked only every 8th") {
+  make();
+  pool->stream_created(kNB, StreamKind::NonBlocking);
+  const DevicePtr a = alloc(1000);
+  upstream.clear_calls();
+  auto barriers = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      release(a);
+      CHECK(alloc(1000) == a);
+    }
+  };
+  barriers(12);  // asked at the 1st and the 9th
+  CHECK(upstream.stream_queries() == 2);
+  CHECK(count(upstream.calls(), Call::Record, kNB) == 12);
+  CHECK(count(upstream.calls(), Call::Wait, kLegacy) == 12);
+  CHECK(count(upstream.calls(), Call::Wait, kNB) == 12);
+  // Idle from now on: still taken as busy until asked at the 17th, then left
+  // alone (asked at every barrier), though still made to wait at each.
+  upstream.set_streams_idle(true);
+  upstream.clear_calls();
+  barriers(12);
+  CHECK(upstream.stream_queries() == 2 + 8);
+  CHECK(count(upstream.calls(), Call::Record, kNB) == 4);
+  CHECK(count(upstream.calls(), Call::Wait, kLegacy) == 4);
+  CHECK(count(upstream.calls(), Call::Wait, kNB) == 12);
+}
+
+TEST_CASE("a completion fence records on a non-blocking stream only when it has work left") {
+  VirtualUpstream upstream;
+  PoolOptions options;
+  StreamOrdering ordering(upstream, options);
+  upstream.set_events_complete_at_once(false);
+  ordering.stream_created(0x1000, StreamKind::NonBlocking);
+  ordering.stream_created(0x2000, StreamKind::NonBlocking);
+  const bool idle = GENERATE(false, true);
+  upstream.set_streams_idle(idle);
+  const std::uint64_t epoch = ordering.stamp_free(kAnyStream).device_epoch;
+  ordering.fence_frees();
+  CHECK(upstream.event_records() == (idle ? 1u : 3u));
+  CHECK_FALSE(ordering.device_complete(epoch));
+  upstream.complete_all();
+  CHECK(ordering.device_complete(epoch));
+}
+
 TEST_CASE_METHOD(PoolFixture, "a non-blocking stream created after a pending barrier waits for it") {
   make();
   upstream.set_events_complete_at_once(false);
