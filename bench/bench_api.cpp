@@ -1,8 +1,10 @@
 // gpupool-bench-api: cudaMalloc/cudaFree pairs through the CUDA runtime API, as
 // a program sees them (run it with and without LD_PRELOAD=libgpupool.so).
-//   gpupool-bench-api [plain|async] [threads] [pairs per thread] [sizes per thread]
+//   gpupool-bench-api [plain|async] [threads] [pairs per thread] [sizes per thread] [idle streams]
 // plain: cudaMalloc + cudaFree. async: cudaMallocAsync + cudaFreeAsync on the
-// thread's own stream. Sizes cycle through the real traces' sizes. Prints
+// thread's own stream. Sizes cycle through the real traces' sizes. Idle
+// streams: non-blocking streams made first and never used, as PyTorch makes
+// 32 per priority level once a program asks for one side stream. Prints
 // nanoseconds per pair and the pairs per second of all threads together.
 #include <cuda_runtime_api.h>
 
@@ -21,6 +23,13 @@ int main(int argc, char** argv) {
   const int threads = argc > 2 ? std::atoi(argv[2]) : 1;
   const long pairs = argc > 3 ? std::atol(argv[3]) : 200000;
   const std::size_t working_set = argc > 4 ? static_cast<std::size_t>(std::atol(argv[4])) : 64;
+  std::vector<cudaStream_t> idle_streams(argc > 5 ? static_cast<std::size_t>(std::atol(argv[5])) : 0);
+  for (cudaStream_t& s : idle_streams) {
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+      std::fprintf(stderr, "gpupool-bench-api: cudaStreamCreateWithFlags failed\n");
+      return 1;
+    }
+  }
   std::vector<std::size_t> sizes = gpupool::bench::trace_sizes();
   std::mt19937 rng(1);
   std::shuffle(sizes.begin(), sizes.end(), rng);
@@ -72,9 +81,11 @@ int main(int argc, char** argv) {
   for (int t = 0; t < threads; ++t) pool.emplace_back(work, t);
   for (std::thread& th : pool) th.join();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (cudaStream_t s : idle_streams) cudaStreamDestroy(s);
   double mean = 0;
   for (double v : ns) mean += v / threads;
-  std::printf("{\"mode\": \"%s\", \"threads\": %d, \"ns_per_pair\": %.1f, \"pairs_per_second\": %.0f}\n",
-              async ? "async" : "plain", threads, mean, static_cast<double>(pairs) * threads / seconds);
+  std::printf(
+      "{\"mode\": \"%s\", \"threads\": %d, \"idle_streams\": %zu, \"ns_per_pair\": %.1f, \"pairs_per_second\": %.0f}\n",
+      async ? "async" : "plain", threads, idle_streams.size(), mean, static_cast<double>(pairs) * threads / seconds);
   return 0;
 }

@@ -5,10 +5,13 @@ scripts/bench.sh copies into BENCHMARKS.md.
 
 1. Allocation pairs through the real CUDA runtime: cudaMalloc/cudaFree and
    cudaMallocAsync/cudaFreeAsync (CUDA's own stream-ordered pool), without
-   and with gpupool, sizes from the traces (a fixed mix when TRACES_DIR has none).
+   and with gpupool, sizes from the traces (a fixed mix when TRACES_DIR has none);
+   plain pairs also beside 128 idle non-blocking streams (PyTorch's stream pool).
 2. PyTorch training steps, when PyTorch with CUDA is installed: its own
    caching allocator; PYTORCH_NO_CUDA_MEMORY_CACHING=1 (every tensor a
-   cudaMalloc); the same under gpupool. Step time and peak reserved memory.
+   cudaMalloc); the same under gpupool; and the first and last again with
+   each step's input made on a side stream (which creates PyTorch's stream
+   pool). Step time and peak reserved memory.
 """
 import datetime
 import glob
@@ -36,12 +39,13 @@ def run_json(cmd, env, runs):
     return results
 
 
-def api_pairs(mode, threads, pairs, working_set, preload, runs=5, extra_env=None):
+def api_pairs(mode, threads, pairs, working_set, preload, runs=5, extra_env=None, idle_streams=0):
     env = {"GPUPOOL_REPORT": "0"}
     if preload:
         env["LD_PRELOAD"] = LIB
     env.update(extra_env or {})
-    cmd = [os.path.join(BIN, "gpupool-bench-api"), mode, str(threads), str(pairs), str(working_set)]
+    cmd = [os.path.join(BIN, "gpupool-bench-api"), mode, str(threads), str(pairs), str(working_set),
+           str(idle_streams)]
     results = run_json(cmd, env, runs)
     return statistics.median(r["ns_per_pair"] for r in results), statistics.median(r["pairs_per_second"] for r in results)
 
@@ -70,8 +74,8 @@ def torch_available():
     return probe.returncode == 0
 
 
-def torch_steps(env, report_dir=None, runs=3):
-    cmd = [sys.executable, os.path.join(ROOT, "bench", "torch_steps.py"), "60"]
+def torch_steps(env, report_dir=None, runs=3, side_stream=False):
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "torch_steps.py"), "60"] + (["--side-stream"] if side_stream else [])
     results = []
     for i in range(runs):
         e = dict(env)
@@ -117,6 +121,13 @@ def main():
         name = "`cudaMalloc`+`cudaFree`" if mode == "plain" else "`cudaMallocAsync`+`cudaFreeAsync`"
         lines.append(f"| {name} | {threads} | {ws} | {raw:.0f} | {pooled:.0f} | {raw / pooled:.1f}x |")
         print(lines[-1], flush=True)  # partial results survive a later failure
+    # PyTorch's stream pool: 128 idle non-blocking streams, each of which every
+    # device barrier orders (fewer pairs: a barrier costs calls per stream).
+    raw, _ = api_pairs("plain", 1, 2000, 64, False, idle_streams=128)
+    pooled, _ = api_pairs("plain", 1, 20000, 64, True, idle_streams=128)
+    lines.append(f"| `cudaMalloc`+`cudaFree`, 128 idle non-blocking streams | 1 | 64 | {raw:.0f} | {pooled:.0f} | "
+                 f"{raw / pooled:.1f}x |")
+    print(lines[-1], flush=True)
     lines.append("")
 
     # Where a plain pair's time goes: the same loop with the device barrier
@@ -145,6 +156,9 @@ def main():
             caching = torch_steps({})
             no_caching = torch_steps({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
             pooled = torch_steps({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, report_dir=reports)
+        with tempfile.TemporaryDirectory() as reports:
+            caching_side = torch_steps({}, side_stream=True)
+            pooled_side = torch_steps({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, report_dir=reports, side_stream=True)
         gib = 2**30
         lines += ["### PyTorch training steps", "",
                   "`python3 bench/torch_steps.py 60`: an 8-layer transformer encoder, sequence length changing "
@@ -156,7 +170,16 @@ def main():
                   "not tracked | not tracked |",  # PyTorch keeps no statistics without its cache
                   f"| `PYTORCH_NO_CUDA_MEMORY_CACHING=1` under gpupool | {pooled['ms_per_step']:.1f} | "
                   f"{pooled['gpupool_reserved_peak'] / gib:.2f} GiB | {pooled['gpupool_allocated_peak'] / gib:.2f} GiB |",
-                  ""]
+                  f"| PyTorch's caching allocator, input on a side stream | {caching_side['ms_per_step']:.1f} | "
+                  f"{caching_side['torch_reserved_peak'] / gib:.2f} GiB | "
+                  f"{caching_side['torch_allocated_peak'] / gib:.2f} GiB |",
+                  f"| `PYTORCH_NO_CUDA_MEMORY_CACHING=1` under gpupool, input on a side stream | "
+                  f"{pooled_side['ms_per_step']:.1f} | {pooled_side['gpupool_reserved_peak'] / gib:.2f} GiB | "
+                  f"{pooled_side['gpupool_allocated_peak'] / gib:.2f} GiB |",
+                  "",
+                  "`--side-stream` makes each step's input on a side stream; asking for one makes PyTorch create "
+                  "its stream pool (32 non-blocking streams per priority level), and every gpupool device barrier "
+                  "orders each of them.", ""]
         time_ratio = pooled["ms_per_step"] / caching["ms_per_step"]
         memory_ratio = pooled["gpupool_reserved_peak"] / caching["torch_reserved_peak"]
         verdicts.append(("PyTorch under gpupool within 5% of its own allocator in step time",

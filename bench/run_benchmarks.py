@@ -279,6 +279,21 @@ def main():
               f"{legacy_records} events, each a barrier's one `cudaEventRecord` on the legacy stream: "
               f"{legacy_records / pairs:.2f} per pair "
               f"({loop['ns_per_pair']:.0f} ns per pair on the simulated runtime)."]
+    # The same loop beside PyTorch's stream pool: 128 non-blocking streams that
+    # run nothing, each of which every barrier orders.
+    pairs = 20000
+    loop = json.loads(sh([os.path.join(BIN, "gpupool-bench-api"), "plain", "1", str(pairs), "64", "128"],
+                         env={"LD_LIBRARY_PATH": SIM, "TRACES_DIR": TRACES, "GPUPOOL_REPORT": "0",
+                              "LD_PRELOAD": LIB, "SIMCUDA_COUNTERS_FILE": counters}))
+    with open(counters) as f:
+        calls = json.load(f)
+    os.remove(counters)
+    lines += ["", f"With 128 idle non-blocking streams beside it (`gpupool-bench-api plain 1 {pairs} 64 128`; PyTorch "
+              "creates 32 per priority level once a program asks for a side stream), every barrier also orders "
+              f"each of them: {calls['event_records'] / pairs:.1f} event records and "
+              f"{calls['stream_waits'] / pairs:.1f} stream waits per pair ({loop['ns_per_pair']:.0f} ns per pair on "
+              "the simulated runtime, whose streams are still busy with the previous barrier's waits when the next "
+              "asks: a barrier skips a stream only when it is found idle)."]
     lines.append("")
 
     # Trace recording cost.
