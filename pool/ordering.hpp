@@ -128,10 +128,10 @@ class StreamOrdering {
   EventHandle take_event();
   void refill_spare_events();  // before a barrier
   void give_back_event(EventHandle event);
-  // True when all work queued on s so far has completed; its frees so far
-  // are then complete. Asked of the device for a stream found idle at its
-  // last check, and for one found busy only every kBusyCheckInterval-th time:
-  // a busy stream tends to stay busy, and the query would be a wasted call.
+  // True when all work queued on s so far has completed (for a barrier).
+  // Asked of the device for a stream found idle at its last check, and for
+  // one found busy only every kBusyCheckInterval-th time: a busy stream tends
+  // to stay busy, and the query would be a wasted call.
   bool seen_idle(StreamState& s);
   bool record_fence(StreamState& s);  // one event on s covering its frees so far
   bool record_barrier();

@@ -102,23 +102,6 @@ TEST_CASE_METHOD(PoolFixture, "a busy non-blocking stream is ordered by every ba
   CHECK(count(upstream.calls(), Call::Wait, kNB) == 12);
 }
 
-TEST_CASE("a completion fence records on a non-blocking stream only when it has work left") {
-  VirtualUpstream upstream;
-  PoolOptions options;
-  StreamOrdering ordering(upstream, options);
-  upstream.set_events_complete_at_once(false);
-  ordering.stream_created(0x1000, StreamKind::NonBlocking);
-  ordering.stream_created(0x2000, StreamKind::NonBlocking);
-  const bool idle = GENERATE(false, true);
-  upstream.set_streams_idle(idle);
-  const std::uint64_t epoch = ordering.stamp_free(kAnyStream).device_epoch;
-  ordering.fence_frees();
-  CHECK(upstream.event_records() == (idle ? 1u : 3u));
-  CHECK_FALSE(ordering.device_complete(epoch));
-  upstream.complete_all();
-  CHECK(ordering.device_complete(epoch));
-}
-
 TEST_CASE_METHOD(PoolFixture, "a non-blocking stream created after a pending barrier waits for it") {
   make();
   upstream.set_events_complete_at_once(false);
