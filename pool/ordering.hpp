@@ -46,8 +46,8 @@ struct StreamState {
   std::uint64_t completed_epoch = 0;  // frees stamped <= this are complete
   std::deque<Fence> pending;          // recorded, not yet seen complete
   int captures = 0;                   // captures under way on this stream
-  // Device barriers and completion fences to go before this stream, found
-  // busy, is asked again whether it is idle (see seen_idle).
+  // Device barriers to go before this stream, found busy, is asked again
+  // whether it is idle (see seen_idle).
   std::uint8_t idle_checks_skipped = 0;
   StreamCounters counters;
 };
