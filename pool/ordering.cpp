@@ -13,6 +13,7 @@ void add_counters(StreamCounters& into, const StreamCounters& from) {
   into.same_stream_reuses += from.same_stream_reuses;
   into.cross_stream_reuses += from.cross_stream_reuses;
   into.event_waits += from.event_waits;
+  into.barrier_waits += from.barrier_waits;
   into.fences_recorded += from.fences_recorded;
   into.host_syncs += from.host_syncs;
 }
@@ -47,7 +48,7 @@ void StreamOrdering::stream_created(StreamId id, StreamKind kind) {
   // after barriers recorded before it existed: make it wait for the latest.
   if (kind == StreamKind::NonBlocking && last_barrier_.epoch > device_.completed_epoch &&
       !options_.unsafe_skip_ordering) {
-    if (upstream_.wait_event(id, last_barrier_.event)) ++s.counters.event_waits;
+    if (upstream_.wait_event(id, last_barrier_.event)) ++s.counters.barrier_waits;
   }
 }
 
@@ -219,7 +220,7 @@ bool StreamOrdering::record_barrier() {
       retired_.push_back(barrier);
       return false;
     }
-    ++s.counters.event_waits;
+    ++s.counters.barrier_waits;
   }
   device_.pending.push_back(Fence{device_.free_epoch, barrier, {}});
   last_barrier_ = device_.pending.back();

@@ -197,8 +197,28 @@ std::vector<std::string> advice(const DeviceReport& dev) {
                static_cast<unsigned long long>(dev.leaks.blocks), bytes(dev.leaks.bytes).c_str()));
   }
   std::uint64_t waits = 0;
-  for (const StreamReport& r : dev.streams) waits += r.counters.event_waits;
+  std::uint64_t barrier_waits = 0;
+  std::uint64_t barriers = 0;
+  std::size_t waiting_streams = 0;
+  for (const StreamReport& r : dev.streams) {
+    waits += r.counters.event_waits;
+    barrier_waits += r.counters.barrier_waits;
+    waiting_streams += r.counters.barrier_waits > 0 ? 1 : 0;
+    if (r.id == kAnyStream) barriers = r.counters.fences_recorded;
+  }
   const auto allocations = static_cast<std::uint64_t>(s.allocation[kAll].allocated);
+  // Every barrier makes each live non-blocking stream wait, used or not: with
+  // PyTorch's stream pool that is dozens of driver calls per barrier.
+  if (barrier_waits > 1000 && barrier_waits > allocations) {
+    add(format("cudaMalloc reused cudaFree'd memory behind %llu device barriers, and each made %zu "
+               "non-blocking streams wait for it: %llu cudaStreamWaitEvent calls, %.1f per allocation. A stream made with "
+               "cudaStreamNonBlocking costs this even when unused (PyTorch makes 32 per priority level for its first "
+               "side stream); streams made without that flag cost nothing here, and cudaMallocAsync/cudaFreeAsync "
+               "on the stream that uses the memory need no barrier",
+               static_cast<unsigned long long>(barriers), waiting_streams,
+               static_cast<unsigned long long>(barrier_waits),
+               static_cast<double>(barrier_waits) / static_cast<double>(allocations)));
+  }
   if (waits > 1000 && waits * 10 > allocations && o.cross_stream_reuse == CrossStreamReuse::Auto) {
     add(format("streams waited on each other %llu times to reuse memory: "
                "GPUPOOL_CROSS_STREAM_REUSE=completed avoids those device-side waits at some memory cost",

@@ -20,6 +20,42 @@ std::string rule(char c) { return "|" + std::string(kWidth - 2, c) + "|\n"; }
 
 std::string bytes(std::int64_t b) { return human_bytes(static_cast<double>(b)); }
 
+// A stream that reused nothing, waited for no other stream and holds no
+// cache: PyTorch makes dozens of them (its stream pool), and they differ only
+// in the barrier waits they were made to do. Shown as one row.
+bool quiet(const StreamReport& r) {
+  const StreamCounters& c = r.counters;
+  return r.id != kAnyStream && r.id != 0x1 && r.cached_blocks == 0 && c.same_stream_reuses == 0 &&
+         c.cross_stream_reuses == 0 && c.event_waits == 0 && c.host_syncs == 0;
+}
+
+void stream_rows(std::string& out, const std::vector<StreamReport>& streams) {
+  out += "\nStreams                  cached blocks      cached  same-stream  cross-stream  event waits"
+         "  barrier waits  fences  host syncs\n";
+  auto row = [&](const std::string& name, const StreamReport& r) {
+    appendf(out, "  %-20s %14zu %11s %12llu %13llu %12llu %14llu %7llu %11llu\n", name.c_str(), r.cached_blocks,
+            human_bytes(static_cast<double>(r.cached_bytes)).c_str(),
+            static_cast<unsigned long long>(r.counters.same_stream_reuses),
+            static_cast<unsigned long long>(r.counters.cross_stream_reuses),
+            static_cast<unsigned long long>(r.counters.event_waits),
+            static_cast<unsigned long long>(r.counters.barrier_waits),
+            static_cast<unsigned long long>(r.counters.fences_recorded),
+            static_cast<unsigned long long>(r.counters.host_syncs));
+  };
+  std::size_t folded = 0;
+  StreamReport quiet_ones;
+  for (const StreamReport& r : streams) folded += quiet(r) ? 1 : 0;
+  for (const StreamReport& r : streams) {
+    if (folded >= 2 && quiet(r)) {
+      quiet_ones.counters.barrier_waits += r.counters.barrier_waits;
+      quiet_ones.counters.fences_recorded += r.counters.fences_recorded;
+      continue;
+    }
+    row(stream_name(r.id) + (r.alive ? "" : " (gone)"), r);
+  }
+  if (folded >= 2) row(std::to_string(folded) + " others, no reuse", quiet_ones);
+}
+
 // One memory_summary row group: the total and its two pools.
 void stat_rows(std::string& out, const char* name, const StatArray& s, bool is_bytes) {
   static constexpr const char* kLabels[kStatIndexes] = {"", "      from small pool", "      from large pool"};
@@ -116,19 +152,7 @@ void device_section(std::string& out, const DeviceReport& d) {
           total == 0 ? 0.0 : 100.0 * hits / total, static_cast<long long>(s.num_alloc_retries),
           static_cast<long long>(s.num_ooms), static_cast<long long>(s.num_gc_releases));
 
-  if (!d.streams.empty()) {
-    out += "\nStreams                  cached blocks      cached  same-stream  cross-stream  event waits  fences  host syncs\n";
-    for (const StreamReport& r : d.streams) {
-      appendf(out, "  %-20s %14zu %11s %12llu %13llu %12llu %7llu %11llu\n",
-              (stream_name(r.id) + (r.alive ? "" : " (gone)")).c_str(), r.cached_blocks,
-              human_bytes(static_cast<double>(r.cached_bytes)).c_str(),
-              static_cast<unsigned long long>(r.counters.same_stream_reuses),
-              static_cast<unsigned long long>(r.counters.cross_stream_reuses),
-              static_cast<unsigned long long>(r.counters.event_waits),
-              static_cast<unsigned long long>(r.counters.fences_recorded),
-              static_cast<unsigned long long>(r.counters.host_syncs));
-    }
-  }
+  if (!d.streams.empty()) stream_rows(out, d.streams);
 
   out += "\nSizes\n";
   histogram(out, "requests", d.requests);

@@ -223,6 +223,36 @@ class Paths(ShimTest):
         self.assertEqual(run.code, -10)  # SIGUSR1's default action, as without gpupool
 
 
+class StreamCosts(ShimTest):
+    # The plain loop beside 16 non-blocking streams it never uses, as PyTorch
+    # makes them for its stream pool: every barrier makes each of them wait.
+    LOOP = ["gpupool-bench-api", "plain", "1", "2000", "16", "16"]
+
+    def test_unused_streams_barrier_waits_are_counted_and_advised(self):
+        run = self.run_program(self.LOOP)
+        self.assertSucceeded(run)
+        dev = run.report()["devices"]["0"]
+        barriers = [s for s in dev["streams"] if s["stream"] == "cudaMalloc/cudaFree"][0]["fences_recorded"]
+        self.assertGreater(barriers, 100)
+        self.assertEqual(sum(s["barrier_waits"] for s in dev["streams"]), 16 * barriers)
+        self.assertEqual(sum(s["event_waits"] for s in dev["streams"]), 0)
+        self.assertTrue(any("cudaStreamNonBlocking" in a for a in dev["advice"]), dev["advice"])
+        self.assertFalse(any("GPUPOOL_CROSS_STREAM_REUSE" in a for a in dev["advice"]), dev["advice"])
+        viewed = subprocess.run([sys.executable, GPUPOOL, "report", run.reports()[0]], capture_output=True,
+                                text=True, timeout=120)
+        self.assertIn(f"16 other streams, no reuse: {16 * barriers} barrier waits", viewed.stdout)
+
+    def test_the_text_report_shows_unused_streams_as_one_row(self):
+        run = self.run_program(self.LOOP, fmt="text")
+        self.assertSucceeded(run)
+        rows = {line[2:22].strip(): line[22:].split() for line in run.report().splitlines()
+                if line.startswith("  ") and len(line) > 22 and line[22:].split()[-1].isdigit()}
+        self.assertIn("16 others, no reuse", rows)
+        barriers = int(rows["cudaMalloc/cudaFree"][-2])
+        self.assertGreater(barriers, 100)
+        self.assertEqual(int(rows["16 others, no reuse"][-3]), 16 * barriers)  # the barrier waits column
+        self.assertFalse(any(name.startswith("0x") for name in rows), rows)
+
 class Command(ShimTest):
     def gpupool(self, *args, env=None):
         e = dict(os.environ)

@@ -1,5 +1,7 @@
 // The cross-stream protocol, seen through the upstream calls it makes.
 #include "pool_fixture.hpp"
+#include "report/collect.hpp"
+#include "report/diagnosis.hpp"
 
 using namespace gpupool;
 using gpupool::testing::PoolFixture;
@@ -53,6 +55,11 @@ TEST_CASE_METHOD(PoolFixture, "the barrier brings non-blocking streams in both d
   CHECK((c[1].kind == Call::Wait && c[1].stream == kLegacy && c[1].event == c[0].event));
   CHECK((c[2].kind == Call::Record && c[2].stream == kLegacy));
   CHECK((c[3].kind == Call::Wait && c[3].stream == kNB && c[3].event == c[2].event));
+  for (const StreamReport& r : pool->streams()) {
+    if (r.id != kNB) continue;
+    CHECK(r.counters.barrier_waits == 1);  // a barrier's wait, not a cross-stream one
+    CHECK(r.counters.event_waits == 0);
+  }
 }
 
 TEST_CASE_METHOD(PoolFixture, "a barrier asks idle non-blocking streams instead of recording on them") {
@@ -110,6 +117,9 @@ TEST_CASE_METHOD(PoolFixture, "a non-blocking stream created after a pending bar
   upstream.clear_calls();
   pool->stream_created(kNB, StreamKind::NonBlocking);
   CHECK(count(upstream.calls(), Call::Wait, kNB) == 1);
+  for (const StreamReport& r : pool->streams()) {
+    if (r.id == kNB) CHECK(r.counters.barrier_waits == 1);
+  }
 }
 
 TEST_CASE_METHOD(PoolFixture, "auto: with room to grow, another stream's pending block is left alone") {
@@ -406,4 +416,59 @@ TEST_CASE("the latest barrier's event is never recorded again while a new stream
     if (c.kind == VirtualUpstream::Call::Record && c.event == wait.event) recorded_on = c.stream;
   }
   CHECK(recorded_on == VirtualUpstream::kLegacy);
+}
+
+namespace {
+bool advises(const DevicePool& pool, const char* words) {
+  const std::vector<std::string> lines = report::advice(report::collect(pool, 0));
+  return std::any_of(lines.begin(), lines.end(),
+                     [&](const std::string& line) { return line.find(words) != std::string::npos; });
+}
+}  // namespace
+
+TEST_CASE_METHOD(PoolFixture, "the report tells barrier waits from cross-stream waits, and advises on each") {
+  // Plain pairs beside 16 non-blocking streams with work in flight: every
+  // reuse is a barrier, and every barrier a wait on each of them.
+  make();
+  constexpr int kStreams = 16;
+  for (int i = 0; i < kStreams; ++i) pool->stream_created(kNB + i, StreamKind::NonBlocking);
+  upstream.set_events_complete_at_once(false);
+  const DevicePtr a = alloc(1000);
+  for (int i = 0; i < 2000; ++i) {
+    release(a);
+    REQUIRE(alloc(1000) == a);
+  }
+  std::uint64_t barriers = 0;
+  for (const StreamReport& r : pool->streams()) {
+    if (r.id == kAnyStream) barriers = r.counters.fences_recorded;
+  }
+  CHECK(barriers == 2000);
+  for (const StreamReport& r : pool->streams()) {
+    if (r.kind != StreamKind::NonBlocking) continue;
+    CHECK(r.counters.barrier_waits == barriers);
+    CHECK(r.counters.event_waits == 0);
+  }
+  CHECK(advises(*pool, "cudaStreamNonBlocking"));
+  CHECK_FALSE(advises(*pool, "GPUPOOL_CROSS_STREAM_REUSE"));  // that setting changes nothing here
+}
+
+TEST_CASE_METHOD(PoolFixture, "streams taking each other's blocks are advised the cross-stream setting, not barriers") {
+  make(20 * kMiB);  // room for one block: each stream waits for the other's fence
+  pool->stream_created(kS1, StreamKind::Blocking);
+  pool->stream_created(kS2, StreamKind::NonBlocking);
+  upstream.set_events_complete_at_once(false);
+  for (int i = 0; i < 1000; ++i) {
+    release(alloc(20 * kMiB, kS1), kS1);
+    release(alloc(20 * kMiB, kS2), kS2);
+  }
+  std::uint64_t waits = 0;
+  std::uint64_t barrier_waits = 0;
+  for (const StreamReport& r : pool->streams()) {
+    waits += r.counters.event_waits;
+    barrier_waits += r.counters.barrier_waits;
+  }
+  CHECK(waits >= 1999);
+  CHECK(barrier_waits == 0);
+  CHECK(advises(*pool, "GPUPOOL_CROSS_STREAM_REUSE=completed"));
+  CHECK_FALSE(advises(*pool, "cudaStreamNonBlocking"));
 }
