@@ -74,6 +74,20 @@ def torch_available():
     return probe.returncode == 0
 
 
+def barrier_figures(report):
+    """Device barriers and the waits they made non-blocking streams do, per allocation, from a JSON report."""
+    allocations = barriers = waits = 0
+    for device in report["devices"].values():
+        allocations += device["stats"]["allocation.all.allocated"]
+        for s in device["streams"]:
+            waits += s["barrier_waits"]
+            if s["stream"] == "cudaMalloc/cudaFree":
+                barriers += s["fences_recorded"]
+    allocations = max(allocations, 1)
+    return {"gpupool_barriers_per_allocation": barriers / allocations,
+            "gpupool_barrier_waits_per_allocation": waits / allocations}
+
+
 def torch_steps(env, report_dir=None, runs=3, side_stream=False):
     cmd = [sys.executable, os.path.join(ROOT, "bench", "torch_steps.py"), "60"] + (["--side-stream"] if side_stream else [])
     results = []
@@ -89,6 +103,7 @@ def torch_steps(env, report_dir=None, runs=3, side_stream=False):
                 data = json.load(f)
             r["gpupool_reserved_peak"] = sum(d["stats"]["reserved_bytes.all.peak"] for d in data["devices"].values())
             r["gpupool_allocated_peak"] = sum(d["stats"]["allocated_bytes.all.peak"] for d in data["devices"].values())
+            r.update(barrier_figures(data))
         results.append(r)
     return {k: statistics.median(r[k] for r in results) for k in results[0]}
 
@@ -179,7 +194,12 @@ def main():
                   "",
                   "`--side-stream` makes each step's input on a side stream; asking for one makes PyTorch create "
                   "its stream pool (32 non-blocking streams per priority level), and every gpupool device barrier "
-                  "orders each of them.", ""]
+                  "orders each of them. Per allocation under gpupool: "
+                  f"{pooled['gpupool_barriers_per_allocation']:.3f} barriers and "
+                  f"{pooled['gpupool_barrier_waits_per_allocation']:.1f} barrier waits without the side stream, "
+                  f"{pooled_side['gpupool_barriers_per_allocation']:.3f} barriers and "
+                  f"{pooled_side['gpupool_barrier_waits_per_allocation']:.1f} barrier waits with it "
+                  "(from gpupool's reports).", ""]
         time_ratio = pooled["ms_per_step"] / caching["ms_per_step"]
         memory_ratio = pooled["gpupool_reserved_peak"] / caching["torch_reserved_peak"]
         verdicts.append(("PyTorch under gpupool within 5% of its own allocator in step time",
