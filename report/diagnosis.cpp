@@ -11,9 +11,12 @@ namespace gpupool::report {
 namespace {
 
 std::string format(const char* fmt, auto... args) {
-  char buf[512];
-  std::snprintf(buf, sizeof buf, fmt, args...);
-  return buf;
+  const int n = std::snprintf(nullptr, 0, fmt, args...);
+  if (n <= 0) return {};
+  std::string out(static_cast<std::size_t>(n) + 1, '\0');
+  std::snprintf(out.data(), out.size(), fmt, args...);
+  out.pop_back();
+  return out;
 }
 
 std::string bytes(std::size_t b) { return human_bytes(static_cast<double>(b)); }
@@ -211,10 +214,12 @@ std::vector<std::string> advice(const DeviceReport& dev) {
   // PyTorch's stream pool that is dozens of driver calls per barrier.
   if (barrier_waits > 1000 && barrier_waits > allocations) {
     add(format("cudaMalloc reused cudaFree'd memory behind %llu device barriers, and each made %zu "
-               "non-blocking streams wait for it: %llu cudaStreamWaitEvent calls, %.1f per allocation. A stream made with "
-               "cudaStreamNonBlocking costs this even when unused (PyTorch makes 32 per priority level for its first "
-               "side stream); streams made without that flag cost nothing here, and cudaMallocAsync/cudaFreeAsync "
-               "on the stream that uses the memory need no barrier",
+               "non-blocking streams wait for it: %llu cudaStreamWaitEvent calls, %.1f per allocation. A stream made "
+               "with cudaStreamNonBlocking costs this even when unused (PyTorch makes 32 per priority level for its "
+               "first side stream); streams made without that flag cost nothing here, and cudaMallocAsync/"
+               "cudaFreeAsync on the stream that uses the memory need no barrier. A PyTorch program may do better "
+               "with its own allocator: unset PYTORCH_NO_CUDA_MEMORY_CACHING and set "
+               "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which keeps its waste low",
                static_cast<unsigned long long>(barriers), waiting_streams,
                static_cast<unsigned long long>(barrier_waits),
                static_cast<double>(barrier_waits) / static_cast<double>(allocations)));

@@ -11,9 +11,12 @@ namespace {
 constexpr int kWidth = 85;  // the memory_summary table's width
 
 void appendf(std::string& out, const char* fmt, auto... args) {
-  char buf[1024];
-  std::snprintf(buf, sizeof buf, fmt, args...);
-  out += buf;
+  const int n = std::snprintf(nullptr, 0, fmt, args...);
+  if (n <= 0) return;
+  const std::size_t at = out.size();
+  out.resize(at + static_cast<std::size_t>(n) + 1);
+  std::snprintf(out.data() + at, static_cast<std::size_t>(n) + 1, fmt, args...);
+  out.pop_back();  // snprintf's terminating NUL
 }
 
 std::string rule(char c) { return "|" + std::string(kWidth - 2, c) + "|\n"; }

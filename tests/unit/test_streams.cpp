@@ -449,6 +449,7 @@ TEST_CASE_METHOD(PoolFixture, "the report tells barrier waits from cross-stream 
     CHECK(r.counters.event_waits == 0);
   }
   CHECK(advises(*pool, "cudaStreamNonBlocking"));
+  CHECK(advises(*pool, "expandable_segments:True, which keeps its waste low"));  // the line's end: not cut short
   CHECK_FALSE(advises(*pool, "GPUPOOL_CROSS_STREAM_REUSE"));  // that setting changes nothing here
 }
 
