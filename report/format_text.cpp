@@ -33,10 +33,10 @@ bool quiet(const StreamReport& r) {
 }
 
 void stream_rows(std::string& out, const std::vector<StreamReport>& streams) {
-  out += "\nStreams                  cached blocks      cached  same-stream  cross-stream  event waits"
+  out += "\nStreams                    cached blocks      cached  same-stream  cross-stream  event waits"
          "  barrier waits  fences  host syncs\n";
   auto row = [&](const std::string& name, const StreamReport& r) {
-    appendf(out, "  %-20s %14zu %11s %12llu %13llu %12llu %14llu %7llu %11llu\n", name.c_str(), r.cached_blocks,
+    appendf(out, "  %-22s %14zu %11s %12llu %13llu %12llu %14llu %7llu %11llu\n", name.c_str(), r.cached_blocks,
             human_bytes(static_cast<double>(r.cached_bytes)).c_str(),
             static_cast<unsigned long long>(r.counters.same_stream_reuses),
             static_cast<unsigned long long>(r.counters.cross_stream_reuses),

@@ -245,13 +245,14 @@ class StreamCosts(ShimTest):
     def test_the_text_report_shows_unused_streams_as_one_row(self):
         run = self.run_program(self.LOOP, fmt="text")
         self.assertSucceeded(run)
-        rows = {line[2:22].strip(): line[22:].split() for line in run.report().splitlines()
-                if line.startswith("  ") and len(line) > 22 and line[22:].split()[-1].isdigit()}
+        rows = {line[2:24].strip(): line[24:].split() for line in run.report().splitlines()
+                if line.startswith("  ") and len(line) > 24 and line[24:].split()[-1].isdigit()}
         self.assertIn("16 others, no reuse", rows)
         barriers = int(rows["cudaMalloc/cudaFree"][-2])
         self.assertGreater(barriers, 100)
         self.assertEqual(int(rows["16 others, no reuse"][-3]), 16 * barriers)  # the barrier waits column
         self.assertFalse(any(name.startswith("0x") for name in rows), rows)
+
 
 class Command(ShimTest):
     def gpupool(self, *args, env=None):
