@@ -98,6 +98,7 @@ bool VirtualUpstream::record_event(EventHandle event, StreamId stream) {
 
 bool VirtualUpstream::wait_event(StreamId stream, EventHandle event) {
   if (events_.count(event) == 0) return false;
+  ++stream_waits_;
   if (calls_.size() < kMaxCallsKept) calls_.push_back(Call{Call::Wait, event, stream});
   return true;
 }

@@ -80,11 +80,12 @@ class VirtualUpstream final : public Upstream {
   std::size_t mapped_pages() const { return mapped_.size(); }
   std::uint64_t page_maps() const { return page_maps_; }
   std::size_t events_created() const { return events_.size(); }
-  // Every record and query made, however many (calls() keeps the first 65536,
-  // and no queries).
+  // Every record, wait and query made, however many (calls() keeps the first
+  // 65536, and no queries).
   std::uint64_t event_records() const { return event_records_; }
   std::uint64_t event_queries() const { return event_queries_; }
   std::uint64_t stream_queries() const { return stream_queries_; }
+  std::uint64_t stream_waits() const { return stream_waits_; }
   // True when [ptr, ptr+bytes) lies inside one live segment, or entirely on
   // mapped pages of reserved address space.
   bool covers(DevicePtr ptr, std::size_t bytes) const;
@@ -112,6 +113,7 @@ class VirtualUpstream final : public Upstream {
   std::unordered_map<EventHandle, bool> events_;  // handle -> complete
   EventHandle next_event_ = 1;
   std::uint64_t event_records_ = 0;
+  std::uint64_t stream_waits_ = 0;
   std::uint64_t event_queries_ = 0;
   std::uint64_t stream_queries_ = 0;
   StreamId failing_record_stream_ = 0;

@@ -2,7 +2,8 @@
 // how much memory each configuration reserves for them.
 //
 //   gpupool-replay [--passes N] [--capacity SIZE] [--conf CONF] [--set KEY=VALUE]...
-//                  [--sweep KEY=V1,V2,...]... [--plain] [--json] [--details] TRACE.csv...
+//                  [--sweep KEY=V1,V2,...]... [--plain] [--idle-streams N] [--json] [--details]
+//                  TRACE.csv...
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -32,6 +33,7 @@ struct Args {
   bool json = false;
   bool details = false;
   bool plain = false;
+  int idle_streams = 0;
   std::vector<std::string> traces;
 };
 
@@ -39,10 +41,14 @@ struct Args {
   if (why != nullptr) std::fprintf(stderr, "gpupool-replay: %s\n", why);
   std::fprintf(stderr,
                "usage: gpupool-replay [--passes N] [--capacity SIZE] [--conf K:V,...] [--set KEY=VALUE]...\n"
-               "                      [--sweep KEY=V1,V2,...]... [--plain] [--json] [--details] TRACE.csv...\n"
+               "                      [--sweep KEY=V1,V2,...]... [--plain] [--idle-streams N] [--json] [--details]\n"
+               "                      TRACE.csv...\n"
                "  KEY is any GPUPOOL_CONF key (gpupool config lists them); --sweep tries every combination.\n"
                "  --plain replays every call as plain cudaMalloc/cudaFree, with no stream (a program\n"
-               "  under PYTORCH_NO_CUDA_MEMORY_CACHING=1).\n");
+               "  under PYTORCH_NO_CUDA_MEMORY_CACHING=1).\n"
+               "  --idle-streams N adds N non-blocking streams that are never used, as PyTorch's stream pool\n"
+               "  (32 per priority level once a program asks for a side stream); --json then counts the\n"
+               "  waits and queries each device barrier makes on them.\n");
   std::exit(2);
 }
 
@@ -93,6 +99,9 @@ Args parse_args(int argc, char** argv) {
       a.details = true;
     } else if (arg == "--plain") {
       a.plain = true;
+    } else if (arg == "--idle-streams") {
+      a.idle_streams = std::atoi(value().c_str());
+      if (a.idle_streams < 0 || a.idle_streams > 4096) usage("--idle-streams takes 0 to 4096");
     } else if (arg == "-h" || arg == "--help") {
       usage(nullptr);
     } else if (!arg.empty() && arg[0] == '-') {
@@ -120,7 +129,7 @@ PoolOptions options_for(const std::vector<std::string>& settings, std::string* c
 
 std::string human(std::size_t bytes) { return report::human_bytes(static_cast<double>(bytes)); }
 
-void print_json(const tools::ReplayResult& r, const std::string& conf, bool plain) {
+void print_json(const tools::ReplayResult& r, const std::string& conf, bool plain, int idle_streams) {
   report::JsonWriter w;
   w.begin_object();
   w.field("trace", r.trace);
@@ -139,6 +148,9 @@ void print_json(const tools::ReplayResult& r, const std::string& conf, bool plai
   w.field("page_unmaps", r.device.stats.num_page_unmaps);
   w.field("events_recorded", r.events_recorded);
   w.field("event_queries", r.event_queries);
+  w.field("stream_waits", r.stream_waits);
+  w.field("stream_queries", r.stream_queries);
+  w.field("idle_streams", idle_streams);
   w.field("barriers", r.barriers);
   w.field("ooms", r.ooms);
   w.field("external_fragmentation_at_peak", r.external_fragmentation_at_peak);
@@ -230,11 +242,12 @@ int main(int argc, char** argv) {
     Row row;
     const PoolOptions options = options_for(settings, &row.conf);
     for (const tools::Trace& t : traces) {
-      row.results.push_back(tools::replay(t, options, args.capacity, args.passes, args.details, args.plain));
+      row.results.push_back(tools::replay(t, options, args.capacity, args.passes, args.details, args.plain,
+                                          args.idle_streams));
       const tools::ReplayResult& r = row.results.back();
       row.mean_ratio += r.ratio() / static_cast<double>(traces.size());
       row.worst_ratio = std::max(row.worst_ratio, r.ratio());
-      if (args.json) print_json(r, row.conf, args.plain);
+      if (args.json) print_json(r, row.conf, args.plain, args.idle_streams);
     }
     rows.push_back(std::move(row));
   }

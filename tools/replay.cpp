@@ -13,6 +13,7 @@ namespace gpupool::tools {
 namespace {
 
 constexpr StreamId kLegacy = VirtualUpstream::kLegacy;
+constexpr StreamId kIdleStreamBase = 0xffff'0000'0000'0000;
 
 // The trace's 0x0 is the legacy default stream; other streams are taken as
 // non-blocking (what PyTorch's stream pool creates).
@@ -26,7 +27,7 @@ struct LiveBlock {
 }  // namespace
 
 ReplayResult replay(const Trace& trace, const PoolOptions& options, std::size_t capacity, int passes,
-                    bool find_peak_cause, bool plain) {
+                    bool find_peak_cause, bool plain, int idle_streams) {
   ReplayResult r;
   r.trace = trace.name;
   r.passes = passes;
@@ -37,6 +38,12 @@ ReplayResult replay(const Trace& trace, const PoolOptions& options, std::size_t 
   DevicePool pool(upstream, options, capacity);
   pool.stream_created(kLegacy, StreamKind::Legacy);
   std::unordered_set<StreamId> known{kLegacy};
+  for (int i = 0; i < idle_streams; ++i) {
+    // Far from any address a trace names as a stream.
+    const StreamId idle = kIdleStreamBase + (static_cast<StreamId>(i) << 4);
+    pool.stream_created(idle, StreamKind::NonBlocking);
+    known.insert(idle);
+  }
   std::unordered_map<std::uint64_t, LiveBlock> live;
   live.reserve(4096);
   std::uint64_t operations = 0;
@@ -103,6 +110,8 @@ ReplayResult replay(const Trace& trace, const PoolOptions& options, std::size_t 
   r.device = report::collect(pool, 0);
   r.events_recorded = upstream.event_records();
   r.event_queries = upstream.event_queries();
+  r.stream_waits = upstream.stream_waits();
+  r.stream_queries = upstream.stream_queries();
   for (const StreamReport& stream : r.device.streams) {
     if (stream.id == kAnyStream) r.barriers = stream.counters.fences_recorded;
   }

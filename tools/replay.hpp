@@ -27,9 +27,12 @@ struct ReplayResult {
   double external_fragmentation_at_peak = 0.0;
   double ns_per_op = 0.0;
   // Driver calls the ordering would make on a GPU: events recorded (fences,
-  // and the events of each device barrier) and queried; and device barriers.
+  // and the events of each device barrier) and queried, streams made to wait
+  // for events and asked whether idle; and device barriers.
   std::uint64_t events_recorded = 0;
   std::uint64_t event_queries = 0;
+  std::uint64_t stream_waits = 0;
+  std::uint64_t stream_queries = 0;
   std::uint64_t barriers = 0;
   report::DeviceReport device;      // the pool's state at the end, for details
   // The request that last raised the reserved peak, and the cache right then.
@@ -50,7 +53,10 @@ struct ReplayResult {
 // With `plain`, every allocation and free is replayed as plain cudaMalloc and
 // cudaFree (no stream): what a program under PYTORCH_NO_CUDA_MEMORY_CACHING=1
 // calls, where each reuse must be ordered by the device barrier.
+// `idle_streams` non-blocking streams exist from the start and are never
+// used, as PyTorch's stream pool (32 per priority level) once a program asks
+// for one side stream: every device barrier orders each of them.
 ReplayResult replay(const Trace& trace, const PoolOptions& options, std::size_t capacity, int passes,
-                    bool find_peak_cause = false, bool plain = false);
+                    bool find_peak_cause = false, bool plain = false, int idle_streams = 0);
 
 }  // namespace gpupool::tools
