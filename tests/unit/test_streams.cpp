@@ -13,6 +13,11 @@ constexpr StreamId kS2 = 0x2000;  // blocking
 constexpr StreamId kNB = 0x3000;  // non-blocking
 constexpr StreamId kLegacy = VirtualUpstream::kLegacy;
 
+// n non-blocking streams kNB, kNB + 1, ...: PyTorch's stream pool.
+void add_non_blocking_streams(DevicePool& pool, int n) {
+  for (int i = 0; i < n; ++i) pool.stream_created(kNB + i, StreamKind::NonBlocking);
+}
+
 int count(const std::vector<Call>& calls, Call::Kind kind, StreamId stream) {
   int n = 0;
   for (const Call& c : calls) n += (c.kind == kind && c.stream == stream) ? 1 : 0;
@@ -67,7 +72,7 @@ TEST_CASE_METHOD(PoolFixture, "a barrier asks idle non-blocking streams instead 
   // Each still waits for the barrier; none needs the legacy stream to wait.
   make();
   constexpr int kStreams = 64;
-  for (int i = 0; i < kStreams; ++i) pool->stream_created(kNB + i, StreamKind::NonBlocking);
+  add_non_blocking_streams(*pool, kStreams);
   upstream.set_streams_idle(true);
   const DevicePtr a = alloc(1000);
   release(a);
@@ -431,7 +436,7 @@ TEST_CASE_METHOD(PoolFixture, "the report tells barrier waits from cross-stream 
   // reuse is a barrier, and every barrier a wait on each of them.
   make();
   constexpr int kStreams = 16;
-  for (int i = 0; i < kStreams; ++i) pool->stream_created(kNB + i, StreamKind::NonBlocking);
+  add_non_blocking_streams(*pool, kStreams);
   upstream.set_events_complete_at_once(false);
   const DevicePtr a = alloc(1000);
   for (int i = 0; i < 2000; ++i) {
