@@ -192,6 +192,24 @@ class Stress(ShimTest):
                 self.assertLess(did["refused"] * 20, did["allocations"])
                 os.remove(run.reports()[0])
 
+    def test_random_device_failures_are_refusals_and_damage_nothing(self):
+        # One in five of the device's allocations (cudaMalloc, or a page's
+        # cuMemCreate) fails: the program sees out-of-memory errors, each one
+        # reported, and every pattern and count still holds.
+        for seed, expandable in (("7", "1"), ("8", "0")):
+            with self.subTest(seed=seed, expandable_segments=expandable):
+                run = self.run_program(["test-stress", "3", "10", "200", seed],
+                                       env=dict(self.ENV, GPUPOOL_EXPANDABLE_SEGMENTS=expandable,
+                                                SIMCUDA_FAIL_RATE="0.2", SIMCUDA_FAIL_SEED=seed))
+                self.assertSucceeded(run)
+                did = run.output_json()
+                devices = run.report()["devices"].values()
+                self.assertGreater(did["refused"], 0)
+                self.assertEqual(sum(d["stats"]["num_ooms"] for d in devices), did["refused"])
+                self.assertEqual(sum(d["stats"]["allocation.all.allocated"] for d in devices), did["allocations"])
+                self.assertEqual(sum(d["stats"]["allocation.all.current"] for d in devices), 0)
+                os.remove(run.reports()[0])
+
     def test_without_ordering_the_stress_breaks_patterns(self):
         # The control: the program does catch a pool that reuses too early
         # (slower device work, a shorter run; under TSan the races this makes
