@@ -248,21 +248,27 @@ def main():
 
     # Ordering calls: what each trace would cost in event calls on a GPU.
     plain = {r["trace"]: r for r in replay(["--passes", "2", "--plain"] + traces)}
+    beside = {r["trace"]: r for r in replay(["--passes", "2", "--plain", "--idle-streams", "64"] + traces)}
     lines += ["## Ordering calls", "",
               "Event calls the pool would make on a GPU to order reuse, per allocation: every trace replayed twice "
               "as recorded (stream-ordered, `gpupool-replay --passes 2 --json TRACE`) and as plain "
               "`cudaMalloc`/`cudaFree` with no stream (`--plain`: a program under "
               "`PYTORCH_NO_CUDA_MEMORY_CACHING=1`), where each reuse of memory freed since the last device "
               "barrier records a new one (one `cudaEventRecord` on the legacy stream). The replay's device keeps "
-              "up, so these are lower bounds for queries.", "",
+              "up, so these are lower bounds for queries. The last column adds 64 non-blocking streams that run "
+              "nothing (`--plain --idle-streams 64`, as PyTorch's stream pool): every call the ordering makes, "
+              "per allocation, when each barrier finds them idle (one query and one wait each); where the device "
+              "lags they count as busy and cost a record and a wait more.", "",
               "| trace | stream-ordered: records | queries | plain: barriers | records | queries "
-              "| plain peak reserved / live |", "|---|---:|---:|---:|---:|---:|---:|"]
+              "| plain peak reserved / live | plain, 64 idle streams: calls |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name in sorted(default):
-        d, p = default[name], plain[name]
+        d, p, b = default[name], plain[name], beside[name]
         n = d["allocations"]
+        calls = b["events_recorded"] + b["event_queries"] + b["stream_waits"] + b["stream_queries"]
         lines.append(f"| {name} | {d['events_recorded'] / n:.3f} | {d['event_queries'] / n:.3f} | "
                      f"{p['barriers'] / n:.3f} | {p['events_recorded'] / n:.3f} | {p['event_queries'] / n:.3f} | "
-                     f"{p['peak_reserved_to_peak_live']:.4f} |")
+                     f"{p['peak_reserved_to_peak_live']:.4f} | {calls / n:.1f} |")
     # The API loop of plain pairs that the GPU target times: its barriers, as
     # the simulated runtime counts its event records (no other stream exists,
     # so each barrier is one record on the legacy stream).
