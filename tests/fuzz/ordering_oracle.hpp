@@ -203,6 +203,37 @@ class OrderingOracle final : public Upstream {
     const_iterator end() const { return entries_.end(); }
     bool empty() const { return entries_.empty(); }
     void clear() { entries_.clear(); }
+    // Each entry the later of the two: in place when `from` names no stream
+    // this clock lacks (the usual case), else one sorted merge.
+    void merge(const Clock& from) {
+      auto mine = entries_.begin();
+      bool in_place = true;
+      for (const Entry& e : from.entries_) {
+        while (mine != entries_.end() && mine->first < e.first) ++mine;
+        if (mine == entries_.end() || mine->first != e.first) {
+          in_place = false;
+          break;
+        }
+        mine->second = std::max(mine->second, e.second);
+      }
+      if (in_place) return;
+      std::vector<Entry> out;
+      out.reserve(entries_.size() + from.entries_.size());
+      auto a = entries_.begin();
+      auto b = from.entries_.begin();
+      while (a != entries_.end() || b != from.entries_.end()) {
+        if (b == from.entries_.end() || (a != entries_.end() && a->first < b->first)) {
+          out.push_back(*a++);
+        } else if (a == entries_.end() || b->first < a->first) {
+          out.push_back(*b++);
+        } else {
+          out.emplace_back(a->first, std::max(a->second, b->second));
+          ++a;
+          ++b;
+        }
+      }
+      entries_.swap(out);
+    }
 
    private:
     std::vector<Entry> entries_;
@@ -218,9 +249,7 @@ class OrderingOracle final : public Upstream {
     Clock requirement;  // positions of work that must be done, or followed
   };
 
-  static void merge(Clock& into, const Clock& from) {
-    for (const auto& [id, at] : from) into[id] = std::max(into[id], at);
-  }
+  static void merge(Clock& into, const Clock& from) { into.merge(from); }
   static bool covered(const Clock& clock, std::uint32_t id, std::uint64_t at) {
     auto it = clock.find(id);
     return it != clock.end() && it->second >= at;
@@ -231,19 +260,24 @@ class OrderingOracle final : public Upstream {
   Clock effective(StreamId handle) {
     const Stream& s = streams_.at(handle);
     Clock clock = knowledge_[s.identity];
+    add_implicit_order(clock, s);
+    return clock;
+  }
+  void add_implicit_order(Clock& clock, const Stream& s) {
     for (const auto& [other, o] : streams_) {
       const bool orders = (s.kind == StreamKind::Blocking && o.kind == StreamKind::Legacy) ||
                           (s.kind == StreamKind::Legacy && o.kind == StreamKind::Blocking);
       if (!orders) continue;
-      merge(clock, knowledge_[o.identity]);
+      merge(clock, knowledge_[o.identity]);  // another identity: `clock` stays where it is
       clock[o.identity] = std::max(clock[o.identity], position_[o.identity]);
     }
-    return clock;
   }
-  // An operation on the stream: from now on it knows what it follows.
-  Clock settle(StreamId handle) {
-    Clock clock = effective(handle);
-    knowledge_[identity(handle)] = clock;
+  // An operation on the stream: from now on it knows what it follows (its
+  // knowledge updated in place, not copied: clocks of long inputs are large).
+  Clock& settle(StreamId handle) {
+    const Stream& s = streams_.at(handle);
+    Clock& clock = knowledge_[s.identity];
+    add_implicit_order(clock, s);
     return clock;
   }
   void stream_done(StreamId handle) {
