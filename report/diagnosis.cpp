@@ -211,10 +211,11 @@ std::vector<std::string> advice(const DeviceReport& dev) {
   }
   const auto allocations = static_cast<std::uint64_t>(s.allocation[kAll].allocated);
   // Every barrier makes each live non-blocking stream wait, used or not: with
-  // PyTorch's stream pool that is dozens of driver calls per barrier.
+  // PyTorch's stream pool that is dozens of driver calls per barrier. (Streams
+  // come and go, so the count is of those that ever waited, not per barrier.)
   if (barrier_waits > 1000 && barrier_waits > allocations) {
-    add(format("cudaMalloc reused cudaFree'd memory behind %llu device barriers, and each made %zu "
-               "non-blocking streams wait for it: %llu cudaStreamWaitEvent calls, %.1f per allocation. A stream made "
+    add(format("cudaMalloc reused cudaFree'd memory behind %llu device barriers, and non-blocking streams (%zu "
+               "of them) waited for those %llu times, %.1f per allocation. A stream made "
                "with cudaStreamNonBlocking costs this even when unused (PyTorch makes 32 per priority level for its "
                "first side stream); streams made without that flag cost nothing here, and cudaMallocAsync/"
                "cudaFreeAsync on the stream that uses the memory need no barrier. A PyTorch program may do better "
