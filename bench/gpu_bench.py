@@ -155,8 +155,7 @@ def main():
         api_pairs("plain", 1, 200000, 64, True, runs=1,
                   extra_env={"GPUPOOL_REPORT": "1", "GPUPOOL_LOG": report, "GPUPOOL_LOG_FORMAT": "json"})
         with open(report) as f:
-            device = json.load(f)["devices"]["0"]
-        barriers = sum(s["fences_recorded"] for s in device["streams"]) / device["stats"]["allocation.all.allocated"]
+            barriers = barrier_figures(json.load(f))["gpupool_barriers_per_allocation"]
     ordered = raw_pooled_plain
     lines += ["Where the single-thread `cudaMalloc`+`cudaFree` pair's time goes: the same loop with "
               "`GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING=1` (no device barrier; unsafe, for measuring only) took "
