@@ -286,6 +286,19 @@ class Command(ShimTest):
         self.assertIn("peak reserved", out.stdout)
         self.assertIn("GPU reserved memory", out.stdout)
 
+    def test_report_reads_a_report_from_before_barrier_waits(self):
+        path = self.reports(1)[0]
+        with open(path) as f:
+            report = json.load(f)
+        for device in report["devices"].values():
+            for stream in device["streams"]:
+                del stream["barrier_waits"]
+        with open(path, "w") as f:
+            json.dump(report, f)
+        out = self.gpupool("report", path)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("0 barrier waits", out.stdout)
+
     def test_merge_puts_ranks_side_by_side_and_marks_the_worst(self):
         paths = self.reports(3)
         out = self.gpupool("merge", *paths)
