@@ -284,6 +284,13 @@ ParsedConfig parse_config(const Environment& environment) {
                                       MiBSize::format(c.max_split_size_mb), "unlimited"});
     c.max_split_size_mb = kUnlimited;
   }
+  // A PyTorch setting pasted in: the limit guards fixed segments, and the
+  // default is expandable (pool/device_pool.cpp says why it is ignored there).
+  if (c.max_split_size_mb != kUnlimited && c.expandable_segments) {
+    parsed.notes.push_back("gpupool: max_split_size_mb (" + MiBSize::format(c.max_split_size_mb) +
+                           ") applies to fixed segments only and is ignored with expandable_segments:1, where free "
+                           "memory joins up and is remapped where a request fits; set expandable_segments:0 to use it");
+  }
   return parsed;
 }
 

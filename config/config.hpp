@@ -65,6 +65,9 @@ struct Problem {
 struct ParsedConfig {
   Config config;
   std::vector<Problem> problems;
+  // Valid settings that another setting makes ineffective: one line each,
+  // told but never a problem (GPUPOOL_STRICT ignores them).
+  std::vector<std::string> notes;
   std::vector<std::string> explicitly_set;  // keys set by the environment
   bool is_set(std::string_view key) const;
 };

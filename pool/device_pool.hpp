@@ -135,7 +135,7 @@ class DevicePool {
   Block* grow(PoolKind kind, std::size_t rounded, StreamId consumer, bool last_try, bool* limit_reached,
               Fragmentation* before);
   // Expandable segments (expandable.cpp).
-  bool expandable() const { return options_.expandable_segments && upstream_.page_size() != 0; }
+  bool expandable() const { return options_.expandable_segments; }  // settled at construction
   Block* grow_expandable(PoolKind kind, std::size_t rounded, StreamId consumer, bool* limit_reached);
   Segment* new_expandable_segment(PoolKind kind, std::size_t min_bytes);
   Block* map_front(Block* hole, std::size_t bytes);

@@ -28,6 +28,7 @@ enum class CrossStreamReuse : std::uint8_t {
 struct PoolOptions {
   // Blocks at or above this size are never split and never serve a smaller
   // request (PyTorch's max_split_size_mb). kUnlimited: everything may split.
+  // Fixed segments only: a pool with expandable segments runs unlimited.
   std::size_t max_split_size = kUnlimited;
   // An oversize request (>= max_split_size) takes a cached oversize block only
   // if it wastes less than this (PyTorch's max_non_split_rounding_mb).

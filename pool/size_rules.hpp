@@ -33,7 +33,7 @@ inline PoolKind pool_kind(std::size_t rounded) {
 std::size_t segment_size(std::size_t rounded, const PoolOptions& options);
 
 // Whether a free block of `block_size` serving `rounded` bytes is split, leaving
-// the remainder cached.
+// the remainder cached. `options` as the pool runs with them (DevicePool::options).
 bool should_split(std::size_t block_size, std::size_t rounded, PoolKind kind,
                   const PoolOptions& options);
 

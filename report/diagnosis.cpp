@@ -23,9 +23,10 @@ std::string bytes(std::size_t b) { return human_bytes(static_cast<double>(b)); }
 
 constexpr std::size_t kNoticeable = 64 * kMiB;  // waste below this is not worth a line
 
-// The setting that keeps large blocks whole for large requests.
+// The setting that would have left a piece large enough. `options` as the
+// pool ran with them: a split limit applies to fixed segments only.
 std::string split_advice(std::size_t rounded, const PoolOptions& options) {
-  if (options.max_split_size == kUnlimited && rounded >= 64 * kMiB) {
+  if (!options.expandable_segments && options.max_split_size == kUnlimited && rounded >= 64 * kMiB) {
     const std::size_t threshold = std::max<std::size_t>(32 * kMiB, std::bit_floor(rounded / 2));
     return format(
         "set GPUPOOL_MAX_SPLIT_SIZE_MB=%zu: blocks of %s or more are then kept whole for large "

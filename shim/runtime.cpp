@@ -46,6 +46,7 @@ Runtime::Runtime() : start_ns_(clock_.now_ns()) {
   problems_ = std::move(parsed.problems);
   set_log_level(config_.log_level);
   for (const config::Problem& p : problems_) message(config::LogLevel::Error, p.line());
+  for (const std::string& note : parsed.notes) message(config::LogLevel::Info, note);
   if (config_.strict && !problems_.empty()) {
     message(config::LogLevel::Error,
             "gpupool: GPUPOOL_STRICT=1 and the configuration has " + std::to_string(problems_.size()) +
@@ -82,6 +83,11 @@ DeviceState& Runtime::device(int index) {
   if (!d->upstream.memory_info(&free_bytes, &total)) total = kUnlimited;
   d->pool = std::make_unique<DevicePool>(d->upstream, config::to_pool_options(config_), total, &clock_);
   d->pool->stream_created(kLegacyStream, StreamKind::Legacy);
+  if (config_.expandable_segments && !d->pool->options().expandable_segments) {
+    message(config::LogLevel::Warn,
+            "gpupool: expandable_segments:1 needs the driver's virtual memory calls (cuMemCreate, cuMemMap), which "
+            "this driver does not give for device " + std::to_string(index) + "; it uses fixed segments from cudaMalloc");
+  }
   devices_[index].store(d, std::memory_order_release);
   return *d;
 }

@@ -1,9 +1,11 @@
 // The driver's virtual memory calls (cuMemAddressReserve, cuMemCreate,
 // cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease, ...) on the simulated
 // device, handed out through cudaGetDriverEntryPoint(ByVersion) as the real
-// runtime hands out the driver's.
+// runtime hands out the driver's. SIMCUDA_NO_VMM=1 plays a driver without
+// them (some virtualized GPUs): none is found.
 #include "sim/vmm.hpp"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "sim/memory.hpp"
@@ -90,6 +92,11 @@ void* driver_entry_point(const char* symbol) {
       {"cuMemUnmap", reinterpret_cast<void*>(&unmap)},
       {"cuMemGetAllocationGranularity", reinterpret_cast<void*>(&granularity)},
   };
+  static const bool absent = [] {
+    const char* v = std::getenv("SIMCUDA_NO_VMM");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  if (absent) return nullptr;
   for (const Entry& e : kEntries) {
     if (std::strcmp(e.name, symbol) == 0) return e.function;
   }

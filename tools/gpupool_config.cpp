@@ -25,5 +25,6 @@ int main(int argc, char** argv) {
   }
   std::printf("\n(* set by the environment; GPUPOOL_CONF takes PYTORCH_CUDA_ALLOC_CONF syntax)\n");
   for (const Problem& p : parsed.problems) std::fprintf(stderr, "%s\n", p.line().c_str());
+  for (const std::string& note : parsed.notes) std::fprintf(stderr, "%s\n", note.c_str());
   return parsed.problems.empty() ? 0 : 1;
 }

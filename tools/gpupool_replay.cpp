@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -122,6 +123,10 @@ PoolOptions options_for(const std::vector<std::string>& settings, std::string* c
   if (!parsed.problems.empty()) {
     for (const config::Problem& p : parsed.problems) std::fprintf(stderr, "%s\n", p.line().c_str());
     std::exit(2);
+  }
+  static std::set<std::string> told;  // a sweep builds many configurations: each note once
+  for (const std::string& note : parsed.notes) {
+    if (told.insert(note).second) std::fprintf(stderr, "%s\n", note.c_str());
   }
   *conf = joined;
   return config::to_pool_options(parsed.config);

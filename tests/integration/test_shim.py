@@ -390,6 +390,27 @@ class Lifecycle(ShimTest):
         self.assertEqual(run.counters()["vmm_maps"], 0)
         self.assertGreater(run.counters()["malloc_calls"], 0)
 
+    def test_a_driver_without_virtual_memory_gets_fixed_segments_and_a_warning(self):
+        run = self.run_program(["test-repeat", "5"], env={"SIMCUDA_NO_VMM": "1",
+                                                          "GPUPOOL_CONF": "max_split_size_mb:64"})
+        self.assertSucceeded(run)
+        self.assertEqual(run.counters()["vmm_maps"], 0)
+        self.assertGreater(run.counters()["malloc_calls"], 0)
+        self.assertIn("expandable_segments:1 needs the driver's virtual memory calls", run.stderr)
+        self.assertEqual(run.report()["config_problems"], [])
+        self.assertEqual(run.counters()["malloc_calls"], run.report()["devices"]["0"]["stats"]["num_device_alloc"])
+
+    def test_a_split_limit_pasted_with_expandable_segments_is_told_not_refused(self):
+        run = self.run_program(["test-repeat", "5"], env={"GPUPOOL_CONF": "max_split_size_mb:64",
+                                                          "GPUPOOL_STRICT": "1"})
+        self.assertSucceeded(run)
+        self.assertIn("max_split_size_mb (64) applies to fixed segments only", run.stderr)
+        self.assertNotIn("needs the driver's virtual memory", run.stderr)
+        self.assertGreater(run.counters()["vmm_maps"], 0)
+        quiet = self.run_program(["test-repeat", "2"], env={"GPUPOOL_CONF": "max_split_size_mb:64",
+                                                            "GPUPOOL_LOG_LEVEL": "warn"})
+        self.assertNotIn("max_split_size_mb", quiet.stderr)
+
     def test_disabled_is_pure_pass_through(self):
         run = self.run_program(["test-repeat", "5"], env={"GPUPOOL_DISABLE": "1"})
         self.assertSucceeded(run)

@@ -186,6 +186,13 @@ class Replay(ShimTest):
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertEqual(out.stdout.count("expandable_segments:"), 4 + 2)  # 4 rows, best and recommended
         self.assertRegex(out.stdout, r"recommended for this trace: GPUPOOL_CONF=expandable_segments:\d,max_split_size_mb:\w+")
+        # The split limit is ignored in expandable segments, and said so once.
+        self.assertEqual(out.stderr.count("max_split_size_mb (64) applies to fixed segments only"), 1)
+        rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()
+                if line.startswith("expandable_segments:1,")}
+        self.assertEqual(rows["expandable_segments:1,max_split_size_mb:64"],
+                         rows["expandable_segments:1,max_split_size_mb:unlimited"][:-1] +
+                         rows["expandable_segments:1,max_split_size_mb:64"][-1:])  # all but ns/op
 
     def test_bad_settings_are_refused(self):
         path = self.write("t.csv", "Thread,Time,Action,Pointer,Size,Stream\n")

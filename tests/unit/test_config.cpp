@@ -202,6 +202,17 @@ TEST_CASE("max_split_size_mb must exceed the large segment size") {
         "gpupool: GPUPOOL_MAX_SPLIT_SIZE_MB: must be more than large_segment_size (64M) ('64'); using unlimited");
 }
 
+TEST_CASE("a split limit with expandable segments is a note, not a problem") {
+  const ParsedConfig pasted = parse({{"GPUPOOL_CONF", "max_split_size_mb:128"}});
+  CHECK(pasted.problems.empty());
+  CHECK(pasted.config.max_split_size_mb == 128 * kMiB);  // kept: it applies where segments are fixed
+  REQUIRE(pasted.notes.size() == 1);
+  CHECK(pasted.notes[0].find("max_split_size_mb (128)") != std::string::npos);
+  CHECK(pasted.notes[0].find("expandable_segments:0") != std::string::npos);
+  CHECK(parse({{"GPUPOOL_CONF", "max_split_size_mb:128,expandable_segments:0"}}).notes.empty());
+  CHECK(parse({{"GPUPOOL_CONF", "expandable_segments:1"}}).notes.empty());
+}
+
 TEST_CASE("segment sizes must be whole 2 MiB pages") {
   const ParsedConfig p = parse({{"GPUPOOL_SMALL_SEGMENT_SIZE", "3M"}});
   REQUIRE(p.problems.size() == 1);

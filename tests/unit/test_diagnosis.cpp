@@ -39,11 +39,14 @@ TEST_CASE("fragmentation in expandable segments is advised rounding, then a swee
   CHECK(report::diagnose(fragmented(8 * kMiB), options).advice.find("gpupool-replay --sweep") != std::string::npos);
 }
 
-TEST_CASE("fragmentation for a large request is advised a split limit in either segment mode") {
+TEST_CASE("fragmentation for a large request is advised a split limit in fixed segments only") {
   PoolOptions options;
-  for (const bool expandable : {false, true}) {
-    options.expandable_segments = expandable;
-    const report::OomDiagnosis d = report::diagnose(fragmented(256 * kMiB), options);
-    CHECK(d.advice.find("GPUPOOL_MAX_SPLIT_SIZE_MB=128") != std::string::npos);
-  }
+  options.expandable_segments = false;
+  CHECK(report::diagnose(fragmented(256 * kMiB), options).advice.find("GPUPOOL_MAX_SPLIT_SIZE_MB=128") !=
+        std::string::npos);
+  // Expandable segments ignore the limit (DevicePool's constructor says why).
+  options.expandable_segments = true;
+  const report::OomDiagnosis d = report::diagnose(fragmented(256 * kMiB), options);
+  CHECK(d.advice.find("MAX_SPLIT") == std::string::npos);
+  CHECK(d.advice.find("GPUPOOL_ROUNDUP_POWER2_DIVISIONS=4") != std::string::npos);
 }

@@ -160,11 +160,49 @@ TEST_CASE_METHOD(ExpandableFixture, "the memory limit counts mapped pages") {
 
 TEST_CASE_METHOD(ExpandableFixture, "without virtual memory upstream, fixed segments are used") {
   upstream.set_virtual_memory(false);
+  options.max_split_size = 32 * kMiB;
   make();
   alloc(3 * kMiB);
   CHECK(upstream.allocations() == 1);
   CHECK(reserved() == static_cast<std::int64_t>(20 * kMiB));
   check();
+  // The options say what the pool runs with: fixed segments, whose split limit holds.
+  CHECK_FALSE(pool->options().expandable_segments);
+  CHECK(pool->options().max_split_size == 32 * kMiB);
+  const DevicePtr big = alloc(40 * kMiB);
+  release(big);
+  CHECK(alloc(4 * kMiB) != big);
+}
+
+TEST_CASE_METHOD(ExpandableFixture, "a split limit does not hold in expandable segments") {
+  options.max_split_size = 32 * kMiB;
+  make();
+  CHECK(pool->options().max_split_size == kUnlimited);
+  const DevicePtr big = alloc(40 * kMiB);
+  release(big);
+  // The free 40 MiB serves a small request from its start, with no new pages.
+  const std::int64_t before = reserved();
+  CHECK(alloc(4 * kMiB) == big);
+  CHECK(reserved() == before);
+  CHECK(alloc(30 * kMiB) == big + 4 * kMiB);
+  CHECK(reserved() == before);
+  CHECK(pool->stats().oversize_allocations.peak == 0);
+  check_mapping();
+}
+
+TEST_CASE_METHOD(ExpandableFixture, "a large block's remainder under 1 MiB is split off and joins its neighbours") {
+  make();
+  const DevicePtr a = alloc(8 * kMiB);
+  const DevicePtr guard = alloc(2 * kMiB);
+  release(a);
+  const std::int64_t allocated = current(pool->stats().allocated_bytes);
+  const DevicePtr b = alloc(8 * kMiB - 512);
+  CHECK(b == a);
+  CHECK(current(pool->stats().allocated_bytes) - allocated == static_cast<std::int64_t>(8 * kMiB - 512));
+  release(b);  // joins the 512 B remainder: one free block of 8 MiB again
+  CHECK(alloc(8 * kMiB) == a);
+  release(guard);
+  check_mapping();
 }
 
 TEST_CASE_METHOD(ExpandableFixture, "growth never extends another stream's block when streams are kept apart") {
