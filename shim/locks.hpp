@@ -3,10 +3,14 @@
 // wake-up costs more than the whole section it waits for.
 #pragma once
 
+#include <linux/futex.h>
 #include <sched.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <atomic>
-#include <mutex>
+#include <cstdint>
 
 namespace gpupool::shim {
 
@@ -40,23 +44,51 @@ class SpinLock {
 };
 
 // A mutex for sections that are usually short but sometimes long (a device
-// pool's lock is held across cudaMalloc of a new segment): spins for about a
-// pool operation's time, then sleeps like std::mutex.
+// pool's lock is held across cudaMalloc of a new segment, and across the
+// event records of a device barrier, about 1.25 us each on an H200). A waiter
+// spins reading the lock word for up to kSpinNs, trying to take it only when
+// it reads free, then sleeps on a futex. (A loop of try_lock takes the lock's
+// cache line from the holder at every try, slowing the section it waits for.)
+// Drepper's "Futexes Are Tricky", mutex 3.
 class AdaptiveMutex {
  public:
   void lock() {
-    for (int spins = 0; spins < kSpins; ++spins) {
-      if (mu_.try_lock()) return;
+    if (try_lock()) return;
+    const std::int64_t deadline = now_ns() + kSpinNs;
+    for (int spins = 1;; ++spins) {
       cpu_relax();
+      if (state_.load(std::memory_order_relaxed) == kUnlocked && try_lock()) return;
+      if (spins % 16 == 0 && now_ns() > deadline) break;
     }
-    mu_.lock();
+    // kContended: whoever unlocks must wake a sleeper.
+    while (state_.exchange(kContended, std::memory_order_acquire) != kUnlocked) {
+      syscall(SYS_futex, word(), FUTEX_WAIT_PRIVATE, kContended, nullptr, nullptr, 0);
+    }
   }
-  bool try_lock() { return mu_.try_lock(); }
-  void unlock() { mu_.unlock(); }
+  bool try_lock() {
+    int expected = kUnlocked;
+    return state_.compare_exchange_strong(expected, kLocked, std::memory_order_acquire, std::memory_order_relaxed);
+  }
+  void unlock() {
+    if (state_.exchange(kUnlocked, std::memory_order_release) == kContended) {
+      syscall(SYS_futex, word(), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+    }
+  }
 
  private:
-  static constexpr int kSpins = 100;
-  std::mutex mu_;
+  enum : int { kUnlocked = 0, kLocked = 1, kContended = 2 };
+  // Plain cudaMalloc/cudaFree pairs from 2 and 4 threads on the simulated
+  // runtime, here (2 cores, a pause takes 25 ns): spinning 10 us instead of
+  // 2.5 us took 13-15% off their time, 37 us added 7-9%.
+  static constexpr std::int64_t kSpinNs = 10'000;
+  static std::int64_t now_ns() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+  }
+  int* word() { return reinterpret_cast<int*>(&state_); }
+  static_assert(sizeof(std::atomic<int>) == sizeof(int) && std::atomic<int>::is_always_lock_free);
+  std::atomic<int> state_{kUnlocked};
 };
 
 }  // namespace gpupool::shim
