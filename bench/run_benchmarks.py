@@ -194,6 +194,22 @@ def main():
                      "met" if min(two_small, two_large) >= 1.5 else
                      ("met only for working sets that fit the per-thread cache" if two_small >= 1.5 else "not met"),
                      f"{two_small:.2f}x with 4 sizes per thread, {two_large:.2f}x with 64 sizes per thread"))
+    lines += ["", "Plain `cudaMalloc`/`cudaFree` pairs (`gpupool-bench-api plain THREADS PAIRS 64`, the same runs "
+              "interleaved) have no per-thread cache: every pair takes the device's lock twice, and a reuse may "
+              "record a device barrier under it. Waiters spin reading the lock for up to 10 us before they sleep. "
+              "No target; the ratio shows what the lock costs when threads share it.", "",
+              "| threads | median ns per pair | pairs per second, all threads | vs 1 thread |",
+              "|---:|---:|---:|---:|"]
+    runs = {t: [] for t in (1, 2, 4)}
+    for _ in range(5):
+        for t in runs:
+            runs[t].append(api_pairs("plain", t, 200000, True, runs=1))  # per thread
+    one = None
+    for t, results in runs.items():
+        ns = statistics.median(r[0] for r in results)
+        pps = statistics.median(r[1] for r in results)
+        one = one or pps
+        lines.append(f"| {t} | {ns:.0f} | {pps:,.0f} | {pps / one:.2f} |")
     lines.append("")
 
     # 4. Preload cost.
