@@ -229,9 +229,7 @@ def main():
 
     # 5. Memory.
     default = {r["trace"]: r for r in replay(["--passes", "2"] + traces)}
-    sweep = ["--passes", "2", "--sweep", "expandable_segments=1,0", "--sweep", "recycle_pages=1,0",
-             "--sweep", "recycle_idle_allocations=16,0",
-             "--sweep", "max_split_size_mb=unlimited,256", "--sweep", "roundup_power2_divisions=0,4"]
+    sweep = ["--passes", "2", "--tune"]
     best = {}
     for r in replay(sweep + traces):
         if r["ooms"] == 0 and (r["trace"] not in best or r["peak_reserved_bytes"] < best[r["trace"]]["peak_reserved_bytes"]):

@@ -43,7 +43,7 @@ std::string split_advice(std::size_t rounded, const PoolOptions& options) {
     return "set GPUPOOL_ROUNDUP_POWER2_DIVISIONS=4: sizes rounded to quarter steps between powers "
            "of two leave blocks that later requests can reuse";
   }
-  return "record the workload with GPUPOOL_TRACE=trace.csv and run gpupool-replay --sweep on it "
+  return "record the workload with GPUPOOL_TRACE=trace.csv and run gpupool-replay --tune on it "
          "to find the settings that fragment least";
 }
 
@@ -167,7 +167,7 @@ std::vector<std::string> advice(const DeviceReport& dev) {
   if (requested_peak > 0 && reserved_peak > 1.25 * requested_peak &&
       reserved_peak - requested_peak > static_cast<double>(kNoticeable)) {
     add(format("reserved memory peaked at %s, %.2fx the most ever requested at once (%s): record "
-               "the run with GPUPOOL_TRACE=trace.csv and run gpupool-replay --sweep to find settings "
+               "the run with GPUPOOL_TRACE=trace.csv and run gpupool-replay --tune to find settings "
                "that waste less",
                human_bytes(reserved_peak).c_str(), reserved_peak / requested_peak,
                human_bytes(requested_peak).c_str()));

@@ -2,8 +2,8 @@
 // how much memory each configuration reserves for them.
 //
 //   gpupool-replay [--passes N] [--capacity SIZE] [--conf CONF] [--set KEY=VALUE]...
-//                  [--sweep KEY=V1,V2,...]... [--plain] [--idle-streams N] [--json] [--details]
-//                  TRACE.csv...
+//                  [--sweep KEY=V1,V2,...]... [--tune] [--plain] [--idle-streams N] [--json]
+//                  [--details] TRACE.csv...
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -31,6 +31,7 @@ struct Args {
   std::size_t capacity = 80 * kGiB;
   std::vector<std::string> settings;  // key:value, applied in order
   std::vector<Sweep> sweeps;
+  bool tune = false;
   bool json = false;
   bool details = false;
   bool plain = false;
@@ -42,9 +43,11 @@ struct Args {
   if (why != nullptr) std::fprintf(stderr, "gpupool-replay: %s\n", why);
   std::fprintf(stderr,
                "usage: gpupool-replay [--passes N] [--capacity SIZE] [--conf K:V,...] [--set KEY=VALUE]...\n"
-               "                      [--sweep KEY=V1,V2,...]... [--plain] [--idle-streams N] [--json] [--details]\n"
-               "                      TRACE.csv...\n"
+               "                      [--sweep KEY=V1,V2,...]... [--tune] [--plain] [--idle-streams N] [--json]\n"
+               "                      [--details] TRACE.csv...\n"
                "  KEY is any GPUPOOL_CONF key (gpupool config lists them); --sweep tries every combination.\n"
+               "  --tune tries the settings that shape how much memory the pool reserves (segment mode,\n"
+               "  page recycling, split limit, size rounding) and recommends the best.\n"
                "  --plain replays every call as plain cudaMalloc/cudaFree, with no stream (a program\n"
                "  under PYTORCH_NO_CUDA_MEMORY_CACHING=1).\n"
                "  --idle-streams N adds N non-blocking streams that are never used, as PyTorch's stream pool\n"
@@ -94,6 +97,8 @@ Args parse_args(int argc, char** argv) {
       const std::size_t eq = kv.find('=');
       if (eq == std::string::npos) usage("--sweep takes KEY=V1,V2,...");
       a.sweeps.push_back(Sweep{kv.substr(0, eq), split(kv.substr(eq + 1), ',')});
+    } else if (arg == "--tune") {
+      a.tune = true;
     } else if (arg == "--json") {
       a.json = true;
     } else if (arg == "--details") {
@@ -113,6 +118,25 @@ Args parse_args(int argc, char** argv) {
   }
   if (a.traces.empty()) usage("no trace given");
   return a;
+}
+
+// What --tune tries: each segment mode with the settings that matter to it
+// (a split limit and page recycling each apply to one mode only), the
+// defaults first so that a tie recommends them.
+std::vector<std::vector<std::string>> tuning_settings() {
+  std::vector<std::vector<std::string>> out;
+  for (const char* rounding : {"0", "4"}) {
+    for (const char* idle : {"16", "0"}) {
+      out.push_back({"expandable_segments:1", "recycle_pages:1", std::string("recycle_idle_allocations:") + idle,
+                     std::string("roundup_power2_divisions:") + rounding});
+    }
+    out.push_back({"expandable_segments:1", "recycle_pages:0", std::string("roundup_power2_divisions:") + rounding});
+    for (const char* split : {"unlimited", "256"}) {
+      out.push_back({"expandable_segments:0", std::string("max_split_size_mb:") + split,
+                     std::string("roundup_power2_divisions:") + rounding});
+    }
+  }
+  return out;
 }
 
 // The settings as one GPUPOOL_CONF string, validated by gpupool's own parser.
@@ -222,8 +246,17 @@ int main(int argc, char** argv) {
     }
   }
 
-  // Every combination of the swept values, on top of the fixed settings.
+  // Every combination of the swept values, on top of the fixed settings (and
+  // of the tuning settings, which come after them and so win).
   std::vector<std::vector<std::string>> configs{args.settings};
+  if (args.tune) {
+    configs.clear();
+    for (const auto& tuning : tuning_settings()) {
+      auto c = args.settings;
+      c.insert(c.end(), tuning.begin(), tuning.end());
+      configs.push_back(c);
+    }
+  }
   for (const Sweep& sweep : args.sweeps) {
     std::vector<std::vector<std::string>> next;
     for (const auto& base : configs) {

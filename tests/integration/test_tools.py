@@ -4,6 +4,7 @@ import csv
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import time
@@ -193,6 +194,34 @@ class Replay(ShimTest):
         self.assertEqual(rows["expandable_segments:1,max_split_size_mb:64"],
                          rows["expandable_segments:1,max_split_size_mb:unlimited"][:-1] +
                          rows["expandable_segments:1,max_split_size_mb:64"][-1:])  # all but ns/op
+
+    def test_tune_tries_each_segment_mode_with_its_own_settings_and_recommends_the_lowest(self):
+        # Sizes from 0.5 to 18.5 MiB; after every second allocation the one before it is freed.
+        lines, live = [], []
+        for i in range(400):
+            lines.append(f"1,00:00:00.{i:06d},allocate,{0x1000 * (i + 1):#x},{(i * 7919 % 37 + 1) << 19},0x0")
+            live.append(0x1000 * (i + 1))
+            if i % 2 == 1:
+                lines.append(f"1,00:00:00.{i:06d},free,{live.pop(-2):#x},0,0x0")
+        path = self.write("w.csv", "Thread,Time,Action,Pointer,Size,Stream\n" + "\n".join(lines) + "\n")
+        out = self.replay("--passes", "2", "--tune", "--json", path)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        rows = [json.loads(line) for line in out.stdout.splitlines()]
+        self.assertEqual(len(rows), 10)
+        for r in rows:
+            self.assertEqual((r["allocations"], r["frees"], r["unknown_frees"]), (800, 400, 0))
+            conf = dict(kv.split(":", 1) for kv in r["conf"].split(","))
+            fixed = conf["expandable_segments"] == "0"
+            self.assertEqual("max_split_size_mb" in conf, fixed, r["conf"])
+            self.assertEqual("recycle_pages" in conf, not fixed, r["conf"])
+            self.assertEqual(r["upstream_mallocs"] > 0, fixed, r["conf"])
+            self.assertEqual(r["page_maps"] > 0, not fixed, r["conf"])
+        table = self.replay("--passes", "2", "--tune", path)
+        self.assertEqual(table.returncode, 0, table.stderr)
+        lowest = min(rows, key=lambda r: r["peak_reserved_bytes"])
+        recommended = re.search(r"recommended for this trace: GPUPOOL_CONF=(\S+)", table.stdout).group(1)
+        self.assertEqual(next(r for r in rows if r["conf"] == recommended)["peak_reserved_bytes"],
+                         lowest["peak_reserved_bytes"])
 
     def test_bad_settings_are_refused(self):
         path = self.write("t.csv", "Thread,Time,Action,Pointer,Size,Stream\n")

@@ -36,7 +36,7 @@ TEST_CASE("fragmentation in expandable segments is advised rounding, then a swee
   CHECK(report::diagnose(fragmented(8 * kMiB), options).advice.find("GPUPOOL_ROUNDUP_POWER2_DIVISIONS=4") !=
         std::string::npos);
   options.roundup_divisions.fill(4);  // rounding already on: only a sweep can tell
-  CHECK(report::diagnose(fragmented(8 * kMiB), options).advice.find("gpupool-replay --sweep") != std::string::npos);
+  CHECK(report::diagnose(fragmented(8 * kMiB), options).advice.find("gpupool-replay --tune") != std::string::npos);
 }
 
 TEST_CASE("fragmentation for a large request is advised a split limit in fixed segments only") {
