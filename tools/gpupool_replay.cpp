@@ -175,6 +175,10 @@ void print_json(const tools::ReplayResult& r, const std::string& conf, bool plai
   w.field("upstream_mallocs", r.upstream_mallocs);
   w.field("page_maps", r.device.stats.num_page_maps);
   w.field("page_unmaps", r.device.stats.num_page_unmaps);
+  w.field("last_pass_page_maps", r.last_pass.page_maps);
+  w.field("last_pass_page_unmaps", r.last_pass.page_unmaps);
+  w.field("last_pass_upstream_mallocs", r.last_pass.mallocs);
+  w.field("last_pass_upstream_frees", r.last_pass.frees);
   w.field("events_recorded", r.events_recorded);
   w.field("event_queries", r.event_queries);
   w.field("stream_waits", r.stream_waits);
@@ -189,16 +193,23 @@ void print_json(const tools::ReplayResult& r, const std::string& conf, bool plai
 }
 
 void print_header() {
-  std::printf("%-30s %8s %12s %14s %8s %10s %7s %5s %9s %7s\n", "trace", "allocs", "peak live", "peak reserved",
-              "ratio", "cudaMalloc", "maps", "OOMs", "extfrag@pk", "ns/op");
+  std::printf("%-30s %8s %12s %14s %8s %10s %7s %5s %9s %9s %7s\n", "trace", "allocs", "peak live", "peak reserved",
+              "ratio", "cudaMalloc", "maps", "OOMs", "extfrag@pk", "last pass", "ns/op");
 }
 
+std::int64_t device_calls(const tools::ReplayResult::DeviceCalls& c) {
+  return c.page_maps + c.page_unmaps + c.mallocs + c.frees;
+}
+
+// "last pass": the device calls (maps, unmaps, cudaMalloc, cudaFree) of the
+// last pass, which a loop would make at every step; "-" with one pass.
 void print_row(const tools::ReplayResult& r, const std::string& label) {
-  std::printf("%-30s %8llu %12s %14s %8.4f %10lld %7lld %5lld %9.3f %7.0f\n", label.c_str(),
+  const std::string last = r.passes > 1 ? std::to_string(device_calls(r.last_pass)) : "-";
+  std::printf("%-30s %8llu %12s %14s %8.4f %10lld %7lld %5lld %9.3f %9s %7.0f\n", label.c_str(),
               static_cast<unsigned long long>(r.allocations), human(r.peak_live).c_str(),
               human(r.peak_reserved).c_str(), r.ratio(), static_cast<long long>(r.upstream_mallocs),
               static_cast<long long>(r.device.stats.num_page_maps), static_cast<long long>(r.ooms),
-              r.external_fragmentation_at_peak, r.ns_per_op);
+              r.external_fragmentation_at_peak, last.c_str(), r.ns_per_op);
   if (r.unknown_frees > 0) {
     std::printf("%30s (%llu frees of pointers the trace never allocated: skipped)\n", "",
                 static_cast<unsigned long long>(r.unknown_frees));
@@ -231,6 +242,24 @@ void print_details(const tools::ReplayResult& r) {
                 static_cast<unsigned long long>(s.id), static_cast<unsigned long long>(s.counters.same_stream_reuses),
                 static_cast<unsigned long long>(s.counters.cross_stream_reuses));
   }
+}
+
+// What a loop past its warm-up would ask of the device at every step. Maps
+// and unmaps timed on an H200 (README): about 0.5 ms and 0.3 ms a page.
+double churn_cost_ms(const tools::ReplayResult::DeviceCalls& c) {
+  return static_cast<double>(c.page_maps) * 0.5 + static_cast<double>(c.page_unmaps) * 0.3;
+}
+
+std::string churn(const tools::ReplayResult::DeviceCalls& c) {
+  std::string s = "the last pass maps " + std::to_string(c.page_maps) + " pages and unmaps " +
+                  std::to_string(c.page_unmaps);
+  char ms[64];
+  std::snprintf(ms, sizeof ms, " (about %.0f ms per pass on an H200)", churn_cost_ms(c));
+  s += ms;
+  if (c.mallocs + c.frees > 0) {
+    s += ", and makes " + std::to_string(c.mallocs) + " cudaMalloc and " + std::to_string(c.frees) + " cudaFree calls";
+  }
+  return s;
 }
 
 }  // namespace
@@ -299,7 +328,13 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  // A sweep: per trace, configurations by peak reserved; then the overall best.
+  // A sweep: per trace, configurations by peak reserved; then the overall
+  // best. With several passes, a best whose last pass still maps and unmaps
+  // pages (a loop past its warm-up would pay that at every step) is said so,
+  // with the lowest peak among the configurations that pay a tenth of that
+  // or less (or 1 ms per pass): the other end of the trade.
+  auto churn_ms = [](const Row& r, std::size_t t) { return churn_cost_ms(r.results[t].last_pass); };
+  auto calm_enough = [](double ms, double than) { return ms < than && ms <= std::max(1.0, than / 10); };
   for (std::size_t t = 0; t < traces.size(); ++t) {
     std::vector<const Row*> order;
     for (const Row& r : rows) order.push_back(&r);
@@ -311,16 +346,50 @@ int main(int argc, char** argv) {
     print_header();
     for (const Row* r : order) print_row(r->results[t], r->conf.empty() ? "(defaults)" : r->conf);
     std::printf("best for %s: GPUPOOL_CONF=%s\n", traces[t].name.c_str(), order[0]->conf.c_str());
+    if (!order[0]->results[t].last_pass.any()) continue;
+    std::printf("  %s\n", churn(order[0]->results[t].last_pass).c_str());
+    for (const Row* r : order) {
+      if (r->results[t].ooms == order[0]->results[t].ooms && calm_enough(churn_ms(*r, t), churn_ms(*order[0], t))) {
+        std::printf("  remapping a tenth as much or less: GPUPOOL_CONF=%s (%.4f; about %.1f ms per pass)\n",
+                    r->conf.c_str(), r->results[t].ratio(), churn_ms(*r, t));
+        break;
+      }
+    }
   }
+  auto ooms_of = [](const Row& r) {
+    std::int64_t ooms = 0;
+    for (const auto& x : r.results) ooms += x.ooms;
+    return ooms;
+  };
+  auto total_churn_ms = [&](const Row& r) {
+    double ms = 0.0;
+    for (std::size_t t = 0; t < traces.size(); ++t) ms += churn_ms(r, t);
+    return ms;
+  };
+  auto better = [&](const Row& a, const Row& b) {
+    return ooms_of(a) < ooms_of(b) || (ooms_of(a) == ooms_of(b) && a.mean_ratio < b.mean_ratio);
+  };
   const Row* best = &rows[0];
   for (const Row& r : rows) {
-    std::int64_t ooms = 0, best_ooms = 0;
-    for (const auto& x : r.results) ooms += x.ooms;
-    for (const auto& x : best->results) best_ooms += x.ooms;
-    if (ooms < best_ooms || (ooms == best_ooms && r.mean_ratio < best->mean_ratio)) best = &r;
+    if (better(r, *best)) best = &r;
   }
   std::printf("\nrecommended for %s: GPUPOOL_CONF=%s  (peak reserved / peak live: mean %.4f, worst %.4f)\n",
               traces.size() == 1 ? "this trace" : "these traces together", best->conf.c_str(), best->mean_ratio,
               best->worst_ratio);
+  if (total_churn_ms(*best) > 0.0) {
+    const Row* calmer = nullptr;
+    for (const Row& r : rows) {
+      if (ooms_of(r) == ooms_of(*best) && calm_enough(total_churn_ms(r), total_churn_ms(*best)) &&
+          (calmer == nullptr || better(r, *calmer))) {
+        calmer = &r;
+      }
+    }
+    std::printf("  past the first pass it keeps remapping pages: about %.0f ms per pass on an H200 over all traces\n",
+                total_churn_ms(*best));
+    if (calmer != nullptr) {
+      std::printf("  remapping a tenth as much or less: GPUPOOL_CONF=%s  (mean %.4f, worst %.4f; about %.1f ms per pass)\n",
+                  calmer->conf.c_str(), calmer->mean_ratio, calmer->worst_ratio, total_churn_ms(*calmer));
+    }
+  }
   return 0;
 }

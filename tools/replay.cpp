@@ -50,7 +50,9 @@ ReplayResult replay(const Trace& trace, const PoolOptions& options, std::size_t 
   std::int64_t reserved_peak = 0;
 
   const auto start = std::chrono::steady_clock::now();
+  MemoryStats before_last;
   for (int pass = 0; pass < passes; ++pass) {
+    if (pass == passes - 1 && passes > 1) before_last = pool.stats();
     for (std::size_t index = 0; index < trace.events.size(); ++index) {
       const TraceEvent& e = trace.events[index];
       const StreamId stream = plain ? kAnyStream : pool_stream(e.stream);
@@ -104,6 +106,12 @@ ReplayResult replay(const Trace& trace, const PoolOptions& options, std::size_t 
   r.peak_live = static_cast<std::size_t>(s.requested_bytes[kAll].peak);
   r.peak_reserved = static_cast<std::size_t>(s.reserved_bytes[kAll].peak);
   r.upstream_mallocs = s.num_device_alloc;
+  if (passes > 1) {
+    r.last_pass = ReplayResult::DeviceCalls{s.num_page_maps - before_last.num_page_maps,
+                                            s.num_page_unmaps - before_last.num_page_unmaps,
+                                            s.num_device_alloc - before_last.num_device_alloc,
+                                            s.num_device_free - before_last.num_device_free};
+  }
   r.ooms = s.num_ooms;
   r.external_fragmentation_at_peak = pool.fragmentation_at_peak().external;
   r.ns_per_op = operations == 0 ? 0.0 : seconds * 1e9 / static_cast<double>(operations);

@@ -34,6 +34,15 @@ struct ReplayResult {
   std::uint64_t stream_waits = 0;
   std::uint64_t stream_queries = 0;
   std::uint64_t barriers = 0;
+  // What the last of several passes asked of the device: a training loop
+  // past its first steps would pay it at every step (0 with one pass).
+  struct DeviceCalls {
+    std::int64_t page_maps = 0;
+    std::int64_t page_unmaps = 0;
+    std::int64_t mallocs = 0;
+    std::int64_t frees = 0;
+    bool any() const { return page_maps + page_unmaps + mallocs + frees > 0; }
+  } last_pass;
   report::DeviceReport device;      // the pool's state at the end, for details
   // The request that last raised the reserved peak, and the cache right then.
   struct PeakCause {

@@ -204,24 +204,39 @@ class Replay(ShimTest):
             if i % 2 == 1:
                 lines.append(f"1,00:00:00.{i:06d},free,{live.pop(-2):#x},0,0x0")
         path = self.write("w.csv", "Thread,Time,Action,Pointer,Size,Stream\n" + "\n".join(lines) + "\n")
-        out = self.replay("--passes", "2", "--tune", "--json", path)
+        out = self.replay("--passes", "3", "--tune", "--json", path)
         self.assertEqual(out.returncode, 0, out.stderr)
         rows = [json.loads(line) for line in out.stdout.splitlines()]
         self.assertEqual(len(rows), 10)
         for r in rows:
-            self.assertEqual((r["allocations"], r["frees"], r["unknown_frees"]), (800, 400, 0))
+            self.assertEqual((r["allocations"], r["frees"], r["unknown_frees"]), (1200, 600, 0))
             conf = dict(kv.split(":", 1) for kv in r["conf"].split(","))
             fixed = conf["expandable_segments"] == "0"
             self.assertEqual("max_split_size_mb" in conf, fixed, r["conf"])
             self.assertEqual("recycle_pages" in conf, not fixed, r["conf"])
             self.assertEqual(r["upstream_mallocs"] > 0, fixed, r["conf"])
             self.assertEqual(r["page_maps"] > 0, not fixed, r["conf"])
-        table = self.replay("--passes", "2", "--tune", path)
+        table = self.replay("--passes", "3", "--tune", path)
         self.assertEqual(table.returncode, 0, table.stderr)
         lowest = min(rows, key=lambda r: r["peak_reserved_bytes"])
         recommended = re.search(r"recommended for this trace: GPUPOOL_CONF=(\S+)", table.stdout).group(1)
-        self.assertEqual(next(r for r in rows if r["conf"] == recommended)["peak_reserved_bytes"],
-                         lowest["peak_reserved_bytes"])
+        best = next(r for r in rows if r["conf"] == recommended)
+        self.assertEqual(best["peak_reserved_bytes"], lowest["peak_reserved_bytes"])
+        # On this trace the lowest peak comes from recycling every idle page, which goes on
+        # remapping past the first pass: the other end of the trade is named.
+        def churn_ms(r):
+            return r["last_pass_page_maps"] * 0.5 + r["last_pass_page_unmaps"] * 0.3
+        self.assertGreater(churn_ms(best), 0)
+        self.assertIn("past the first pass it keeps remapping pages", table.stdout)
+        calm = [r for r in rows if churn_ms(r) < churn_ms(best) and churn_ms(r) <= max(1.0, churn_ms(best) / 10)]
+        calmest = min(calm, key=lambda r: r["peak_reserved_bytes"])
+        named = re.search(r"  remapping a tenth as much or less: GPUPOOL_CONF=(\S+)  \(mean", table.stdout).group(1)
+        self.assertEqual(next(r for r in rows if r["conf"] == named)["peak_reserved_bytes"],
+                         calmest["peak_reserved_bytes"])
+        # One pass has no "past the first pass".
+        single = [json.loads(line) for line in self.replay("--tune", "--json", path).stdout.splitlines()]
+        self.assertTrue(all(r["last_pass_page_maps"] == r["last_pass_page_unmaps"] == 0 for r in single))
+        self.assertNotIn("past the first pass", self.replay("--tune", path).stdout)
 
     def test_bad_settings_are_refused(self):
         path = self.write("t.csv", "Thread,Time,Action,Pointer,Size,Stream\n")
