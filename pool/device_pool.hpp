@@ -159,7 +159,7 @@ class DevicePool {
   Block* new_segment(PoolKind kind, std::size_t bytes, StreamId consumer, bool* limit_reached);
   // Registers [base, base+bytes) as a segment of one block (returned, in no pool yet).
   Block* add_segment(PoolKind kind, DevicePtr base, std::size_t bytes, bool expandable);
-  void carve(Block* b, std::size_t rounded);
+  void carve(Block* b, std::size_t rounded, StreamId consumer);
   void add_free(Block* b);
   void remove_free(Block* b);
   void absorb_next(Block* low);

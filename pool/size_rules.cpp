@@ -45,15 +45,9 @@ std::size_t segment_size(std::size_t rounded, const PoolOptions& options) {
 }
 
 bool should_split(std::size_t block_size, std::size_t rounded, PoolKind kind,
-                  const PoolOptions& options) {
+                  const PoolOptions& options, bool fine_remainders) {
   const std::size_t remaining = block_size - rounded;
-  // A remainder stranded in a fixed segment is lost to requests of its pool
-  // until its neighbour is freed; a large pool's small remainder often is. In
-  // an expandable segment it joins its neighbours once they are free and can
-  // grow into the pages after it, so it is split off as in the small pool (as
-  // PyTorch does): replayed, lm-train-a's peak went from 1.0088x to 1.0024x
-  // of live bytes, lora-finetune-1.3b's from 1.0279x to 1.0179x.
-  if (kind == PoolKind::Small || options.expandable_segments) return remaining >= kMinBlockSize;
+  if (kind == PoolKind::Small || fine_remainders) return remaining >= kMinBlockSize;
   return rounded < options.max_split_size && remaining > kLargeSplitRemainder;
 }
 

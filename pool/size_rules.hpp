@@ -33,8 +33,10 @@ inline PoolKind pool_kind(std::size_t rounded) {
 std::size_t segment_size(std::size_t rounded, const PoolOptions& options);
 
 // Whether a free block of `block_size` serving `rounded` bytes is split, leaving
-// the remainder cached. `options` as the pool runs with them (DevicePool::options).
+// the remainder cached. A large block keeps a remainder of up to 1 MiB (a
+// small one would be stranded in the large pool) unless `fine_remainders`
+// (see DevicePool::carve). `options` as the pool runs with them.
 bool should_split(std::size_t block_size, std::size_t rounded, PoolKind kind,
-                  const PoolOptions& options);
+                  const PoolOptions& options, bool fine_remainders = false);
 
 }  // namespace gpupool

@@ -190,18 +190,26 @@ TEST_CASE_METHOD(ExpandableFixture, "a split limit does not hold in expandable s
   check_mapping();
 }
 
-TEST_CASE_METHOD(ExpandableFixture, "a large block's remainder under 1 MiB is split off and joins its neighbours") {
+TEST_CASE_METHOD(ExpandableFixture, "a stream-ordered request splits off a remainder under 1 MiB, a plain one not") {
+  constexpr StreamId kStream = 0x1000;
   make();
-  const DevicePtr a = alloc(8 * kMiB);
-  const DevicePtr guard = alloc(2 * kMiB);
-  release(a);
+  pool->stream_created(kStream, StreamKind::Blocking);
+  const DevicePtr a = alloc(8 * kMiB, kStream);
+  const DevicePtr guard = alloc(2 * kMiB, kStream);
+  release(a, kStream);
   const std::int64_t allocated = current(pool->stats().allocated_bytes);
-  const DevicePtr b = alloc(8 * kMiB - 512);
+  const DevicePtr b = alloc(8 * kMiB - 512, kStream);
   CHECK(b == a);
   CHECK(current(pool->stats().allocated_bytes) - allocated == static_cast<std::int64_t>(8 * kMiB - 512));
-  release(b);  // joins the 512 B remainder: one free block of 8 MiB again
-  CHECK(alloc(8 * kMiB) == a);
-  release(guard);
+  release(b, kStream);  // joins the 512 B remainder: one free block of 8 MiB again
+  CHECK(alloc(8 * kMiB, kStream) == a);
+  release(a, kStream);
+  // A plain request keeps the remainder with the block (DevicePool::carve says why).
+  const DevicePtr c = alloc(8 * kMiB - 512);
+  CHECK(c == a);
+  CHECK(current(pool->stats().allocated_bytes) - allocated == static_cast<std::int64_t>(8 * kMiB));
+  release(c);
+  release(guard, kStream);
   check_mapping();
 }
 

@@ -60,13 +60,14 @@ TEST_CASE("split rules: small remainder >= 512 B, large remainder > 1 MiB and be
   CHECK_FALSE(should_split(20 * kMiB, 8 * kMiB, PoolKind::Large, o));
 }
 
-TEST_CASE("split rules in expandable segments: any remainder of 512 B or more, large or small") {
+TEST_CASE("split rules with fine remainders: any remainder of 512 B or more, large or small") {
   PoolOptions o;
   o.expandable_segments = true;
-  CHECK(should_split(3 * kMiB, 2 * kMiB, PoolKind::Large, o));  // 1 MiB: kept whole in a fixed segment
-  CHECK(should_split(2 * kMiB + 512, 2 * kMiB, PoolKind::Large, o));
-  CHECK_FALSE(should_split(2 * kMiB + 512, 2 * kMiB + 512, PoolKind::Large, o));
-  CHECK(should_split(2 * kMiB, 2 * kMiB - 512, PoolKind::Small, o));
+  CHECK_FALSE(should_split(3 * kMiB, 2 * kMiB, PoolKind::Large, o));  // 1 MiB: kept whole unless asked
+  CHECK(should_split(3 * kMiB, 2 * kMiB, PoolKind::Large, o, true));
+  CHECK(should_split(2 * kMiB + 512, 2 * kMiB, PoolKind::Large, o, true));
+  CHECK_FALSE(should_split(2 * kMiB + 512, 2 * kMiB + 512, PoolKind::Large, o, true));
+  CHECK(should_split(2 * kMiB, 2 * kMiB - 512, PoolKind::Small, o, true));
 }
 
 TEST_CASE("roundup_power2_divisions rounds to the next 1/N step between powers of two") {
