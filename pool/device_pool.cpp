@@ -318,8 +318,8 @@ void DevicePool::carve(Block* b, std::size_t rounded, StreamId consumer) {
   // stayed there over 40 passes. Not a plain request: the sweep through
   // covered memory (plain_reuse.cpp) and page recycling then made them creep;
   // lora-finetune-1.3b replayed plain went from 1.0247x at 2 passes to
-  // 1.0354x at 40, remapping about 25 pages a pass, where whole remainders
-  // hold 1.0283x and remap 14 pages in all after the second pass.
+  // 1.0354x at 40, with about 25 page mappings and unmappings a pass, where
+  // whole remainders hold 1.0283x with 14 in all after the second pass.
   const bool fine_remainders = expandable() && consumer != kAnyStream;
   if (!should_split(b->size, rounded, kind, options_, fine_remainders)) return;
   Block* rest = new_block();

@@ -245,14 +245,15 @@ void print_details(const tools::ReplayResult& r) {
 }
 
 // What a loop past its warm-up would ask of the device at every step. Maps
-// and unmaps timed on an H200 (README): about 0.5 ms and 0.3 ms a page.
+// and unmaps (each of a run of pages) timed on an H200 (README): about
+// 0.5 ms and 0.3 ms each.
 double churn_cost_ms(const tools::ReplayResult::DeviceCalls& c) {
   return static_cast<double>(c.page_maps) * 0.5 + static_cast<double>(c.page_unmaps) * 0.3;
 }
 
 std::string churn(const tools::ReplayResult::DeviceCalls& c) {
-  std::string s = "the last pass maps " + std::to_string(c.page_maps) + " pages and unmaps " +
-                  std::to_string(c.page_unmaps);
+  std::string s = "the last pass maps pages " + std::to_string(c.page_maps) + " times and unmaps them " +
+                  std::to_string(c.page_unmaps) + " times";
   char ms[64];
   std::snprintf(ms, sizeof ms, " (about %.0f ms per pass on an H200)", churn_cost_ms(c));
   s += ms;
