@@ -79,7 +79,7 @@ class AdaptiveMutex {
   enum : int { kUnlocked = 0, kLocked = 1, kContended = 2 };
   // Plain cudaMalloc/cudaFree pairs from 2 and 4 threads on the simulated
   // runtime, here (2 cores, a pause takes 25 ns): spinning 10 us instead of
-  // 2.5 us took 13-15% off their time, 37 us added 7-9%.
+  // 2.5 us took 13-15% off their time, 37 us added 7-10%.
   static constexpr std::int64_t kSpinNs = 10'000;
   static std::int64_t now_ns() {
     timespec ts;

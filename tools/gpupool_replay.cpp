@@ -197,14 +197,10 @@ void print_header() {
               "ratio", "cudaMalloc", "maps", "OOMs", "extfrag@pk", "last pass", "ns/op");
 }
 
-std::int64_t device_calls(const tools::ReplayResult::DeviceCalls& c) {
-  return c.page_maps + c.page_unmaps + c.mallocs + c.frees;
-}
-
 // "last pass": the device calls (maps, unmaps, cudaMalloc, cudaFree) of the
 // last pass, which a loop would make at every step; "-" with one pass.
 void print_row(const tools::ReplayResult& r, const std::string& label) {
-  const std::string last = r.passes > 1 ? std::to_string(device_calls(r.last_pass)) : "-";
+  const std::string last = r.passes > 1 ? std::to_string(r.last_pass.total()) : "-";
   std::printf("%-30s %8llu %12s %14s %8.4f %10lld %7lld %5lld %9.3f %9s %7.0f\n", label.c_str(),
               static_cast<unsigned long long>(r.allocations), human(r.peak_live).c_str(),
               human(r.peak_reserved).c_str(), r.ratio(), static_cast<long long>(r.upstream_mallocs),

@@ -328,6 +328,11 @@ class Command(ShimTest):
         self.assertEqual(out.returncode, 1)
         self.assertRegex(out.stdout, r"GPUPOOL_MAX_SPLIT_SIZE_MB\s+unlimited\s+256")
         self.assertIn("GPUPOOL_LOG_FORMAT: must be one of text or json ('xml'); using text", out.stderr)
+        # A split limit beside the default expandable segments is a note on stderr, not a problem.
+        self.assertIn("max_split_size_mb (256) applies to fixed segments only", out.stderr)
+        only_note = self.gpupool("config", env={"GPUPOOL_CONF": "max_split_size_mb:256"})
+        self.assertEqual(only_note.returncode, 0)
+        self.assertIn("max_split_size_mb (256) applies to fixed segments only", only_note.stderr)
 
 
 if __name__ == "__main__":
