@@ -1,0 +1,243 @@
+// The driver API subset that nvcc's static runtime fetches for memory, streams
+// and events, over the same simulated device as the runtime API. The library
+// is also installed as libcuda.so.1, so a program that opens the driver the
+// way the static runtime does (dlopen, then dlsym of cuGetProcAddress_v2, then
+// every entry point through it) runs here. Each function calls the runtime
+// function of the same meaning inside this library (linked with
+// -Bsymbolic-functions: a preloaded cudaMalloc does not catch these calls).
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+
+#include "sim/vmm.hpp"
+
+extern "C" {
+cudaError_t cudaMallocAsync_ptsz(void**, size_t, cudaStream_t);
+cudaError_t cudaFreeAsync_ptsz(void*, cudaStream_t);
+cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t);
+cudaError_t cudaStreamQuery_ptsz(cudaStream_t);
+cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t, cudaEvent_t, unsigned int);
+cudaError_t cudaEventRecord_ptsz(cudaEvent_t, cudaStream_t);
+cudaError_t cudaLaunchHostFunc_ptsz(cudaStream_t, cudaHostFn_t, void*);
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t, cudaStreamCaptureMode);
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t, cudaGraph_t*);
+cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t, cudaStreamCaptureStatus*);
+cudaError_t cudaStreamGetFlags_ptsz(cudaStream_t, unsigned int*);
+}
+
+namespace {
+
+// The runtime's error codes are the driver's numbers for every code used here.
+CUresult cu(cudaError_t err) { return static_cast<CUresult>(err); }
+void* ptr(CUdeviceptr p) { return reinterpret_cast<void*>(static_cast<uintptr_t>(p)); }
+cudaStream_t rt(CUstream s) { return reinterpret_cast<cudaStream_t>(s); }
+cudaEvent_t rt(CUevent e) { return reinterpret_cast<cudaEvent_t>(e); }
+
+// A context is its device, plus one (never null).
+CUcontext context_of(int device) { return reinterpret_cast<CUcontext>(static_cast<uintptr_t>(device) + 1); }
+
+CUresult init(unsigned int) { return CUDA_SUCCESS; }
+CUresult driver_version(int* v) {
+  if (v == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *v = 13000;
+  return CUDA_SUCCESS;
+}
+CUresult device_count(int* n) { return cu(cudaGetDeviceCount(n)); }
+CUresult ctx_get_device(CUdevice* d) { return cu(cudaGetDevice(d)); }
+CUresult primary_ctx_retain(CUcontext* ctx, CUdevice d) {
+  int n = 0;
+  cudaGetDeviceCount(&n);
+  if (ctx == nullptr || d < 0 || d >= n) return CUDA_ERROR_INVALID_VALUE;
+  *ctx = context_of(d);
+  return CUDA_SUCCESS;
+}
+CUresult ctx_set_current(CUcontext ctx) {
+  if (ctx == nullptr) return CUDA_SUCCESS;
+  return cu(cudaSetDevice(static_cast<int>(reinterpret_cast<uintptr_t>(ctx) - 1)));
+}
+CUresult ctx_get_current(CUcontext* ctx) {
+  int d = 0;
+  cudaGetDevice(&d);
+  *ctx = context_of(d);
+  return CUDA_SUCCESS;
+}
+CUresult ctx_synchronize() { return cu(cudaDeviceSynchronize()); }
+CUresult primary_ctx_reset(CUdevice d) {
+  int current = 0;
+  cudaGetDevice(&current);
+  if (const cudaError_t err = cudaSetDevice(d); err != cudaSuccess) return cu(err);
+  const cudaError_t err = cudaDeviceReset();
+  cudaSetDevice(current);
+  return cu(err);
+}
+
+CUresult mem_alloc(CUdeviceptr* p, size_t n) { return cu(cudaMalloc(reinterpret_cast<void**>(p), n)); }
+CUresult mem_free(CUdeviceptr p) { return cu(cudaFree(ptr(p))); }
+CUresult mem_alloc_async(CUdeviceptr* p, size_t n, CUstream s) {
+  return cu(cudaMallocAsync(reinterpret_cast<void**>(p), n, rt(s)));
+}
+CUresult mem_alloc_async_ptsz(CUdeviceptr* p, size_t n, CUstream s) {
+  return cu(cudaMallocAsync_ptsz(reinterpret_cast<void**>(p), n, rt(s)));
+}
+CUresult mem_free_async(CUdeviceptr p, CUstream s) { return cu(cudaFreeAsync(ptr(p), rt(s))); }
+CUresult mem_free_async_ptsz(CUdeviceptr p, CUstream s) { return cu(cudaFreeAsync_ptsz(ptr(p), rt(s))); }
+CUresult mem_get_info(size_t* free_bytes, size_t* total) { return cu(cudaMemGetInfo(free_bytes, total)); }
+CUresult memcpy_htod(CUdeviceptr dst, const void* src, size_t n) {
+  return cu(cudaMemcpy(ptr(dst), src, n, cudaMemcpyHostToDevice));
+}
+CUresult memcpy_dtoh(void* dst, CUdeviceptr src, size_t n) {
+  return cu(cudaMemcpy(dst, ptr(src), n, cudaMemcpyDeviceToHost));
+}
+CUresult ipc_get_mem_handle(CUipcMemHandle* handle, CUdeviceptr p) {
+  static_assert(sizeof(CUipcMemHandle) == sizeof(cudaIpcMemHandle_t));
+  return cu(cudaIpcGetMemHandle(reinterpret_cast<cudaIpcMemHandle_t*>(handle), ptr(p)));
+}
+
+CUresult stream_create(CUstream* s, unsigned int flags) {
+  return cu(cudaStreamCreateWithFlags(reinterpret_cast<cudaStream_t*>(s), flags));
+}
+CUresult stream_create_with_priority(CUstream* s, unsigned int flags, int priority) {
+  return cu(cudaStreamCreateWithPriority(reinterpret_cast<cudaStream_t*>(s), flags, priority));
+}
+CUresult stream_destroy(CUstream s) { return cu(cudaStreamDestroy(rt(s))); }
+CUresult stream_get_flags(CUstream s, unsigned int* flags) { return cu(cudaStreamGetFlags(rt(s), flags)); }
+CUresult stream_get_flags_ptsz(CUstream s, unsigned int* flags) { return cu(cudaStreamGetFlags_ptsz(rt(s), flags)); }
+CUresult stream_synchronize(CUstream s) { return cu(cudaStreamSynchronize(rt(s))); }
+CUresult stream_synchronize_ptsz(CUstream s) { return cu(cudaStreamSynchronize_ptsz(rt(s))); }
+CUresult stream_query(CUstream s) { return cu(cudaStreamQuery(rt(s))); }
+CUresult stream_query_ptsz(CUstream s) { return cu(cudaStreamQuery_ptsz(rt(s))); }
+CUresult stream_wait_event(CUstream s, CUevent e, unsigned int flags) {
+  return cu(cudaStreamWaitEvent(rt(s), rt(e), flags));
+}
+CUresult stream_wait_event_ptsz(CUstream s, CUevent e, unsigned int flags) {
+  return cu(cudaStreamWaitEvent_ptsz(rt(s), rt(e), flags));
+}
+CUresult launch_host_func(CUstream s, CUhostFn fn, void* data) { return cu(cudaLaunchHostFunc(rt(s), fn, data)); }
+CUresult launch_host_func_ptsz(CUstream s, CUhostFn fn, void* data) {
+  return cu(cudaLaunchHostFunc_ptsz(rt(s), fn, data));
+}
+// The first capture call took no mode; it captured as the global mode does.
+CUresult begin_capture_v1(CUstream s) { return cu(cudaStreamBeginCapture(rt(s), cudaStreamCaptureModeGlobal)); }
+CUresult begin_capture(CUstream s, CUstreamCaptureMode mode) {
+  return cu(cudaStreamBeginCapture(rt(s), static_cast<cudaStreamCaptureMode>(mode)));
+}
+CUresult begin_capture_ptsz(CUstream s, CUstreamCaptureMode mode) {
+  return cu(cudaStreamBeginCapture_ptsz(rt(s), static_cast<cudaStreamCaptureMode>(mode)));
+}
+CUresult end_capture(CUstream s, CUgraph* g) {
+  return cu(cudaStreamEndCapture(rt(s), reinterpret_cast<cudaGraph_t*>(g)));
+}
+CUresult end_capture_ptsz(CUstream s, CUgraph* g) {
+  return cu(cudaStreamEndCapture_ptsz(rt(s), reinterpret_cast<cudaGraph_t*>(g)));
+}
+CUresult is_capturing(CUstream s, CUstreamCaptureStatus* status) {
+  return cu(cudaStreamIsCapturing(rt(s), reinterpret_cast<cudaStreamCaptureStatus*>(status)));
+}
+CUresult is_capturing_ptsz(CUstream s, CUstreamCaptureStatus* status) {
+  return cu(cudaStreamIsCapturing_ptsz(rt(s), reinterpret_cast<cudaStreamCaptureStatus*>(status)));
+}
+CUresult graph_destroy(CUgraph g) { return cu(cudaGraphDestroy(reinterpret_cast<cudaGraph_t>(g))); }
+
+CUresult event_create(CUevent* e, unsigned int flags) {
+  return cu(cudaEventCreateWithFlags(reinterpret_cast<cudaEvent_t*>(e), flags));
+}
+CUresult event_destroy(CUevent e) { return cu(cudaEventDestroy(rt(e))); }
+CUresult event_record(CUevent e, CUstream s) { return cu(cudaEventRecord(rt(e), rt(s))); }
+CUresult event_record_ptsz(CUevent e, CUstream s) { return cu(cudaEventRecord_ptsz(rt(e), rt(s))); }
+CUresult event_query(CUevent e) { return cu(cudaEventQuery(rt(e))); }
+CUresult event_synchronize(CUevent e) { return cu(cudaEventSynchronize(rt(e))); }
+
+struct Entry {
+  const char* name;
+  int since;          // the first CUDA version whose entry point this is
+  void* legacy;       // CU_GET_PROC_ADDRESS_DEFAULT or _LEGACY_STREAM
+  void* per_thread;   // CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+};
+
+template <typename F>
+void* fn(F* f) {
+  return reinterpret_cast<void*>(f);
+}
+
+// Name and version as cuGetProcAddress takes them; a later row of the same
+// name is a later version with another signature.
+const Entry kEntries[] = {
+    {"cuInit", 2000, fn(init), fn(init)},
+    {"cuDriverGetVersion", 2020, fn(driver_version), fn(driver_version)},
+    {"cuDeviceGetCount", 2000, fn(device_count), fn(device_count)},
+    {"cuCtxGetDevice", 2000, fn(ctx_get_device), fn(ctx_get_device)},
+    {"cuCtxSetCurrent", 4000, fn(ctx_set_current), fn(ctx_set_current)},
+    {"cuCtxGetCurrent", 4000, fn(ctx_get_current), fn(ctx_get_current)},
+    {"cuCtxSynchronize", 2000, fn(ctx_synchronize), fn(ctx_synchronize)},
+    {"cuDevicePrimaryCtxRetain", 7000, fn(primary_ctx_retain), fn(primary_ctx_retain)},
+    {"cuDevicePrimaryCtxReset", 7000, fn(primary_ctx_reset), fn(primary_ctx_reset)},
+    {"cuMemAlloc", 3020, fn(mem_alloc), fn(mem_alloc)},
+    {"cuMemFree", 3020, fn(mem_free), fn(mem_free)},
+    {"cuMemAllocAsync", 11020, fn(mem_alloc_async), fn(mem_alloc_async_ptsz)},
+    {"cuMemFreeAsync", 11020, fn(mem_free_async), fn(mem_free_async_ptsz)},
+    {"cuMemGetInfo", 3020, fn(mem_get_info), fn(mem_get_info)},
+    {"cuMemcpyHtoD", 3020, fn(memcpy_htod), fn(memcpy_htod)},
+    {"cuMemcpyDtoH", 3020, fn(memcpy_dtoh), fn(memcpy_dtoh)},
+    {"cuIpcGetMemHandle", 4010, fn(ipc_get_mem_handle), fn(ipc_get_mem_handle)},
+    {"cuStreamCreate", 2000, fn(stream_create), fn(stream_create)},
+    {"cuStreamCreateWithPriority", 5050, fn(stream_create_with_priority), fn(stream_create_with_priority)},
+    {"cuStreamDestroy", 4000, fn(stream_destroy), fn(stream_destroy)},
+    {"cuStreamGetFlags", 5050, fn(stream_get_flags), fn(stream_get_flags_ptsz)},
+    {"cuStreamSynchronize", 2000, fn(stream_synchronize), fn(stream_synchronize_ptsz)},
+    {"cuStreamQuery", 2000, fn(stream_query), fn(stream_query_ptsz)},
+    {"cuStreamWaitEvent", 3020, fn(stream_wait_event), fn(stream_wait_event_ptsz)},
+    {"cuLaunchHostFunc", 10000, fn(launch_host_func), fn(launch_host_func_ptsz)},
+    {"cuStreamBeginCapture", 10000, fn(begin_capture_v1), fn(begin_capture_v1)},
+    {"cuStreamBeginCapture", 10010, fn(begin_capture), fn(begin_capture_ptsz)},
+    {"cuStreamEndCapture", 10000, fn(end_capture), fn(end_capture_ptsz)},
+    {"cuStreamIsCapturing", 10000, fn(is_capturing), fn(is_capturing_ptsz)},
+    {"cuGraphDestroy", 10000, fn(graph_destroy), fn(graph_destroy)},
+    {"cuEventCreate", 2000, fn(event_create), fn(event_create)},
+    {"cuEventDestroy", 4000, fn(event_destroy), fn(event_destroy)},
+    {"cuEventRecord", 2000, fn(event_record), fn(event_record_ptsz)},
+    {"cuEventQuery", 2000, fn(event_query), fn(event_query)},
+    {"cuEventSynchronize", 2000, fn(event_synchronize), fn(event_synchronize)},
+};
+
+}  // namespace
+
+extern "C" {
+
+// The 4-argument form, exported under its own name (cuda.h maps the name to _v2).
+CUresult get_proc_address_v1(const char* symbol, void** pfn, int version, cuuint64_t flags) __asm__("cuGetProcAddress");
+
+CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult* status) {
+  if (symbol == nullptr || pfn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *pfn = nullptr;
+  CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  if (std::strcmp(symbol, "cuGetProcAddress") == 0) {  // itself: the 5-argument form from 12.0
+    *pfn = version >= 12000 ? reinterpret_cast<void*>(&cuGetProcAddress_v2) : reinterpret_cast<void*>(&get_proc_address_v1);
+    found = CU_GET_PROC_ADDRESS_SUCCESS;
+  }
+  for (const Entry& e : kEntries) {
+    if (std::strcmp(e.name, symbol) != 0) continue;
+    if (e.since > version) {
+      if (*pfn == nullptr) found = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+      continue;
+    }
+    *pfn = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0 ? e.per_thread : e.legacy;
+    found = CU_GET_PROC_ADDRESS_SUCCESS;
+  }
+  if (*pfn == nullptr && found == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND) {
+    *pfn = simcuda::driver_entry_point(symbol);  // the virtual memory calls
+    if (*pfn != nullptr) found = CU_GET_PROC_ADDRESS_SUCCESS;
+  }
+  if (status != nullptr) *status = found;
+  return *pfn != nullptr ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+CUresult get_proc_address_v1(const char* symbol, void** pfn, int version, cuuint64_t flags) {
+  return cuGetProcAddress_v2(symbol, pfn, version, flags, nullptr);
+}
+
+CUresult cuInit(unsigned int flags) { return init(flags); }
+CUresult cuDriverGetVersion(int* version) { return driver_version(version); }
+
+}  // extern "C"
