@@ -66,6 +66,8 @@ arch=-arch=native
 # nvcc's default: the CUDA runtime linked in, out of the preload's reach.
 "$nvcc" $arch -O2 -o "$out/user_program_static" tests/gpu/user_program.cu 2>>"$out/nvcc.log" ||
   { echo "gpu-check: nvcc failed ($out/nvcc.log)"; exit 1; }
+"$nvcc" $arch -O2 -o "$out/hazards_gpu_static" tests/gpu/hazards_gpu.cu 2>>"$out/nvcc.log" ||
+  { echo "gpu-check: nvcc failed ($out/nvcc.log)"; exit 1; }
 
 pool=(LD_PRELOAD="$lib" GPUPOOL_LOG="$out/report-%e-%p.json" GPUPOOL_LOG_FORMAT=json)
 # Room for one 16 MiB block: a request on another stream must take the cached
@@ -140,6 +142,25 @@ if [ "$(grep -c "so gpupool pooled nothing" "$unseen_log")" = 1 ]; then
 else
   record "nvcc static-runtime program is told why nothing was pooled" FAIL "no such line, or more than one ($unseen_log)"
 fi
+# With static_runtime:1 the same binaries are pooled through the driver hook:
+# every allocation in the report, and each hazard case ordered (and shown to
+# break without ordering, which only a pooled run can).
+static_report="$out/report-static.json"
+run "nvcc static-runtime program, static_runtime:1" 0 "${pool[@]}" GPUPOOL_STATIC_RUNTIME=1 \
+  GPUPOOL_LOG="$static_report" -- "$out/user_program_static"
+allocated=$(python3 -c "import json, sys; d = json.load(open(sys.argv[1]))
+print(d['devices']['0']['stats']['allocation.all.allocated'])" "$static_report" 2>/dev/null || echo none)
+if [ "$allocated" = 600 ]; then
+  record "static_runtime:1 pools every allocation" PASS "600 of 600 in the report"
+else
+  record "static_runtime:1 pools every allocation" FAIL "$allocated of 600 in the report ($static_report)"
+fi
+for case in cudafree-nonblocking cudafree-idle-streams cross-stream-pending destroyed-stream; do
+  run "static runtime: hazard $case" 0 "${pool[@]}" "${pressure[@]}" GPUPOOL_STATIC_RUNTIME=1 \
+    -- "$out/hazards_gpu_static" "$case"
+  run "static runtime: hazard $case shows without ordering" 1 "${pool[@]}" "${pressure[@]}" \
+    GPUPOOL_STATIC_RUNTIME=1 GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING=1 -- "$out/hazards_gpu_static" "$case"
+done
 
 # A loop of pairs whose working set needs a page more than the pool's peak:
 # on this runtime recycling once remapped pages on almost every pair (29 us a

@@ -12,11 +12,15 @@ extern "C" {
 #endif
 
 /* Raised whenever this struct changes: a core of another version is refused. */
-#define GPUPOOL_CORE_ABI 1
+#define GPUPOOL_CORE_ABI 2
 
 /* Finds a real CUDA runtime function: dlsym(RTLD_NEXT) in the preload
    library, the object that stands before the runtime in the search order. */
 typedef void* (*gpupool_lookup_fn)(const char* name);
+
+/* Finds a real CUDA driver entry point as cuGetProcAddress does (name without
+   version suffix, CUDA version, flags); returns the driver's CUresult. */
+typedef int (*gpupool_driver_lookup_fn)(const char* symbol, void** pfn, int version, unsigned long long flags);
 
 struct gpupool_core {
   int abi;
@@ -27,6 +31,10 @@ struct gpupool_core {
   void (*prepare_fork)(void);
   void (*parent_after_fork)(void);
   void (*child_after_fork)(void);
+  /* For a driver entry point the program's static runtime fetched (real, at
+     `version` with `flags`): the function to give it instead, or real. */
+  void* (*driver_entry)(const char* symbol, int version, unsigned long long flags, void* real,
+                        gpupool_driver_lookup_fn lookup);
 };
 
 /* The core's one exported function: its table, or NULL for another abi. */

@@ -19,6 +19,12 @@
 using gpupool::FreeResult;
 using gpupool::StreamId;
 using gpupool::shim::cuda_driver_loaded;
+
+namespace gpupool::shim {
+// driver_entry_points.cpp
+void* driver_entry(const char* symbol, int version, unsigned long long flags, void* real,
+                   gpupool_driver_lookup_fn lookup);
+}  // namespace gpupool::shim
 using gpupool::shim::explain_nothing_pooled;
 using gpupool::shim::fail;
 using gpupool::shim::real;
@@ -295,6 +301,7 @@ extern "C" __attribute__((visibility("default"))) const gpupool_core* gpupool_co
       &prepare_fork,
       &parent_after_fork,
       &child_after_fork,
+      &gpupool::shim::driver_entry,
   };
   return &table;
 }

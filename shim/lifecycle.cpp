@@ -27,11 +27,17 @@ bool cuda_driver_loaded() {
 }
 
 void explain_nothing_pooled() {
+#if defined(__x86_64__)
+  const char* static_runtime = "set GPUPOOL_STATIC_RUNTIME=1 to pool a program built with nvcc's default static "
+                               "runtime (or rebuild it with -cudart shared)";
+#else
+  const char* static_runtime = "a program built with nvcc's default static runtime must be rebuilt with -cudart shared";
+#endif
   message(config::LogLevel::Warn,
-          "gpupool: this program used CUDA, but none of its device memory was asked for with cudaMalloc or "
-          "cudaMallocAsync of the shared CUDA runtime, so gpupool pooled nothing; a program built with nvcc's "
-          "default static runtime must be rebuilt with -cudart shared, and memory taken through the driver API "
-          "(cuMemAlloc, as JAX/XLA takes it) is not pooled");
+          std::string("gpupool: this program used CUDA, but none of its device memory was asked for with cudaMalloc or "
+                      "cudaMallocAsync of the shared CUDA runtime, so gpupool pooled nothing; ") +
+              static_runtime +
+              "; memory a library takes through the driver API (cuMemAlloc, as JAX/XLA takes it) is not pooled");
 }
 
 void Runtime::on_report_signal(int) { report_requested_.store(true, std::memory_order_relaxed); }

@@ -87,6 +87,9 @@ static const struct gpupool_core* get_core(void) {
   return atomic_load_explicit(&core, memory_order_acquire);
 }
 
+/* For driver_hook.c. */
+__attribute__((visibility("hidden"))) const struct gpupool_core* gpupool_preload_core(void) { return get_core(); }
+
 #define GPUPOOL_ENTRY(name, params, args) \
   EXPORT cudaError_t name params { return get_core()->name args; }
 #include "shim/entry_points.def"

@@ -61,8 +61,18 @@ struct RealCuda {
 #undef GPUPOOL_DECLARE
 };
 
-// Resolved once, on first call, from whichever thread gets there first.
+// Resolved once, on first call, from whichever thread gets there first: the
+// shared runtime's functions; in a program without one whose static runtime's
+// driver calls gpupool took over (set_driver_lookup), functions that call the
+// driver (driver_runtime.hpp).
 const RealCuda& real();
+
+// True when real() calls the driver (a program with the static runtime).
+bool served_by_driver();
+
+// How real driver functions are found, for a program with the static runtime.
+// Set before the first call of real() to count.
+void set_driver_lookup(int (*lookup)(const char* symbol, void** pfn, int version, unsigned long long flags));
 
 // How real functions are found: the preload library's dlsym(RTLD_NEXT) (from
 // this library, loaded RTLD_LOCAL, RTLD_NEXT would not see the program's

@@ -2,9 +2,11 @@
 runtime, the exported interface, process lifecycle."""
 import glob
 import os
+import platform
 import re
 import shutil
 import subprocess
+import unittest
 
 from harness import BUILD, CORE, LIBRARY, ShimTest, main, sanitizer_runtime
 
@@ -284,7 +286,9 @@ class Fidelity(ShimTest):
         with open(os.path.join(shim, "entry_points.def")) as f:
             entries = sorted(re.findall(r"^GPUPOOL_ENTRY\((\w+),", f.read(), re.M))
         self.assertEqual(listed, entries)
-        self.assertEqual(exported(LIBRARY), listed)
+        # And dlsym, the static runtime's way to the driver (x86-64 only).
+        hooks = ["dlsym"] if platform.machine() == "x86_64" else []
+        self.assertEqual(exported(LIBRARY), sorted(listed + hooks))
         self.assertEqual(exported(CORE), ["gpupool_core_open"])
 
     def test_processes_that_never_use_cuda_load_only_the_small_library(self):
@@ -311,6 +315,89 @@ class Fidelity(ShimTest):
         self.assertSucceeded(run)
         self.assertNotIn("cannot load", run.stderr)
         self.assertEqual(run.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 1)
+
+
+@unittest.skipUnless(platform.machine() == "x86_64", "the static runtime hook is x86-64 only")
+class StaticRuntime(ShimTest):
+    """test-static-runtime reaches the driver as nvcc's static runtime does."""
+
+    ON = {"GPUPOOL_STATIC_RUNTIME": "1"}
+
+    def test_its_allocations_are_pooled_when_asked_and_told_when_not(self):
+        run = self.run_program(["test-static-runtime", "pairs", "60"], env=self.ON)
+        self.assertSucceeded(run)
+        stats = run.report()["devices"]["0"]["stats"]
+        self.assertEqual(stats["allocation.all.allocated"], 60)
+        self.assertEqual(stats["allocation.all.freed"], 60)
+        counters = run.counters()
+        self.assertEqual(counters["malloc_calls"], 0)  # expandable segments: pages mapped instead
+        self.assertLess(counters["vmm_maps"], 10)
+        self.assertNotIn("pooled nothing", run.stderr)
+        reports = len(run.reports())
+        off = self.run_program(["test-static-runtime", "pairs", "60"])
+        self.assertSucceeded(off)
+        self.assertEqual(off.counters()["malloc_calls"], 60)
+        self.assertEqual(len(off.reports()), reports)
+        self.assertEqual(off.stderr.count("GPUPOOL_STATIC_RUNTIME=1"), 1, off.stderr)
+
+    def test_stream_ordered_and_per_thread_stream_calls_are_pooled(self):
+        run = self.run_program(["test-static-runtime", "async", "20"], env=self.ON)
+        self.assertSucceeded(run)
+        self.assertEqual(run.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 40)
+        self.assertEqual(run.counters()["malloc_async_calls"], 0)
+
+    def test_a_block_freed_under_slower_work_is_reused_only_after_it(self):
+        run = self.run_program(["test-static-runtime", "hazard"], env=self.ON)
+        self.assertSucceeded(run)
+        self.assertEqual(run.output_json()["reused"], 1)  # the same block: the ordering was needed
+        # Without ordering the late write races the reuse (ThreadSanitizer builds
+        # would report that race on purpose: not reported).
+        unsafe = self.run_program(["test-static-runtime", "hazard"],
+                                  env={**self.ON, "GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING": "1",
+                                       "TSAN_OPTIONS": "report_bugs=0"})
+        self.assertEqual(unsafe.code, 1)
+        self.assertIn("overwritten by work queued before its free", unsafe.stderr)
+
+    def test_calls_during_a_capture_leave_it_valid(self):
+        run = self.run_program(["test-static-runtime", "capture"], env=self.ON)
+        self.assertSucceeded(run)
+        counters = run.counters()
+        self.assertEqual(counters["captures_begun"], 1)
+        self.assertEqual(counters["captures_invalidated"], 0)
+        self.assertEqual(counters["malloc_async_calls"], 1)  # the captured allocation is the graph's
+
+    def test_an_ipc_handle_that_would_name_other_memory_is_refused(self):
+        run = self.run_program(["test-static-runtime", "ipc"], env=self.ON)
+        self.assertSucceeded(run)
+        self.assertEqual(run.output_json()["ipc_result"], 1)  # CUDA_ERROR_INVALID_VALUE
+        self.assertIn("GPUPOOL_DISABLE=1", run.stderr)
+
+    def test_nothing_from_before_a_device_reset_is_used_after_it(self):
+        # Each block is checked: one in memory the reset freed fails the program.
+        run = self.run_program(["test-static-runtime", "reset"], env=self.ON)
+        self.assertSucceeded(run)
+        self.assertEqual(run.counters()["stale_event_uses"], 0)
+        self.assertGreaterEqual(run.counters()["vmm_maps"], 3)  # pages mapped afresh after each reset
+
+    def test_with_several_devices_segments_are_fixed(self):
+        run = self.run_program(["test-static-runtime", "pairs", "60"], env={**self.ON, "SIMCUDA_DEVICES": "2"})
+        self.assertSucceeded(run)
+        counters = run.counters()
+        self.assertEqual(counters["vmm_maps"], 0)
+        self.assertLess(counters["malloc_calls"], 10)
+        self.assertIn("fixed segments from cuMemAlloc", run.stderr)
+        self.assertNotIn("does not give", run.stderr)
+
+    def test_only_the_programs_own_lookups_are_answered_and_rtld_next_keeps_its_meaning(self):
+        module = os.path.join(BUILD, "tests", "libtest-driver-lookup.so")
+        run = self.run_program(["test-static-runtime", "lookups", module], env=self.ON)
+        self.assertSucceeded(run)
+        self.assertEqual(run.output_json(), {"program": "libgpupool.so", "library": "libcuda.so.1",
+                                             "next": "libgpupool.so", "plain": "libcuda.so.1"})
+        alone = self.run_program(["test-static-runtime", "lookups", module], preload=False)
+        self.assertSucceeded(alone)
+        self.assertEqual(alone.output_json(), {"program": "libcuda.so.1", "library": "libcuda.so.1",
+                                               "next": "none", "plain": "libcuda.so.1"})
 
 
 class Lifecycle(ShimTest):

@@ -1,0 +1,165 @@
+// The driver entry points gpupool serves to a program built with nvcc's
+// default static runtime (with static_runtime:1). driver_hook.c in the
+// preload library hands the program's runtime a cuGetProcAddress that asks
+// driver_entry() about each entry point it fetches; the allocation, stream and
+// capture calls come back here and go through the same code as the shared
+// runtime's (entry_points.cpp), whose calls to "the real runtime" are then
+// served by the driver (driver_runtime.cpp).
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+
+#include "config/config.hpp"
+#include "shim/core_interface.h"
+#include "shim/driver_runtime.hpp"
+#include "shim/messages.hpp"
+#include "shim/real_cuda.hpp"
+#include "shim/runtime.hpp"
+
+// entry_points.cpp's; the per-thread-default-stream twins are not declared by the headers.
+extern "C" {
+cudaError_t cudaMallocAsync_ptsz(void**, size_t, cudaStream_t);
+cudaError_t cudaFreeAsync_ptsz(void*, cudaStream_t);
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t, cudaStreamCaptureMode);
+cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t, cudaGraph_t, const cudaGraphNode_t*,
+                                               const cudaGraphEdgeData*, size_t, cudaStreamCaptureMode);
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t, cudaGraph_t*);
+}
+
+namespace gpupool::shim {
+
+namespace {
+
+// The driver's numbers for every code these return (see driver_runtime.cpp).
+CUresult cu(cudaError_t err) { return static_cast<CUresult>(err); }
+void** out(CUdeviceptr* p) { return reinterpret_cast<void**>(p); }
+void* ptr(CUdeviceptr p) { return reinterpret_cast<void*>(static_cast<uintptr_t>(p)); }
+cudaStream_t rt(CUstream s) { return reinterpret_cast<cudaStream_t>(s); }
+cudaStreamCaptureMode rt(CUstreamCaptureMode m) { return static_cast<cudaStreamCaptureMode>(m); }
+
+CUresult mem_alloc(CUdeviceptr* p, size_t n) { return cu(cudaMalloc(out(p), n)); }
+CUresult mem_free(CUdeviceptr p) { return cu(cudaFree(ptr(p))); }
+CUresult mem_alloc_async(CUdeviceptr* p, size_t n, CUstream s) { return cu(cudaMallocAsync(out(p), n, rt(s))); }
+CUresult mem_alloc_async_ptsz(CUdeviceptr* p, size_t n, CUstream s) {
+  return cu(cudaMallocAsync_ptsz(out(p), n, rt(s)));
+}
+CUresult mem_free_async(CUdeviceptr p, CUstream s) { return cu(cudaFreeAsync(ptr(p), rt(s))); }
+CUresult mem_free_async_ptsz(CUdeviceptr p, CUstream s) { return cu(cudaFreeAsync_ptsz(ptr(p), rt(s))); }
+CUresult mem_get_info(size_t* free_bytes, size_t* total) { return cu(cudaMemGetInfo(free_bytes, total)); }
+CUresult ipc_get_mem_handle(CUipcMemHandle* handle, CUdeviceptr p) {
+  return cu(cudaIpcGetMemHandle(reinterpret_cast<cudaIpcMemHandle_t*>(handle), ptr(p)));
+}
+CUresult stream_create(CUstream* s, unsigned int flags) {
+  return cu(cudaStreamCreateWithFlags(reinterpret_cast<cudaStream_t*>(s), flags));
+}
+CUresult stream_create_with_priority(CUstream* s, unsigned int flags, int priority) {
+  return cu(cudaStreamCreateWithPriority(reinterpret_cast<cudaStream_t*>(s), flags, priority));
+}
+CUresult stream_destroy(CUstream s) { return cu(cudaStreamDestroy(rt(s))); }
+// The first capture call took no mode and captured as the global mode does.
+CUresult begin_capture_v1(CUstream s) { return cu(cudaStreamBeginCapture(rt(s), cudaStreamCaptureModeGlobal)); }
+CUresult begin_capture_v1_ptsz(CUstream s) {
+  return cu(cudaStreamBeginCapture_ptsz(rt(s), cudaStreamCaptureModeGlobal));
+}
+CUresult begin_capture(CUstream s, CUstreamCaptureMode mode) { return cu(cudaStreamBeginCapture(rt(s), rt(mode))); }
+CUresult begin_capture_ptsz(CUstream s, CUstreamCaptureMode mode) {
+  return cu(cudaStreamBeginCapture_ptsz(rt(s), rt(mode)));
+}
+CUresult begin_capture_to_graph(CUstream s, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* data,
+                                size_t count, CUstreamCaptureMode mode) {
+  return cu(cudaStreamBeginCaptureToGraph(rt(s), reinterpret_cast<cudaGraph_t>(g),
+                                          reinterpret_cast<const cudaGraphNode_t*>(deps),
+                                          reinterpret_cast<const cudaGraphEdgeData*>(data), count, rt(mode)));
+}
+CUresult begin_capture_to_graph_ptsz(CUstream s, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* data,
+                                     size_t count, CUstreamCaptureMode mode) {
+  return cu(cudaStreamBeginCaptureToGraph_ptsz(rt(s), reinterpret_cast<cudaGraph_t>(g),
+                                               reinterpret_cast<const cudaGraphNode_t*>(deps),
+                                               reinterpret_cast<const cudaGraphEdgeData*>(data), count, rt(mode)));
+}
+CUresult end_capture(CUstream s, CUgraph* g) {
+  return cu(cudaStreamEndCapture(rt(s), reinterpret_cast<cudaGraph_t*>(g)));
+}
+CUresult end_capture_ptsz(CUstream s, CUgraph* g) {
+  return cu(cudaStreamEndCapture_ptsz(rt(s), reinterpret_cast<cudaGraph_t*>(g)));
+}
+
+// cudaDeviceReset of the static runtime: the pool forgets the device's memory
+// first, as for the shared runtime's. The real reset is the one the program
+// fetched (its version; both take the device).
+std::atomic<decltype(&cuDevicePrimaryCtxReset_v2)> real_primary_ctx_reset{nullptr};
+CUresult primary_ctx_reset(CUdevice device) {
+  Runtime& runtime = Runtime::get();
+  if (!runtime.bypass() && device >= 0 && device < kMaxDevices) runtime.device_reset(device);
+  return real_primary_ctx_reset.load()(device);
+}
+
+struct Substitute {
+  const char* name;
+  int since;  // the version from which the program's call has this signature
+  int until;  // the version from which it has another (0: none yet)
+  void* legacy;
+  void* per_thread;
+};
+
+template <typename F>
+void* fn(F* f) {
+  return reinterpret_cast<void*>(f);
+}
+
+const Substitute kSubstitutes[] = {
+    {"cuMemAlloc", 3020, 0, fn(mem_alloc), fn(mem_alloc)},
+    {"cuMemFree", 3020, 0, fn(mem_free), fn(mem_free)},
+    {"cuMemAllocAsync", 11020, 0, fn(mem_alloc_async), fn(mem_alloc_async_ptsz)},
+    {"cuMemFreeAsync", 11020, 0, fn(mem_free_async), fn(mem_free_async_ptsz)},
+    {"cuMemGetInfo", 3020, 0, fn(mem_get_info), fn(mem_get_info)},
+    {"cuIpcGetMemHandle", 4010, 0, fn(ipc_get_mem_handle), fn(ipc_get_mem_handle)},
+    {"cuStreamCreate", 2000, 0, fn(stream_create), fn(stream_create)},
+    {"cuStreamCreateWithPriority", 5050, 0, fn(stream_create_with_priority), fn(stream_create_with_priority)},
+    {"cuStreamDestroy", 4000, 0, fn(stream_destroy), fn(stream_destroy)},
+    {"cuStreamBeginCapture", 10000, 10010, fn(begin_capture_v1), fn(begin_capture_v1_ptsz)},
+    {"cuStreamBeginCapture", 10010, 0, fn(begin_capture), fn(begin_capture_ptsz)},
+    {"cuStreamBeginCaptureToGraph", 12030, 0, fn(begin_capture_to_graph), fn(begin_capture_to_graph_ptsz)},
+    {"cuStreamEndCapture", 10000, 0, fn(end_capture), fn(end_capture_ptsz)},
+    {"cuDevicePrimaryCtxReset", 7000, 0, fn(primary_ctx_reset), fn(primary_ctx_reset)},
+};
+
+// Whether to take the program's driver calls over, decided at the first one.
+// Off, nothing starts: no report, no signal handler, as before this hook.
+bool taking_over(gpupool_driver_lookup_fn lookup) {
+  static bool on = false;
+  static std::once_flag once;
+  std::call_once(once, [lookup] {
+    const config::Config c = config::parse_config(config::process_environment()).config;
+    if (c.disable || !c.static_runtime) return;
+    set_driver_lookup(lookup);  // before anything resolves the real functions
+    Runtime::get();
+    on = real().cudaMalloc != nullptr;
+    if (!on) {
+      message(config::LogLevel::Warn,
+              "gpupool: static_runtime:1: this CUDA driver lacks an entry point gpupool needs; the program's "
+              "memory is not pooled");
+    }
+  });
+  return on;
+}
+
+}  // namespace
+
+void* driver_entry(const char* symbol, int version, unsigned long long flags, void* real_function,
+                   gpupool_driver_lookup_fn lookup) {
+  if (symbol == nullptr || real_function == nullptr || !taking_over(lookup)) return real_function;
+  for (const Substitute& s : kSubstitutes) {
+    if (std::strcmp(s.name, symbol) != 0 || version < s.since || (s.until != 0 && version >= s.until)) continue;
+    if (s.legacy == fn(primary_ctx_reset)) {
+      real_primary_ctx_reset.store(reinterpret_cast<decltype(&cuDevicePrimaryCtxReset_v2)>(real_function));
+    }
+    return (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0 ? s.per_thread : s.legacy;
+  }
+  return real_function;
+}
+
+}  // namespace gpupool::shim

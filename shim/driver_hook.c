@@ -1,0 +1,194 @@
+/* How a program built with nvcc's default static runtime reaches gpupool. Its
+   runtime has no cudaMalloc symbol to interpose: it opens the driver, asks
+   dlsym for cuGetProcAddress_v2 and fetches every driver entry point through
+   it (about 440 at start-up with CUDA 13). So this library exports dlsym; for
+   that one name, asked from the program itself, it hands out its own
+   cuGetProcAddress, which lets the core swap in its allocation entry points
+   (driver_entry_points.cpp; only with static_runtime:1).
+
+   dlsym(RTLD_NEXT, ...) resolves relative to its caller, found from the
+   return address. So the exported dlsym is a few instructions that ask the
+   hook and otherwise *jump* to the real dlsym with the stack as the caller
+   left it: the real one sees the caller's return address, not ours.
+   Elsewhere than x86-64 nothing is exported and such programs stay unpooled. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <link.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "shim/core_interface.h"
+
+#if defined(__x86_64__) && defined(__GLIBC__)
+
+/* The driver's signatures, without cuda.h (it renames cuGetProcAddress). */
+typedef int (*get_proc_address_v1_fn)(const char*, void**, int, unsigned long long);
+typedef int (*get_proc_address_v2_fn)(const char*, void**, int, unsigned long long, int*);
+enum { kDriverNotInitialized = 3, kDriverNotFound = 500 };
+
+const struct gpupool_core* gpupool_preload_core(void);
+
+/* Read by the jump below; set before the hook returns. */
+__attribute__((visibility("hidden"))) void* gpupool_real_dlsym;
+__attribute__((visibility("hidden"))) void* gpupool_dlsym_hook(void* handle, const char* name, void* caller);
+
+static get_proc_address_v1_fn real_v1; /* read and written with __atomic builtins */
+static get_proc_address_v2_fn real_v2;
+
+__asm__(
+    ".text\n"
+    ".globl dlsym\n"
+    ".type dlsym, @function\n"
+    "dlsym:\n"
+    "  .cfi_startproc\n"
+    "  pushq %rdi\n"
+    "  .cfi_adjust_cfa_offset 8\n"
+    "  pushq %rsi\n"
+    "  .cfi_adjust_cfa_offset 8\n"
+    "  subq $8, %rsp\n" /* 16-byte aligned for the call */
+    "  .cfi_adjust_cfa_offset 8\n"
+    "  movq 24(%rsp), %rdx\n" /* the caller's return address */
+    "  call gpupool_dlsym_hook\n"
+    "  addq $8, %rsp\n"
+    "  .cfi_adjust_cfa_offset -8\n"
+    "  popq %rsi\n"
+    "  .cfi_adjust_cfa_offset -8\n"
+    "  popq %rdi\n"
+    "  .cfi_adjust_cfa_offset -8\n"
+    "  testq %rax, %rax\n"
+    "  jz 1f\n"
+    "  ret\n"
+    "1:\n"
+    "  jmpq *gpupool_real_dlsym(%rip)\n"
+    "  .cfi_endproc\n"
+    ".size dlsym, .-dlsym\n");
+
+/* The hook runs at the first dlsym of the process, which may come before a
+   sanitizer's runtime has started (sanitizer builds preload it first): nothing
+   on that path may be instrumented or call an intercepted function. */
+#define EARLY __attribute__((no_sanitize("address", "thread", "undefined")))
+
+/* Function and object pointers are the same size here; ISO C has no cast
+   between them. */
+union Pointer {
+  void* object;
+  void (*function)(void);
+  void* (*lookup)(void*, const char*);
+  get_proc_address_v1_fn v1;
+  get_proc_address_v2_fn v2;
+};
+#define AS_OBJECT(f) as_object((void (*)(void))(f))
+EARLY static void* as_object(void (*f)(void)) {
+  union Pointer p = {.function = f};
+  return p.object;
+}
+EARLY static get_proc_address_v1_fn as_v1(void* object) {
+  union Pointer p = {.object = object};
+  return p.v1;
+}
+EARLY static get_proc_address_v2_fn as_v2(void* object) {
+  union Pointer p = {.object = object};
+  return p.v2;
+}
+EARLY static int same(const char* a, const char* b) {
+  while (*a != '\0' && *a == *b) ++a, ++b;
+  return *a == *b;
+}
+
+/* Where no real dlsym can be found (no glibc symbol versions): nothing found. */
+static void* no_dlsym(void* handle, const char* name) {
+  (void)handle;
+  (void)name;
+  return NULL;
+}
+
+EARLY static void resolve_real_dlsym(void) {
+  void* f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+  if (f == NULL) f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+  if (f == NULL) f = AS_OBJECT(no_dlsym);
+  __atomic_store_n(&gpupool_real_dlsym, f, __ATOMIC_RELEASE);
+}
+
+EARLY static void* real_dlsym(void* handle, const char* name) {
+  union Pointer p = {.object = __atomic_load_n(&gpupool_real_dlsym, __ATOMIC_ACQUIRE)};
+  return p.lookup(handle, name);
+}
+
+/* The static runtime lives in the program itself: its objects come first in
+   the link map. A library's private static runtime (NCCL's, for one) is left
+   alone: its memory may be shared over IPC. */
+EARLY static int from_program(void* caller) {
+  Dl_info info;
+  struct link_map* map = NULL;
+  if (dladdr1(caller, &info, (void**)&map, RTLD_DL_LINKMAP) == 0 || map == NULL) return 0;
+  return map->l_prev == NULL;
+}
+
+/* For the core: the real driver's entry point `symbol` at `version`. */
+static int lookup_driver(const char* symbol, void** pfn, int version, unsigned long long flags) {
+  get_proc_address_v2_fn v2 = __atomic_load_n(&real_v2, __ATOMIC_ACQUIRE);
+  if (v2 != NULL) return v2(symbol, pfn, version, flags, NULL);
+  get_proc_address_v1_fn v1 = __atomic_load_n(&real_v1, __ATOMIC_ACQUIRE);
+  if (v1 != NULL) return v1(symbol, pfn, version, flags);
+  return kDriverNotInitialized;
+}
+
+static int hooked_v1(const char* symbol, void** pfn, int version, unsigned long long flags);
+static int hooked_v2(const char* symbol, void** pfn, int version, unsigned long long flags, int* status);
+
+/* What the program gets for an entry point the driver found. */
+static void substitute(const char* symbol, void** pfn, int version, unsigned long long flags) {
+  if (symbol == NULL || pfn == NULL || *pfn == NULL) return;
+  if (strcmp(symbol, "cuGetProcAddress") == 0) {
+    /* Later lookups through the fetched copy must come here too. */
+    if (version >= 12000) {
+      __atomic_store_n(&real_v2, as_v2(*pfn), __ATOMIC_RELEASE);
+      *pfn = AS_OBJECT(hooked_v2);
+    } else {
+      __atomic_store_n(&real_v1, as_v1(*pfn), __ATOMIC_RELEASE);
+      *pfn = AS_OBJECT(hooked_v1);
+    }
+    return;
+  }
+  if (strncmp(symbol, "cuMem", 5) != 0 && strncmp(symbol, "cuStream", 8) != 0 && strncmp(symbol, "cuIpc", 5) != 0 &&
+      strncmp(symbol, "cuDevicePrimaryCtx", 18) != 0) {
+    return;
+  }
+  const struct gpupool_core* core = gpupool_preload_core();
+  if (core->driver_entry != NULL) *pfn = core->driver_entry(symbol, version, flags, *pfn, lookup_driver);
+}
+
+static int hooked_v1(const char* symbol, void** pfn, int version, unsigned long long flags) {
+  get_proc_address_v1_fn real = __atomic_load_n(&real_v1, __ATOMIC_ACQUIRE);
+  if (real == NULL) return kDriverNotFound;
+  const int result = real(symbol, pfn, version, flags);
+  if (result == 0) substitute(symbol, pfn, version, flags);
+  return result;
+}
+
+static int hooked_v2(const char* symbol, void** pfn, int version, unsigned long long flags, int* status) {
+  get_proc_address_v2_fn real = __atomic_load_n(&real_v2, __ATOMIC_ACQUIRE);
+  if (real == NULL) return kDriverNotFound;
+  const int result = real(symbol, pfn, version, flags, status);
+  if (result == 0) substitute(symbol, pfn, version, flags);
+  return result;
+}
+
+EARLY void* gpupool_dlsym_hook(void* handle, const char* name, void* caller) {
+  if (__atomic_load_n(&gpupool_real_dlsym, __ATOMIC_ACQUIRE) == NULL) resolve_real_dlsym();
+  /* Every other name: straight on (one comparison). */
+  if (name == NULL || name[0] != 'c' || name[1] != 'u' || name[2] != 'G') return NULL;
+  const int v2 = same(name, "cuGetProcAddress_v2");
+  if (!v2 && !same(name, "cuGetProcAddress")) return NULL;
+  if (handle == RTLD_NEXT || !from_program(caller)) return NULL;
+  void* real = real_dlsym(handle, name);
+  if (real == NULL) return NULL;
+  if (v2) {
+    __atomic_store_n(&real_v2, as_v2(real), __ATOMIC_RELEASE);
+    return AS_OBJECT(hooked_v2);
+  }
+  __atomic_store_n(&real_v1, as_v1(real), __ATOMIC_RELEASE);
+  return AS_OBJECT(hooked_v1);
+}
+
+#endif

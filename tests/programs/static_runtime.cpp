@@ -1,0 +1,278 @@
+// Plays a program built with nvcc's default static runtime: no CUDA runtime
+// library, and the driver reached as that runtime reaches it. It opens
+// libcuda.so.1 (RTLD_NOW, local), asks dlsym for cuGetProcAddress_v2, fetches
+// cuGetProcAddress itself through it and every other entry point through
+// that copy, at the versions CUDA 13's static runtime asks for. Each mode
+// prints one JSON line; a broken byte or a failed call exits 1.
+//
+//   static_runtime pairs N        N cuMemAlloc/cuMemFree pairs of mixed sizes, each block checked
+//   static_runtime async N        the same, stream-ordered on a non-blocking stream (and ptsz twins)
+//   static_runtime hazard         a block freed while a slower stream still writes it, then reused
+//   static_runtime capture        plain and stream-ordered calls while a stream captures
+//   static_runtime ipc            a handle for a block inside a pooled segment
+//   static_runtime reset          allocations across cuDevicePrimaryCtxReset
+//   static_runtime lookups        where dlsym's answers come from (program, library, RTLD_NEXT)
+#include <cuda.h>
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+GetProcAddress get_proc_address = nullptr;
+
+template <typename F>
+F fetch(const char* name, int version, cuuint64_t flags = CU_GET_PROC_ADDRESS_DEFAULT) {
+  void* fn = nullptr;
+  CUdriverProcAddressQueryResult status{};
+  if (get_proc_address(name, &fn, version, flags, &status) != CUDA_SUCCESS || fn == nullptr) {
+    std::fprintf(stderr, "static_runtime: no %s at %d\n", name, version);
+    std::exit(1);
+  }
+  return reinterpret_cast<F>(fn);
+}
+
+struct Driver {
+  decltype(&cuInit) init;
+  decltype(&cuMemAlloc_v2) mem_alloc;
+  decltype(&cuMemFree_v2) mem_free;
+  decltype(&cuMemAllocAsync) mem_alloc_async;
+  decltype(&cuMemFreeAsync) mem_free_async;
+  decltype(&cuMemAllocAsync) mem_alloc_async_ptsz;
+  decltype(&cuMemFreeAsync) mem_free_async_ptsz;
+  decltype(&cuMemcpyHtoD_v2) memcpy_htod;
+  decltype(&cuMemcpyDtoH_v2) memcpy_dtoh;
+  decltype(&cuStreamCreate) stream_create;
+  decltype(&cuStreamDestroy_v2) stream_destroy;
+  decltype(&cuStreamSynchronize) stream_synchronize;
+  decltype(&cuStreamBeginCapture_v2) begin_capture;
+  decltype(&cuStreamEndCapture) end_capture;
+  decltype(&cuGraphDestroy) graph_destroy;
+  decltype(&cuLaunchHostFunc) launch_host_func;
+  decltype(&cuCtxSynchronize) ctx_synchronize;
+  decltype(&cuIpcGetMemHandle) ipc_get_mem_handle;
+  decltype(&cuDevicePrimaryCtxReset_v2) primary_ctx_reset;
+};
+Driver d;
+void* driver_library = nullptr;
+
+void open_driver() {
+  driver_library = dlopen("libcuda.so.1", RTLD_NOW);
+  if (driver_library == nullptr) {
+    std::fprintf(stderr, "static_runtime: %s\n", dlerror());
+    std::exit(1);
+  }
+  get_proc_address = reinterpret_cast<GetProcAddress>(dlsym(driver_library, "cuGetProcAddress_v2"));
+  if (get_proc_address == nullptr) std::exit(1);
+  // As the static runtime does: later lookups through the fetched copy.
+  get_proc_address = fetch<GetProcAddress>("cuGetProcAddress", 12000);
+  d.init = fetch<decltype(d.init)>("cuInit", 2000);
+  d.mem_alloc = fetch<decltype(d.mem_alloc)>("cuMemAlloc", 3020);
+  d.mem_free = fetch<decltype(d.mem_free)>("cuMemFree", 3020);
+  d.mem_alloc_async = fetch<decltype(d.mem_alloc_async)>("cuMemAllocAsync", 11020);
+  d.mem_free_async = fetch<decltype(d.mem_free_async)>("cuMemFreeAsync", 11020);
+  d.mem_alloc_async_ptsz = fetch<decltype(d.mem_alloc_async)>("cuMemAllocAsync", 11020, 2);
+  d.mem_free_async_ptsz = fetch<decltype(d.mem_free_async)>("cuMemFreeAsync", 11020, 2);
+  d.memcpy_htod = fetch<decltype(d.memcpy_htod)>("cuMemcpyHtoD", 3020);
+  d.memcpy_dtoh = fetch<decltype(d.memcpy_dtoh)>("cuMemcpyDtoH", 3020);
+  d.stream_create = fetch<decltype(d.stream_create)>("cuStreamCreate", 2000);
+  d.stream_destroy = fetch<decltype(d.stream_destroy)>("cuStreamDestroy", 4000);
+  d.stream_synchronize = fetch<decltype(d.stream_synchronize)>("cuStreamSynchronize", 2000);
+  d.begin_capture = fetch<decltype(d.begin_capture)>("cuStreamBeginCapture", 10010);
+  d.end_capture = fetch<decltype(d.end_capture)>("cuStreamEndCapture", 10000);
+  d.graph_destroy = fetch<decltype(d.graph_destroy)>("cuGraphDestroy", 10000);
+  d.launch_host_func = fetch<decltype(d.launch_host_func)>("cuLaunchHostFunc", 10000);
+  d.ctx_synchronize = fetch<decltype(d.ctx_synchronize)>("cuCtxSynchronize", 2000);
+  d.ipc_get_mem_handle = fetch<decltype(d.ipc_get_mem_handle)>("cuIpcGetMemHandle", 4010);
+  d.primary_ctx_reset = fetch<decltype(d.primary_ctx_reset)>("cuDevicePrimaryCtxReset", 11000);
+  if (d.init(0) != CUDA_SUCCESS) std::exit(1);
+}
+
+void check(CUresult r, const char* what) {
+  if (r == CUDA_SUCCESS) return;
+  std::fprintf(stderr, "static_runtime: %s failed: %d\n", what, static_cast<int>(r));
+  std::exit(1);
+}
+
+// Fills the block with a pattern of its own and reads it back.
+void write_and_check(CUdeviceptr p, size_t size, unsigned seed) {
+  std::vector<unsigned char> in(size), back(size);
+  for (size_t i = 0; i < size; ++i) in[i] = static_cast<unsigned char>((i * 31 + seed) & 0xff);
+  check(d.memcpy_htod(p, in.data(), size), "cuMemcpyHtoD");
+  check(d.memcpy_dtoh(back.data(), p, size), "cuMemcpyDtoH");
+  if (in != back) {
+    std::fprintf(stderr, "static_runtime: block %llx of %zu bytes does not hold what was written\n",
+                 static_cast<unsigned long long>(p), size);
+    std::exit(1);
+  }
+}
+
+const size_t kSizes[] = {512, 4096, 100000, 1 << 20, 3 << 20, 12 << 20};
+
+int pairs(int n) {
+  for (int i = 0; i < n; ++i) {
+    const size_t size = kSizes[i % 6];
+    CUdeviceptr p = 0;
+    check(d.mem_alloc(&p, size), "cuMemAlloc");
+    write_and_check(p, size, static_cast<unsigned>(i));
+    check(d.mem_free(p), "cuMemFree");
+  }
+  std::printf("{\"pairs\": %d}\n", n);
+  return 0;
+}
+
+int async(int n) {
+  CUstream s = nullptr;
+  check(d.stream_create(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  for (int i = 0; i < n; ++i) {
+    const size_t size = kSizes[i % 6];
+    CUdeviceptr p = 0;
+    check(d.mem_alloc_async(&p, size, s), "cuMemAllocAsync");
+    check(d.stream_synchronize(s), "cuStreamSynchronize");
+    write_and_check(p, size, static_cast<unsigned>(i));
+    check(d.mem_free_async(p, s), "cuMemFreeAsync");
+    // The per-thread default stream's twins: NULL names that stream.
+    check(d.mem_alloc_async_ptsz(&p, size, nullptr), "cuMemAllocAsync_ptsz");
+    check(d.stream_synchronize(CU_STREAM_PER_THREAD), "cuStreamSynchronize");
+    write_and_check(p, size, static_cast<unsigned>(i) + 7);
+    check(d.mem_free_async_ptsz(p, nullptr), "cuMemFreeAsync_ptsz");
+  }
+  check(d.stream_synchronize(s), "cuStreamSynchronize");
+  check(d.stream_destroy(s), "cuStreamDestroy");
+  std::printf("{\"pairs\": %d}\n", n);
+  return 0;
+}
+
+// Stands in for a kernel still writing the block: waits, then writes.
+struct LateWrite {
+  CUdeviceptr p;
+  size_t size;
+};
+void late_write(void* data) {
+  auto* w = static_cast<LateWrite*>(data);
+  usleep(100 * 1000);
+  std::memset(reinterpret_cast<void*>(static_cast<uintptr_t>(w->p)), 0xAA, w->size);  // host memory here
+}
+
+int hazard() {
+  constexpr size_t kSize = 1 << 20;
+  CUstream slow = nullptr;
+  check(d.stream_create(&slow, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  CUdeviceptr a = 0;
+  check(d.mem_alloc(&a, kSize), "cuMemAlloc");
+  LateWrite w{a, kSize};
+  check(d.launch_host_func(slow, late_write, &w), "cuLaunchHostFunc");
+  // cuMemFree waits for the device: the late write is over before the block
+  // can be anyone's. A pool must keep that promise.
+  check(d.mem_free(a), "cuMemFree");
+  CUdeviceptr b = 0;
+  check(d.mem_alloc(&b, kSize), "cuMemAlloc");
+  write_and_check(b, kSize, 5);
+  check(d.ctx_synchronize(), "cuCtxSynchronize");
+  std::vector<unsigned char> back(kSize);
+  check(d.memcpy_dtoh(back.data(), b, kSize), "cuMemcpyDtoH");
+  for (size_t i = 0; i < kSize; ++i) {
+    if (back[i] != static_cast<unsigned char>((i * 31 + 5) & 0xff)) {
+      std::fprintf(stderr, "static_runtime: the reused block was overwritten by work queued before its free\n");
+      return 1;
+    }
+  }
+  check(d.mem_free(b), "cuMemFree");
+  check(d.stream_destroy(slow), "cuStreamDestroy");
+  std::printf("{\"reused\": %d}\n", a == b ? 1 : 0);
+  return 0;
+}
+
+int capture() {
+  CUstream s = nullptr;
+  check(d.stream_create(&s, 0), "cuStreamCreate");
+  // Blocks to reuse while the capture runs: freed before it, plain and ordered.
+  CUdeviceptr warm = 0;
+  check(d.mem_alloc(&warm, 1 << 20), "cuMemAlloc");
+  check(d.mem_free(warm), "cuMemFree");
+  check(d.begin_capture(s, CU_STREAM_CAPTURE_MODE_RELAXED), "cuStreamBeginCapture");
+  CUdeviceptr p = 0;
+  check(d.mem_alloc_async(&p, 4096, s), "cuMemAllocAsync (captured)");
+  check(d.mem_free_async(p, s), "cuMemFreeAsync (captured)");
+  CUdeviceptr q = 0;
+  check(d.mem_alloc(&q, 1 << 20), "cuMemAlloc during a capture");
+  check(d.mem_free(q), "cuMemFree during a capture");
+  CUgraph graph = nullptr;
+  check(d.end_capture(s, &graph), "cuStreamEndCapture");
+  if (graph == nullptr) return 1;
+  check(d.graph_destroy(graph), "cuGraphDestroy");
+  check(d.stream_destroy(s), "cuStreamDestroy");
+  std::printf("{\"captured\": 1}\n");
+  return 0;
+}
+
+int ipc() {
+  CUdeviceptr first = 0, second = 0;
+  check(d.mem_alloc(&first, 4096), "cuMemAlloc");
+  check(d.mem_alloc(&second, 4096), "cuMemAlloc");
+  CUipcMemHandle handle{};
+  const CUresult r = d.ipc_get_mem_handle(&handle, second);
+  std::printf("{\"ipc_result\": %d}\n", static_cast<int>(r));
+  return 0;
+}
+
+int reset() {
+  CUdeviceptr p = 0;
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 6; ++i) {
+      check(d.mem_alloc(&p, kSizes[i]), "cuMemAlloc");
+      write_and_check(p, kSizes[i], static_cast<unsigned>(round * 6 + i));
+      check(d.mem_free(p), "cuMemFree");
+    }
+    check(d.primary_ctx_reset(0), "cuDevicePrimaryCtxReset");
+  }
+  std::printf("{\"rounds\": 3}\n");
+  return 0;
+}
+
+std::string object_of(void* fn) {
+  Dl_info info{};
+  if (fn == nullptr || dladdr(fn, &info) == 0 || info.dli_fname == nullptr) return "none";
+  const char* slash = std::strrchr(info.dli_fname, '/');
+  return slash != nullptr ? slash + 1 : info.dli_fname;
+}
+
+int lookups(const char* library) {
+  void* h = dlopen("libcuda.so.1", RTLD_NOW);
+  void* module = dlopen(library, RTLD_NOW | RTLD_LOCAL);
+  if (h == nullptr || module == nullptr) return 1;
+  using Lookup = void* (*)(void*, const char*);
+  auto from_library = reinterpret_cast<Lookup>(dlsym(module, "lookup_in"));
+  if (from_library == nullptr) return 1;
+  std::printf(
+      "{\"program\": \"%s\", \"library\": \"%s\", \"next\": \"%s\", \"plain\": \"%s\"}\n",
+      object_of(dlsym(h, "cuGetProcAddress_v2")).c_str(),
+      object_of(from_library(h, "cuGetProcAddress_v2")).c_str(),
+      // RTLD_NEXT from the program: the first object after it that has the
+      // name, the preloaded library when there is one.
+      object_of(dlsym(RTLD_NEXT, "cudaMalloc")).c_str(), object_of(dlsym(h, "cuInit")).c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "lookups" && argc > 2) return lookups(argv[2]);
+  open_driver();
+  const int n = argc > 2 ? std::atoi(argv[2]) : 60;
+  if (mode == "pairs") return pairs(n);
+  if (mode == "async") return async(n);
+  if (mode == "hazard") return hazard();
+  if (mode == "capture") return capture();
+  if (mode == "ipc") return ipc();
+  if (mode == "reset") return reset();
+  std::fprintf(stderr, "usage: static_runtime pairs|async|hazard|capture|ipc|reset [N] | lookups LIBRARY\n");
+  return 2;
+}
