@@ -120,7 +120,7 @@ void at_exit() {
   const gpupool::config::Config c =
       gpupool::config::parse_config(gpupool::config::process_environment()).config;
   gpupool::shim::set_log_level(c.log_level);
-  if (!c.disable) explain_nothing_pooled();
+  if (!c.disable) explain_nothing_pooled(c.static_runtime);
 }
 
 void prepare_fork() {

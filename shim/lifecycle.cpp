@@ -26,16 +26,21 @@ bool cuda_driver_loaded() {
   return found;
 }
 
-void explain_nothing_pooled() {
-#if defined(__x86_64__)
-  const char* static_runtime = "set GPUPOOL_STATIC_RUNTIME=1 to pool a program built with nvcc's default static "
-                               "runtime (or rebuild it with -cudart shared)";
-#else
-  const char* static_runtime = "a program built with nvcc's default static runtime must be rebuilt with -cudart shared";
+void explain_nothing_pooled(bool static_runtime_asked) {
+  std::string static_runtime =
+      "set GPUPOOL_STATIC_RUNTIME=1 to pool a program built with nvcc's default static runtime (or rebuild it "
+      "with -cudart shared)";
+#if !defined(__x86_64__)
+  static_runtime = "a program built with nvcc's default static runtime must be rebuilt with -cudart shared";
 #endif
+  if (static_runtime_asked) {
+    static_runtime =
+        "static_runtime:1 found no static runtime asking the driver for cuGetProcAddress in the program itself "
+        "(its runtime may be in a library, or the program may link the driver directly)";
+  }
   message(config::LogLevel::Warn,
-          std::string("gpupool: this program used CUDA, but none of its device memory was asked for with cudaMalloc or "
-                      "cudaMallocAsync of the shared CUDA runtime, so gpupool pooled nothing; ") +
+          "gpupool: this program used CUDA, but none of its device memory was asked for with cudaMalloc or "
+          "cudaMallocAsync of the shared CUDA runtime, so gpupool pooled nothing; " +
               static_runtime +
               "; memory a library takes through the driver API (cuMemAlloc, as JAX/XLA takes it) is not pooled");
 }
@@ -84,7 +89,9 @@ void Runtime::at_exit() {
   }
   write_report("exit");
   // A forked child's CUDA was its parent's, which speaks for it.
-  if (!disabled_ && !used_.load() && !forked_child_ && cuda_driver_loaded()) explain_nothing_pooled();
+  if (!disabled_ && !used_.load() && !forked_child_ && cuda_driver_loaded()) {
+    explain_nothing_pooled(config_.static_runtime);
+  }
   if (trace_) {
     trace_->flush();
     if (const int devices = trace_->devices_in_one_file(); devices > 1) {

@@ -48,7 +48,7 @@ struct DeviceState {
 bool cuda_driver_loaded();
 // At exit, in a process that used CUDA without a single allocation reaching
 // gpupool: one line on what gpupool cannot see.
-void explain_nothing_pooled();
+void explain_nothing_pooled(bool static_runtime_asked);
 
 class Runtime {
  public:

@@ -340,6 +340,14 @@ class StaticRuntime(ShimTest):
         self.assertEqual(len(off.reports()), reports)
         self.assertEqual(off.stderr.count("GPUPOOL_STATIC_RUNTIME=1"), 1, off.stderr)
 
+    def test_asked_for_but_not_reached_is_told_so(self):
+        # A driver loaded without a static runtime asking for cuGetProcAddress.
+        driver = os.path.join(BUILD, "tests", "fake-driver", "libcuda.so.1")
+        run = self.run_program(["test-lifecycle", "driver", driver, "none"], env=self.ON)
+        self.assertSucceeded(run)
+        self.assertEqual(run.stderr.count("static_runtime:1 found no static runtime"), 1, run.stderr)
+        self.assertNotIn("set GPUPOOL_STATIC_RUNTIME=1", run.stderr)
+
     def test_stream_ordered_and_per_thread_stream_calls_are_pooled(self):
         run = self.run_program(["test-static-runtime", "async", "20"], env=self.ON)
         self.assertSucceeded(run)
