@@ -179,6 +179,9 @@ std::string to_json(const Report& r) {
   w.key("config_problems").begin_array();
   for (const std::string& p : r.config_problems) w.value(p);
   w.end_array();
+  w.key("config_notes").begin_array();
+  for (const std::string& n : r.config_notes) w.value(n);
+  w.end_array();
   w.key("devices").begin_object();
   for (const DeviceReport& d : r.devices) {
     w.key(std::to_string(d.device));

@@ -228,6 +228,7 @@ std::string to_text(const Report& r) {
     appendf(out, "  %c %-36s %s\n", c.non_default() ? '*' : ' ', c.variable.c_str(), c.value.c_str());
   }
   for (const std::string& p : r.config_problems) out += "  problem: " + p + "\n";
+  for (const std::string& n : r.config_notes) out += "  note: " + n + "\n";
   if (r.devices.empty()) out += "\nNo device memory went through gpupool.\n";
   for (const DeviceReport& d : r.devices) device_section(out, d);
   return out;

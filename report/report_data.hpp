@@ -68,6 +68,7 @@ struct Report {
   double wall_seconds = 0.0;
   std::vector<ConfigRow> config;
   std::vector<std::string> config_problems;
+  std::vector<std::string> config_notes;  // valid settings another setting makes ineffective
   std::vector<DeviceReport> devices;
 };
 

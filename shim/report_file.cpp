@@ -106,7 +106,7 @@ bool names_device(const std::string& pattern) {
 }
 
 void write_report_file(const config::Config& config, const std::vector<config::Problem>& problems,
-                       const std::vector<DeviceState*>& devices, CallSites& call_sites, StreamCaches& caches,
+                       const std::vector<std::string>& notes, const std::vector<DeviceState*>& devices, CallSites& call_sites, StreamCaches& caches,
                        const char* reason, double wall_seconds) {
   report::Report r;
   r.program = program_name();
@@ -117,6 +117,7 @@ void write_report_file(const config::Config& config, const std::vector<config::P
     r.config.push_back(report::ConfigRow{o.variable, o.key, o.show(config), o.default_text});
   }
   for (const config::Problem& p : problems) r.config_problems.push_back(p.line());
+  r.config_notes = notes;
   for (DeviceState* d : devices) {
     std::lock_guard<AdaptiveMutex> lock(d->mu);
     report::DeviceReport dr = report::collect(*d->pool, d->device);

@@ -44,6 +44,7 @@ Runtime::Runtime() : start_ns_(clock_.now_ns()) {
   config::ParsedConfig parsed = config::parse_config(config::process_environment());
   config_ = parsed.config;
   problems_ = std::move(parsed.problems);
+  config_notes_ = parsed.notes;
   set_log_level(config_.log_level);
   for (const config::Problem& p : problems_) message(config::LogLevel::Error, p.line());
   for (const std::string& note : parsed.notes) message(config::LogLevel::Info, note);

@@ -128,6 +128,7 @@ class Runtime {
 
   config::Config config_;
   std::vector<config::Problem> problems_;
+  std::vector<std::string> config_notes_;
   bool disabled_ = false;
   std::atomic<bool> exiting_{false};
   std::atomic<bool> used_{false};  // an allocation reached the pool

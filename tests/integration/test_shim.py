@@ -501,6 +501,10 @@ class Lifecycle(ShimTest):
         self.assertSucceeded(run)
         self.assertIn("max_split_size_mb (64) applies to fixed segments only", run.stderr)
         self.assertNotIn("needs the driver's virtual memory", run.stderr)
+        # The report keeps the note beside the settings it is about.
+        notes = run.report()["config_notes"]
+        self.assertEqual(len(notes), 1, notes)
+        self.assertIn("max_split_size_mb (64) applies to fixed segments only", notes[0])
         self.assertGreater(run.counters()["vmm_maps"], 0)
         quiet = self.run_program(["test-repeat", "2"], env={"GPUPOOL_CONF": "max_split_size_mb:64",
                                                             "GPUPOOL_LOG_LEVEL": "warn"})
@@ -519,6 +523,7 @@ class Lifecycle(ShimTest):
         self.assertIn("gpupool: GPUPOOL_MAX_SPLIT_SIZE_MB: not a size", run.stderr)
         self.assertIn("unknown key 'bogus'", run.stderr)
         self.assertEqual(len(run.report()["config_problems"]), 2)
+        self.assertEqual(run.report()["config_notes"], [])
 
     def test_strict_configuration_stops_after_listing_every_problem(self):
         run = self.run_program(["test-repeat", "2"], env={"GPUPOOL_MAX_SPLIT_SIZE_MB": "lots",
