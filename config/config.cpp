@@ -236,9 +236,10 @@ ParsedConfig parse_config(const Environment& environment) {
       if (const OptionInfo* option = find_option(key)) {
         apply(*option, "GPUPOOL_CONF:" + key, value, parsed);
       } else if (is_pytorch_only_key(key)) {
-        parsed.problems.push_back(Problem{"GPUPOOL_CONF",
-                                          "PyTorch option '" + key + "' has no gpupool equivalent",
-                                          std::string(entry), "ignored"});
+        // A pasted PyTorch setting is valid there: told, not a problem (so
+        // GPUPOOL_STRICT=1 does not stop on it).
+        parsed.notes.push_back("gpupool: GPUPOOL_CONF: PyTorch option '" + key + "' has no gpupool equivalent ('" +
+                               std::string(entry) + "'); ignored");
       } else {
         parsed.problems.push_back(Problem{"GPUPOOL_CONF",
                                           "unknown key '" + key + "'" + suggestion(key, false),

@@ -175,12 +175,17 @@ TEST_CASE("every problem is reported, not just the first") {
                                 {"GPUPOOL_LOG_FORMAT", "xml"},
                                 {"GPUPOOL_MEMORY_LIMT", "8G"},
                                 {"GPUPOOL_DISABLE", "maybe"}});
-  REQUIRE(p.problems.size() == 7);
+  REQUIRE(p.problems.size() == 6);
   std::string all;
   for (const Problem& pr : p.problems) all += pr.line() + "\n";
   CHECK(all.find("GPUPOOL_CONF:max_split_size_mb: not a size") != std::string::npos);
   CHECK(all.find("unknown key 'bogus'") != std::string::npos);
-  CHECK(all.find("PyTorch option 'pinned_use_cuda_host_register' has no gpupool equivalent") != std::string::npos);
+  // A PyTorch-only key is valid PyTorch: a note, not a problem.
+  CHECK(all.find("pinned_use_cuda_host_register") == std::string::npos);
+  REQUIRE(p.notes.size() == 1);
+  CHECK(p.notes[0] ==
+        "gpupool: GPUPOOL_CONF: PyTorch option 'pinned_use_cuda_host_register' has no gpupool equivalent "
+        "('pinned_use_cuda_host_register:True'); ignored");
   CHECK(all.find("expected key:value ('nocolon'); ignored") != std::string::npos);
   CHECK(all.find("GPUPOOL_LOG_FORMAT: must be one of text or json ('xml'); using text") != std::string::npos);
   CHECK(all.find("GPUPOOL_MEMORY_LIMT: unknown variable (did you mean GPUPOOL_MEMORY_LIMIT?)") !=
