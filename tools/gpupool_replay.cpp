@@ -242,16 +242,18 @@ void print_details(const tools::ReplayResult& r) {
 
 // What a loop past its warm-up would ask of the device at every step. Maps
 // and unmaps (each of a run of pages) timed on an H200 (README): about
-// 0.5 ms and 0.3 ms each.
+// 0.5 ms and 0.3 ms each; a cudaMalloc and a cudaFree of fixed segments about
+// 0.045 ms each (a pair of the traces' sizes took 90.5 us there, BENCHMARKS.md).
 double churn_cost_ms(const tools::ReplayResult::DeviceCalls& c) {
-  return static_cast<double>(c.page_maps) * 0.5 + static_cast<double>(c.page_unmaps) * 0.3;
+  return static_cast<double>(c.page_maps) * 0.5 + static_cast<double>(c.page_unmaps) * 0.3 +
+         static_cast<double>(c.mallocs + c.frees) * 0.045;
 }
 
 std::string churn(const tools::ReplayResult::DeviceCalls& c) {
   std::string s = "the last pass maps pages " + std::to_string(c.page_maps) + " times and unmaps them " +
                   std::to_string(c.page_unmaps) + " times";
   char ms[64];
-  std::snprintf(ms, sizeof ms, " (about %.0f ms per pass on an H200)", churn_cost_ms(c));
+  std::snprintf(ms, sizeof ms, " (about %.1f ms per pass on an H200)", churn_cost_ms(c));
   s += ms;
   if (c.mallocs + c.frees > 0) {
     s += ", and makes " + std::to_string(c.mallocs) + " cudaMalloc and " + std::to_string(c.frees) + " cudaFree calls";
@@ -343,7 +345,7 @@ int main(int argc, char** argv) {
     print_header();
     for (const Row* r : order) print_row(r->results[t], r->conf.empty() ? "(defaults)" : r->conf);
     std::printf("best for %s: GPUPOOL_CONF=%s\n", traces[t].name.c_str(), order[0]->conf.c_str());
-    if (!order[0]->results[t].last_pass.any()) continue;
+    if (churn_ms(*order[0], t) == 0.0) continue;
     std::printf("  %s\n", churn(order[0]->results[t].last_pass).c_str());
     for (const Row* r : order) {
       if (r->results[t].ooms == order[0]->results[t].ooms && calm_enough(churn_ms(*r, t), churn_ms(*order[0], t))) {

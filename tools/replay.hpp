@@ -42,7 +42,6 @@ struct ReplayResult {
     std::int64_t mallocs = 0;
     std::int64_t frees = 0;
     std::int64_t total() const { return page_maps + page_unmaps + mallocs + frees; }
-    bool any() const { return total() > 0; }
   } last_pass;
   report::DeviceReport device;      // the pool's state at the end, for details
   // The request that last raised the reserved peak, and the cache right then.
