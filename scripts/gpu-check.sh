@@ -68,6 +68,15 @@ arch=-arch=native
   { echo "gpu-check: nvcc failed ($out/nvcc.log)"; exit 1; }
 "$nvcc" $arch -O2 -o "$out/hazards_gpu_static" tests/gpu/hazards_gpu.cu 2>>"$out/nvcc.log" ||
   { echo "gpu-check: nvcc failed ($out/nvcc.log)"; exit 1; }
+# Integration programs with the static runtime, for static_runtime:1 (built
+# side by side: nvcc takes a while for each).
+pids=()
+for program in lifecycle capture patterns threads stress; do
+  "$nvcc" $arch -O2 -std=c++20 -I. -x cu -o "$out/${program}_static" "tests/programs/$program.cpp" \
+    2>"$out/nvcc-$program.log" &
+  pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid" || { echo "gpu-check: nvcc failed ($out/nvcc-*.log)"; exit 1; }; done
 
 pool=(LD_PRELOAD="$lib" GPUPOOL_LOG="$out/report-%e-%p.json" GPUPOOL_LOG_FORMAT=json)
 # Room for one 16 MiB block: a request on another stream must take the cached
@@ -155,6 +164,13 @@ if [ "$allocated" = 600 ]; then
 else
   record "static_runtime:1 pools every allocation" FAIL "$allocated of 600 in the report ($static_report)"
 fi
+static=("${pool[@]}" GPUPOOL_STATIC_RUNTIME=1)
+run "static runtime: patterns" 0 "${static[@]}" -- "$out/patterns_static" 6000 7
+run "static runtime: threads" 0 "${static[@]}" -- "$out/threads_static" 4 500
+run "static runtime: capture" 0 "${static[@]}" -- "$out/capture_static"
+run "static runtime: capture while other streams allocate" 0 "${static[@]}" -- "$out/capture_static" others
+run "static runtime: device reset" 0 "${static[@]}" -- "$out/lifecycle_static" reset
+run "static runtime: stress, threads and every kind of stream" 0 "${static[@]}" -- "$out/stress_static" 3 10 200 1
 for case in cudafree-nonblocking cudafree-idle-streams cross-stream-pending destroyed-stream; do
   run "static runtime: hazard $case" 0 "${pool[@]}" "${pressure[@]}" GPUPOOL_STATIC_RUNTIME=1 \
     -- "$out/hazards_gpu_static" "$case"

@@ -10,6 +10,7 @@
 // overlaps two blocks, or gives a device another's memory, breaks a pattern
 // or a check: every live block is read back whenever the threads meet.
 //   stress [threads] [rounds] [operations per round] [seed]
+#include <atomic>
 #include <barrier>
 #include <map>
 #include <mutex>
