@@ -16,18 +16,9 @@
 #include "shim/core_interface.h"
 #include "shim/driver_runtime.hpp"
 #include "shim/messages.hpp"
+#include "shim/ptsz.h"
 #include "shim/real_cuda.hpp"
 #include "shim/runtime.hpp"
-
-// entry_points.cpp's; the per-thread-default-stream twins are not declared by the headers.
-extern "C" {
-cudaError_t cudaMallocAsync_ptsz(void**, size_t, cudaStream_t);
-cudaError_t cudaFreeAsync_ptsz(void*, cudaStream_t);
-cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t, cudaStreamCaptureMode);
-cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t, cudaGraph_t, const cudaGraphNode_t*,
-                                               const cudaGraphEdgeData*, size_t, cudaStreamCaptureMode);
-cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t, cudaGraph_t*);
-}
 
 namespace gpupool::shim {
 

@@ -176,47 +176,45 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   if (lookup == nullptr) return false;
   d.lookup = lookup;
   constexpr unsigned long long kPerThread = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
-  fetch(d.mem_alloc, "cuMemAlloc", 3020);
-  fetch(d.mem_free, "cuMemFree", 3020);
-  fetch(d.mem_alloc_async, "cuMemAllocAsync", 11020);
-  fetch(d.mem_alloc_async_ptsz, "cuMemAllocAsync", 11020, kPerThread);
-  fetch(d.mem_free_async, "cuMemFreeAsync", 11020);
-  fetch(d.mem_free_async_ptsz, "cuMemFreeAsync", 11020, kPerThread);
-  fetch(d.mem_get_info, "cuMemGetInfo", 3020);
-  fetch(d.ctx_get_device, "cuCtxGetDevice", 2000);
-  fetch(d.ctx_set_current, "cuCtxSetCurrent", 4000);
-  fetch(d.primary_ctx_retain, "cuDevicePrimaryCtxRetain", 7000);
-  fetch(d.primary_ctx_reset, "cuDevicePrimaryCtxReset", 11000);
-  fetch(d.device_count, "cuDeviceGetCount", 2000);
-  fetch(d.event_create, "cuEventCreate", 2000);
-  fetch(d.event_destroy, "cuEventDestroy", 4000);
-  fetch(d.event_record, "cuEventRecord", 2000);
-  fetch(d.event_query, "cuEventQuery", 2000);
-  fetch(d.event_synchronize, "cuEventSynchronize", 2000);
-  fetch(d.stream_wait_event, "cuStreamWaitEvent", 3020);
-  fetch(d.stream_synchronize, "cuStreamSynchronize", 2000);
-  fetch(d.stream_query, "cuStreamQuery", 2000);
-  fetch(d.stream_is_capturing, "cuStreamIsCapturing", 10000);
-  fetch(d.stream_get_flags, "cuStreamGetFlags", 5050);
-  fetch(d.stream_create, "cuStreamCreate", 2000);
-  fetch(d.stream_create_with_priority, "cuStreamCreateWithPriority", 5050);
-  fetch(d.stream_destroy, "cuStreamDestroy", 4000);
-  fetch(d.begin_capture, "cuStreamBeginCapture", 10010);
-  fetch(d.begin_capture_ptsz, "cuStreamBeginCapture", 10010, kPerThread);
+  // Everything the pool needs to order and serve memory, or nothing.
+  bool complete = true;
+  auto need = [&complete](auto& slot, const char* name, int version, unsigned long long flags = 0) {
+    fetch(slot, name, version, flags);
+    complete = complete && slot != nullptr;
+  };
+  need(d.mem_alloc, "cuMemAlloc", 3020);
+  need(d.mem_free, "cuMemFree", 3020);
+  need(d.mem_alloc_async, "cuMemAllocAsync", 11020);
+  need(d.mem_alloc_async_ptsz, "cuMemAllocAsync", 11020, kPerThread);
+  need(d.mem_free_async, "cuMemFreeAsync", 11020);
+  need(d.mem_free_async_ptsz, "cuMemFreeAsync", 11020, kPerThread);
+  need(d.mem_get_info, "cuMemGetInfo", 3020);
+  need(d.ctx_get_device, "cuCtxGetDevice", 2000);
+  need(d.ctx_set_current, "cuCtxSetCurrent", 4000);
+  need(d.primary_ctx_retain, "cuDevicePrimaryCtxRetain", 7000);
+  need(d.primary_ctx_reset, "cuDevicePrimaryCtxReset", 11000);
+  need(d.device_count, "cuDeviceGetCount", 2000);
+  need(d.event_create, "cuEventCreate", 2000);
+  need(d.event_destroy, "cuEventDestroy", 4000);
+  need(d.event_record, "cuEventRecord", 2000);
+  need(d.event_query, "cuEventQuery", 2000);
+  need(d.event_synchronize, "cuEventSynchronize", 2000);
+  need(d.stream_wait_event, "cuStreamWaitEvent", 3020);
+  need(d.stream_synchronize, "cuStreamSynchronize", 2000);
+  need(d.stream_query, "cuStreamQuery", 2000);
+  need(d.stream_is_capturing, "cuStreamIsCapturing", 10000);
+  need(d.stream_get_flags, "cuStreamGetFlags", 5050);
+  need(d.stream_create, "cuStreamCreate", 2000);
+  need(d.stream_create_with_priority, "cuStreamCreateWithPriority", 5050);
+  need(d.stream_destroy, "cuStreamDestroy", 4000);
+  need(d.begin_capture, "cuStreamBeginCapture", 10010);
+  need(d.begin_capture_ptsz, "cuStreamBeginCapture", 10010, kPerThread);
+  need(d.end_capture, "cuStreamEndCapture", 10000);
+  need(d.end_capture_ptsz, "cuStreamEndCapture", 10000, kPerThread);
+  need(d.ipc_get_mem_handle, "cuIpcGetMemHandle", 4010);
+  // Captures into an existing graph came with CUDA 12.3: optional.
   fetch(d.begin_capture_to_graph, "cuStreamBeginCaptureToGraph", 12030);
   fetch(d.begin_capture_to_graph_ptsz, "cuStreamBeginCaptureToGraph", 12030, kPerThread);
-  fetch(d.end_capture, "cuStreamEndCapture", 10000);
-  fetch(d.end_capture_ptsz, "cuStreamEndCapture", 10000, kPerThread);
-  fetch(d.ipc_get_mem_handle, "cuIpcGetMemHandle", 4010);
-  // Everything the pool needs to order and serve memory, or nothing.
-  const bool complete =
-      d.mem_alloc && d.mem_free && d.mem_alloc_async && d.mem_alloc_async_ptsz && d.mem_free_async &&
-      d.mem_free_async_ptsz && d.mem_get_info && d.ctx_get_device && d.ctx_set_current && d.primary_ctx_retain &&
-      d.primary_ctx_reset && d.device_count && d.event_create && d.event_destroy && d.event_record &&
-      d.event_query && d.event_synchronize && d.stream_wait_event && d.stream_synchronize && d.stream_query &&
-      d.stream_is_capturing && d.stream_get_flags && d.stream_create && d.stream_create_with_priority &&
-      d.stream_destroy && d.begin_capture && d.begin_capture_ptsz && d.end_capture && d.end_capture_ptsz &&
-      d.ipc_get_mem_handle;
   if (!complete) return false;
   table.cudaMalloc = malloc_;
   table.cudaFree = free_;

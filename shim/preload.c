@@ -16,17 +16,10 @@
 #include <string.h>
 
 #include "shim/core_interface.h"
+#include "shim/ptsz.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
-/* Not declared by the CUDA headers. */
-cudaError_t cudaMallocAsync_ptsz(void**, size_t, cudaStream_t);
-cudaError_t cudaFreeAsync_ptsz(void*, cudaStream_t);
-cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t, enum cudaStreamCaptureMode);
-cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t, cudaGraph_t, const cudaGraphNode_t*,
-                                               const struct cudaGraphEdgeData_st*, size_t,
-                                               enum cudaStreamCaptureMode);
-cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t, cudaGraph_t*);
 
 static char core_path[PATH_MAX];
 static _Atomic(const struct gpupool_core*) core;

@@ -10,21 +10,8 @@
 
 #include <cstring>
 
+#include "sim/ptsz.h"
 #include "sim/vmm.hpp"
-
-extern "C" {
-cudaError_t cudaMallocAsync_ptsz(void**, size_t, cudaStream_t);
-cudaError_t cudaFreeAsync_ptsz(void*, cudaStream_t);
-cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t);
-cudaError_t cudaStreamQuery_ptsz(cudaStream_t);
-cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t, cudaEvent_t, unsigned int);
-cudaError_t cudaEventRecord_ptsz(cudaEvent_t, cudaStream_t);
-cudaError_t cudaLaunchHostFunc_ptsz(cudaStream_t, cudaHostFn_t, void*);
-cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t, cudaStreamCaptureMode);
-cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t, cudaGraph_t*);
-cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t, cudaStreamCaptureStatus*);
-cudaError_t cudaStreamGetFlags_ptsz(cudaStream_t, unsigned int*);
-}
 
 namespace {
 

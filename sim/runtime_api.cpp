@@ -13,6 +13,7 @@
 #include "sim/counters.hpp"
 #include "sim/engine.hpp"
 #include "sim/memory.hpp"
+#include "sim/ptsz.h"
 #include "sim/simcuda.h"
 #include "sim/vmm.hpp"
 
@@ -170,24 +171,6 @@ Counters& counters() {
 
 extern "C" {
 
-// Per-thread-default-stream twins are not declared by the headers.
-cudaError_t cudaMallocAsync_ptsz(void**, size_t, cudaStream_t);
-cudaError_t cudaFreeAsync_ptsz(void*, cudaStream_t);
-cudaError_t cudaMallocFromPoolAsync_ptsz(void**, size_t, cudaMemPool_t, cudaStream_t);
-cudaError_t cudaMemcpy_ptds(void*, const void*, size_t, cudaMemcpyKind);
-cudaError_t cudaMemset_ptds(void*, int, size_t);
-cudaError_t cudaMemcpyAsync_ptsz(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t);
-cudaError_t cudaMemsetAsync_ptsz(void*, int, size_t, cudaStream_t);
-cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t);
-cudaError_t cudaStreamQuery_ptsz(cudaStream_t);
-cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t, cudaEvent_t, unsigned int);
-cudaError_t cudaEventRecord_ptsz(cudaEvent_t, cudaStream_t);
-cudaError_t cudaLaunchHostFunc_ptsz(cudaStream_t, cudaHostFn_t, void*);
-cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t, cudaStreamCaptureMode);
-cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t, cudaGraph_t*);
-cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t, cudaStreamCaptureStatus*);
-cudaError_t cudaStreamGetFlags_ptsz(cudaStream_t, unsigned int*);
-cudaError_t cudaLaunchKernel_ptsz(const void*, dim3, dim3, void**, size_t, cudaStream_t);
 void** __cudaRegisterFatBinary(void*);
 void __cudaRegisterFatBinaryEnd(void**);
 void __cudaUnregisterFatBinary(void**);
