@@ -348,6 +348,12 @@ class StaticRuntime(ShimTest):
         self.assertEqual(run.stderr.count("static_runtime:1 found no static runtime"), 1, run.stderr)
         self.assertNotIn("set GPUPOOL_STATIC_RUNTIME=1", run.stderr)
 
+    def test_threads_that_open_the_driver_at_once_are_all_pooled(self):
+        run = self.run_program(["test-static-runtime", "threads", "4", "40"], env=self.ON)
+        self.assertSucceeded(run)
+        self.assertEqual(run.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 160)
+        self.assertEqual(run.counters()["malloc_calls"], 0)
+
     def test_stream_ordered_and_per_thread_stream_calls_are_pooled(self):
         run = self.run_program(["test-static-runtime", "async", "20"], env=self.ON)
         self.assertSucceeded(run)

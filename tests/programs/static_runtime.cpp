@@ -12,6 +12,7 @@
 //   static_runtime ipc            a handle for a block inside a pooled segment
 //   static_runtime reset          allocations across cuDevicePrimaryCtxReset
 //   static_runtime lookups        where dlsym's answers come from (program, library, RTLD_NEXT)
+//   static_runtime threads T N    T threads at once, each opening the driver and making N pairs
 #include <cuda.h>
 #include <dlfcn.h>
 #include <unistd.h>
@@ -20,12 +21,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
 
 using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
-GetProcAddress get_proc_address = nullptr;
+// Per thread: each thread of the threads mode opens the driver itself.
+thread_local GetProcAddress get_proc_address = nullptr;
 
 template <typename F>
 F fetch(const char* name, int version, cuuint64_t flags = CU_GET_PROC_ADDRESS_DEFAULT) {
@@ -59,8 +62,8 @@ struct Driver {
   decltype(&cuIpcGetMemHandle) ipc_get_mem_handle;
   decltype(&cuDevicePrimaryCtxReset_v2) primary_ctx_reset;
 };
-Driver d;
-void* driver_library = nullptr;
+thread_local Driver d;
+thread_local void* driver_library = nullptr;
 
 void open_driver() {
   driver_library = dlopen("libcuda.so.1", RTLD_NOW);
@@ -115,15 +118,34 @@ void write_and_check(CUdeviceptr p, size_t size, unsigned seed) {
 
 const size_t kSizes[] = {512, 4096, 100000, 1 << 20, 3 << 20, 12 << 20};
 
-int pairs(int n) {
+void make_pairs(int n, unsigned seed) {
   for (int i = 0; i < n; ++i) {
     const size_t size = kSizes[i % 6];
     CUdeviceptr p = 0;
     check(d.mem_alloc(&p, size), "cuMemAlloc");
-    write_and_check(p, size, static_cast<unsigned>(i));
+    write_and_check(p, size, seed + static_cast<unsigned>(i));
     check(d.mem_free(p), "cuMemFree");
   }
+}
+
+int pairs(int n) {
+  make_pairs(n, 0);
   std::printf("{\"pairs\": %d}\n", n);
+  return 0;
+}
+
+// The first lookups, the first calls and the pool's start, from several
+// threads at once.
+int threads(int count, int n) {
+  std::vector<std::thread> all;
+  for (int t = 0; t < count; ++t) {
+    all.emplace_back([t, n] {
+      open_driver();
+      make_pairs(n, static_cast<unsigned>(t) * 1000);
+    });
+  }
+  for (std::thread& t : all) t.join();
+  std::printf("{\"pairs\": %d}\n", count * n);
   return 0;
 }
 
@@ -265,6 +287,7 @@ int lookups(const char* library) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "lookups" && argc > 2) return lookups(argv[2]);
+  if (mode == "threads" && argc > 3) return threads(std::atoi(argv[2]), std::atoi(argv[3]));
   open_driver();
   const int n = argc > 2 ? std::atoi(argv[2]) : 60;
   if (mode == "pairs") return pairs(n);
@@ -273,6 +296,7 @@ int main(int argc, char** argv) {
   if (mode == "capture") return capture();
   if (mode == "ipc") return ipc();
   if (mode == "reset") return reset();
-  std::fprintf(stderr, "usage: static_runtime pairs|async|hazard|capture|ipc|reset [N] | lookups LIBRARY\n");
+  std::fprintf(stderr,
+               "usage: static_runtime pairs|async|hazard|capture|ipc|reset [N] | lookups LIBRARY | threads T N\n");
   return 2;
 }
