@@ -71,7 +71,7 @@ arch=-arch=native
 # Integration programs with the static runtime, for static_runtime:1 (built
 # side by side: nvcc takes a while for each).
 pids=()
-for program in lifecycle capture patterns threads stress; do
+for program in lifecycle capture patterns threads stress devices; do
   "$nvcc" $arch -O2 -std=c++20 -I. -x cu -o "$out/${program}_static" "tests/programs/$program.cpp" \
     2>"$out/nvcc-$program.log" &
   pids+=($!)
@@ -201,6 +201,9 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   run "two devices, peer access" 0 "${pool[@]}" -- build/bin/test-devices peer
   run "two devices, a block freed on the other's stream" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=20M -- build/bin/test-devices foreign 20
   run "two devices, such a free inside a capture" 0 "${pool[@]}" -- build/bin/test-devices foreign-capture
+  run "static runtime: two devices, switching between calls" 0 "${pool[@]}" GPUPOOL_STATIC_RUNTIME=1 \
+    GPUPOOL_MEMORY_LIMIT=20M -- "$out/devices_static" cross 20
+  run "static runtime: two devices, peer access" 0 "${pool[@]}" GPUPOOL_STATIC_RUNTIME=1 -- "$out/devices_static" peer
 else
   record "two devices" SKIP "one GPU here"
 fi

@@ -1,10 +1,10 @@
 // The driver entry points gpupool serves to a program built with nvcc's
 // default static runtime (with static_runtime:1). driver_hook.c in the
 // preload library hands the program's runtime a cuGetProcAddress that asks
-// driver_entry() about each entry point it fetches; the allocation, stream and
-// capture calls come back here and go through the same code as the shared
-// runtime's (entry_points.cpp), whose calls to "the real runtime" are then
-// served by the driver (driver_runtime.cpp).
+// driver_entry() about each entry point it fetches; the allocation, stream,
+// capture and peer-access calls come back here and go through the same code
+// as the shared runtime's (entry_points.cpp), whose calls to "the real
+// runtime" are then served by the driver (driver_runtime.cpp).
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -88,6 +88,20 @@ CUresult primary_ctx_reset(CUdevice device) {
   return real_primary_ctx_reset.load()(device);
 }
 
+// cudaDeviceEnablePeerAccess of the static runtime: the current device may now
+// reach the peer's memory, pooled pages too (as for the shared runtime's).
+std::atomic<decltype(&cuCtxEnablePeerAccess)> real_enable_peer_access{nullptr};
+CUresult ctx_enable_peer_access(CUcontext peer, unsigned int flags) {
+  const CUresult r = real_enable_peer_access.load()(peer, flags);
+  Runtime& runtime = Runtime::get();
+  if (r == CUDA_SUCCESS && !runtime.bypass()) {
+    if (const int owner = device_of_context(peer); owner >= 0) {
+      runtime.peer_access_enabled(runtime.current_device(), owner);
+    }
+  }
+  return r;
+}
+
 struct Substitute {
   const char* name;
   int since;  // the version from which the program's call has this signature
@@ -116,6 +130,7 @@ const Substitute kSubstitutes[] = {
     {"cuStreamBeginCaptureToGraph", 12030, 0, fn(begin_capture_to_graph), fn(begin_capture_to_graph_ptsz)},
     {"cuStreamEndCapture", 10000, 0, fn(end_capture), fn(end_capture_ptsz)},
     {"cuDevicePrimaryCtxReset", 7000, 0, fn(primary_ctx_reset), fn(primary_ctx_reset)},
+    {"cuCtxEnablePeerAccess", 4000, 0, fn(ctx_enable_peer_access), fn(ctx_enable_peer_access)},
 };
 
 // Whether to take the program's driver calls over, decided at the first one.
@@ -145,8 +160,12 @@ void* driver_entry(const char* symbol, int version, unsigned long long flags, vo
   if (symbol == nullptr || real_function == nullptr || !taking_over(lookup)) return real_function;
   for (const Substitute& s : kSubstitutes) {
     if (std::strcmp(s.name, symbol) != 0 || version < s.since || (s.until != 0 && version >= s.until)) continue;
+    // The two that call the program's own real function after gpupool's part.
     if (s.legacy == fn(primary_ctx_reset)) {
       real_primary_ctx_reset.store(reinterpret_cast<decltype(&cuDevicePrimaryCtxReset_v2)>(real_function));
+    }
+    if (s.legacy == fn(ctx_enable_peer_access)) {
+      real_enable_peer_access.store(reinterpret_cast<decltype(&cuCtxEnablePeerAccess)>(real_function));
     }
     return (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0 ? s.per_thread : s.legacy;
   }

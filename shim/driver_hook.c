@@ -151,7 +151,7 @@ static void substitute(const char* symbol, void** pfn, int version, unsigned lon
     return;
   }
   if (strncmp(symbol, "cuMem", 5) != 0 && strncmp(symbol, "cuStream", 8) != 0 && strncmp(symbol, "cuIpc", 5) != 0 &&
-      strncmp(symbol, "cuDevicePrimaryCtx", 18) != 0) {
+      strncmp(symbol, "cuDevicePrimaryCtx", 18) != 0 && strcmp(symbol, "cuCtxEnablePeerAccess") != 0) {
     return;
   }
   const struct gpupool_core* core = gpupool_preload_core();

@@ -27,9 +27,10 @@ struct Driver {
   decltype(&cuMemGetInfo_v2) mem_get_info = nullptr;
   decltype(&cuCtxGetDevice) ctx_get_device = nullptr;
   decltype(&cuCtxSetCurrent) ctx_set_current = nullptr;
+  decltype(&cuCtxPushCurrent_v2) ctx_push_current = nullptr;
+  decltype(&cuCtxPopCurrent_v2) ctx_pop_current = nullptr;
   decltype(&cuDevicePrimaryCtxRetain) primary_ctx_retain = nullptr;
   decltype(&cuDevicePrimaryCtxReset_v2) primary_ctx_reset = nullptr;
-  decltype(&cuDeviceGetCount) device_count = nullptr;
   decltype(&cuEventCreate) event_create = nullptr;
   decltype(&cuEventDestroy_v2) event_destroy = nullptr;
   decltype(&cuEventRecord) event_record = nullptr;
@@ -150,15 +151,10 @@ cudaError_t ipc_get_mem_handle(cudaIpcMemHandle_t* handle, void* p) {
   static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(CUipcMemHandle));
   return rt(d.ipc_get_mem_handle(reinterpret_cast<CUipcMemHandle*>(handle), cu(p)));
 }
-// The virtual memory calls for expandable segments; none where the program
-// sees several devices, whose peer access to pooled pages is not set up on
-// this path (fixed segments from cuMemAlloc get it from the driver).
+// The virtual memory calls for expandable segments.
 cudaError_t get_driver_entry_point(const char* name, void** fn, unsigned int version, unsigned long long flags,
                                    cudaDriverEntryPointQueryResult* status) {
-  *fn = nullptr;
-  int devices = 0;
-  const bool one_device = d.device_count(&devices) == CUDA_SUCCESS && devices == 1;
-  if (one_device && d.lookup(name, fn, static_cast<int>(version), flags) != CUDA_SUCCESS) *fn = nullptr;
+  if (d.lookup(name, fn, static_cast<int>(version), flags) != CUDA_SUCCESS) *fn = nullptr;
   if (status != nullptr) *status = *fn != nullptr ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
   return cudaSuccess;
 }
@@ -171,6 +167,15 @@ void fetch(F*& slot, const char* name, int version, unsigned long long flags = C
 }
 
 }  // namespace
+
+int device_of_context(CUcontext ctx) {
+  if (d.ctx_push_current == nullptr || d.ctx_push_current(ctx) != CUDA_SUCCESS) return -1;
+  CUdevice device = -1;
+  if (d.ctx_get_device(&device) != CUDA_SUCCESS) device = -1;
+  CUcontext popped = nullptr;
+  d.ctx_pop_current(&popped);
+  return device;
+}
 
 bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   if (lookup == nullptr) return false;
@@ -191,9 +196,10 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   need(d.mem_get_info, "cuMemGetInfo", 3020);
   need(d.ctx_get_device, "cuCtxGetDevice", 2000);
   need(d.ctx_set_current, "cuCtxSetCurrent", 4000);
+  need(d.ctx_push_current, "cuCtxPushCurrent", 4000);
+  need(d.ctx_pop_current, "cuCtxPopCurrent", 4000);
   need(d.primary_ctx_retain, "cuDevicePrimaryCtxRetain", 7000);
   need(d.primary_ctx_reset, "cuDevicePrimaryCtxReset", 11000);
-  need(d.device_count, "cuDeviceGetCount", 2000);
   need(d.event_create, "cuEventCreate", 2000);
   need(d.event_destroy, "cuEventDestroy", 4000);
   need(d.event_record, "cuEventRecord", 2000);

@@ -2,6 +2,8 @@
 // with nvcc's default static runtime, which has no shared runtime to call.
 #pragma once
 
+#include <cuda.h>
+
 #include "shim/core_interface.h"
 #include "shim/real_cuda.hpp"
 
@@ -10,5 +12,9 @@ namespace gpupool::shim {
 // Fills `table` with functions that call the driver's (found with `lookup`).
 // False, and `table` untouched, when the driver lacks one the pool needs.
 bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup);
+
+// The device of a context (the static runtime's peer access names the peer's
+// context), or -1.
+int device_of_context(CUcontext ctx);
 
 }  // namespace gpupool::shim

@@ -32,7 +32,6 @@ void* loaded_cudart() {
 
 std::atomic<void* (*)(const char*)> symbol_lookup{nullptr};
 std::atomic<gpupool_driver_lookup_fn> driver_lookup{nullptr};
-std::atomic<bool> driver_served{false};
 
 void* lookup(void* cudart, const char* name) {
   void* (*next)(const char*) = symbol_lookup.load(std::memory_order_acquire);
@@ -45,11 +44,6 @@ void* lookup(void* cudart, const char* name) {
 
 void set_symbol_lookup(void* (*lookup_function)(const char* name)) {
   symbol_lookup.store(lookup_function, std::memory_order_release);
-}
-
-bool served_by_driver() {
-  real();
-  return driver_served.load();
 }
 
 void set_driver_lookup(gpupool_driver_lookup_fn lookup) { driver_lookup.store(lookup, std::memory_order_release); }
@@ -73,7 +67,6 @@ const RealCuda& real() {
     // No shared runtime loaded (a simulated one answering as the driver may
     // still be found by name): the driver serves.
     if (cudart == nullptr && fill_from_driver(table, driver_lookup.load(std::memory_order_acquire))) {
-      driver_served.store(true);
       resolved.store(&table, std::memory_order_release);
       return;
     }

@@ -67,9 +67,6 @@ struct RealCuda {
 // driver (driver_runtime.hpp).
 const RealCuda& real();
 
-// True when real() calls the driver (a program with the static runtime).
-bool served_by_driver();
-
 // How real driver functions are found, for a program with the static runtime.
 // Set before the first call of real() to count.
 void set_driver_lookup(int (*lookup)(const char* symbol, void** pfn, int version, unsigned long long flags));

@@ -84,11 +84,7 @@ DeviceState& Runtime::device(int index) {
   if (!d->upstream.memory_info(&free_bytes, &total)) total = kUnlimited;
   d->pool = std::make_unique<DevicePool>(d->upstream, config::to_pool_options(config_), total, &clock_);
   d->pool->stream_created(kLegacyStream, StreamKind::Legacy);
-  if (config_.expandable_segments && !d->pool->options().expandable_segments && served_by_driver()) {
-    message(config::LogLevel::Info,
-            "gpupool: static_runtime:1 with several devices: fixed segments from cuMemAlloc for device " +
-                std::to_string(index) + " (peer access to pooled pages is set up only through the shared runtime)");
-  } else if (config_.expandable_segments && !d->pool->options().expandable_segments) {
+  if (config_.expandable_segments && !d->pool->options().expandable_segments) {
     message(config::LogLevel::Warn,
             "gpupool: expandable_segments:1 needs the driver's virtual memory calls (cuMemCreate, cuMemMap), which "
             "this driver does not give for device " + std::to_string(index) + "; it uses fixed segments from cudaMalloc");

@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <vector>
 
 #include "sim/ptsz.h"
 #include "sim/vmm.hpp"
@@ -50,6 +51,26 @@ CUresult ctx_get_current(CUcontext* ctx) {
   return CUDA_SUCCESS;
 }
 CUresult ctx_synchronize() { return cu(cudaDeviceSynchronize()); }
+// The context stack of this thread, below the current one.
+thread_local std::vector<int> t_pushed;
+CUresult ctx_push_current(CUcontext ctx) {
+  int current = 0;
+  cudaGetDevice(&current);
+  if (const CUresult r = ctx_set_current(ctx); r != CUDA_SUCCESS) return r;
+  t_pushed.push_back(current);
+  return CUDA_SUCCESS;
+}
+CUresult ctx_pop_current(CUcontext* popped) {
+  if (t_pushed.empty()) return CUDA_ERROR_INVALID_CONTEXT;
+  if (popped != nullptr) ctx_get_current(popped);
+  cudaSetDevice(t_pushed.back());
+  t_pushed.pop_back();
+  return CUDA_SUCCESS;
+}
+CUresult ctx_enable_peer_access(CUcontext peer, unsigned int flags) {
+  if (peer == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return cu(cudaDeviceEnablePeerAccess(static_cast<int>(reinterpret_cast<uintptr_t>(peer) - 1), flags));
+}
 CUresult primary_ctx_reset(CUdevice d) {
   int current = 0;
   cudaGetDevice(&current);
@@ -157,6 +178,9 @@ const Entry kEntries[] = {
     {"cuCtxSetCurrent", 4000, fn(ctx_set_current), fn(ctx_set_current)},
     {"cuCtxGetCurrent", 4000, fn(ctx_get_current), fn(ctx_get_current)},
     {"cuCtxSynchronize", 2000, fn(ctx_synchronize), fn(ctx_synchronize)},
+    {"cuCtxPushCurrent", 4000, fn(ctx_push_current), fn(ctx_push_current)},
+    {"cuCtxPopCurrent", 4000, fn(ctx_pop_current), fn(ctx_pop_current)},
+    {"cuCtxEnablePeerAccess", 4000, fn(ctx_enable_peer_access), fn(ctx_enable_peer_access)},
     {"cuDevicePrimaryCtxRetain", 7000, fn(primary_ctx_retain), fn(primary_ctx_retain)},
     {"cuDevicePrimaryCtxReset", 7000, fn(primary_ctx_reset), fn(primary_ctx_reset)},
     {"cuMemAlloc", 3020, fn(mem_alloc), fn(mem_alloc)},

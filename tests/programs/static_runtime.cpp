@@ -13,6 +13,7 @@
 //   static_runtime reset          allocations across cuDevicePrimaryCtxReset
 //   static_runtime lookups        where dlsym's answers come from (program, library, RTLD_NEXT)
 //   static_runtime threads T N    T threads at once, each opening the driver and making N pairs
+//   static_runtime peer           two devices: pooled memory reachable once peer access is enabled
 #include <cuda.h>
 #include <dlfcn.h>
 #include <unistd.h>
@@ -61,6 +62,9 @@ struct Driver {
   decltype(&cuCtxSynchronize) ctx_synchronize;
   decltype(&cuIpcGetMemHandle) ipc_get_mem_handle;
   decltype(&cuDevicePrimaryCtxReset_v2) primary_ctx_reset;
+  decltype(&cuDevicePrimaryCtxRetain) primary_ctx_retain;
+  decltype(&cuCtxSetCurrent) ctx_set_current;
+  decltype(&cuCtxEnablePeerAccess) ctx_enable_peer_access;
 };
 thread_local Driver d;
 thread_local void* driver_library = nullptr;
@@ -94,6 +98,9 @@ void open_driver() {
   d.ctx_synchronize = fetch<decltype(d.ctx_synchronize)>("cuCtxSynchronize", 2000);
   d.ipc_get_mem_handle = fetch<decltype(d.ipc_get_mem_handle)>("cuIpcGetMemHandle", 4010);
   d.primary_ctx_reset = fetch<decltype(d.primary_ctx_reset)>("cuDevicePrimaryCtxReset", 11000);
+  d.primary_ctx_retain = fetch<decltype(d.primary_ctx_retain)>("cuDevicePrimaryCtxRetain", 7000);
+  d.ctx_set_current = fetch<decltype(d.ctx_set_current)>("cuCtxSetCurrent", 4000);
+  d.ctx_enable_peer_access = fetch<decltype(d.ctx_enable_peer_access)>("cuCtxEnablePeerAccess", 4000);
   if (d.init(0) != CUDA_SUCCESS) std::exit(1);
 }
 
@@ -258,6 +265,40 @@ int reset() {
   return 0;
 }
 
+// As cudaSetDevice of the static runtime: the device's primary context.
+CUcontext use_device(int device) {
+  CUcontext ctx = nullptr;
+  check(d.primary_ctx_retain(&ctx, device), "cuDevicePrimaryCtxRetain");
+  check(d.ctx_set_current(ctx), "cuCtxSetCurrent");
+  return ctx;
+}
+
+int peer() {
+  using Accessible = int (*)(const void*, int);
+  auto accessible = reinterpret_cast<Accessible>(dlsym(driver_library, "simcuda_accessible"));
+  if (accessible == nullptr) return 1;  // the simulated driver's own check
+  auto reachable = [&](CUdeviceptr p, int device) {
+    return accessible(reinterpret_cast<void*>(static_cast<uintptr_t>(p)), device) != 0;
+  };
+  constexpr size_t kBytes = 4 << 20;
+  const CUcontext one = use_device(1);
+  CUdeviceptr before = 0;
+  check(d.mem_alloc(&before, kBytes), "cuMemAlloc");
+  const bool hidden_before = !reachable(before, 0);
+  // Device 0 may now reach device 1's memory, pooled pages included, and
+  // pages mapped later.
+  use_device(0);
+  check(d.ctx_enable_peer_access(one, 0), "cuCtxEnablePeerAccess");
+  use_device(1);
+  CUdeviceptr after = 0;
+  check(d.mem_alloc(&after, 3 * kBytes), "cuMemAlloc");
+  std::printf("{\"hidden_before\": %d, \"before\": %d, \"after\": %d}\n", hidden_before ? 1 : 0,
+              reachable(before, 0) ? 1 : 0, reachable(after, 0) ? 1 : 0);
+  check(d.mem_free(before), "cuMemFree");
+  check(d.mem_free(after), "cuMemFree");
+  return 0;
+}
+
 std::string object_of(void* fn) {
   Dl_info info{};
   if (fn == nullptr || dladdr(fn, &info) == 0 || info.dli_fname == nullptr) return "none";
@@ -296,7 +337,8 @@ int main(int argc, char** argv) {
   if (mode == "capture") return capture();
   if (mode == "ipc") return ipc();
   if (mode == "reset") return reset();
+  if (mode == "peer") return peer();
   std::fprintf(stderr,
-               "usage: static_runtime pairs|async|hazard|capture|ipc|reset [N] | lookups LIBRARY | threads T N\n");
+               "usage: static_runtime pairs|async|hazard|capture|ipc|reset|peer [N] | lookups LIBRARY | threads T N\n");
   return 2;
 }
