@@ -286,6 +286,22 @@ class Command(ShimTest):
         self.assertIn("peak reserved", out.stdout)
         self.assertIn("GPU reserved memory", out.stdout)
 
+    def test_report_shows_configuration_problems_and_notes(self):
+        run = self.run_program(["test-repeat", "2"], env={"GPUPOOL_CONF": "max_split_size_mb:64,bogus:1"})
+        self.assertSucceeded(run)
+        out = self.gpupool("report", run.reports()[0])
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("configuration problem: gpupool: GPUPOOL_CONF: unknown key 'bogus'", out.stdout)
+        self.assertIn("configuration note: gpupool: max_split_size_mb (64) applies to fixed segments only", out.stdout)
+        # A report from before the notes still reads.
+        with open(run.reports()[0]) as f:
+            report = json.load(f)
+        del report["config_notes"]
+        old = os.path.join(self.workdir, "old.json")
+        with open(old, "w") as f:
+            json.dump(report, f)
+        self.assertEqual(self.gpupool("report", old).returncode, 0)
+
     def test_report_reads_a_report_from_before_barrier_waits(self):
         path = self.reports(1)[0]
         with open(path) as f:
