@@ -6,7 +6,9 @@ scripts/bench.sh copies into BENCHMARKS.md.
 1. Allocation pairs through the real CUDA runtime: cudaMalloc/cudaFree and
    cudaMallocAsync/cudaFreeAsync (CUDA's own stream-ordered pool), without
    and with gpupool, sizes from the traces (a fixed mix when TRACES_DIR has none);
-   plain pairs also beside 128 idle non-blocking streams (PyTorch's stream pool).
+   plain pairs also beside 128 idle non-blocking streams (PyTorch's stream pool),
+   and the same program built with nvcc's default static runtime, under
+   GPUPOOL_STATIC_RUNTIME=1.
 2. PyTorch training steps, when PyTorch with CUDA is installed: its own
    caching allocator; PYTORCH_NO_CUDA_MEMORY_CACHING=1 (every tensor a
    cudaMalloc); the same under gpupool; and the first and last again with
@@ -17,6 +19,7 @@ import datetime
 import glob
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -39,13 +42,13 @@ def run_json(cmd, env, runs):
     return results
 
 
-def api_pairs(mode, threads, pairs, working_set, preload, runs=5, extra_env=None, idle_streams=0):
+def api_pairs(mode, threads, pairs, working_set, preload, runs=5, extra_env=None, idle_streams=0,
+              binary=os.path.join(BIN, "gpupool-bench-api")):
     env = {"GPUPOOL_REPORT": "0"}
     if preload:
         env["LD_PRELOAD"] = LIB
     env.update(extra_env or {})
-    cmd = [os.path.join(BIN, "gpupool-bench-api"), mode, str(threads), str(pairs), str(working_set),
-           str(idle_streams)]
+    cmd = [binary, mode, str(threads), str(pairs), str(working_set), str(idle_streams)]
     results = run_json(cmd, env, runs)
     return statistics.median(r["ns_per_pair"] for r in results), statistics.median(r["pairs_per_second"] for r in results)
 
@@ -143,6 +146,23 @@ def main():
     lines.append(f"| `cudaMalloc`+`cudaFree`, 128 idle non-blocking streams | 1 | 64 | {raw:.0f} | {pooled:.0f} | "
                  f"{raw / pooled:.1f}x |")
     print(lines[-1], flush=True)
+    # The same loop built with nvcc's default static runtime: pooled only
+    # with GPUPOOL_STATIC_RUNTIME=1, through the driver hook.
+    with tempfile.TemporaryDirectory() as build:
+        static = os.path.join(build, "bench_api_static")
+        nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+        made = subprocess.run([nvcc, "-O2", "-std=c++20", "-I", ROOT, f'-DGPUPOOL_SOURCE_DIR="{ROOT}"', "-x", "cu",
+                               "-o", static, os.path.join(ROOT, "bench", "bench_api.cpp"),
+                               os.path.join(ROOT, "tools", "trace.cpp")], capture_output=True, text=True)
+        if made.returncode == 0:
+            raw, _ = api_pairs("plain", 1, 2000, 64, False, binary=static)
+            pooled, _ = api_pairs("plain", 1, 200000, 64, True, binary=static,
+                                  extra_env={"GPUPOOL_STATIC_RUNTIME": "1"})
+            lines.append(f"| `cudaMalloc`+`cudaFree`, static runtime, `GPUPOOL_STATIC_RUNTIME=1` | 1 | 64 | "
+                         f"{raw:.0f} | {pooled:.0f} | {raw / pooled:.1f}x |")
+        else:
+            lines.append(f"| `cudaMalloc`+`cudaFree`, static runtime | 1 | 64 | nvcc failed | | |")
+        print(lines[-1], flush=True)
     lines.append("")
 
     # Where a plain pair's time goes: the same loop with the device barrier
