@@ -36,6 +36,8 @@ std::string accepted_text(std::size_t lo, std::size_t hi) {
     return "0 or a power of two up to 1024, or [MB:N,...,>:N]";
   } else if constexpr (std::is_same_v<Kind, Signal>) {
     return "USR1, USR2 or none";
+  } else if constexpr (std::is_same_v<Kind, NameList>) {
+    return "library file names separated by colons";
   } else {
     return Kind::choices();
   }
@@ -291,6 +293,10 @@ ParsedConfig parse_config(const Environment& environment) {
     parsed.notes.push_back("gpupool: max_split_size_mb (" + MiBSize::format(c.max_split_size_mb) +
                            ") applies to fixed segments only and is ignored with expandable_segments:1, where free "
                            "memory joins up and is remapped where a request fits; set expandable_segments:0 to use it");
+  }
+  if (!c.static_runtime_libraries.empty() && !c.static_runtime) {
+    parsed.notes.push_back("gpupool: static_runtime_libraries (" + c.static_runtime_libraries +
+                           ") applies with static_runtime:1 only; set it to take those libraries' memory over");
   }
   return parsed;
 }

@@ -210,6 +210,44 @@ bool parse_path_template(std::string_view text, bool device_field, std::string* 
 
 }  // namespace
 
+bool NameList::parse(std::string_view text, value_type* out, std::string* why) {
+  text = trim(text);
+  if (text.empty()) {
+    *why = "no library name";
+    return false;
+  }
+  for (std::size_t start = 0; start <= text.size();) {
+    std::size_t end = text.find(':', start);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view name = text.substr(start, end - start);
+    if (name.empty()) {
+      *why = "an empty name between colons";
+      return false;
+    }
+    if (name.find('/') != std::string_view::npos) {
+      *why = "a file name, not a path ('" + std::string(name) + "')";
+      return false;
+    }
+    start = end + 1;
+  }
+  *out = std::string(text);
+  return true;
+}
+
+bool names_match(const std::string& names, std::string_view path) {
+  const std::size_t slash = path.rfind('/');
+  const std::string_view file = slash == std::string_view::npos ? path : path.substr(slash + 1);
+  std::string_view rest = names;
+  while (!rest.empty()) {
+    const std::size_t colon = rest.find(':');
+    const std::string_view name = rest.substr(0, colon);
+    if (!name.empty() && file.substr(0, name.size()) == name) return true;
+    if (colon == std::string_view::npos) break;
+    rest.remove_prefix(colon + 1);
+  }
+  return false;
+}
+
 bool PathTemplate::parse(std::string_view text, value_type* out, std::string* why) {
   return parse_path_template(text, false, out, why);
 }

@@ -73,6 +73,17 @@ struct DevicePathTemplate : PathTemplate {
   static bool parse(std::string_view text, value_type* out, std::string* why);
 };
 
+// Library file names separated by colons (as in LD_LIBRARY_PATH), each
+// matching a loaded library whose file name starts with it: "libengine.so".
+struct NameList {
+  using value_type = std::string;
+  static constexpr const char* kKind = "names";
+  static bool parse(std::string_view text, value_type* out, std::string* why);
+  static std::string format(const value_type& v) { return v.empty() ? "(none)" : v; }
+};
+// Whether the file name at the end of `path` starts with one of the names.
+bool names_match(const std::string& names, std::string_view path);
+
 // roundup_power2_divisions: one number for every size, or PyTorch's list form
 // [256:1,512:2,>:8] (keys are MiB interval starts, powers of two).
 struct Divisions {

@@ -12,7 +12,7 @@ extern "C" {
 #endif
 
 /* Raised whenever this struct changes: a core of another version is refused. */
-#define GPUPOOL_CORE_ABI 2
+#define GPUPOOL_CORE_ABI 3
 
 /* Finds a real CUDA runtime function: dlsym(RTLD_NEXT) in the preload
    library, the object that stands before the runtime in the search order. */
@@ -35,6 +35,9 @@ struct gpupool_core {
      `version` with `flags`): the function to give it instead, or real. */
   void* (*driver_entry)(const char* symbol, int version, unsigned long long flags, void* real,
                         gpupool_driver_lookup_fn lookup);
+  /* 1 when the library at `path` (not the program) asked for cuGetProcAddress
+     and its static runtime's driver calls are to be taken over too. */
+  int (*driver_library_accepted)(const char* path);
 };
 
 /* The core's one exported function: its table, or NULL for another abi. */

@@ -155,6 +155,25 @@ bool taking_over(gpupool_driver_lookup_fn lookup) {
 
 }  // namespace
 
+int driver_library_accepted(const char* path) {
+  static const config::Config c = config::parse_config(config::process_environment()).config;
+  if (c.disable || !c.static_runtime || path == nullptr || !config::names_match(c.static_runtime_libraries, path)) {
+    return 0;
+  }
+  // The shared runtime calls the driver under gpupool's own calls (taking it
+  // over would loop), and NCCL shares its memory over CUDA IPC.
+  if (config::names_match("libcudart.so:libnccl.so", path)) {
+    static std::once_flag told;
+    std::call_once(told, [path] {
+      message(config::LogLevel::Warn, std::string("gpupool: static_runtime_libraries: ") + path +
+                                          " is never taken over (the shared runtime, or NCCL, which shares its memory "
+                                          "over CUDA IPC)");
+    });
+    return 0;
+  }
+  return 1;
+}
+
 void* driver_entry(const char* symbol, int version, unsigned long long flags, void* real_function,
                    gpupool_driver_lookup_fn lookup) {
   if (symbol == nullptr || real_function == nullptr || !taking_over(lookup)) return real_function;

@@ -114,14 +114,18 @@ EARLY static void* real_dlsym(void* handle, const char* name) {
   return p.lookup(handle, name);
 }
 
-/* The static runtime lives in the program itself: its objects come first in
-   the link map. A library's private static runtime (NCCL's, for one) is left
-   alone: its memory may be shared over IPC. */
-EARLY static int from_program(void* caller) {
+/* Whose static runtime asks: the program's (its object comes first in the
+   link map), or a library's that static_runtime_libraries names. Any other
+   library's private runtime (NCCL's, for one) is left alone: its memory may be
+   shared over IPC. Only lookups of cuGetProcAddress get here, never during a
+   sanitizer's start, so loading the core is safe. */
+EARLY static int taken_over(void* caller) {
   Dl_info info;
   struct link_map* map = NULL;
   if (dladdr1(caller, &info, (void**)&map, RTLD_DL_LINKMAP) == 0 || map == NULL) return 0;
-  return map->l_prev == NULL;
+  if (map->l_prev == NULL) return 1;
+  const struct gpupool_core* core = gpupool_preload_core();
+  return core->driver_library_accepted != NULL && core->driver_library_accepted(map->l_name);
 }
 
 /* For the core: the real driver's entry point `symbol` at `version`. */
@@ -180,7 +184,7 @@ EARLY void* gpupool_dlsym_hook(void* handle, const char* name, void* caller) {
   if (name == NULL || name[0] != 'c' || name[1] != 'u' || name[2] != 'G') return NULL;
   const int v2 = same(name, "cuGetProcAddress_v2");
   if (!v2 && !same(name, "cuGetProcAddress")) return NULL;
-  if (handle == RTLD_NEXT || !from_program(caller)) return NULL;
+  if (handle == RTLD_NEXT || !taken_over(caller)) return NULL;
   void* real = real_dlsym(handle, name);
   if (real == NULL) return NULL;
   if (v2) {

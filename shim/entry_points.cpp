@@ -25,6 +25,7 @@ namespace gpupool::shim {
 // driver_entry_points.cpp
 void* driver_entry(const char* symbol, int version, unsigned long long flags, void* real,
                    gpupool_driver_lookup_fn lookup);
+int driver_library_accepted(const char* path);
 }  // namespace gpupool::shim
 using gpupool::shim::explain_nothing_pooled;
 using gpupool::shim::fail;
@@ -293,6 +294,7 @@ extern "C" __attribute__((visibility("default"))) const gpupool_core* gpupool_co
       &parent_after_fork,
       &child_after_fork,
       &gpupool::shim::driver_entry,
+      &gpupool::shim::driver_library_accepted,
   };
   return &table;
 }

@@ -36,7 +36,8 @@ void explain_nothing_pooled(bool static_runtime_asked) {
   if (static_runtime_asked) {
     static_runtime =
         "static_runtime:1 found no static runtime asking the driver for cuGetProcAddress in the program itself "
-        "(its runtime may be in a library, or the program may link the driver directly)";
+        "(one in a library is taken over when static_runtime_libraries names it; a program may also link the "
+        "driver directly)";
   }
   message(config::LogLevel::Warn,
           "gpupool: this program used CUDA, but none of its device memory was asked for with cudaMalloc or "

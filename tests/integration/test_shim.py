@@ -354,6 +354,28 @@ class StaticRuntime(ShimTest):
         self.assertEqual(run.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 160)
         self.assertEqual(run.counters()["malloc_calls"], 0)
 
+    def test_a_librarys_own_runtime_is_taken_over_only_when_named(self):
+        module = os.path.join(BUILD, "tests", "libtest-driver-lookup.so")
+        alone = self.run_program(["test-static-runtime", "library", module, "40"], env=self.ON)
+        self.assertSucceeded(alone)
+        self.assertEqual(alone.counters()["malloc_calls"], 40)
+        self.assertIn("static_runtime_libraries names it", alone.stderr)
+        named = {**self.ON, "GPUPOOL_STATIC_RUNTIME_LIBRARIES": "libother.so:libtest-driver-lookup.so"}
+        run = self.run_program(["test-static-runtime", "library", module, "40"], env=named)
+        self.assertSucceeded(run)
+        self.assertEqual(run.counters()["malloc_calls"], 0)
+        self.assertEqual(run.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 40)
+        lookups = self.run_program(["test-static-runtime", "lookups", module], env=named)
+        self.assertEqual(lookups.output_json()["library"], "libgpupool.so")
+        # Named or not, the shared runtime and NCCL are never taken over.
+        nccl = os.path.join(self.workdir, "libnccl.so.2")
+        shutil.copy(module, nccl)
+        refused = self.run_program(["test-static-runtime", "library", nccl, "40"],
+                                   env={**self.ON, "GPUPOOL_STATIC_RUNTIME_LIBRARIES": "libnccl.so"})
+        self.assertSucceeded(refused)
+        self.assertEqual(refused.counters()["malloc_calls"], 40)
+        self.assertEqual(refused.stderr.count("is never taken over"), 1, refused.stderr)
+
     def test_stream_ordered_and_per_thread_stream_calls_are_pooled(self):
         run = self.run_program(["test-static-runtime", "async", "20"], env=self.ON)
         self.assertSucceeded(run)

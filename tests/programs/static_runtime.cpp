@@ -14,6 +14,7 @@
 //   static_runtime lookups        where dlsym's answers come from (program, library, RTLD_NEXT)
 //   static_runtime threads T N    T threads at once, each opening the driver and making N pairs
 //   static_runtime peer           two devices: pooled memory reachable once peer access is enabled
+//   static_runtime library LIB N  LIB (a library that reaches the driver itself) makes N pairs
 #include <cuda.h>
 #include <dlfcn.h>
 #include <unistd.h>
@@ -329,6 +330,13 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "lookups" && argc > 2) return lookups(argv[2]);
   if (mode == "threads" && argc > 3) return threads(std::atoi(argv[2]), std::atoi(argv[3]));
+  if (mode == "library" && argc > 3) {
+    void* module = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
+    auto pairs_in = module != nullptr ? reinterpret_cast<int (*)(int)>(dlsym(module, "library_pairs")) : nullptr;
+    if (pairs_in == nullptr || pairs_in(std::atoi(argv[3])) != 0) return 1;
+    std::printf("{\"pairs\": %d}\n", std::atoi(argv[3]));
+    return 0;
+  }
   open_driver();
   const int n = argc > 2 ? std::atoi(argv[2]) : 60;
   if (mode == "pairs") return pairs(n);
@@ -339,6 +347,7 @@ int main(int argc, char** argv) {
   if (mode == "reset") return reset();
   if (mode == "peer") return peer();
   std::fprintf(stderr,
-               "usage: static_runtime pairs|async|hazard|capture|ipc|reset|peer [N] | lookups LIBRARY | threads T N\n");
+               "usage: static_runtime pairs|async|hazard|capture|ipc|reset|peer [N] | lookups LIBRARY | threads T N | "
+               "library LIBRARY N\n");
   return 2;
 }

@@ -30,6 +30,11 @@ std::vector<BadInput> bad_inputs(const OptionInfo& o) {
     out.push_back({"unknown % expansion", "/tmp/report-%q"});
     return out;
   }
+  if (o.kind == NameList::kKind) {  // any file name will do
+    out.push_back({"a path", "/opt/lib/libengine.so"});
+    out.push_back({"an empty name", "libengine.so::libplugin.so"});
+    return out;
+  }
   out.push_back({"negative", "-5"});
   out.push_back({"non-numeric", "lots"});
   out.push_back({"overflowing", "123456789012345678901234567890"});
@@ -191,6 +196,28 @@ TEST_CASE("every problem is reported, not just the first") {
   CHECK(all.find("GPUPOOL_MEMORY_LIMT: unknown variable (did you mean GPUPOOL_MEMORY_LIMIT?)") !=
         std::string::npos);
   CHECK(all.find("GPUPOOL_DISABLE: must be 1 or 0") != std::string::npos);
+}
+
+TEST_CASE("library names for static_runtime_libraries: colon-separated file names, matched by prefix") {
+  const ParsedConfig ok = parse({{"GPUPOOL_CONF", "static_runtime:1,static_runtime_libraries:libengine.so:libplug"}});
+  REQUIRE(ok.problems.empty());
+  CHECK(ok.notes.empty());
+  const std::string& names = ok.config.static_runtime_libraries;
+  CHECK(names_match(names, "/opt/app/lib/libengine.so.3"));
+  CHECK(names_match(names, "libplugin_cuda.so"));
+  CHECK_FALSE(names_match(names, "/usr/lib/libmyengine.so"));
+  CHECK_FALSE(names_match(names, "/opt/libengine.so.d/other.so"));  // the file name, not a folder
+  CHECK_FALSE(names_match("", "libengine.so"));
+  for (const char* bad : {"libengine.so::libplug.so", "/opt/lib/libengine.so", "libengine.so:"}) {
+    const ParsedConfig p = parse({{"GPUPOOL_STATIC_RUNTIME_LIBRARIES", bad}});
+    REQUIRE(p.problems.size() == 1);
+    CHECK(p.config.static_runtime_libraries.empty());
+  }
+  // Without static_runtime:1 the names do nothing: said, not a problem.
+  const ParsedConfig alone = parse({{"GPUPOOL_STATIC_RUNTIME_LIBRARIES", "libengine.so"}});
+  CHECK(alone.problems.empty());
+  REQUIRE(alone.notes.size() == 1);
+  CHECK(alone.notes[0].find("static_runtime:1") != std::string::npos);
 }
 
 TEST_CASE("unknown GPUPOOL_CONF keys suggest the nearest known key") {
