@@ -77,6 +77,17 @@ for program in lifecycle capture patterns threads stress devices; do
   pids+=($!)
 done
 for pid in "${pids[@]}"; do wait "$pid" || { echo "gpu-check: nvcc failed ($out/nvcc-*.log)"; exit 1; }; done
+# The same user program inside a library with its own static runtime (what
+# CMake builds by default), loaded by a program that knows no CUDA.
+"$nvcc" $arch -O2 -shared -Xcompiler -fPIC -Dmain=user_main -o "$out/libuser_static.so" tests/gpu/user_program.cu \
+  2>>"$out/nvcc.log" || { echo "gpu-check: nvcc failed ($out/nvcc.log)"; exit 1; }
+printf '%s\n' '#include <dlfcn.h>' '#include <stdio.h>' \
+  'int main(int argc, char** argv) {' \
+  '  void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);' \
+  '  int (*run)(void) = lib ? (int (*)(void))dlsym(lib, "user_main") : 0;' \
+  '  if (!run) { fprintf(stderr, "load_user: %s\n", dlerror()); return 2; }' \
+  '  return run();' '}' >"$out/load_user.c"
+cc -O2 -o "$out/load_user" "$out/load_user.c" -ldl || { echo "gpu-check: cc failed"; exit 1; }
 
 pool=(LD_PRELOAD="$lib" GPUPOOL_LOG="$out/report-%e-%p.json" GPUPOOL_LOG_FORMAT=json)
 # Room for one 16 MiB block: a request on another stream must take the cached
@@ -171,6 +182,17 @@ run "static runtime: capture" 0 "${static[@]}" -- "$out/capture_static"
 run "static runtime: capture while other streams allocate" 0 "${static[@]}" -- "$out/capture_static" others
 run "static runtime: device reset" 0 "${static[@]}" -- "$out/lifecycle_static" reset
 run "static runtime: stress, threads and every kind of stream" 0 "${static[@]}" -- "$out/stress_static" 3 10 200 1
+library_report="$out/report-static-library.json"
+run "static runtime in a library, static_runtime_libraries names it" 0 "${pool[@]}" GPUPOOL_STATIC_RUNTIME=1 \
+  GPUPOOL_STATIC_RUNTIME_LIBRARIES=libuser_static.so GPUPOOL_LOG="$library_report" \
+  -- "$out/load_user" "$out/libuser_static.so"
+allocated=$(python3 -c "import json, sys; d = json.load(open(sys.argv[1]))
+print(d['devices']['0']['stats']['allocation.all.allocated'])" "$library_report" 2>/dev/null || echo none)
+if [ "$allocated" = 600 ]; then
+  record "static_runtime_libraries pools a library's allocations" PASS "600 of 600 in the report"
+else
+  record "static_runtime_libraries pools a library's allocations" FAIL "$allocated of 600 in the report ($library_report)"
+fi
 for case in cudafree-nonblocking cudafree-idle-streams cross-stream-pending destroyed-stream; do
   run "static runtime: hazard $case" 0 "${pool[@]}" "${pressure[@]}" GPUPOOL_STATIC_RUNTIME=1 \
     -- "$out/hazards_gpu_static" "$case"
