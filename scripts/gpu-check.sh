@@ -165,16 +165,18 @@ fi
 # With static_runtime:1 the same binaries are pooled through the driver hook:
 # every allocation in the report, and each hazard case ordered (and shown to
 # break without ordering, which only a pooled run can).
+# NAME REPORT: the user program's 600 allocations all in gpupool's report.
+all_600_pooled() {
+  local allocated
+  allocated=$(python3 -c "import json, sys; d = json.load(open(sys.argv[1]))
+print(d['devices']['0']['stats']['allocation.all.allocated'])" "$2" 2>/dev/null || echo none)
+  if [ "$allocated" = 600 ]; then record "$1" PASS "600 of 600 in the report"
+  else record "$1" FAIL "$allocated of 600 in the report ($2)"; fi
+}
 static_report="$out/report-static.json"
 run "nvcc static-runtime program, static_runtime:1" 0 "${pool[@]}" GPUPOOL_STATIC_RUNTIME=1 \
   GPUPOOL_LOG="$static_report" -- "$out/user_program_static"
-allocated=$(python3 -c "import json, sys; d = json.load(open(sys.argv[1]))
-print(d['devices']['0']['stats']['allocation.all.allocated'])" "$static_report" 2>/dev/null || echo none)
-if [ "$allocated" = 600 ]; then
-  record "static_runtime:1 pools every allocation" PASS "600 of 600 in the report"
-else
-  record "static_runtime:1 pools every allocation" FAIL "$allocated of 600 in the report ($static_report)"
-fi
+all_600_pooled "static_runtime:1 pools every allocation" "$static_report"
 static=("${pool[@]}" GPUPOOL_STATIC_RUNTIME=1)
 run "static runtime: patterns" 0 "${static[@]}" -- "$out/patterns_static" 6000 7
 run "static runtime: threads" 0 "${static[@]}" -- "$out/threads_static" 4 500
@@ -186,13 +188,7 @@ library_report="$out/report-static-library.json"
 run "static runtime in a library, static_runtime_libraries names it" 0 "${pool[@]}" GPUPOOL_STATIC_RUNTIME=1 \
   GPUPOOL_STATIC_RUNTIME_LIBRARIES=libuser_static.so GPUPOOL_LOG="$library_report" \
   -- "$out/load_user" "$out/libuser_static.so"
-allocated=$(python3 -c "import json, sys; d = json.load(open(sys.argv[1]))
-print(d['devices']['0']['stats']['allocation.all.allocated'])" "$library_report" 2>/dev/null || echo none)
-if [ "$allocated" = 600 ]; then
-  record "static_runtime_libraries pools a library's allocations" PASS "600 of 600 in the report"
-else
-  record "static_runtime_libraries pools a library's allocations" FAIL "$allocated of 600 in the report ($library_report)"
-fi
+all_600_pooled "static_runtime_libraries pools a library's allocations" "$library_report"
 for case in cudafree-nonblocking cudafree-idle-streams cross-stream-pending destroyed-stream; do
   run "static runtime: hazard $case" 0 "${pool[@]}" "${pressure[@]}" GPUPOOL_STATIC_RUNTIME=1 \
     -- "$out/hazards_gpu_static" "$case"
