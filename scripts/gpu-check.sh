@@ -79,12 +79,14 @@ done
 for pid in "${pids[@]}"; do wait "$pid" || { echo "gpu-check: nvcc failed ($out/nvcc-*.log)"; exit 1; }; done
 # The same user program inside a library with its own static runtime (what
 # CMake builds by default), loaded by a program that knows no CUDA.
-"$nvcc" $arch -O2 -shared -Xcompiler -fPIC -Dmain=user_main -o "$out/libuser_static.so" tests/gpu/user_program.cu \
+printf '%s\n' '#define main user_main' "#include \"$root/tests/gpu/user_program.cu\"" '#undef main' \
+  'extern "C" int user_program_main() { return user_main(); }' >"$out/user_library.cu"
+"$nvcc" $arch -O2 -shared -Xcompiler -fPIC -o "$out/libuser_static.so" "$out/user_library.cu" \
   2>>"$out/nvcc.log" || { echo "gpu-check: nvcc failed ($out/nvcc.log)"; exit 1; }
 printf '%s\n' '#include <dlfcn.h>' '#include <stdio.h>' \
   'int main(int argc, char** argv) {' \
-  '  void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);' \
-  '  int (*run)(void) = lib ? (int (*)(void))dlsym(lib, "user_main") : 0;' \
+  '  void* lib = argc > 1 ? dlopen(argv[1], RTLD_NOW | RTLD_LOCAL) : 0;' \
+  '  int (*run)(void) = lib ? (int (*)(void))dlsym(lib, "user_program_main") : 0;' \
   '  if (!run) { fprintf(stderr, "load_user: %s\n", dlerror()); return 2; }' \
   '  return run();' '}' >"$out/load_user.c"
 cc -O2 -o "$out/load_user" "$out/load_user.c" -ldl || { echo "gpu-check: cc failed"; exit 1; }
