@@ -1,5 +1,6 @@
 // The driver entry points gpupool serves to a program built with nvcc's
-// default static runtime (with static_runtime:1). driver_hook.c in the
+// default static runtime (with static_runtime:1), or to a library carrying its
+// own that static_runtime_libraries names. driver_hook.c in the
 // preload library hands the program's runtime a cuGetProcAddress that asks
 // driver_entry() about each entry point it fetches; the allocation, stream,
 // capture and peer-access calls come back here and go through the same code

@@ -1,6 +1,7 @@
 // The runtime calls the core makes (real_cuda.hpp), served by the driver in a
-// program that has no shared runtime: one built with nvcc's default static
-// runtime, whose driver calls the core takes over (driver_entry_points.cpp).
+// process that has no shared runtime: a program built with nvcc's default
+// static runtime, or one holding a library that carries its own, whose driver
+// calls the core takes over (driver_entry_points.cpp).
 // Each runtime function here calls the driver function of the same meaning,
 // fetched once through the real cuGetProcAddress at the version the static
 // runtime itself asks for. The static runtime has made its context current
