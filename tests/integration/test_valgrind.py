@@ -20,8 +20,11 @@ class UnderValgrind(ShimTest):
 
     def test_memcheck_finds_no_error(self):
         fixed = {"GPUPOOL_EXPANDABLE_SEGMENTS": "0"}
+        static = {"GPUPOOL_STATIC_RUNTIME": "1"}  # through the dlsym hook and the driver's entry points
         for args, env in ((["test-repeat", "20"], {}), (["test-threads", "2", "200"], {}),
-                          (["test-patterns", "500", "3"], {}), (["test-patterns", "300", "5"], fixed)):
+                          (["test-patterns", "500", "3"], {}), (["test-patterns", "300", "5"], fixed),
+                          (["test-static-runtime", "pairs", "30"], static),
+                          (["test-static-runtime", "async", "10"], static)):
             with self.subTest(args=args, **env):
                 run = self.valgrind("memcheck", args, env)
                 self.assertSucceeded(run)
