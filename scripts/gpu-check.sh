@@ -236,6 +236,6 @@ else
 fi
 
 echo
-echo "== summary ($out)"
+echo "== summary ($out, ${SECONDS} s in all)"
 printf '%s\n' "${results[@]}"
 exit $failed
