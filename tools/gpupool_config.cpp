@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
                 now == o.default_text ? "" : "* ", o.description.c_str());
   }
   std::printf("\n(* set by the environment; GPUPOOL_CONF takes PYTORCH_CUDA_ALLOC_CONF syntax)\n");
+  std::fflush(stdout);  // the table whole before the lines on stderr, where both go to one terminal or file
   for (const Problem& p : parsed.problems) std::fprintf(stderr, "%s\n", p.line().c_str());
   for (const std::string& note : parsed.notes) std::fprintf(stderr, "%s\n", note.c_str());
   return parsed.problems.empty() ? 0 : 1;
