@@ -150,7 +150,9 @@ PoolOptions options_for(const std::vector<std::string>& settings, std::string* c
   }
   static std::set<std::string> told;  // a sweep builds many configurations: each note once
   for (const std::string& note : parsed.notes) {
-    if (told.insert(note).second) std::fprintf(stderr, "%s\n", note.c_str());
+    if (!told.insert(note).second) continue;
+    std::fflush(stdout);  // after the rows printed so far, where both go to one file
+    std::fprintf(stderr, "%s\n", note.c_str());
   }
   *conf = joined;
   return config::to_pool_options(parsed.config);
