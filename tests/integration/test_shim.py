@@ -433,6 +433,13 @@ class StaticRuntime(ShimTest):
                                                "next": "none", "plain": "libcuda.so.1"})
 
 
+# A forked child of a process whose simulated device runs a thread: under
+# AddressSanitizer (GCC 12's), the child's leak check at exit can wait forever
+# for an allocator lock that thread held at the fork (seen once in five runs).
+# gpupool makes no thread; the leak check stays on everywhere else.
+NO_LEAK_CHECK_AFTER_FORK = {"ASAN_OPTIONS": "detect_leaks=0"}
+
+
 class Lifecycle(ShimTest):
     def test_no_report_from_processes_that_never_use_cuda(self):
         for command in (["/bin/true"], ["sh", "-c", "ls / >/dev/null; echo hi"]):
@@ -451,7 +458,8 @@ class Lifecycle(ShimTest):
             for fork in ([], ["fork"]):
                 with self.subTest(use=use, fork=bool(fork)):
                     reports_before = len(glob.glob(os.path.join(self.workdir, "report-*")))
-                    run = self.run_program(["test-lifecycle", "driver", driver, use] + fork)
+                    run = self.run_program(["test-lifecycle", "driver", driver, use] + fork,
+                                           env=NO_LEAK_CHECK_AFTER_FORK if fork else None)
                     self.assertSucceeded(run)
                     self.assertEqual(run.stderr.count(told), lines, run.stderr)
                     self.assertEqual(len(run.reports()) - reports_before, 1 - lines)
@@ -467,7 +475,7 @@ class Lifecycle(ShimTest):
         self.assertEqual(run.report()["devices"]["0"]["leaks"]["blocks"], 0)
 
     def test_forked_child_writes_no_report_of_its_parent(self):
-        run = self.run_program(["test-lifecycle", "fork"])
+        run = self.run_program(["test-lifecycle", "fork"], env=NO_LEAK_CHECK_AFTER_FORK)
         self.assertSucceeded(run)
         self.assertEqual(len(run.reports()), 1)
 
