@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from harness import SOURCE, ShimTest, main
+from harness import BUILD, SOURCE, ShimTest, main
 
 SMALL_DEVICE = {"SIMCUDA_MEMORY": "64M"}
 FIXED = {"GPUPOOL_EXPANDABLE_SEGMENTS": "0"}
@@ -285,6 +285,16 @@ class Command(ShimTest):
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertIn("peak reserved", out.stdout)
         self.assertIn("GPU reserved memory", out.stdout)
+
+    def test_config_lists_problems_and_notes_after_its_table_in_one_stream(self):
+        env = dict(os.environ, GPUPOOL_CONF="max_split_size_mb:64,bogus:1")
+        out = subprocess.run([os.path.join(BUILD, "bin", "gpupool-config")], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, timeout=60).stdout
+        lines = out.splitlines()
+        footer = next(i for i, line in enumerate(lines) if line.startswith("(* set by the environment"))
+        said = [i for i, line in enumerate(lines) if line.startswith("gpupool: ")]
+        self.assertEqual(len(said), 2, out)  # the unknown key, and the note on the split limit
+        self.assertTrue(all(i > footer for i in said), out)
 
     def test_report_shows_configuration_problems_and_notes(self):
         run = self.run_program(["test-repeat", "2"], env={"GPUPOOL_CONF": "max_split_size_mb:64,bogus:1"})

@@ -238,6 +238,26 @@ class Replay(ShimTest):
         self.assertTrue(all(r["last_pass_page_maps"] == r["last_pass_page_unmaps"] == 0 for r in single))
         self.assertNotIn("past the first pass", self.replay("--tune", path).stdout)
 
+    def test_a_last_pass_that_calls_cudamalloc_is_costed_too(self):
+        # 40 blocks of 2 MiB, then one of 90 MiB that no split may serve, under a
+        # 100 MiB limit: fixed segments give their cache back and take it again
+        # every pass.
+        lines = [f"1,00:00:00.000000,allocate,{0x1000 * (i + 1):#x},{2 << 20},0x0" for i in range(40)]
+        lines += [f"1,00:00:00.000000,free,{0x1000 * (i + 1):#x},0,0x0" for i in range(40)]
+        lines += ["1,00:00:00.000000,allocate,0x900000,94371840,0x0", "1,00:00:00.000000,free,0x900000,0,0x0"]
+        path = self.write("c.csv", "Thread,Time,Action,Pointer,Size,Stream\n" + "\n".join(lines) + "\n")
+        table = self.replay("--passes", "3", "--set", "expandable_segments=0", "--set", "max_split_size_mb=64",
+                            "--sweep", "memory_limit=100M,400M", path)
+        self.assertEqual(table.returncode, 0, table.stderr)
+        said = re.search(r"about (\d+\.\d) ms per pass on an H200\), and makes (\d+) cudaMalloc and (\d+) cudaFree",
+                         table.stdout)
+        self.assertIsNotNone(said, table.stdout)
+        ms, mallocs, frees = float(said.group(1)), int(said.group(2)), int(said.group(3))
+        self.assertGreater(mallocs, 0)
+        self.assertAlmostEqual(ms, 0.045 * (mallocs + frees), delta=0.051)
+        # The limit that lets the cache stay is the other end of the trade.
+        self.assertRegex(table.stdout, r"remapping a tenth as much or less: GPUPOOL_CONF=\S*memory_limit:400M \(")
+
     def test_bad_settings_are_refused(self):
         path = self.write("t.csv", "Thread,Time,Action,Pointer,Size,Stream\n")
         out = self.replay("--set", "max_split_size_mb=tiny", path)
