@@ -94,6 +94,12 @@ CUresult mem_get_info(size_t* free_bytes, size_t* total) { return cu(cudaMemGetI
 CUresult memcpy_htod(CUdeviceptr dst, const void* src, size_t n) {
   return cu(cudaMemcpy(ptr(dst), src, n, cudaMemcpyHostToDevice));
 }
+CUresult memcpy_htod_async(CUdeviceptr dst, const void* src, size_t n, CUstream s) {
+  return cu(cudaMemcpyAsync(ptr(dst), src, n, cudaMemcpyHostToDevice, rt(s)));
+}
+CUresult memcpy_htod_async_ptsz(CUdeviceptr dst, const void* src, size_t n, CUstream s) {
+  return cu(cudaMemcpyAsync_ptsz(ptr(dst), src, n, cudaMemcpyHostToDevice, rt(s)));
+}
 CUresult memcpy_dtoh(void* dst, CUdeviceptr src, size_t n) {
   return cu(cudaMemcpy(dst, ptr(src), n, cudaMemcpyDeviceToHost));
 }
@@ -190,6 +196,7 @@ const Entry kEntries[] = {
     {"cuMemGetInfo", 3020, fn(mem_get_info), fn(mem_get_info)},
     {"cuMemcpyHtoD", 3020, fn(memcpy_htod), fn(memcpy_htod)},
     {"cuMemcpyDtoH", 3020, fn(memcpy_dtoh), fn(memcpy_dtoh)},
+    {"cuMemcpyHtoDAsync", 3020, fn(memcpy_htod_async), fn(memcpy_htod_async_ptsz)},
     {"cuIpcGetMemHandle", 4010, fn(ipc_get_mem_handle), fn(ipc_get_mem_handle)},
     {"cuStreamCreate", 2000, fn(stream_create), fn(stream_create)},
     {"cuStreamCreateWithPriority", 5050, fn(stream_create_with_priority), fn(stream_create_with_priority)},

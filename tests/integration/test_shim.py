@@ -394,6 +394,17 @@ class StaticRuntime(ShimTest):
         self.assertEqual(unsafe.code, 1)
         self.assertIn("overwritten by work queued before its free", unsafe.stderr)
 
+    def test_a_block_freed_on_a_destroyed_stream_waits_for_its_work(self):
+        pressure = {**self.ON, "GPUPOOL_MEMORY_LIMIT": "20M"}  # room for one 16 MiB block: it is reused
+        run = self.run_program(["test-static-runtime", "destroyed"], env=pressure)
+        self.assertSucceeded(run)
+        self.assertEqual(run.output_json()["reused"], 1)
+        unsafe = self.run_program(["test-static-runtime", "destroyed"],
+                                  env={**pressure, "GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING": "1",
+                                       "TSAN_OPTIONS": "report_bugs=0"})
+        self.assertEqual(unsafe.code, 1)
+        self.assertIn("overwritten by work queued before its free", unsafe.stderr)
+
     def test_calls_during_a_capture_leave_it_valid(self):
         run = self.run_program(["test-static-runtime", "capture"], env=self.ON)
         self.assertSucceeded(run)

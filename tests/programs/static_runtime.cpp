@@ -8,6 +8,7 @@
 //   static_runtime pairs N        N cuMemAlloc/cuMemFree pairs of mixed sizes, each block checked
 //   static_runtime async N        the same, stream-ordered on a non-blocking stream (and ptsz twins)
 //   static_runtime hazard         a block freed while a slower stream still writes it, then reused
+//   static_runtime destroyed      a block freed on a stream destroyed while a slower write on it is queued
 //   static_runtime capture        plain and stream-ordered calls while a stream captures
 //   static_runtime ipc            a handle for a block inside a pooled segment
 //   static_runtime reset          allocations across cuDevicePrimaryCtxReset
@@ -53,6 +54,7 @@ struct Driver {
   decltype(&cuMemFreeAsync) mem_free_async_ptsz;
   decltype(&cuMemcpyHtoD_v2) memcpy_htod;
   decltype(&cuMemcpyDtoH_v2) memcpy_dtoh;
+  decltype(&cuMemcpyHtoDAsync_v2) memcpy_htod_async;
   decltype(&cuStreamCreate) stream_create;
   decltype(&cuStreamDestroy_v2) stream_destroy;
   decltype(&cuStreamSynchronize) stream_synchronize;
@@ -89,6 +91,7 @@ void open_driver() {
   d.mem_free_async_ptsz = fetch<decltype(d.mem_free_async)>("cuMemFreeAsync", 11020, 2);
   d.memcpy_htod = fetch<decltype(d.memcpy_htod)>("cuMemcpyHtoD", 3020);
   d.memcpy_dtoh = fetch<decltype(d.memcpy_dtoh)>("cuMemcpyDtoH", 3020);
+  d.memcpy_htod_async = fetch<decltype(d.memcpy_htod_async)>("cuMemcpyHtoDAsync", 3020);
   d.stream_create = fetch<decltype(d.stream_create)>("cuStreamCreate", 2000);
   d.stream_destroy = fetch<decltype(d.stream_destroy)>("cuStreamDestroy", 4000);
   d.stream_synchronize = fetch<decltype(d.stream_synchronize)>("cuStreamSynchronize", 2000);
@@ -219,6 +222,36 @@ int hazard() {
   return 0;
 }
 
+// The freeing stream is destroyed with the late write still queued on it;
+// the block is then asked for on another stream.
+int destroyed() {
+  constexpr size_t kSize = 16 << 20;  // with GPUPOOL_MEMORY_LIMIT=20M: reused, not new
+  CUstream slow = nullptr, other = nullptr;
+  check(d.stream_create(&slow, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  check(d.stream_create(&other, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  CUdeviceptr a = 0;
+  check(d.mem_alloc_async(&a, kSize, slow), "cuMemAllocAsync");
+  LateWrite w{a, kSize};
+  check(d.launch_host_func(slow, late_write, &w), "cuLaunchHostFunc");
+  check(d.mem_free_async(a, slow), "cuMemFreeAsync");
+  check(d.stream_destroy(slow), "cuStreamDestroy");
+  CUdeviceptr b = 0;
+  check(d.mem_alloc_async(&b, kSize, other), "cuMemAllocAsync");
+  std::vector<unsigned char> pattern(kSize, 0x55), back(kSize);
+  check(d.memcpy_htod_async(b, pattern.data(), kSize, other), "cuMemcpyHtoDAsync");
+  check(d.ctx_synchronize(), "cuCtxSynchronize");
+  check(d.memcpy_dtoh(back.data(), b, kSize), "cuMemcpyDtoH");
+  if (back != pattern) {
+    std::fprintf(stderr, "static_runtime: the reused block was overwritten by work queued before its free\n");
+    return 1;
+  }
+  check(d.mem_free_async(b, other), "cuMemFreeAsync");
+  check(d.stream_synchronize(other), "cuStreamSynchronize");
+  check(d.stream_destroy(other), "cuStreamDestroy");
+  std::printf("{\"reused\": %d}\n", a == b ? 1 : 0);
+  return 0;
+}
+
 int capture() {
   CUstream s = nullptr;
   check(d.stream_create(&s, 0), "cuStreamCreate");
@@ -343,11 +376,13 @@ int main(int argc, char** argv) {
   if (mode == "async") return async(n);
   if (mode == "hazard") return hazard();
   if (mode == "capture") return capture();
+  if (mode == "destroyed") return destroyed();
   if (mode == "ipc") return ipc();
   if (mode == "reset") return reset();
   if (mode == "peer") return peer();
   std::fprintf(stderr,
-               "usage: static_runtime pairs|async|hazard|capture|ipc|reset|peer [N] | lookups LIBRARY | threads T N | "
+               "usage: static_runtime pairs|async|hazard|destroyed|capture|ipc|reset|peer [N] | lookups LIBRARY | "
+               "threads T N | "
                "library LIBRARY N\n");
   return 2;
 }
