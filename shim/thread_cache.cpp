@@ -6,10 +6,13 @@ namespace gpupool::shim {
 
 namespace {
 
-// The address of a thread-local byte identifies the calling thread while it lives.
-const void* this_thread_marker() {
-  thread_local const char marker = 0;
-  return &marker;
+// A number for the calling thread, unique for the life of the process. Not a
+// thread-local's address: a thread that ends frees its thread-local storage,
+// and a thread that starts later can be given the same address.
+std::uint64_t this_thread_number() {
+  static std::atomic<std::uint64_t> next{1};
+  thread_local const std::uint64_t number = next.fetch_add(1, std::memory_order_relaxed);
+  return number;
 }
 
 // Owns this thread's cache; hands it back when the thread ends.
@@ -88,8 +91,8 @@ void LiveTable::forget_device(int device) {
 
 void StreamCaches::note_caller() {
   if (enabled() || forked_ || max_bytes_ == 0) return;
-  const void* me = this_thread_marker();
-  const void* expected = nullptr;
+  const std::uint64_t me = this_thread_number();
+  std::uint64_t expected = 0;
   if (first_thread_.compare_exchange_strong(expected, me) || expected == me) return;
   enabled_.store(true, std::memory_order_relaxed);
 }

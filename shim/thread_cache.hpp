@@ -195,7 +195,7 @@ class StreamCaches {
   std::size_t max_bytes_ = 256 * kMiB;
   std::atomic<bool> enabled_{false};
   bool forked_ = false;
-  std::atomic<const void*> first_thread_{nullptr};
+  std::atomic<std::uint64_t> first_thread_{0};  // the first caller's this_thread_number()
   // Held from taking blocks out of caches until they are back in the pool, so
   // that a flush returns only once every block cached before it is there,
   // even those another thread's flush (or an ending thread) took first.

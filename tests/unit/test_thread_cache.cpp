@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "shim/thread_cache.hpp"
@@ -56,6 +57,21 @@ struct CacheFixture {
     return hits;
   }
 };
+
+TEST_CASE("the caches turn on at a second thread's call, even once the first thread has ended") {
+  // Threads that start one after the other tend to get the same thread-local
+  // storage: a thread told apart by a thread-local's address looked like the
+  // one before it, and the caches stayed off.
+  auto* c = new StreamCaches(record_give_back);  // left alive, as the shim's
+  c->note_caller();
+  c->note_caller();
+  CHECK_FALSE(c->enabled());  // one thread, however many calls
+  auto* d = new StreamCaches(record_give_back);
+  std::thread([d] { d->note_caller(); }).join();
+  CHECK_FALSE(d->enabled());
+  std::thread([d] { d->note_caller(); }).join();
+  CHECK(d->enabled());
+}
 
 TEST_CASE_METHOD(CacheFixture, "a working set larger than the cache is served in part, not missed entirely") {
   // 20 small sizes (2.6 MiB in all) and 12 from 20 MiB to 3.4 GiB, each more
