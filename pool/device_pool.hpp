@@ -52,6 +52,13 @@ class DevicePool {
   FreeResult deallocate(DevicePtr ptr, StreamId site);
   // Returns every entirely free segment upstream; returns the bytes released.
   std::size_t release_cached();
+  // On a fresh pool replacing `before` after a device reset freed all its
+  // memory (device_reset.cpp): its statistics, histograms, out-of-memory
+  // records, timeline and streams' counters go on here, current figures at
+  // zero, and the blocks it still had allocated count as lost to the reset.
+  // Calls no upstream function. Call before any other use but stream_created.
+  void continue_history(const DevicePool& before);
+  std::size_t device_capacity() const { return device_capacity_; }
 
   const Block* find_allocated(DevicePtr ptr) const { return allocated_.find(ptr); }
   bool owns(DevicePtr ptr) const { return segment_of(ptr) != nullptr; }
@@ -77,6 +84,7 @@ class DevicePool {
   const std::vector<OomRecord>& ooms() const { return ooms_; }
   const Timeline& timeline() const { return timeline_; }
   std::size_t quarantined_bytes() const { return quarantined_bytes_; }
+  const ResetLosses& reset_losses() const { return reset_losses_; }
 
   template <typename F>
   void for_each_allocated(F&& f) const {
@@ -191,6 +199,7 @@ class DevicePool {
   std::uint64_t reuse_attempts_ = 0;  // garbage-collection clock
   std::int64_t peak_snapshot_ = 0;    // reserved bytes when the peak picture was taken
   std::size_t quarantined_bytes_ = 0;
+  ResetLosses reset_losses_;
 };
 
 }  // namespace gpupool

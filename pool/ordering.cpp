@@ -71,8 +71,14 @@ void StreamOrdering::stream_destroying(StreamId id) {
   }
   for (const Fence& f : s.pending) retired_.push_back(f.event);
   captures_active_ -= s.captures;
+  report_destroyed(s);
+  if (last_stream_ == &it->second) last_stream_ = nullptr;
+  streams_.erase(it);
+}
+
+void StreamOrdering::report_destroyed(const StreamState& s) {
   StreamReport r;
-  r.id = id;
+  r.id = s.id;
   r.kind = s.kind;
   r.alive = false;
   r.counters = s.counters;
@@ -82,8 +88,28 @@ void StreamOrdering::stream_destroying(StreamId id) {
     destroyed_.back().id = 0;  // stands for "these and later destroyed streams"
     add_counters(destroyed_.back().counters, r.counters);
   }
-  if (last_stream_ == &it->second) last_stream_ = nullptr;
-  streams_.erase(it);
+}
+
+void StreamOrdering::continue_history(const StreamOrdering& before) {
+  add_counters(device_.counters, before.device_.counters);
+  for (const StreamReport& r : before.destroyed_) {
+    StreamState gone;
+    gone.id = r.id;
+    gone.kind = r.kind;
+    gone.counters = r.counters;
+    report_destroyed(gone);
+  }
+  for (const auto& [id, s] : before.streams_) {
+    // The reset destroyed the streams the program created; the legacy and
+    // per-thread streams are the runtime's and go on, their kind known.
+    if (s.kind == StreamKind::Legacy || s.kind == StreamKind::PerThread) {
+      StreamState& kept = stream(id);
+      kept.kind = s.kind;
+      add_counters(kept.counters, s.counters);
+    } else {
+      report_destroyed(s);
+    }
+  }
 }
 
 void StreamOrdering::capture_began(StreamId id) {

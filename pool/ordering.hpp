@@ -66,6 +66,10 @@ class StreamOrdering {
   // Before the real destroy: fences the stream's queued work so that nothing it
   // used is reused early. The caller re-keys the stream's cached blocks.
   void stream_destroying(StreamId id);
+  // After a device reset, in a fresh ordering (see DevicePool::continue_history):
+  // the streams of `before` are reported on, as destroyed where the reset
+  // destroyed them. Its events are gone with the reset: none is taken over.
+  void continue_history(const StreamOrdering& before);
   void capture_began(StreamId id);
   void capture_ended(StreamId id);
   bool capture_active() const { return captures_active_ > 0; }
@@ -124,6 +128,7 @@ class StreamOrdering {
 
  private:
   StreamState& lookup(StreamId id);
+  void report_destroyed(const StreamState& s);
   bool capturing(StreamId id) const;
   EventHandle take_event();
   void refill_spare_events();  // before a barrier

@@ -237,9 +237,11 @@ bool DevicePool::validate(std::string* error) const {
         << "/" << rc.oversize_segments;
     return fail();
   }
-  if (stats_.num_device_alloc - stats_.num_device_free != regular_segments) {
-    why << "device allocs minus frees (" << stats_.num_device_alloc - stats_.num_device_free
-        << ") differ from live segments (" << regular_segments << ")";
+  const std::int64_t device_segments =
+      stats_.num_device_alloc - stats_.num_device_free - reset_losses_.segments;
+  if (device_segments != regular_segments) {
+    why << "device allocs minus frees and resets (" << device_segments << ") differ from live segments ("
+        << regular_segments << ")";
     return fail();
   }
   return true;

@@ -14,6 +14,18 @@ void SizeHistogram::add(std::size_t size) {
   bytes[b] += size;
 }
 
+void end_current_figures(MemoryStats& s) {
+  auto end = [](const char*, Stat& st) {
+    st.freed += st.current;
+    st.current = 0;
+  };
+  for_each_stat(
+      s, [&](const char* name, StatArray& a) {
+        for (Stat& st : a) end(name, st);
+      },
+      end);
+}
+
 bool SizeHistogram::empty() const {
   for (std::uint64_t c : count) {
     if (c != 0) return false;

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "pool/types.hpp"
@@ -88,27 +89,15 @@ struct MemoryStats {
   std::uint64_t pool_ops = 0;          // allocations + frees served by the pool
 };
 
-// Calls f(name, value) for every statistic under PyTorch's flat key names
-// ("allocated_bytes.all.peak", "num_device_alloc", ...).
-template <typename F>
-void for_each_flat_stat(const MemoryStats& s, F&& f) {
-  static constexpr const char* kIndexNames[kStatIndexes] = {"all", "small_pool", "large_pool"};
-  auto array = [&](const char* name, const StatArray& a) {
-    for (int i = 0; i < kStatIndexes; ++i) {
-      const std::string prefix = std::string(name) + "." + kIndexNames[i] + ".";
-      f(prefix + "current", a[i].current);
-      f(prefix + "peak", a[i].peak);
-      f(prefix + "allocated", a[i].allocated);
-      f(prefix + "freed", a[i].freed);
-    }
-  };
-  auto single = [&](const char* name, const Stat& st) {
-    const std::string prefix = std::string(name) + ".";
-    f(prefix + "current", st.current);
-    f(prefix + "peak", st.peak);
-    f(prefix + "allocated", st.allocated);
-    f(prefix + "freed", st.freed);
-  };
+// The device's memory is gone (a device reset): every current figure drops to
+// zero as if freed, so that allocated - freed == current still holds; peaks
+// and totals stay.
+void end_current_figures(MemoryStats& s);
+
+// The statistics with PyTorch's names, in one list: array(name, StatArray&)
+// and single(name, Stat&) for each (MemoryStats may be const).
+template <typename Stats, typename Array, typename Single>
+void for_each_stat(Stats& s, Array&& array, Single&& single) {
   array("allocation", s.allocation);
   array("segment", s.segment);
   array("active", s.active);
@@ -120,6 +109,25 @@ void for_each_flat_stat(const MemoryStats& s, F&& f) {
   array("requested_bytes", s.requested_bytes);
   single("oversize_allocations", s.oversize_allocations);
   single("oversize_segments", s.oversize_segments);
+}
+
+// Calls f(name, value) for every statistic under PyTorch's flat key names
+// ("allocated_bytes.all.peak", "num_device_alloc", ...).
+template <typename F>
+void for_each_flat_stat(const MemoryStats& s, F&& f) {
+  static constexpr const char* kIndexNames[kStatIndexes] = {"all", "small_pool", "large_pool"};
+  auto single = [&](const std::string& prefix, const Stat& st) {
+    f(prefix + "current", st.current);
+    f(prefix + "peak", st.peak);
+    f(prefix + "allocated", st.allocated);
+    f(prefix + "freed", st.freed);
+  };
+  for_each_stat(
+      s,
+      [&](const char* name, const StatArray& a) {
+        for (int i = 0; i < kStatIndexes; ++i) single(std::string(name) + "." + kIndexNames[i] + ".", a[i]);
+      },
+      [&](const char* name, const Stat& st) { single(std::string(name) + ".", st); });
   f(std::string("num_alloc_retries"), s.num_alloc_retries);
   f(std::string("num_ooms"), s.num_ooms);
   f(std::string("num_device_alloc"), s.num_device_alloc);
@@ -134,6 +142,19 @@ struct Fragmentation {
   double external = 0.0;               // 1 - largest / free; 0 when nothing is free
   std::size_t rounding_waste = 0;      // allocated - requested, now
   double peak_reserved_to_peak_requested = 0.0;
+};
+
+// Device resets (cudaDeviceReset), and the allocations the program still held
+// at them: memory the reset freed that the program never did.
+struct ResetLosses {
+  struct Tally {
+    std::uint64_t blocks = 0;
+    std::uint64_t bytes = 0;
+  };
+  std::uint64_t resets = 0;
+  std::int64_t segments = 0;  // num_device_alloc's segments the resets freed, not the pool
+  Tally lost;
+  std::unordered_map<std::uint32_t, Tally> by_site;  // by allocation call site, when recorded
 };
 
 // Per-stream ordering counters, for the report.

@@ -19,6 +19,9 @@ DeviceReport collect(const DevicePool& pool, int device, std::size_t largest_lea
   d.timeline = pool.timeline().samples();
   d.timeline_stride = pool.timeline().stride();
   d.quarantined_bytes = pool.quarantined_bytes();
+  d.resets.count = pool.reset_losses().resets;
+  d.resets.blocks = pool.reset_losses().lost.blocks;
+  d.resets.bytes = pool.reset_losses().lost.bytes;
   pool.for_each_allocated([&](const Block& b) {
     ++d.leaks.blocks;
     d.leaks.bytes += b.size;

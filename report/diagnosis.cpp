@@ -200,6 +200,11 @@ std::vector<std::string> advice(const DeviceReport& dev) {
                "were allocated",
                static_cast<unsigned long long>(dev.leaks.blocks), bytes(dev.leaks.bytes).c_str()));
   }
+  if (dev.resets.blocks > 0 && dev.resets.sites.empty()) {
+    add(format("%llu blocks (%s) were still allocated when cudaDeviceReset freed them: GPUPOOL_BACKTRACE=1 "
+               "lists where they were allocated",
+               static_cast<unsigned long long>(dev.resets.blocks), bytes(dev.resets.bytes).c_str()));
+  }
   std::uint64_t waits = 0;
   std::uint64_t barrier_waits = 0;
   std::uint64_t barriers = 0;

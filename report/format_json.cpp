@@ -30,6 +30,21 @@ void histogram(JsonWriter& w, const char* name, const SizeHistogram& h) {
   w.end_array();
 }
 
+// Blocks by the call stack that allocated them (GPUPOOL_BACKTRACE=1).
+void sites(JsonWriter& w, const std::vector<LeakSite>& by_site) {
+  w.key("sites").begin_array();
+  for (const LeakSite& site : by_site) {
+    w.begin_object();
+    w.field("blocks", site.blocks);
+    w.field("bytes", site.bytes);
+    w.key("frames").begin_array();
+    for (const std::string& f : site.frames) w.value(f);
+    w.end_array();
+    w.end_object();
+  }
+  w.end_array();
+}
+
 void device(JsonWriter& w, const DeviceReport& d) {
   const MemoryStats& s = d.stats;
   w.begin_object();
@@ -121,17 +136,13 @@ void device(JsonWriter& w, const DeviceReport& d) {
     w.end_object();
   }
   w.end_array();
-  w.key("sites").begin_array();
-  for (const LeakSite& site : d.leaks.sites) {
-    w.begin_object();
-    w.field("blocks", site.blocks);
-    w.field("bytes", site.bytes);
-    w.key("frames").begin_array();
-    for (const std::string& f : site.frames) w.value(f);
-    w.end_array();
-    w.end_object();
-  }
-  w.end_array();
+  sites(w, d.leaks.sites);
+  w.end_object();
+  w.key("device_resets").begin_object();
+  w.field("count", d.resets.count);
+  w.field("blocks_freed_by_reset", d.resets.blocks);
+  w.field("bytes_freed_by_reset", d.resets.bytes);
+  sites(w, d.resets.sites);
   w.end_object();
   w.field("quarantined_bytes", d.quarantined_bytes);
   w.field("thread_cache_kept_peak_bytes", d.thread_cache_kept_peak);

@@ -59,6 +59,15 @@ void stream_rows(std::string& out, const std::vector<StreamReport>& streams) {
   if (folded >= 2) row(std::to_string(folded) + " others, no reuse", quiet_ones);
 }
 
+// Blocks by the call stack that allocated them (GPUPOOL_BACKTRACE=1).
+void sites(std::string& out, const std::vector<LeakSite>& by_site) {
+  for (const LeakSite& site : by_site) {
+    appendf(out, "  %s in %llu blocks, allocated at:\n", human_bytes(static_cast<double>(site.bytes)).c_str(),
+            static_cast<unsigned long long>(site.blocks));
+    for (const std::string& frame : site.frames) appendf(out, "      %s\n", frame.c_str());
+  }
+}
+
 // One memory_summary row group: the total and its two pools.
 void stat_rows(std::string& out, const char* name, const StatArray& s, bool is_bytes) {
   static constexpr const char* kLabels[kStatIndexes] = {"", "      from small pool", "      from large pool"};
@@ -183,11 +192,17 @@ void device_section(std::string& out, const DeviceReport& d) {
       appendf(out, "  %#zx  %s (asked %zu bytes) on %s\n", static_cast<std::size_t>(b.addr),
               human_bytes(static_cast<double>(b.size)).c_str(), b.requested, stream_name(b.stream).c_str());
     }
-    for (const LeakSite& site : d.leaks.sites) {
-      appendf(out, "  %s in %llu blocks, allocated at:\n", human_bytes(static_cast<double>(site.bytes)).c_str(),
-              static_cast<unsigned long long>(site.blocks));
-      for (const std::string& frame : site.frames) appendf(out, "      %s\n", frame.c_str());
+    sites(out, d.leaks.sites);
+  }
+  if (d.resets.count > 0) {
+    appendf(out, "\nDevice resets (cudaDeviceReset): %llu; the figures above cover the whole run\n",
+            static_cast<unsigned long long>(d.resets.count));
+    if (d.resets.blocks > 0) {
+      appendf(out, "  still allocated when a reset freed them: %llu blocks, %s\n",
+              static_cast<unsigned long long>(d.resets.blocks),
+              human_bytes(static_cast<double>(d.resets.bytes)).c_str());
     }
+    sites(out, d.resets.sites);
   }
   if (d.quarantined_bytes > 0) {
     appendf(out, "\nFreed inside a stream capture (kept out of reuse): %s\n",

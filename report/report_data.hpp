@@ -41,6 +41,15 @@ struct Leaks {
   std::vector<LeakSite> sites;       // with GPUPOOL_BACKTRACE=1, most bytes first
 };
 
+// Device resets (cudaDeviceReset) and the allocations still live at them,
+// which the reset freed and the program never did.
+struct Resets {
+  std::uint64_t count = 0;
+  std::uint64_t blocks = 0;
+  std::uint64_t bytes = 0;
+  std::vector<LeakSite> sites;  // with GPUPOOL_BACKTRACE=1, most bytes first
+};
+
 struct DeviceReport {
   int device = 0;
   PoolOptions options;
@@ -55,6 +64,7 @@ struct DeviceReport {
   std::vector<TimelineSample> timeline;
   std::uint64_t timeline_stride = 1;
   Leaks leaks;
+  Resets resets;
   std::size_t quarantined_bytes = 0;
   // Blocks kept in per-thread caches count as allocated in `stats`: a bound
   // on how many bytes that was at once (each thread's most, summed).

@@ -37,7 +37,20 @@ std::string default_path(config::LogFormat format) {
   return dir + "/gpupool-%e-%p." + (format == config::LogFormat::Json ? "json" : "txt");
 }
 
-// Leaked blocks grouped by allocation call stack, most bytes first.
+// Blocks tallied by allocation call stack, symbolized, most bytes first.
+std::vector<report::LeakSite> symbolized(const std::map<std::uint32_t, report::LeakSite>& by_site,
+                                         CallSites& sites) {
+  std::vector<report::LeakSite> out;
+  for (const auto& [id, s] : by_site) {
+    out.push_back(s);
+    out.back().frames = sites.symbolize(id);
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
+  if (out.size() > 20) out.resize(20);
+  return out;
+}
+
+// Leaked blocks grouped by allocation call stack.
 std::vector<report::LeakSite> leak_sites(const DevicePool& pool, CallSites& sites) {
   std::map<std::uint32_t, report::LeakSite> by_site;
   pool.for_each_allocated([&](const Block& b) {
@@ -46,14 +59,17 @@ std::vector<report::LeakSite> leak_sites(const DevicePool& pool, CallSites& site
     ++s.blocks;
     s.bytes += b.size;
   });
-  std::vector<report::LeakSite> out;
-  for (auto& [id, s] : by_site) {
-    s.frames = sites.symbolize(id);
-    out.push_back(std::move(s));
+  return symbolized(by_site, sites);
+}
+
+// Blocks a device reset freed before the program did, by call stack.
+std::vector<report::LeakSite> reset_sites(const DevicePool& pool, CallSites& sites) {
+  std::map<std::uint32_t, report::LeakSite> by_site;
+  for (const auto& [id, tally] : pool.reset_losses().by_site) {
+    by_site[id].blocks = tally.blocks;
+    by_site[id].bytes = tally.bytes;
   }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
-  if (out.size() > 20) out.resize(20);
-  return out;
+  return symbolized(by_site, sites);
 }
 
 // The per-thread caches served these allocations and frees without the pool:
@@ -126,7 +142,10 @@ void write_report_file(const config::Config& config, const std::vector<config::P
     // Never more than the allocated peak it is part of (the sum of each
     // thread's most can be, when the threads' peaks came at different times).
     dr.thread_cache_kept_peak = std::min(traffic.kept_bytes_peak, dr.stats.allocated_bytes[kAll].peak);
-    if (call_sites.enabled()) dr.leaks.sites = leak_sites(*d->pool, call_sites);
+    if (call_sites.enabled()) {
+      dr.leaks.sites = leak_sites(*d->pool, call_sites);
+      dr.resets.sites = reset_sites(*d->pool, call_sites);
+    }
     r.devices.push_back(std::move(dr));
   }
 

@@ -422,8 +422,9 @@ void Runtime::device_reset(int dev) {
   // forget them (their memory is gone) and start a fresh pool on next use.
   DeviceState* d = existing(dev);
   if (d == nullptr) return;
-  // Blocks threads keep hold the same memory (taken before the pool's lock:
-  // a flush takes the caches, then the pool).
+  // Blocks threads keep go back to the pool first, so that what it holds
+  // allocated is what the program does (taken before the pool's lock: a
+  // flush takes the caches, then the pool).
   caches_.forget_device(dev);
   {
     std::lock_guard<AdaptiveMutex> lock(d->mu);
@@ -433,9 +434,13 @@ void Runtime::device_reset(int dev) {
     }
     d->foreign_frees.clear();
     streams_generation_.fetch_add(1);
-    // The old pool goes: its destructor frees bookkeeping only, no upstream call.
-    d->pool = std::make_unique<DevicePool>(d->upstream, config::to_pool_options(config_), kUnlimited, &clock_);
-    d->pool->stream_created(kLegacyStream, StreamKind::Legacy);
+    // The old pool goes (its destructor frees bookkeeping only, no upstream
+    // call); the new one carries on its history for the report.
+    auto fresh = std::make_unique<DevicePool>(d->upstream, config::to_pool_options(config_),
+                                              d->pool->device_capacity(), &clock_);
+    fresh->stream_created(kLegacyStream, StreamKind::Legacy);
+    fresh->continue_history(*d->pool);
+    d->pool = std::move(fresh);
   }
   // Other devices' blocks freed on this device's streams wait on its events,
   // which the reset destroys: wait for them now, while they still mean

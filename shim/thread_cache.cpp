@@ -219,16 +219,7 @@ void StreamCaches::flush_stream(StreamId stream) {
 }
 
 void StreamCaches::forget_device(int device) {
-  {
-    std::lock_guard<std::mutex> flushing(flush_mu_);
-    std::lock_guard<std::mutex> registry(registry_mu_);
-    for (ThreadCache* c : caches_) {
-      std::lock_guard<SpinLock> lock(c->lock);
-      ThreadCache::for_each_bit(c->used, [&](int i) {
-        if (c->entries[i].block.device == device) c->remove(i);
-      });
-    }
-  }
+  flush_if([device](const CachedBlock& b) { return b.block.device != device; });
   live_.forget_device(device);
 }
 

@@ -176,8 +176,9 @@ class StreamCaches {
   // Gives cached blocks back to the pool: every thread's, or those of one stream.
   void flush_all();
   void flush_stream(StreamId stream);
-  // cudaDeviceReset took the device's memory: its cached blocks are dropped,
-  // not given back, and no live entry of it is kept.
+  // cudaDeviceReset is taking the device's memory: its cached blocks go back
+  // to the pool (which then holds as allocated only what the program does,
+  // and forgets it all), and no live entry of it is kept.
   void forget_device(int device);
   // In a forked child: the parent's caches belong to pools the child does not
   // use; they are left alone (their locks may be held) and caching stays off.

@@ -143,14 +143,23 @@ class Leaks(ShimTest):
         self.assertLessEqual(sites[0]["bytes"], (3 << 20) + (1 << 20) + (5 << 10) + (2 << 20))
         self.assertIn("leak_here", sites[0]["frames"][0])
 
+    def test_the_text_report_counts_what_a_device_reset_freed_apart_from_leaks(self):
+        run = self.run_program(["test-lifecycle", "reset"], fmt="text")
+        self.assertSucceeded(run)
+        text = run.report()
+        self.assertIn("Device resets (cudaDeviceReset): 1; the figures above cover the whole run", text)
+        self.assertIn("still allocated when a reset freed them: 1 blocks, 2.00 MiB", text)
+        self.assertNotIn("Still allocated at exit", text)
+
 
 class Contents(ShimTest):
     def test_reports_validate_against_the_schema(self):
         import jsonschema
         for args, env in ((["test-patterns", "1500", "9"], {}), (["test-oom", "fragmentation"], dict(SMALL_DEVICE, **FIXED)),
                           (["test-lifecycle", "leak"], {"GPUPOOL_BACKTRACE": "1"}), (["test-capture"], {}),
+                          (["test-lifecycle", "reset"], {"GPUPOOL_BACKTRACE": "1"}),
                           (["test-hazards", "cross-stream-pending"], {"GPUPOOL_MEMORY_LIMIT": "2M"})):
-            with self.subTest(program=args[0]):
+            with self.subTest(program=" ".join(args)):
                 run = self.run_program(args, env=env)
                 self.assertSucceeded(run)
                 try:
@@ -311,6 +320,24 @@ class Command(ShimTest):
         with open(old, "w") as f:
             json.dump(report, f)
         self.assertEqual(self.gpupool("report", old).returncode, 0)
+
+    def test_report_shows_device_resets_and_reads_reports_from_before_them(self):
+        run = self.run_program(["test-lifecycle", "reset"], env={"GPUPOOL_BACKTRACE": "1"})
+        self.assertSucceeded(run)
+        out = self.gpupool("report", run.reports()[0])
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("device resets: 1; 1 blocks, 2.00 MiB, still allocated when a reset freed them", out.stdout)
+        self.assertIn("freed by a device reset: 2.00 MiB in 1 blocks from", out.stdout)
+        with open(run.reports()[0]) as f:
+            report = json.load(f)
+        for device in report["devices"].values():
+            del device["device_resets"]
+        old = os.path.join(self.workdir, "old.json")
+        with open(old, "w") as f:
+            json.dump(report, f)
+        out = self.gpupool("report", old)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertNotIn("device reset", out.stdout)
 
     def test_report_reads_a_report_from_before_barrier_waits(self):
         path = self.reports(1)[0]

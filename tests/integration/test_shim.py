@@ -503,6 +503,39 @@ class Lifecycle(ShimTest):
                 for path in run.reports():
                     os.remove(path)
 
+    def test_the_report_covers_the_run_across_a_device_reset(self):
+        # One 512-byte block on another thread (to turn the thread caches on),
+        # two blocks freed into this thread's cache and one never freed before
+        # the reset, two blocks after it: the report counts all six, only the
+        # one the program held as freed by the reset, none leaked at exit.
+        for backtrace in ("0", "1"):
+            with self.subTest(backtrace=backtrace):
+                run = self.run_program(["test-lifecycle", "reset"], env={"GPUPOOL_BACKTRACE": backtrace})
+                self.assertSucceeded(run)
+                dev = run.report()["devices"]["0"]
+                for path in run.reports():
+                    os.remove(path)
+                s = dev["stats"]
+                self.assertEqual(s["allocation.all.allocated"], 6)
+                self.assertEqual(s["requested_bytes.all.allocated"], 512 + ((1 + 3 + 2 + 1 + 3) << 20))
+                for key in ("allocation", "allocated_bytes", "requested_bytes", "reserved_bytes", "segment"):
+                    self.assertEqual(s[f"{key}.all.allocated"] - s[f"{key}.all.freed"], s[f"{key}.all.current"])
+                for key in ("allocation", "allocated_bytes", "requested_bytes"):
+                    self.assertEqual(s[f"{key}.all.current"], 0)
+                self.assertGreaterEqual(s["requested_bytes.all.peak"], (1 + 3) << 20)  # before the reset
+                self.assertEqual(dev["leaks"]["blocks"], 0)
+                # The two were in this thread's cache at the reset (the caches
+                # turned on though the thread that turned them on had ended).
+                self.assertEqual(dev["thread_cache_kept_peak_bytes"], (1 + 3) << 20)
+                resets = dev["device_resets"]
+                self.assertEqual((resets["count"], resets["blocks_freed_by_reset"]), (1, 1))
+                self.assertEqual(resets["bytes_freed_by_reset"], 2 << 20)
+                self.assertEqual(sum(site["blocks"] for site in resets["sites"]), int(backtrace))
+                if backtrace == "1":
+                    self.assertNotIn("GPUPOOL_BACKTRACE=1", " ".join(dev["advice"]))
+                else:
+                    self.assertIn("still allocated when cudaDeviceReset freed them", " ".join(dev["advice"]))
+
     def test_ipc_handle_that_would_name_other_memory_is_refused(self):
         # A handle names the whole segment: given for a block that does not
         # start it, the other process would map other bytes than the block.

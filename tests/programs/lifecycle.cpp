@@ -88,6 +88,8 @@ int main(int argc, char** argv) {
   }
   if (mode == "reset") {
     testprog::turn_thread_caches_on();
+    void* never_freed = nullptr;  // the reset frees it
+    CHECK_CUDA(cudaMalloc(&never_freed, size_t{2} << 20));
     std::vector<void*> before;
     for (size_t size : {size_t{1} << 20, size_t{3} << 20}) {
       void* p = nullptr;

@@ -364,3 +364,90 @@ TEST_CASE_METHOD(PoolFixture, "timeline samples stay bounded over long runs") {
   CHECK(pool->timeline().samples().size() >= 256);
   CHECK(pool->timeline().samples().back().op > 100000);
 }
+
+TEST_CASE_METHOD(PoolFixture, "after a device reset a fresh pool carries on the old one's history") {
+  make(64 * kMiB);
+  constexpr StreamId kLegacy = 0x1, kSide = 0x1000, kPerThread = 0x12;
+  pool->stream_created(kLegacy, StreamKind::Legacy);
+  pool->stream_created(kSide, StreamKind::NonBlocking);
+  pool->stream_created(kPerThread, StreamKind::PerThread);
+  release(alloc(1 * kMiB, kSide), kSide);
+  release(alloc(1 * kMiB, kSide), kSide);  // the same stream's block again
+  const DevicePtr held = alloc(3 * kMiB);
+  const DevicePtr held_small = alloc(600, kPerThread);
+  CHECK_FALSE(pool->allocate(1 * kGiB, kAnyStream).ok);  // an out-of-memory record
+  const std::size_t held_bytes = pool->find_allocated(held)->size + pool->find_allocated(held_small)->size;
+
+  // Each reset: a fresh pool over the same device, as the shim makes one.
+  auto reset = [&] {
+    std::unique_ptr<DevicePool> before = std::move(pool);
+    make();
+    pool->stream_created(kLegacy, StreamKind::Legacy);
+    pool->continue_history(*before);
+    check();  // no block, and every current figure agrees with that
+    return before;
+  };
+  const std::unique_ptr<DevicePool> before = reset();
+
+  std::vector<std::pair<std::string, std::int64_t>> old_values;
+  for_each_flat_stat(before->stats(), [&](const std::string& k, std::int64_t v) { old_values.emplace_back(k, v); });
+  std::size_t i = 0;
+  for_each_flat_stat(pool->stats(), [&](const std::string& key, std::int64_t v) {
+    INFO(key);
+    const std::int64_t old = old_values[i++].second;
+    const bool current = key.ends_with(".current");
+    const bool freed = key.ends_with(".freed");
+    if (current) CHECK(v == 0);
+    if (freed) {
+      // What was current is freed now: allocated - freed == current holds.
+      const std::string stem = key.substr(0, key.size() - 5);
+      const auto at = [&](const std::string& k) {
+        for (const auto& [name, value] : old_values) {
+          if (name == k) return value;
+        }
+        FAIL(k);
+        return std::int64_t{0};
+      };
+      CHECK(v == old + at(stem + "current"));
+    }
+    if (!current && !freed) CHECK(v == old);  // peaks, totals, counts
+  });
+  CHECK(pool->stats().cache_hits == before->stats().cache_hits);
+  CHECK(pool->ooms().size() == 1);
+  CHECK(pool->timeline().samples().back().allocated == 0);
+
+  const ResetLosses& lost = pool->reset_losses();
+  CHECK(lost.resets == 1);
+  CHECK(lost.lost.blocks == 2);
+  CHECK(lost.lost.bytes == held_bytes);
+
+  // The program's streams are gone with the reset, their counters kept; the
+  // legacy and per-thread streams go on, each listed once.
+  std::size_t legacy_rows = 0;
+  bool side_reported = false;
+  bool per_thread_alive = false;
+  for (const StreamReport& r : pool->streams()) {
+    legacy_rows += r.id == kLegacy ? 1 : 0;
+    if (r.id == kSide) {
+      side_reported = true;
+      CHECK_FALSE(r.alive);
+      CHECK(r.counters.same_stream_reuses == 1);
+    }
+    if (r.id == kPerThread) per_thread_alive = r.alive && r.kind == StreamKind::PerThread;
+  }
+  CHECK(legacy_rows == 1);
+  CHECK(side_reported);
+  CHECK(per_thread_alive);
+
+  // The history goes on from there, across a second reset.
+  const std::int64_t allocations = pool->stats().allocation[kAll].allocated;
+  const DevicePtr after = alloc(2 * kMiB);
+  CHECK(pool->stats().allocation[kAll].allocated == allocations + 1);
+  CHECK(pool->stats().allocation[kAll].current == 1);
+  CHECK(pool->stats().allocation[kAll].peak == before->stats().allocation[kAll].peak);
+  const std::size_t after_bytes = pool->find_allocated(after)->size;
+  const std::unique_ptr<DevicePool> second = reset();
+  CHECK(pool->reset_losses().resets == 2);
+  CHECK(pool->reset_losses().lost.blocks == 3);
+  CHECK(pool->reset_losses().lost.bytes == held_bytes + after_bytes);
+}
