@@ -62,15 +62,16 @@ TEST_CASE("the caches turn on at a second thread's call, even once the first thr
   // Threads that start one after the other tend to get the same thread-local
   // storage: a thread told apart by a thread-local's address looked like the
   // one before it, and the caches stayed off.
-  auto* c = new StreamCaches(record_give_back);  // left alive, as the shim's
-  c->note_caller();
-  c->note_caller();
-  CHECK_FALSE(c->enabled());  // one thread, however many calls
-  auto* d = new StreamCaches(record_give_back);
-  std::thread([d] { d->note_caller(); }).join();
-  CHECK_FALSE(d->enabled());
-  std::thread([d] { d->note_caller(); }).join();
-  CHECK(d->enabled());
+  // (No block is kept: no thread's cache is made, so these can go.)
+  StreamCaches one_thread(record_give_back);
+  one_thread.note_caller();
+  one_thread.note_caller();
+  CHECK_FALSE(one_thread.enabled());  // one thread, however many calls
+  StreamCaches two_threads(record_give_back);
+  std::thread([&] { two_threads.note_caller(); }).join();
+  CHECK_FALSE(two_threads.enabled());
+  std::thread([&] { two_threads.note_caller(); }).join();
+  CHECK(two_threads.enabled());
 }
 
 TEST_CASE_METHOD(CacheFixture, "a working set larger than the cache is served in part, not missed entirely") {
