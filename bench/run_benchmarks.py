@@ -271,8 +271,9 @@ def main():
               "barrier records a new one (one `cudaEventRecord` on the legacy stream). The replay's device keeps "
               "up, so these are lower bounds for queries. The last column adds 64 non-blocking streams that run "
               "nothing (`--plain --idle-streams 64`, as PyTorch's stream pool): every call the ordering makes, "
-              "per allocation, when each barrier finds them idle (one query and one wait each); where the device "
-              "lags they count as busy and cost a record and a wait more.", "",
+              "per allocation, when each barrier finds them idle and the device caught up (one query each, and "
+              "the legacy stream's event recorded first and queried once); where that event has not completed "
+              "by then, each stream also waits for it, and one found busy costs a record and a wait more.", "",
               "| trace | stream-ordered: records | queries | plain: barriers | records | queries "
               "| plain peak reserved / live | plain, 64 idle streams: calls |",
               "|---|---:|---:|---:|---:|---:|---:|---:|"]

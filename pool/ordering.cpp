@@ -8,6 +8,9 @@ namespace {
 constexpr std::size_t kDestroyedStreamsReported = 64;
 // A non-blocking stream found busy is asked again after this many barriers.
 constexpr std::uint8_t kBusyCheckInterval = 8;
+// From this many non-blocking streams on, a barrier first looks whether the
+// device has caught up (see record_barrier).
+constexpr std::size_t kCaughtUpCheckStreams = 4;
 
 void add_counters(StreamCounters& into, const StreamCounters& from) {
   into.same_stream_reuses += from.same_stream_reuses;
@@ -210,6 +213,33 @@ bool StreamOrdering::record_barrier() {
   if (!retired_.empty()) poll();
   refill_spare_events();  // one is enough: the non-blocking streams' are given back at once
   const StreamId legacy = upstream_.legacy_stream();
+  // 0. With many non-blocking streams, each costs a wait per barrier (step 3).
+  //    The legacy stream's event goes first then: if it has completed by the
+  //    time every non-blocking stream is found idle, all work queued before
+  //    the frees is done, and there is nothing to order (a query more when
+  //    the device lags, instead of a wait per stream when it has caught up).
+  //    Not while a stream is taken as busy without asking (see seen_idle).
+  std::size_t non_blocking = 0;
+  bool one_taken_as_busy = false;
+  for (const auto& [id, s] : streams_) {
+    if (s.kind != StreamKind::NonBlocking) continue;
+    ++non_blocking;
+    one_taken_as_busy = one_taken_as_busy || s.idle_checks_skipped > 0;
+  }
+  EventHandle early = 0;
+  if (non_blocking >= kCaughtUpCheckStreams && !one_taken_as_busy && retired_.empty()) {
+    early = take_event();
+    if (early == 0) return false;
+    if (!upstream_.record_event(early, legacy)) {
+      give_back_event(early);
+      return false;
+    }
+  }
+  auto fail = [&] {
+    if (early != 0) give_back_event(early);
+    return false;
+  };
+  bool any_busy = false;
   // 1. The legacy stream waits for every stream it does not order implicitly,
   //    unless that stream has nothing left to wait for. PyTorch creates 32
   //    non-blocking streams per priority level the first time a program asks
@@ -219,23 +249,36 @@ bool StreamOrdering::record_barrier() {
   //    the device has caught up with the barriers.)
   for (auto& [id, s] : streams_) {
     if (s.kind != StreamKind::NonBlocking || seen_idle(s)) continue;
+    any_busy = true;
     const EventHandle event = take_event();
-    if (event == 0) return false;
+    if (event == 0) return fail();
     const bool ok = upstream_.record_event(event, id) && upstream_.wait_event(legacy, event);
     give_back_event(event);  // the wait captured it; it may be recorded again
-    if (!ok) return false;
+    if (!ok) return fail();
     ++s.counters.fences_recorded;
   }
   for (EventHandle event : retired_) {
-    if (!upstream_.wait_event(legacy, event)) return false;
+    if (!upstream_.wait_event(legacy, event)) return fail();
+  }
+  if (early != 0 && !any_busy && upstream_.query_event(early) == EventStatus::Complete) {
+    give_back_event(early);
+    device_.fenced_epoch = device_.completed_epoch = device_.free_epoch++;
+    unfenced_frees_ = false;
+    ++device_.counters.fences_recorded;  // a barrier all the same
+    return true;
   }
   // 2. The legacy action itself: after all blocking streams' earlier work, and
-  //    before their later work.
-  const EventHandle barrier = take_event();
-  if (barrier == 0) return false;
-  if (!upstream_.record_event(barrier, legacy)) {
-    give_back_event(barrier);
-    return false;
+  //    before their later work (step 0's, unless the legacy stream has had to
+  //    wait for a busy stream since).
+  EventHandle barrier = any_busy ? 0 : early;
+  if (barrier == 0) {
+    if (early != 0) give_back_event(early);
+    barrier = take_event();
+    if (barrier == 0) return false;
+    if (!upstream_.record_event(barrier, legacy)) {
+      give_back_event(barrier);
+      return false;
+    }
   }
   // 3. Non-blocking streams' later work waits for it too.
   for (auto& [id, s] : streams_) {
@@ -393,6 +436,7 @@ bool StreamOrdering::stream_ready(StreamId from, std::uint64_t stream_epoch,
 bool StreamOrdering::wait_for_frees() {
   if (options_.unsafe_skip_ordering) return true;
   if (capture_active() || !record_barrier()) return false;
+  if (device_.completed_epoch >= device_.fenced_epoch) return true;  // it found the device caught up
   const Fence newest = device_.pending.back();  // the barrier just recorded
   if (!upstream_.synchronize_event(newest.event)) return false;
   ++device_.counters.host_syncs;

@@ -1,6 +1,8 @@
 // The pool under any configuration and any sequence of the calls the shim
 // makes: allocations and frees on plain, legacy, blocking and non-blocking
-// streams, cross-stream frees, captures, a stream destroyed and its handle
+// streams (and three more non-blocking streams no block is freed on, as in a
+// stream pool, which make barriers check first whether the device has caught
+// up), cross-stream frees, captures, a stream destroyed and its handle
 // reused, device failures, a device that lags or keeps up, cache releases.
 // After every step every invariant of the pool holds; no allocation overlaps
 // a live one or leaves the device's memory, and none may race the work queued
@@ -41,6 +43,7 @@ class Input {
 constexpr StreamId kLegacy = VirtualUpstream::kLegacy;
 constexpr StreamId kNonBlocking = 0x100;
 constexpr StreamId kBlocking = 0x200;
+constexpr StreamId kPoolStreams[] = {0x300, 0x301, 0x302};  // non-blocking
 constexpr std::size_t kMostLive = 256 * kGiB;
 
 PoolOptions options_from(Input& in) {
@@ -112,6 +115,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   begin_stream(kLegacy, StreamKind::Legacy);
   begin_stream(kNonBlocking, StreamKind::NonBlocking);
   begin_stream(kBlocking, StreamKind::Blocking);
+  for (StreamId id : kPoolStreams) begin_stream(id, StreamKind::NonBlocking);
   const StreamId streams[] = {kAnyStream, kLegacy, kNonBlocking, kBlocking};
   std::map<DevicePtr, Live> live;
   std::size_t live_bytes = 0;

@@ -69,22 +69,76 @@ TEST_CASE_METHOD(PoolFixture, "the barrier brings non-blocking streams in both d
 
 TEST_CASE_METHOD(PoolFixture, "a barrier asks idle non-blocking streams instead of recording on them") {
   // PyTorch's stream pool: dozens of non-blocking streams, most never used.
-  // Each still waits for the barrier; none needs the legacy stream to wait.
+  // None needs the legacy stream to wait. Each still waits for the barrier,
+  // unless the legacy stream's event, recorded first, has completed by the
+  // time all are found idle: then the device has done everything queued
+  // before the free, and nothing is left to order.
+  const bool caught_up = GENERATE(false, true);
   make();
   constexpr int kStreams = 64;
   add_non_blocking_streams(*pool, kStreams);
   upstream.set_streams_idle(true);
+  upstream.set_events_complete_at_once(caught_up);
   const DevicePtr a = alloc(1000);
   release(a);
   upstream.clear_calls();
   const std::uint64_t queries = upstream.stream_queries();
+  const std::uint64_t event_queries = upstream.event_queries();
   CHECK(alloc(1000) == a);
   const auto& c = upstream.calls();
-  REQUIRE(c.size() == 1 + kStreams);
+  REQUIRE(c.size() == 1 + (caught_up ? 0 : kStreams));
   CHECK((c[0].kind == Call::Record && c[0].stream == kLegacy));
-  for (int i = 0; i < kStreams; ++i) CHECK(count(c, Call::Wait, kNB + i) == 1);
+  for (int i = 0; i < kStreams; ++i) CHECK(count(c, Call::Wait, kNB + i) == (caught_up ? 0 : 1));
   CHECK(count(c, Call::Wait, kLegacy) == 0);
   CHECK(upstream.stream_queries() - queries == kStreams);
+  CHECK(upstream.event_queries() - event_queries == 1);
+  // Either way a later free is ordered by a barrier of its own.
+  release(a);
+  upstream.clear_calls();
+  CHECK(alloc(1000) == a);
+  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);
+}
+
+TEST_CASE_METHOD(PoolFixture, "giving memory back after a barrier that found the device caught up waits for nothing") {
+  // release_cached orders every free with a barrier, then waits for it: a
+  // barrier with nothing left to order has no event to wait for.
+  make();
+  add_non_blocking_streams(*pool, 8);
+  upstream.set_streams_idle(true);
+  release(alloc(3 * kMiB));
+  const std::uint64_t releases = upstream.releases();
+  CHECK(pool->release_cached() == 20 * kMiB);
+  CHECK(upstream.releases() == releases + 1);
+  CHECK(upstream.stream_waits() == 0);
+  check();
+}
+
+TEST_CASE_METHOD(PoolFixture, "with many non-blocking streams, one found busy is ordered after the early event") {
+  // The legacy stream's event recorded before the streams were asked does not
+  // cover a busy stream's work: the legacy stream waits for that stream, then
+  // records the barrier the streams wait for.
+  make();
+  constexpr int kStreams = 8;
+  add_non_blocking_streams(*pool, kStreams);
+  upstream.set_streams_idle(false);
+  const DevicePtr a = alloc(1000);
+  release(a);
+  upstream.clear_calls();
+  CHECK(alloc(1000) == a);
+  const auto& c = upstream.calls();
+  REQUIRE(c.size() == 1 + 2 * kStreams + 1 + kStreams);
+  CHECK((c[0].kind == Call::Record && c[0].stream == kLegacy));  // the early one, wasted
+  const Call& barrier = c[1 + 2 * kStreams];
+  CHECK((barrier.kind == Call::Record && barrier.stream == kLegacy));
+  for (int i = 0; i < kStreams; ++i) {
+    const Call& record = c[1 + 2 * i];  // on each stream in turn, in no set order
+    CHECK((record.kind == Call::Record && record.stream != kLegacy));
+    CHECK((c[2 + 2 * i].kind == Call::Wait && c[2 + 2 * i].stream == kLegacy && c[2 + 2 * i].event == record.event));
+    CHECK(count(c, Call::Record, kNB + i) == 1);
+    const Call& wait = c[2 + 2 * kStreams + i];
+    CHECK((wait.kind == Call::Wait && wait.stream != kLegacy && wait.event == barrier.event));
+    CHECK(count(c, Call::Wait, kNB + i) == 1);
+  }
 }
 
 TEST_CASE_METHOD(PoolFixture, "a busy non-blocking stream is ordered by every barrier and asked only every 8th") {
