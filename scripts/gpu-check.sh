@@ -126,7 +126,18 @@ for mode in 1 0; do
   run "capture while other streams allocate (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-capture others
   run "fidelity (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-fidelity
   run "lifecycle fork (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-lifecycle fork
-  run "lifecycle device reset (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-lifecycle reset
+  reset_report="$out/report-reset-$mode.json"
+  run "lifecycle device reset (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" GPUPOOL_LOG="$reset_report" \
+    -- build/bin/test-lifecycle reset
+  # Six allocations, one still held at the reset: the report covers them all.
+  seen=$(python3 -c "import json, sys; d = json.load(open(sys.argv[1]))['devices']['0']
+print(d['device_resets']['count'], d['device_resets']['blocks_freed_by_reset'], d['stats']['allocation.all.allocated'])" \
+    "$reset_report" 2>/dev/null || echo unknown)
+  if [ "$seen" = "1 1 6" ]; then
+    record "report covers the run across the reset (expandable=$mode)" PASS "1 reset, 1 block freed by it, 6 allocations"
+  else
+    record "report covers the run across the reset (expandable=$mode)" FAIL "$seen: resets, blocks freed by them, allocations ($reset_report)"
+  fi
   run "demo (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/gpupool-demo --steps 10
   run "stress, threads and every kind of stream (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-stress 3 10 200 1
 done
