@@ -144,6 +144,10 @@ void apply(const OptionInfo& option, std::string variable, std::string_view valu
            ParsedConfig& parsed) {
   std::string why;
   if (!option.parse(value, parsed.config, &why)) {
+    // GPUPOOL_REPORT=/tmp/run.txt is a natural guess: say where a path goes.
+    if (option.key == "report" && value.find('/') != std::string_view::npos) {
+      why += "; the report's path goes in GPUPOOL_LOG";
+    }
     parsed.problems.push_back(
         Problem{std::move(variable), why, std::string(value), option.show(parsed.config)});
   }

@@ -257,6 +257,14 @@ TEST_CASE("choices, flags and signals parse every accepted spelling") {
   CHECK(parse({{"GPUPOOL_DISABLE", "yes"}}).config.disable);
   CHECK(parse({{"GPUPOOL_DISABLE", "TRUE"}}).config.disable);
   CHECK_FALSE(parse({{"GPUPOOL_REPORT", "off"}}).config.report);
+  {
+    // A path where a flag goes: the report stays on, and the line says where a path goes.
+    const ParsedConfig p = parse({{"GPUPOOL_REPORT", "/tmp/run.txt"}});
+    CHECK(p.config.report);
+    REQUIRE(p.problems.size() == 1);
+    CHECK(p.problems[0].line().find("the report's path goes in GPUPOOL_LOG") != std::string::npos);
+    CHECK(parse({{"GPUPOOL_REPORT", "maybe"}}).problems[0].line().find("GPUPOOL_LOG") == std::string::npos);
+  }
   CHECK(parse({{"GPUPOOL_REPORT_SIGNAL", "none"}}).config.report_signal == 0);
   CHECK(parse({{"GPUPOOL_REPORT_SIGNAL", "SIGUSR2"}}).config.report_signal == SIGUSR2);
   CHECK(parse({{"GPUPOOL_LOG", "/tmp/r-%e-%p-%r.txt"}}).config.log == "/tmp/r-%e-%p-%r.txt");
