@@ -17,6 +17,7 @@ void add_counters(StreamCounters& into, const StreamCounters& from) {
   into.cross_stream_reuses += from.cross_stream_reuses;
   into.event_waits += from.event_waits;
   into.barrier_waits += from.barrier_waits;
+  into.caught_up_barriers += from.caught_up_barriers;
   into.fences_recorded += from.fences_recorded;
   into.host_syncs += from.host_syncs;
 }
@@ -265,6 +266,7 @@ bool StreamOrdering::record_barrier() {
     device_.fenced_epoch = device_.completed_epoch = device_.free_epoch++;
     unfenced_frees_ = false;
     ++device_.counters.fences_recorded;  // a barrier all the same
+    ++device_.counters.caught_up_barriers;
     return true;
   }
   // 2. The legacy action itself: after all blocking streams' earlier work, and

@@ -163,6 +163,7 @@ struct StreamCounters {
   std::uint64_t cross_stream_reuses = 0;  // cached block taken from another stream
   std::uint64_t event_waits = 0;          // waits so this stream could take another stream's block
   std::uint64_t barrier_waits = 0;        // waits for device barriers (plain cudaFree then cudaMalloc)
+  std::uint64_t caught_up_barriers = 0;   // device barriers that found the device caught up: no waits
   std::uint64_t fences_recorded = 0;      // events recorded on this stream
   std::uint64_t host_syncs = 0;           // host waits involving this stream
 };

@@ -57,6 +57,12 @@ void stream_rows(std::string& out, const std::vector<StreamReport>& streams) {
     row(stream_name(r.id) + (r.alive ? "" : " (gone)"), r);
   }
   if (folded >= 2) row(std::to_string(folded) + " others, no reuse", quiet_ones);
+  for (const StreamReport& r : streams) {
+    if (r.id != kAnyStream || r.counters.caught_up_barriers == 0) continue;
+    appendf(out, "  %llu of the %llu device barriers found the device caught up: no stream waited for them\n",
+            static_cast<unsigned long long>(r.counters.caught_up_barriers),
+            static_cast<unsigned long long>(r.counters.fences_recorded));
+  }
 }
 
 // Blocks by the call stack that allocated them (GPUPOOL_BACKTRACE=1).

@@ -92,6 +92,9 @@ TEST_CASE_METHOD(PoolFixture, "a barrier asks idle non-blocking streams instead 
   CHECK(count(c, Call::Wait, kLegacy) == 0);
   CHECK(upstream.stream_queries() - queries == kStreams);
   CHECK(upstream.event_queries() - event_queries == 1);
+  for (const StreamReport& r : pool->streams()) {
+    if (r.id == kAnyStream) CHECK(r.counters.caught_up_barriers == (caught_up ? 1u : 0u));
+  }
   // Either way a later free is ordered by a barrier of its own.
   release(a);
   upstream.clear_calls();
