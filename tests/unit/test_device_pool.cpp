@@ -366,6 +366,7 @@ TEST_CASE_METHOD(PoolFixture, "timeline samples stay bounded over long runs") {
 }
 
 TEST_CASE_METHOD(PoolFixture, "after a device reset a fresh pool carries on the old one's history") {
+  options.expandable_segments = GENERATE(false, true);
   make(64 * kMiB);
   constexpr StreamId kLegacy = 0x1, kSide = 0x1000, kPerThread = 0x12;
   pool->stream_created(kLegacy, StreamKind::Legacy);
