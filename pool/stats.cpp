@@ -15,15 +15,16 @@ void SizeHistogram::add(std::size_t size) {
 }
 
 void end_current_figures(MemoryStats& s) {
-  auto end = [](const char*, Stat& st) {
+  auto end = [](Stat& st) {
     st.freed += st.current;
     st.current = 0;
   };
   for_each_stat(
-      s, [&](const char* name, StatArray& a) {
-        for (Stat& st : a) end(name, st);
+      s,
+      [&](const char*, StatArray& a) {
+        for (Stat& st : a) end(st);
       },
-      end);
+      [&](const char*, Stat& st) { end(st); });
 }
 
 bool SizeHistogram::empty() const {
