@@ -152,8 +152,9 @@ GPUPOOL_EXPORT cudaError_t cudaMalloc(void** ptr, size_t size) {
 
 GPUPOOL_EXPORT cudaError_t cudaFree(void* ptr) {
   Runtime& rt = enter();
-  if (rt.disabled()) return real().cudaFree(ptr);
-  if (ptr == nullptr) return cudaSuccess;
+  // cudaFree(NULL) is how programs create the CUDA context (before OptiX or
+  // the driver API, or to keep it out of a timing): it reaches the runtime.
+  if (rt.disabled() || ptr == nullptr) return real().cudaFree(ptr);
   const FreeResult r = rt.deallocate(ptr, gpupool::kAnyStream);
   if (r == FreeResult::NotOwned) return real().cudaFree(ptr);
   return free_result(r, ptr, "cudaFree");

@@ -144,7 +144,7 @@ void write_counters_at_exit() {
                "\"event_queries\": %llu, \"event_syncs\": %llu, \"stream_syncs\": %llu, "
                "\"device_syncs\": %llu, \"legacy_ops\": %llu, \"captures_begun\": %llu, "
                "\"captures_invalidated\": %llu, \"kernel_launches\": %llu, \"vmm_maps\": %llu, "
-               "\"vmm_unmaps\": %llu, \"stale_event_uses\": %llu}\n",
+               "\"vmm_unmaps\": %llu, \"stale_event_uses\": %llu, \"null_free_calls\": %llu}\n",
                (unsigned long long)c.malloc_calls, (unsigned long long)c.malloc_failures,
                (unsigned long long)c.free_calls, (unsigned long long)c.malloc_async_calls,
                (unsigned long long)c.free_async_calls, (unsigned long long)c.bytes_in_use,
@@ -154,7 +154,8 @@ void write_counters_at_exit() {
                (unsigned long long)c.device_syncs, (unsigned long long)c.legacy_ops,
                (unsigned long long)c.captures_begun, (unsigned long long)c.captures_invalidated,
                (unsigned long long)c.kernel_launches, (unsigned long long)c.vmm_maps,
-               (unsigned long long)c.vmm_unmaps, (unsigned long long)c.stale_event_uses);
+               (unsigned long long)c.vmm_unmaps, (unsigned long long)c.stale_event_uses,
+               (unsigned long long)c.null_free_calls);
   std::fclose(f);
 }
 
@@ -306,7 +307,10 @@ cudaError_t cudaMalloc(void** p, size_t size) {
 }
 
 cudaError_t cudaFree(void* p) {
-  if (p == nullptr) return cudaSuccess;
+  if (p == nullptr) {
+    counters().null_free_calls++;  // on a real runtime: creates the context if none is current yet
+    return cudaSuccess;
+  }
   if (const cudaError_t e = Engine::instance().check_unsafe_call(); e != cudaSuccess) return result(e);
   counters().free_calls++;
   if (!Memory::instance().contains(p, 1)) return result(cudaErrorInvalidValue);
@@ -625,6 +629,7 @@ void simcuda_get_counters(struct simcuda_counters* out) {
   out->vmm_maps = c.vmm_maps;
   out->vmm_unmaps = c.vmm_unmaps;
   out->stale_event_uses = c.stale_event_uses;
+  out->null_free_calls = c.null_free_calls;
 }
 
 }  // extern "C"

@@ -32,6 +32,7 @@ struct simcuda_counters {
   uint64_t vmm_maps;            /* cuMemMap */
   uint64_t vmm_unmaps;          /* cuMemUnmap */
   uint64_t stale_event_uses;    /* an event used after cudaDeviceReset destroyed it */
+  uint64_t null_free_calls;     /* cudaFree(NULL): what programs call to create the CUDA context */
 };
 
 /* The counters so far. */

@@ -260,6 +260,8 @@ class Fidelity(ShimTest):
         run = self.run_program("test-fidelity", env={"SIMCUDA_MEMORY": "256M"})
         self.assertSucceeded(run)
         self.assertIn("not a live allocation", run.stderr)  # the double free, named
+        # cudaFree(NULL) reaches the runtime: programs call it to create the context.
+        self.assertEqual(run.counters()["null_free_calls"], 1)
 
     def test_libraries_need_no_cuda_spdlog_fmt_or_libstdcxx(self):
         # Sanitizer builds link the C++ runtime dynamically, as the sanitizers need.
