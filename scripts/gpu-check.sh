@@ -98,6 +98,8 @@ pressure=(GPUPOOL_MEMORY_LIMIT=20M)
 
 echo "== the CUDA rule the device barrier rests on (no gpupool)"
 run "legacy stream event orders blocking streams" 0 -- "$out/hazards_gpu" legacy-barrier-rule
+echo "== cudaFree(NULL) as the first call, under gpupool: a current context, as without it"
+run "cudaFree(NULL) creates the context" 0 "${pool[@]}" -- "$out/hazards_gpu" null-free-creates-context
 
 echo "== reuse hazards with real kernels (0: ordered; 1 without ordering: the hazard)"
 for mode in 1 0; do

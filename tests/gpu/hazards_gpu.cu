@@ -1,9 +1,13 @@
 // The reuse hazards of tests/programs/hazard_cases.hpp with a real slow kernel
 // as the old owner, on real streams, plus legacy-barrier-rule: the CUDA rule
-// the device barrier rests on, checked without gpupool. Exit codes as there.
+// the device barrier rests on, checked without gpupool, and
+// null-free-creates-context: cudaFree(NULL) as the first CUDA call leaves a
+// current context, as programs expect of it (OptiX asks the driver for it).
+// Exit codes as there.
 //   hazards_gpu <case> [delay_ms]
 // Built with nvcc -cudart shared so that LD_PRELOAD reaches its calls.
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include "../programs/hazard_cases.hpp"
 
@@ -49,6 +53,18 @@ int legacy_barrier_rule() {
   return verdict(p, p, s2);  // writes B on s2: after the barrier, so after the kernel
 }
 
+// 0 when cudaFree(NULL) left a current context; 1 when none; 2 when the
+// driver cannot be asked.
+int null_free_creates_context() {
+  HAZARD_CHECK(cudaFree(nullptr));
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW);
+  auto get_current = driver == nullptr ? nullptr
+                                       : reinterpret_cast<int (*)(void**)>(dlsym(driver, "cuCtxGetCurrent"));
+  void* context = nullptr;
+  if (get_current == nullptr || get_current(&context) != 0) return 2;
+  return context != nullptr ? 0 : 1;
+}
+
 }  // namespace
 
 }  // namespace hazards
@@ -60,7 +76,9 @@ int main(int argc, char** argv) {
   }
   hazards::delay_ms = argc > 2 ? static_cast<unsigned>(std::atoi(argv[2])) : 200;
   const std::string name = argv[1];
-  const int result = name == "legacy-barrier-rule" ? hazards::legacy_barrier_rule() : hazards::run_case(name);
+  const int result = name == "legacy-barrier-rule"         ? hazards::legacy_barrier_rule()
+                     : name == "null-free-creates-context" ? hazards::null_free_creates_context()
+                                                           : hazards::run_case(name);
   if (result < 0) {
     std::fprintf(stderr, "hazards_gpu: unknown case %s\n", argv[1]);
     return 64;
