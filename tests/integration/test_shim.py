@@ -391,13 +391,15 @@ class StaticRuntime(ShimTest):
         self.assert_breaks_without_ordering(["test-static-runtime", "hazard"], self.ON)
 
     def assert_breaks_without_ordering(self, args, env):
-        # The control: without ordering the late write races the reuse. Under
-        # ThreadSanitizer the simulated device's 16 MiB copies are slow enough
-        # for the late write to land first, and the data then look right: the
-        # control is left to the other builds there.
+        # The control: without ordering the late write races the reuse. It
+        # comes 400 ms late here (100 by default): on a loaded machine the
+        # reuse and its copy could otherwise come after it, and the data then
+        # look right (1 run in 10 under ctest -j2). Under ThreadSanitizer the
+        # simulated device's 16 MiB copies are slower still: the control is
+        # left to the other builds there.
         if "tsan" in (sanitizer_runtime() or ""):
             return
-        unsafe = self.run_program(args, env={**env, "GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING": "1"})
+        unsafe = self.run_program(args + ["400"], env={**env, "GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING": "1"})
         self.assertEqual(unsafe.code, 1)
         self.assertIn("overwritten by work queued before its free", unsafe.stderr)
 

@@ -7,8 +7,9 @@
 //
 //   static_runtime pairs N        N cuMemAlloc/cuMemFree pairs of mixed sizes, each block checked
 //   static_runtime async N        the same, stream-ordered on a non-blocking stream (and ptsz twins)
-//   static_runtime hazard         a block freed while a slower stream still writes it, then reused
-//   static_runtime destroyed      a block freed on a stream destroyed while a slower write on it is queued
+//   static_runtime hazard [MS]    a block freed while a slower stream still writes it (MS ms later,
+//                                 default 100), then reused
+//   static_runtime destroyed [MS] a block freed on a stream destroyed while a slower write on it is queued
 //   static_runtime capture        plain and stream-ordered calls while a stream captures
 //   static_runtime ipc            a handle for a block inside a pooled segment
 //   static_runtime reset          allocations across cuDevicePrimaryCtxReset
@@ -187,9 +188,10 @@ struct LateWrite {
   CUdeviceptr p;
   size_t size;
 };
+unsigned g_late_write_ms = 100;
 void late_write(void* data) {
   auto* w = static_cast<LateWrite*>(data);
-  usleep(100 * 1000);
+  usleep(g_late_write_ms * 1000);
   std::memset(reinterpret_cast<void*>(static_cast<uintptr_t>(w->p)), 0xAA, w->size);  // host memory here
 }
 
@@ -374,6 +376,7 @@ int main(int argc, char** argv) {
   const int n = argc > 2 ? std::atoi(argv[2]) : 60;
   if (mode == "pairs") return pairs(n);
   if (mode == "async") return async(n);
+  if ((mode == "hazard" || mode == "destroyed") && argc > 2) g_late_write_ms = static_cast<unsigned>(n);
   if (mode == "hazard") return hazard();
   if (mode == "capture") return capture();
   if (mode == "destroyed") return destroyed();
