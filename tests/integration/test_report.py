@@ -279,6 +279,16 @@ class Command(ShimTest):
         return subprocess.run([sys.executable, GPUPOOL] + list(args), capture_output=True, text=True, env=e,
                               timeout=120)
 
+    def older_report(self, path, forget):
+        """The report at `path` as an older gpupool wrote it: `forget(report)` deletes what it lacked."""
+        with open(path) as f:
+            report = json.load(f)
+        forget(report)
+        old = os.path.join(self.workdir, "old.json")
+        with open(old, "w") as f:
+            json.dump(report, f)
+        return old
+
     def reports(self, n):
         paths = []
         for i in range(n):
@@ -322,12 +332,7 @@ class Command(ShimTest):
         self.assertIn("configuration problem: gpupool: GPUPOOL_CONF: unknown key 'bogus'", out.stdout)
         self.assertIn("configuration note: gpupool: max_split_size_mb (64) applies to fixed segments only", out.stdout)
         # A report from before the notes still reads.
-        with open(run.reports()[0]) as f:
-            report = json.load(f)
-        del report["config_notes"]
-        old = os.path.join(self.workdir, "old.json")
-        with open(old, "w") as f:
-            json.dump(report, f)
+        old = self.older_report(run.reports()[0], lambda report: report.pop("config_notes"))
         self.assertEqual(self.gpupool("report", old).returncode, 0)
 
     def test_report_shows_device_resets_and_reads_reports_from_before_them(self):
@@ -337,27 +342,19 @@ class Command(ShimTest):
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertIn("device resets: 1; 1 blocks, 2.00 MiB, still allocated when a reset freed them", out.stdout)
         self.assertIn("freed by a device reset: 2.00 MiB in 1 blocks from", out.stdout)
-        with open(run.reports()[0]) as f:
-            report = json.load(f)
-        for device in report["devices"].values():
-            del device["device_resets"]
-        old = os.path.join(self.workdir, "old.json")
-        with open(old, "w") as f:
-            json.dump(report, f)
-        out = self.gpupool("report", old)
+        def forget(report):
+            for device in report["devices"].values():
+                del device["device_resets"]
+        out = self.gpupool("report", self.older_report(run.reports()[0], forget))
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertNotIn("device reset", out.stdout)
 
     def test_report_reads_a_report_from_before_barrier_waits(self):
-        path = self.reports(1)[0]
-        with open(path) as f:
-            report = json.load(f)
-        for device in report["devices"].values():
-            for stream in device["streams"]:
-                del stream["barrier_waits"]
-        with open(path, "w") as f:
-            json.dump(report, f)
-        out = self.gpupool("report", path)
+        def forget(report):
+            for device in report["devices"].values():
+                for stream in device["streams"]:
+                    del stream["barrier_waits"]
+        out = self.gpupool("report", self.older_report(self.reports(1)[0], forget))
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertIn("0 barrier waits", out.stdout)
 

@@ -394,7 +394,8 @@ class StaticRuntime(ShimTest):
         # The control: without ordering the late write races the reuse. It
         # comes 400 ms late here (100 by default): on a loaded machine the
         # reuse and its copy could otherwise come after it, and the data then
-        # look right (1 run in 10 under ctest -j2). Under ThreadSanitizer the
+        # look right (the destroyed-stream control did so in 1 full ctest -j2
+        # run, and in 1 of 12 runs alone just after it). Under ThreadSanitizer the
         # simulated device's 16 MiB copies are slower still: the control is
         # left to the other builds there.
         if "tsan" in (sanitizer_runtime() or ""):
