@@ -82,6 +82,10 @@ CUresult primary_ctx_reset(CUdevice d) {
 
 CUresult mem_alloc(CUdeviceptr* p, size_t n) { return cu(cudaMalloc(reinterpret_cast<void**>(p), n)); }
 CUresult mem_free(CUdeviceptr p) { return cu(cudaFree(ptr(p))); }
+CUresult mem_alloc_pitch(CUdeviceptr* p, size_t* pitch, size_t width, size_t height, unsigned int element_bytes) {
+  if (element_bytes != 4 && element_bytes != 8 && element_bytes != 16) return CUDA_ERROR_INVALID_VALUE;
+  return cu(cudaMallocPitch(reinterpret_cast<void**>(p), pitch, width, height));
+}
 CUresult mem_alloc_async(CUdeviceptr* p, size_t n, CUstream s) {
   return cu(cudaMallocAsync(reinterpret_cast<void**>(p), n, rt(s)));
 }
@@ -191,6 +195,7 @@ const Entry kEntries[] = {
     {"cuDevicePrimaryCtxReset", 7000, fn(primary_ctx_reset), fn(primary_ctx_reset)},
     {"cuMemAlloc", 3020, fn(mem_alloc), fn(mem_alloc)},
     {"cuMemFree", 3020, fn(mem_free), fn(mem_free)},
+    {"cuMemAllocPitch", 3020, fn(mem_alloc_pitch), fn(mem_alloc_pitch)},
     {"cuMemAllocAsync", 11020, fn(mem_alloc_async), fn(mem_alloc_async_ptsz)},
     {"cuMemFreeAsync", 11020, fn(mem_free_async), fn(mem_free_async_ptsz)},
     {"cuMemGetInfo", 3020, fn(mem_get_info), fn(mem_get_info)},

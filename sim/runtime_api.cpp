@@ -4,6 +4,7 @@
 // either runs against either.
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -317,6 +318,45 @@ cudaError_t cudaFree(void* p) {
   // cudaFree synchronizes the device before the memory goes.
   Engine::instance().synchronize_all();
   return result(Memory::instance().release(p));
+}
+
+// Pitched memory as CUDA hands it out: rows padded to the 512 bytes a texture
+// needs at its base (cudaDevAttrTextureAlignment), which also meets the pitch
+// alignment (cudaDevAttrTexturePitchAlignment). An empty extent: no memory.
+constexpr size_t kPitchAlignment = 512;
+
+cudaError_t cudaMallocPitch(void** p, size_t* pitch, size_t width, size_t height) {
+  if (p == nullptr || pitch == nullptr) return result(cudaErrorInvalidValue);
+  if (width == 0 || height == 0) {
+    *p = nullptr;
+    *pitch = 0;
+    return cudaSuccess;
+  }
+  const size_t row = (width + kPitchAlignment - 1) / kPitchAlignment * kPitchAlignment;
+  if (row < width || height > SIZE_MAX / row) return result(cudaErrorMemoryAllocation);
+  const cudaError_t err = cudaMalloc(p, row * height);
+  if (err == cudaSuccess) *pitch = row;
+  return err;
+}
+
+cudaError_t cudaMalloc3D(cudaPitchedPtr* out, cudaExtent extent) {
+  if (out == nullptr) return result(cudaErrorInvalidValue);
+  const size_t rows = extent.depth != 0 && extent.height > SIZE_MAX / extent.depth ? SIZE_MAX
+                                                                                   : extent.height * extent.depth;
+  void* p = nullptr;
+  size_t pitch = 0;
+  const cudaError_t err = cudaMallocPitch(&p, &pitch, extent.width, rows);
+  if (err == cudaSuccess) *out = cudaPitchedPtr{p, pitch, extent.width, extent.height};
+  return err;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int device) {
+  if (value == nullptr || device < 0 || device >= Memory::instance().devices()) return result(cudaErrorInvalidDevice);
+  switch (attribute) {
+    case cudaDevAttrTextureAlignment: *value = 512; return cudaSuccess;
+    case cudaDevAttrTexturePitchAlignment: *value = 32; return cudaSuccess;
+    default: return result(cudaErrorInvalidValue);
+  }
 }
 
 // Like the real runtime: a handle for memory from cudaMalloc (which names its
