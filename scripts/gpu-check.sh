@@ -71,7 +71,7 @@ arch=-arch=native
 # Integration programs with the static runtime, for static_runtime:1 (built
 # side by side: nvcc takes a while for each).
 pids=()
-for program in lifecycle capture patterns threads stress devices; do
+for program in lifecycle capture patterns pitched threads stress devices; do
   "$nvcc" $arch -O2 -std=c++20 -I. -x cu -o "$out/${program}_static" "tests/programs/$program.cpp" \
     2>"$out/nvcc-$program.log" &
   pids+=($!)
@@ -90,6 +90,15 @@ printf '%s\n' '#include <dlfcn.h>' '#include <stdio.h>' \
   '  if (!run) { fprintf(stderr, "load_user: %s\n", dlerror()); return 2; }' \
   '  return run();' '}' >"$out/load_user.c"
 cc -O2 -o "$out/load_user" "$out/load_user.c" -ldl || { echo "gpu-check: cc failed"; exit 1; }
+
+# all_pooled NAME REPORT N: the program's N allocations all in gpupool's report.
+all_pooled() {
+  local allocated
+  allocated=$(python3 -c "import json, sys; d = json.load(open(sys.argv[1]))
+print(d['devices']['0']['stats']['allocation.all.allocated'])" "$2" 2>/dev/null || echo none)
+  if [ "$allocated" = "$3" ]; then record "$1" PASS "$3 of $3 in the report"
+  else record "$1" FAIL "$allocated of $3 in the report ($2)"; fi
+}
 
 pool=(LD_PRELOAD="$lib" GPUPOOL_LOG="$out/report-%e-%p.json" GPUPOOL_LOG_FORMAT=json)
 # Room for one 16 MiB block: a request on another stream must take the cached
@@ -127,6 +136,10 @@ for mode in 1 0; do
   run "capture (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-capture
   run "capture while other streams allocate (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-capture others
   run "fidelity (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-fidelity
+  pitched_report="$out/report-pitched-$mode.json"
+  run "pitched 2D/3D arrays (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" GPUPOOL_LOG="$pitched_report" \
+    -- build/bin/test-pitched 4
+  all_pooled "cudaMallocPitch/cudaMalloc3D pooled (expandable=$mode)" "$pitched_report" 53
   run "lifecycle fork (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-lifecycle fork
   reset_report="$out/report-reset-$mode.json"
   run "lifecycle device reset (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" GPUPOOL_LOG="$reset_report" \
@@ -150,6 +163,15 @@ else
   record "expandable segments on this driver" PASS ""
 fi
 run "unchanged nvcc -cudart shared program" 0 "${pool[@]}" -- "$out/user_program"
+run "pitched 2D/3D arrays without gpupool (the program's own checks)" 0 -- build/bin/test-pitched 4
+# Any pitch that meets the alignments is right; gpupool pads rows to 512 bytes
+# as the runtime has on the GPUs we know of. INFO when this one differs.
+pitch_of() { timeout 60 env "$@" build/bin/test-pitched 1 2>/dev/null | python3 -c "import json, sys
+print(json.loads(sys.stdin.read().splitlines()[-1])['pitch_of_a_1_byte_row'])" 2>/dev/null || echo none; }
+runtime_pitch=$(pitch_of)
+pooled_pitch=$(pitch_of "${pool[@]}")
+if [ "$runtime_pitch" = "$pooled_pitch" ]; then record "pitch of a 1-byte row as the runtime's" PASS "$pooled_pitch bytes"
+else record "pitch of a 1-byte row as the runtime's" INFO "gpupool $pooled_pitch, runtime $runtime_pitch bytes"; fi
 # A CUDA IPC handle names a whole allocation: only a block that starts a fixed
 # segment may be exported; any other is refused, not handed out to map other bytes.
 for mode in 1 0; do
@@ -180,20 +202,16 @@ fi
 # With static_runtime:1 the same binaries are pooled through the driver hook:
 # every allocation in the report, and each hazard case ordered (and shown to
 # break without ordering, which only a pooled run can).
-# NAME REPORT: the user program's 600 allocations all in gpupool's report.
-all_600_pooled() {
-  local allocated
-  allocated=$(python3 -c "import json, sys; d = json.load(open(sys.argv[1]))
-print(d['devices']['0']['stats']['allocation.all.allocated'])" "$2" 2>/dev/null || echo none)
-  if [ "$allocated" = 600 ]; then record "$1" PASS "600 of 600 in the report"
-  else record "$1" FAIL "$allocated of 600 in the report ($2)"; fi
-}
 static_report="$out/report-static.json"
 run "nvcc static-runtime program, static_runtime:1" 0 "${pool[@]}" GPUPOOL_STATIC_RUNTIME=1 \
   GPUPOOL_LOG="$static_report" -- "$out/user_program_static"
-all_600_pooled "static_runtime:1 pools every allocation" "$static_report"
+all_pooled "static_runtime:1 pools every allocation" "$static_report" 600
 static=("${pool[@]}" GPUPOOL_STATIC_RUNTIME=1)
 run "static runtime: patterns" 0 "${static[@]}" -- "$out/patterns_static" 6000 7
+pitched_static_report="$out/report-pitched-static.json"
+run "static runtime: pitched 2D/3D arrays" 0 "${static[@]}" GPUPOOL_LOG="$pitched_static_report" \
+  -- "$out/pitched_static" 4
+all_pooled "static runtime: cudaMallocPitch/cudaMalloc3D pooled" "$pitched_static_report" 53
 run "static runtime: threads" 0 "${static[@]}" -- "$out/threads_static" 4 500
 run "static runtime: capture" 0 "${static[@]}" -- "$out/capture_static"
 run "static runtime: capture while other streams allocate" 0 "${static[@]}" -- "$out/capture_static" others
@@ -203,7 +221,7 @@ library_report="$out/report-static-library.json"
 run "static runtime in a library, static_runtime_libraries names it" 0 "${pool[@]}" GPUPOOL_STATIC_RUNTIME=1 \
   GPUPOOL_STATIC_RUNTIME_LIBRARIES=libuser_static.so GPUPOOL_LOG="$library_report" \
   -- "$out/load_user" "$out/libuser_static.so"
-all_600_pooled "static_runtime_libraries pools a library's allocations" "$library_report"
+all_pooled "static_runtime_libraries pools a library's allocations" "$library_report" 600
 for case in cudafree-nonblocking cudafree-idle-streams cross-stream-pending destroyed-stream; do
   run "static runtime: hazard $case" 0 "${pool[@]}" "${pressure[@]}" GPUPOOL_STATIC_RUNTIME=1 \
     -- "$out/hazards_gpu_static" "$case"

@@ -23,6 +23,9 @@
 
 namespace gpupool::shim {
 
+// entry_points.cpp
+bool allocate_pitched(void** ptr, size_t* pitch, size_t width, size_t rows, cudaError_t* result);
+
 namespace {
 
 // The driver's numbers for every code these return (see driver_runtime.cpp).
@@ -79,21 +82,38 @@ CUresult end_capture_ptsz(CUstream s, CUgraph* g) {
   return cu(cudaStreamEndCapture_ptsz(rt(s), reinterpret_cast<cudaGraph_t*>(g)));
 }
 
+// Three substitutes call the program's own real function (the one it fetched,
+// at its version) after or instead of gpupool's part.
+std::atomic<void*> real_primary_ctx_reset{nullptr};
+std::atomic<void*> real_enable_peer_access{nullptr};
+std::atomic<void*> real_mem_alloc_pitch{nullptr};
+
+template <typename F>
+F* real_of(const std::atomic<void*>& slot, F*) {
+  return reinterpret_cast<F*>(slot.load());
+}
+
+// cudaMallocPitch and cudaMalloc3D of the static runtime: pooled as the shared
+// runtime's are. Another element size is the driver's error to give.
+CUresult mem_alloc_pitch(CUdeviceptr* p, size_t* pitch, size_t width, size_t height, unsigned int element_bytes) {
+  cudaError_t err = cudaSuccess;
+  const bool valid = element_bytes == 4 || element_bytes == 8 || element_bytes == 16;
+  if (valid && allocate_pitched(out(p), pitch, width, height, &err)) return cu(err);
+  return real_of(real_mem_alloc_pitch, &mem_alloc_pitch)(p, pitch, width, height, element_bytes);
+}
+
 // cudaDeviceReset of the static runtime: the pool forgets the device's memory
-// first, as for the shared runtime's. The real reset is the one the program
-// fetched (its version; both take the device).
-std::atomic<decltype(&cuDevicePrimaryCtxReset_v2)> real_primary_ctx_reset{nullptr};
+// first, as for the shared runtime's (both versions of the reset take the device).
 CUresult primary_ctx_reset(CUdevice device) {
   Runtime& runtime = Runtime::get();
   if (!runtime.bypass() && device >= 0 && device < kMaxDevices) runtime.device_reset(device);
-  return real_primary_ctx_reset.load()(device);
+  return real_of(real_primary_ctx_reset, &primary_ctx_reset)(device);
 }
 
 // cudaDeviceEnablePeerAccess of the static runtime: the current device may now
 // reach the peer's memory, pooled pages too (as for the shared runtime's).
-std::atomic<decltype(&cuCtxEnablePeerAccess)> real_enable_peer_access{nullptr};
 CUresult ctx_enable_peer_access(CUcontext peer, unsigned int flags) {
-  const CUresult r = real_enable_peer_access.load()(peer, flags);
+  const CUresult r = real_of(real_enable_peer_access, &ctx_enable_peer_access)(peer, flags);
   Runtime& runtime = Runtime::get();
   if (r == CUDA_SUCCESS && !runtime.bypass()) {
     if (const int owner = device_of_context(peer); owner >= 0) {
@@ -109,6 +129,7 @@ struct Substitute {
   int until;  // the version from which it has another (0: none yet)
   void* legacy;
   void* per_thread;
+  std::atomic<void*>* real = nullptr;  // where the program's own function is kept, if it is called
 };
 
 template <typename F>
@@ -119,6 +140,7 @@ void* fn(F* f) {
 const Substitute kSubstitutes[] = {
     {"cuMemAlloc", 3020, 0, fn(mem_alloc), fn(mem_alloc)},
     {"cuMemFree", 3020, 0, fn(mem_free), fn(mem_free)},
+    {"cuMemAllocPitch", 3020, 0, fn(mem_alloc_pitch), fn(mem_alloc_pitch), &real_mem_alloc_pitch},
     {"cuMemAllocAsync", 11020, 0, fn(mem_alloc_async), fn(mem_alloc_async_ptsz)},
     {"cuMemFreeAsync", 11020, 0, fn(mem_free_async), fn(mem_free_async_ptsz)},
     {"cuMemGetInfo", 3020, 0, fn(mem_get_info), fn(mem_get_info)},
@@ -130,8 +152,9 @@ const Substitute kSubstitutes[] = {
     {"cuStreamBeginCapture", 10010, 0, fn(begin_capture), fn(begin_capture_ptsz)},
     {"cuStreamBeginCaptureToGraph", 12030, 0, fn(begin_capture_to_graph), fn(begin_capture_to_graph_ptsz)},
     {"cuStreamEndCapture", 10000, 0, fn(end_capture), fn(end_capture_ptsz)},
-    {"cuDevicePrimaryCtxReset", 7000, 0, fn(primary_ctx_reset), fn(primary_ctx_reset)},
-    {"cuCtxEnablePeerAccess", 4000, 0, fn(ctx_enable_peer_access), fn(ctx_enable_peer_access)},
+    {"cuDevicePrimaryCtxReset", 7000, 0, fn(primary_ctx_reset), fn(primary_ctx_reset), &real_primary_ctx_reset},
+    {"cuCtxEnablePeerAccess", 4000, 0, fn(ctx_enable_peer_access), fn(ctx_enable_peer_access),
+     &real_enable_peer_access},
 };
 
 // Whether to take the program's driver calls over, decided at the first one.
@@ -180,13 +203,7 @@ void* driver_entry(const char* symbol, int version, unsigned long long flags, vo
   if (symbol == nullptr || real_function == nullptr || !taking_over(lookup)) return real_function;
   for (const Substitute& s : kSubstitutes) {
     if (std::strcmp(s.name, symbol) != 0 || version < s.since || (s.until != 0 && version >= s.until)) continue;
-    // The two that call the program's own real function after gpupool's part.
-    if (s.legacy == fn(primary_ctx_reset)) {
-      real_primary_ctx_reset.store(reinterpret_cast<decltype(&cuDevicePrimaryCtxReset_v2)>(real_function));
-    }
-    if (s.legacy == fn(ctx_enable_peer_access)) {
-      real_enable_peer_access.store(reinterpret_cast<decltype(&cuCtxEnablePeerAccess)>(real_function));
-    }
+    if (s.real != nullptr) s.real->store(real_function);
     return (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0 ? s.per_thread : s.legacy;
   }
   return real_function;

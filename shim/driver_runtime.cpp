@@ -257,6 +257,8 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   table.cudaStreamEndCapture_ptsz = end_capture_ptsz;
   table.cudaIpcGetMemHandle = ipc_get_mem_handle;
   table.cudaDeviceEnablePeerAccess = nullptr;  // the program's own call reaches the driver
+  table.cudaMallocPitch = nullptr;             // so does its cuMemAllocPitch, when gpupool declines it
+  table.cudaMalloc3D = nullptr;
   table.cudaGetDriverEntryPointByVersion = get_driver_entry_point;
   table.cudaGetDriverEntryPoint = nullptr;
   return true;

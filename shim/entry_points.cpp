@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 #include <pthread.h>
 
+#include <cstdint>
 #include <cstdio>
 
 #include "shim/core_interface.h"
@@ -26,7 +27,27 @@ namespace gpupool::shim {
 void* driver_entry(const char* symbol, int version, unsigned long long flags, void* real,
                    gpupool_driver_lookup_fn lookup);
 int driver_library_accepted(const char* path);
+
+// Pitched memory (cudaMallocPitch, cudaMalloc3D, the driver's cuMemAllocPitch)
+// is served as cudaMalloc of `rows` rows of *pitch bytes. Each row is padded to
+// 512 bytes, as the runtime pads it: the base alignment texture binding needs
+// (cudaDevAttrTextureAlignment), a multiple of the pitch alignment it needs,
+// and where every pooled block starts. False where the runtime's own call is to
+// answer, so that it answers as it would without gpupool: gpupool bypassed, an
+// empty or overflowing extent, a null argument.
+bool allocate_pitched(void** ptr, size_t* pitch, size_t width, size_t rows, cudaError_t* result) {
+  constexpr size_t kRowAlignment = 512;
+  Runtime& rt = Runtime::get();
+  if (rt.bypass() || ptr == nullptr || pitch == nullptr || width == 0 || rows == 0) return false;
+  if (width > SIZE_MAX - (kRowAlignment - 1)) return false;
+  const size_t row = (width + kRowAlignment - 1) / kRowAlignment * kRowAlignment;
+  if (rows > SIZE_MAX / row) return false;
+  *result = rt.allocate(ptr, row * rows, gpupool::kAnyStream, rt.current_device());
+  if (*result == cudaSuccess) *pitch = row;
+  return true;
+}
 }  // namespace gpupool::shim
+using gpupool::shim::allocate_pitched;
 using gpupool::shim::explain_nothing_pooled;
 using gpupool::shim::fail;
 using gpupool::shim::real;
@@ -158,6 +179,26 @@ GPUPOOL_EXPORT cudaError_t cudaFree(void* ptr) {
   const FreeResult r = rt.deallocate(ptr, gpupool::kAnyStream);
   if (r == FreeResult::NotOwned) return real().cudaFree(ptr);
   return free_result(r, ptr, "cudaFree");
+}
+
+GPUPOOL_EXPORT cudaError_t cudaMallocPitch(void** ptr, size_t* pitch, size_t width, size_t height) {
+  enter();
+  cudaError_t err = cudaSuccess;
+  if (allocate_pitched(ptr, pitch, width, height, &err)) return err;
+  return real().cudaMallocPitch != nullptr ? real().cudaMallocPitch(ptr, pitch, width, height) : missing();
+}
+
+GPUPOOL_EXPORT cudaError_t cudaMalloc3D(cudaPitchedPtr* pitched, cudaExtent extent) {
+  enter();
+  const bool fits = extent.depth == 0 || extent.height <= SIZE_MAX / extent.depth;
+  void* ptr = nullptr;
+  size_t pitch = 0;
+  cudaError_t err = cudaSuccess;
+  if (pitched != nullptr && fits && allocate_pitched(&ptr, &pitch, extent.width, extent.height * extent.depth, &err)) {
+    if (err == cudaSuccess) *pitched = cudaPitchedPtr{ptr, pitch, extent.width, extent.height};
+    return err;
+  }
+  return real().cudaMalloc3D != nullptr ? real().cudaMalloc3D(pitched, extent) : missing();
 }
 
 GPUPOOL_EXPORT cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t stream) {

@@ -13,6 +13,8 @@ namespace gpupool::shim {
 #define GPUPOOL_REAL_FUNCTIONS(X)                                                         \
   X(cudaMalloc, cudaError_t(void**, size_t))                                          \
   X(cudaFree, cudaError_t(void*))                                                     \
+  X(cudaMallocPitch, cudaError_t(void**, size_t*, size_t, size_t))                    \
+  X(cudaMalloc3D, cudaError_t(cudaPitchedPtr*, cudaExtent))                           \
   X(cudaMallocAsync, cudaError_t(void**, size_t, cudaStream_t))                       \
   X(cudaMallocAsync_ptsz, cudaError_t(void**, size_t, cudaStream_t))                  \
   X(cudaFreeAsync, cudaError_t(void*, cudaStream_t))                                  \

@@ -85,6 +85,36 @@ class Integrity(ShimTest):
         self.assertEqual(stats["allocation.all.allocated"], 900)
 
 
+class PitchedMemory(ShimTest):
+    """cudaMallocPitch and cudaMalloc3D, as image and volume code uses them."""
+
+    def test_2d_and_3d_arrays_are_pooled_and_stay_intact(self):
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                run = self.run_program(["test-pitched", "4"], env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                self.assertSucceeded(run)
+                did = run.output_json()
+                device = run.report()["devices"]["0"]
+                stats = device["stats"]
+                self.assertEqual(stats["allocation.all.allocated"], did["allocations"])
+                self.assertEqual(stats["allocation.all.freed"], did["allocations"])
+                self.assertEqual(stats["num_ooms"], 1)  # the 1 PiB array, refused by the pool
+                self.assertEqual(did["pitch_of_a_1_byte_row"], 512)
+                upstream = run.counters()
+                self.assertEqual(upstream["malloc_calls"], device["upstream"]["cuda_malloc_calls"])
+                self.assertLess(upstream["malloc_calls"] + upstream["vmm_maps"], did["allocations"] / 3)
+                os.remove(run.reports()[0])
+
+    def test_the_pitched_program_passes_without_gpupool_too(self):
+        run = self.run_program(["test-pitched", "4"], preload=False)
+        self.assertSucceeded(run)
+        self.assertEqual(run.counters()["malloc_calls"], run.output_json()["allocations"] + 1)  # and the refused one
+
+    def test_with_gpupool_disabled_the_runtime_serves_them(self):
+        run = self.run_program(["test-pitched", "2"], env={"GPUPOOL_DISABLE": "1"})
+        self.assertSucceeded(run)
+        self.assertEqual(run.counters()["malloc_calls"], run.output_json()["allocations"] + 1)
+
 class Devices(ShimTest):
     # Two simulated devices, and room in each device's pool for one 12 MiB
     # block: a block freed with cudaFree can only be reused, on its device.
@@ -377,6 +407,15 @@ class StaticRuntime(ShimTest):
         self.assertSucceeded(refused)
         self.assertEqual(refused.counters()["malloc_calls"], 40)
         self.assertEqual(refused.stderr.count("is never taken over"), 1, refused.stderr)
+
+    def test_pitched_allocations_are_pooled(self):
+        run = self.run_program(["test-static-runtime", "pitched", "30"], env=self.ON)
+        self.assertSucceeded(run)
+        self.assertEqual(run.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 30)
+        self.assertEqual(run.counters()["malloc_calls"], 0)
+        off = self.run_program(["test-static-runtime", "pitched", "30"])
+        self.assertSucceeded(off)
+        self.assertEqual(off.counters()["malloc_calls"], 30)
 
     def test_stream_ordered_and_per_thread_stream_calls_are_pooled(self):
         run = self.run_program(["test-static-runtime", "async", "20"], env=self.ON)

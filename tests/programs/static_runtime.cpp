@@ -6,6 +6,8 @@
 // prints one JSON line; a broken byte or a failed call exits 1.
 //
 //   static_runtime pairs N        N cuMemAlloc/cuMemFree pairs of mixed sizes, each block checked
+//   static_runtime pitched N      N cuMemAllocPitch/cuMemFree pairs of mixed shapes, as the static
+//                                 runtime's cudaMallocPitch and cudaMalloc3D make them
 //   static_runtime async N        the same, stream-ordered on a non-blocking stream (and ptsz twins)
 //   static_runtime hazard [MS]    a block freed while a slower stream still writes it (MS ms later,
 //                                 default 100), then reused
@@ -49,6 +51,7 @@ struct Driver {
   decltype(&cuInit) init;
   decltype(&cuMemAlloc_v2) mem_alloc;
   decltype(&cuMemFree_v2) mem_free;
+  decltype(&cuMemAllocPitch_v2) mem_alloc_pitch;
   decltype(&cuMemAllocAsync) mem_alloc_async;
   decltype(&cuMemFreeAsync) mem_free_async;
   decltype(&cuMemAllocAsync) mem_alloc_async_ptsz;
@@ -86,6 +89,7 @@ void open_driver() {
   d.init = fetch<decltype(d.init)>("cuInit", 2000);
   d.mem_alloc = fetch<decltype(d.mem_alloc)>("cuMemAlloc", 3020);
   d.mem_free = fetch<decltype(d.mem_free)>("cuMemFree", 3020);
+  d.mem_alloc_pitch = fetch<decltype(d.mem_alloc_pitch)>("cuMemAllocPitch", 3020);
   d.mem_alloc_async = fetch<decltype(d.mem_alloc_async)>("cuMemAllocAsync", 11020);
   d.mem_free_async = fetch<decltype(d.mem_free_async)>("cuMemFreeAsync", 11020);
   d.mem_alloc_async_ptsz = fetch<decltype(d.mem_alloc_async)>("cuMemAllocAsync", 11020, 2);
@@ -142,6 +146,36 @@ void make_pairs(int n, unsigned seed) {
 
 int pairs(int n) {
   make_pairs(n, 0);
+  std::printf("{\"pairs\": %d}\n", n);
+  return 0;
+}
+
+// Rows of every width the pitch may pad, each block written whole and read
+// back; an element size the driver refuses is refused still.
+int pitched(int n) {
+  const size_t widths[] = {1, 300, 512, 513, 5760};
+  const size_t heights[] = {1, 7, 480};
+  const unsigned element_sizes[] = {4, 8, 16};
+  for (int i = 0; i < n; ++i) {
+    const size_t width = widths[i % 5];
+    const size_t height = heights[i % 3];
+    CUdeviceptr p = 0;
+    size_t pitch = 0;
+    check(d.mem_alloc_pitch(&p, &pitch, width, height, element_sizes[i % 3]), "cuMemAllocPitch");
+    if (pitch < width || pitch % 32 != 0 || p % 512 != 0) {
+      std::fprintf(stderr, "static_runtime: pitch %zu for rows of %zu bytes at %llx\n", pitch, width,
+                   static_cast<unsigned long long>(p));
+      return 1;
+    }
+    write_and_check(p, pitch * height, static_cast<unsigned>(i));
+    check(d.mem_free(p), "cuMemFree");
+  }
+  CUdeviceptr p = 0;
+  size_t pitch = 0;
+  if (d.mem_alloc_pitch(&p, &pitch, 256, 4, 3) != CUDA_ERROR_INVALID_VALUE) {
+    std::fprintf(stderr, "static_runtime: cuMemAllocPitch took an element size of 3 bytes\n");
+    return 1;
+  }
   std::printf("{\"pairs\": %d}\n", n);
   return 0;
 }
@@ -376,6 +410,7 @@ int main(int argc, char** argv) {
   const int n = argc > 2 ? std::atoi(argv[2]) : 60;
   if (mode == "pairs") return pairs(n);
   if (mode == "async") return async(n);
+  if (mode == "pitched") return pitched(n);
   if ((mode == "hazard" || mode == "destroyed") && argc > 2) g_late_write_ms = static_cast<unsigned>(n);
   if (mode == "hazard") return hazard();
   if (mode == "capture") return capture();
@@ -384,7 +419,7 @@ int main(int argc, char** argv) {
   if (mode == "reset") return reset();
   if (mode == "peer") return peer();
   std::fprintf(stderr,
-               "usage: static_runtime pairs|async|hazard|destroyed|capture|ipc|reset|peer [N] | lookups LIBRARY | "
+               "usage: static_runtime pairs|pitched|async|hazard|destroyed|capture|ipc|reset|peer [N] | lookups LIBRARY | "
                "threads T N | "
                "library LIBRARY N\n");
   return 2;
