@@ -263,4 +263,17 @@ CUresult get_proc_address_v1(const char* symbol, void** pfn, int version, cuuint
 CUresult cuInit(unsigned int flags) { return init(flags); }
 CUresult cuDriverGetVersion(int* version) { return driver_version(version); }
 
+// Some entry points under the names the driver exports them (cuda.h maps
+// cuMemAlloc to cuMemAlloc_v2, ...), for a library that fetches each with
+// dlsym, as XLA's CUDA stubs do.
+CUresult cuMemAlloc(CUdeviceptr* p, size_t n) { return mem_alloc(p, n); }
+CUresult cuMemFree(CUdeviceptr p) { return mem_free(p); }
+CUresult cuMemAllocAsync(CUdeviceptr* p, size_t n, CUstream s) { return mem_alloc_async(p, n, s); }
+CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { return mem_free_async(p, s); }
+CUresult cuMemcpyHtoD(CUdeviceptr dst, const void* src, size_t n) { return memcpy_htod(dst, src, n); }
+CUresult cuMemcpyDtoH(void* dst, CUdeviceptr src, size_t n) { return memcpy_dtoh(dst, src, n); }
+CUresult cuStreamCreate(CUstream* s, unsigned int flags) { return stream_create(s, flags); }
+CUresult cuStreamDestroy(CUstream s) { return stream_destroy(s); }
+CUresult cuStreamSynchronize(CUstream s) { return stream_synchronize(s); }
+
 }  // extern "C"
