@@ -38,6 +38,9 @@ struct gpupool_core {
   /* 1 when the library at `path` (not the program) asked for cuGetProcAddress
      and its static runtime's driver calls are to be taken over too. */
   int (*driver_library_accepted)(const char* path);
+  /* For a driver function fetched with dlsym under its exported name
+     (cuMemAlloc_v2): the function to give instead, or real. */
+  void* (*driver_symbol)(const char* exported, void* real, gpupool_driver_lookup_fn lookup);
 };
 
 /* The core's one exported function: its table, or NULL for another abi. */

@@ -177,6 +177,43 @@ bool taking_over(gpupool_driver_lookup_fn lookup) {
   return on;
 }
 
+// The names the driver exports its entry points under, for a library that
+// fetches each with dlsym instead of cuGetProcAddress (XLA's CUDA stubs do):
+// the version and stream semantics cuGetProcAddress would be asked for. Only
+// these are swapped; an older export of another signature (cuMemAlloc, with a
+// 32-bit pointer) is not listed and stays the driver's.
+struct ExportedName {
+  const char* exported;
+  const char* symbol;
+  int version;
+  bool per_thread;
+};
+
+const ExportedName kExportedNames[] = {
+    {"cuMemAlloc_v2", "cuMemAlloc", 3020, false},
+    {"cuMemAllocPitch_v2", "cuMemAllocPitch", 3020, false},
+    {"cuMemFree_v2", "cuMemFree", 3020, false},
+    {"cuMemGetInfo_v2", "cuMemGetInfo", 3020, false},
+    {"cuMemAllocAsync", "cuMemAllocAsync", 11020, false},
+    {"cuMemAllocAsync_ptsz", "cuMemAllocAsync", 11020, true},
+    {"cuMemFreeAsync", "cuMemFreeAsync", 11020, false},
+    {"cuMemFreeAsync_ptsz", "cuMemFreeAsync", 11020, true},
+    {"cuIpcGetMemHandle", "cuIpcGetMemHandle", 4010, false},
+    {"cuStreamCreate", "cuStreamCreate", 2000, false},
+    {"cuStreamCreateWithPriority", "cuStreamCreateWithPriority", 5050, false},
+    {"cuStreamDestroy_v2", "cuStreamDestroy", 4000, false},
+    {"cuStreamBeginCapture", "cuStreamBeginCapture", 10000, false},
+    {"cuStreamBeginCapture_ptsz", "cuStreamBeginCapture", 10000, true},
+    {"cuStreamBeginCapture_v2", "cuStreamBeginCapture", 10010, false},
+    {"cuStreamBeginCapture_v2_ptsz", "cuStreamBeginCapture", 10010, true},
+    {"cuStreamBeginCaptureToGraph", "cuStreamBeginCaptureToGraph", 12030, false},
+    {"cuStreamBeginCaptureToGraph_ptsz", "cuStreamBeginCaptureToGraph", 12030, true},
+    {"cuStreamEndCapture", "cuStreamEndCapture", 10000, false},
+    {"cuStreamEndCapture_ptsz", "cuStreamEndCapture", 10000, true},
+    {"cuDevicePrimaryCtxReset_v2", "cuDevicePrimaryCtxReset", 11000, false},
+    {"cuCtxEnablePeerAccess", "cuCtxEnablePeerAccess", 4000, false},
+};
+
 }  // namespace
 
 int driver_library_accepted(const char* path) {
@@ -205,6 +242,16 @@ void* driver_entry(const char* symbol, int version, unsigned long long flags, vo
     if (std::strcmp(s.name, symbol) != 0 || version < s.since || (s.until != 0 && version >= s.until)) continue;
     if (s.real != nullptr) s.real->store(real_function);
     return (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0 ? s.per_thread : s.legacy;
+  }
+  return real_function;
+}
+
+void* driver_symbol(const char* exported, void* real_function, gpupool_driver_lookup_fn lookup) {
+  if (exported == nullptr) return real_function;
+  for (const ExportedName& e : kExportedNames) {
+    if (std::strcmp(e.exported, exported) != 0) continue;
+    return driver_entry(e.symbol, e.version, e.per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0,
+                        real_function, lookup);
   }
   return real_function;
 }

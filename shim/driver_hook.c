@@ -4,7 +4,9 @@
    it (about 440 at start-up with CUDA 13). So this library exports dlsym; for
    that one name, asked from the program itself, it hands out its own
    cuGetProcAddress, which lets the core swap in its allocation entry points
-   (driver_entry_points.cpp; only with static_runtime:1).
+   (driver_entry_points.cpp; only with static_runtime:1). A library that
+   fetches each driver function with dlsym by its exported name instead
+   (XLA's CUDA stubs) gets the core's for those names.
 
    dlsym(RTLD_NEXT, ...) resolves relative to its caller, found from the
    return address. So the exported dlsym is a few instructions that ask the
@@ -94,6 +96,17 @@ EARLY static int same(const char* a, const char* b) {
   while (*a != '\0' && *a == *b) ++a, ++b;
   return *a == *b;
 }
+EARLY static int starts_with(const char* s, const char* prefix) {
+  while (*prefix != '\0' && *s == *prefix) ++s, ++prefix;
+  return *prefix == '\0';
+}
+
+/* The driver entry points the core may swap for its own (the allocation,
+   stream, capture, IPC, reset and peer-access calls), by their names' starts. */
+EARLY static int swappable(const char* name) {
+  return starts_with(name, "cuMem") || starts_with(name, "cuStream") || starts_with(name, "cuIpc") ||
+         starts_with(name, "cuDevicePrimaryCtx") || same(name, "cuCtxEnablePeerAccess");
+}
 
 /* Where no real dlsym can be found (no glibc symbol versions): nothing found. */
 static void* no_dlsym(void* handle, const char* name) {
@@ -117,7 +130,7 @@ EARLY static void* real_dlsym(void* handle, const char* name) {
 /* Whose static runtime asks: the program's (its object comes first in the
    link map), or a library's that static_runtime_libraries names. Any other
    library's private runtime (NCCL's, for one) is left alone: its memory may be
-   shared over IPC. Only lookups of cuGetProcAddress get here, never during a
+   shared over IPC. Only lookups of driver functions get here, never during a
    sanitizer's start, so loading the core is safe. */
 EARLY static int taken_over(void* caller) {
   Dl_info info;
@@ -154,10 +167,7 @@ static void substitute(const char* symbol, void** pfn, int version, unsigned lon
     }
     return;
   }
-  if (strncmp(symbol, "cuMem", 5) != 0 && strncmp(symbol, "cuStream", 8) != 0 && strncmp(symbol, "cuIpc", 5) != 0 &&
-      strncmp(symbol, "cuDevicePrimaryCtx", 18) != 0 && strcmp(symbol, "cuCtxEnablePeerAccess") != 0) {
-    return;
-  }
+  if (!swappable(symbol)) return;
   const struct gpupool_core* core = gpupool_preload_core();
   if (core->driver_entry != NULL) *pfn = core->driver_entry(symbol, version, flags, *pfn, lookup_driver);
 }
@@ -178,15 +188,30 @@ static int hooked_v2(const char* symbol, void** pfn, int version, unsigned long 
   return result;
 }
 
+/* A driver function fetched by its exported name, as XLA's CUDA stubs fetch
+   each one: the core's instead, if it is one the core swaps. The core makes
+   its own driver calls through the real cuGetProcAddress, found here. */
+static void* by_name(void* handle, const char* name, void* real) {
+  if (__atomic_load_n(&real_v2, __ATOMIC_ACQUIRE) == NULL && __atomic_load_n(&real_v1, __ATOMIC_ACQUIRE) == NULL) {
+    void* get = real_dlsym(handle, "cuGetProcAddress_v2");
+    if (get == NULL) return real;
+    __atomic_store_n(&real_v2, as_v2(get), __ATOMIC_RELEASE);
+  }
+  const struct gpupool_core* core = gpupool_preload_core();
+  return core->driver_symbol != NULL ? core->driver_symbol(name, real, lookup_driver) : real;
+}
+
 EARLY void* gpupool_dlsym_hook(void* handle, const char* name, void* caller) {
   if (__atomic_load_n(&gpupool_real_dlsym, __ATOMIC_ACQUIRE) == NULL) resolve_real_dlsym();
-  /* Every other name: straight on (one comparison). */
-  if (name == NULL || name[0] != 'c' || name[1] != 'u' || name[2] != 'G') return NULL;
+  /* Every name not of the driver: straight on (two comparisons). */
+  if (name == NULL || name[0] != 'c' || name[1] != 'u') return NULL;
   const int v2 = same(name, "cuGetProcAddress_v2");
-  if (!v2 && !same(name, "cuGetProcAddress")) return NULL;
+  const int get_proc_address = v2 || same(name, "cuGetProcAddress");
+  if (!get_proc_address && !swappable(name)) return NULL;
   if (handle == RTLD_NEXT || !taken_over(caller)) return NULL;
   void* real = real_dlsym(handle, name);
   if (real == NULL) return NULL;
+  if (!get_proc_address) return by_name(handle, name, real);
   if (v2) {
     __atomic_store_n(&real_v2, as_v2(real), __ATOMIC_RELEASE);
     return AS_OBJECT(hooked_v2);

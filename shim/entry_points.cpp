@@ -27,6 +27,7 @@ namespace gpupool::shim {
 void* driver_entry(const char* symbol, int version, unsigned long long flags, void* real,
                    gpupool_driver_lookup_fn lookup);
 int driver_library_accepted(const char* path);
+void* driver_symbol(const char* exported, void* real, gpupool_driver_lookup_fn lookup);
 
 // Pitched memory (cudaMallocPitch, cudaMalloc3D, the driver's cuMemAllocPitch)
 // is served as cudaMalloc of `rows` rows of *pitch bytes. Each row is padded to
@@ -337,6 +338,7 @@ extern "C" __attribute__((visibility("default"))) const gpupool_core* gpupool_co
       &child_after_fork,
       &gpupool::shim::driver_entry,
       &gpupool::shim::driver_library_accepted,
+      &gpupool::shim::driver_symbol,
   };
   return &table;
 }

@@ -43,7 +43,8 @@ void explain_nothing_pooled(bool static_runtime_asked) {
           "gpupool: this program used CUDA, but none of its device memory was asked for with cudaMalloc or "
           "cudaMallocAsync of the shared CUDA runtime, so gpupool pooled nothing; " +
               static_runtime +
-              "; memory a library takes through the driver API (cuMemAlloc, as JAX/XLA takes it) is not pooled");
+              "; a library that fetches the driver's calls itself (by cuGetProcAddress or dlsym, as JAX/XLA does) is "
+              "pooled with static_runtime:1 when static_runtime_libraries names it, one linked to the driver is not");
 }
 
 void Runtime::on_report_signal(int) { report_requested_.store(true, std::memory_order_relaxed); }

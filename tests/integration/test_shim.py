@@ -417,6 +417,27 @@ class StaticRuntime(ShimTest):
         self.assertSucceeded(off)
         self.assertEqual(off.counters()["malloc_calls"], 30)
 
+    def test_a_library_fetching_driver_calls_by_name_is_taken_over_only_when_named(self):
+        # As XLA's CUDA stubs fetch them: dlsym(driver, "cuMemAlloc_v2"), ...
+        module = os.path.join(BUILD, "tests", "libtest-driver-lookup.so")
+        args = ["test-static-runtime", "library-by-name", module, "20"]
+        alone = self.run_program(args, env=self.ON)
+        self.assertSucceeded(alone)
+        self.assertEqual(alone.counters()["malloc_async_calls"], 20)
+        self.assertIn("static_runtime_libraries names it", alone.stderr)
+        run = self.run_program(args, env={**self.ON, "GPUPOOL_STATIC_RUNTIME_LIBRARIES": "libtest-driver-lookup.so"})
+        self.assertSucceeded(run)
+        counters = run.counters()
+        self.assertEqual(counters["malloc_calls"], 0)
+        self.assertEqual(counters["malloc_async_calls"], 0)
+        device = run.report()["devices"]["0"]
+        self.assertEqual(device["stats"]["allocation.all.allocated"], 40)
+        # The library's stream, made with cuStreamCreate, is one the pool orders on.
+        streams = [s for s in device["streams"] if s["stream"].startswith("0x")]
+        self.assertEqual(len(streams), 1)
+        self.assertEqual(streams[0]["same_stream_reuses"], 19)
+        self.assertFalse(streams[0]["alive"])  # destroyed with cuStreamDestroy_v2
+
     def test_stream_ordered_and_per_thread_stream_calls_are_pooled(self):
         run = self.run_program(["test-static-runtime", "async", "20"], env=self.ON)
         self.assertSucceeded(run)

@@ -1,6 +1,7 @@
 /* A library that reaches the driver itself, as a library carrying its own
-   static runtime does (NCCL, or CUDA code CMake linked statically): gpupool
-   leaves it alone unless static_runtime_libraries names it. */
+   static runtime does (NCCL, or CUDA code CMake linked statically), or as
+   XLA's CUDA stubs do, fetching each function with dlsym by its exported
+   name: gpupool leaves it alone unless static_runtime_libraries names it. */
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <dlfcn.h>
@@ -31,5 +32,64 @@ int library_pairs(int n) {
     CUdeviceptr p = 0;
     if (mem_alloc(&p, (size_t)(i % 7 + 1) << 16) != CUDA_SUCCESS || mem_free(p) != CUDA_SUCCESS) return 1;
   }
+  return 0;
+}
+
+/* Fills the block with a pattern and reads it back: 0 when it held. */
+static int write_and_check(CUresult (*htod)(CUdeviceptr, const void*, size_t),
+                           CUresult (*dtoh)(void*, CUdeviceptr, size_t), CUdeviceptr p, size_t size, int seed) {
+  static unsigned char in[1 << 19], back[1 << 19];
+  if (size > sizeof in) return 1;
+  for (size_t i = 0; i < size; ++i) in[i] = (unsigned char)(i * 7 + (size_t)seed);
+  if (htod(p, in, size) != CUDA_SUCCESS || dtoh(back, p, size) != CUDA_SUCCESS) return 1;
+  return memcmp(in, back, size) != 0;
+}
+
+#define FETCH(var, name)                              \
+  do {                                                \
+    void* f_ = dlsym(driver, name);                   \
+    if (f_ == NULL) return 1;                         \
+    memcpy(&var, &f_, sizeof f_);                     \
+  } while (0)
+
+/* n cuMemAlloc/cuMemFree pairs and n stream-ordered pairs on a stream of its
+   own, every function fetched with dlsym under the name the driver exports it
+   by (cuMemAlloc_v2, ...), each block written and read back; 0 when every call
+   succeeded and every block held its pattern. */
+int library_by_name(int n) {
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW);
+  if (driver == NULL) return 1;
+  CUresult (*init)(unsigned int);
+  CUresult (*mem_alloc)(CUdeviceptr*, size_t);
+  CUresult (*mem_free)(CUdeviceptr);
+  CUresult (*mem_alloc_async)(CUdeviceptr*, size_t, CUstream);
+  CUresult (*mem_free_async)(CUdeviceptr, CUstream);
+  CUresult (*htod)(CUdeviceptr, const void*, size_t);
+  CUresult (*dtoh)(void*, CUdeviceptr, size_t);
+  CUresult (*stream_create)(CUstream*, unsigned int);
+  CUresult (*stream_destroy)(CUstream);
+  CUresult (*stream_synchronize)(CUstream);
+  FETCH(init, "cuInit");
+  FETCH(mem_alloc, "cuMemAlloc_v2");
+  FETCH(mem_free, "cuMemFree_v2");
+  FETCH(mem_alloc_async, "cuMemAllocAsync");
+  FETCH(mem_free_async, "cuMemFreeAsync");
+  FETCH(htod, "cuMemcpyHtoD_v2");
+  FETCH(dtoh, "cuMemcpyDtoH_v2");
+  FETCH(stream_create, "cuStreamCreate");
+  FETCH(stream_destroy, "cuStreamDestroy_v2");
+  FETCH(stream_synchronize, "cuStreamSynchronize");
+  if (init(0) != CUDA_SUCCESS) return 1;
+  CUstream s = NULL;
+  if (stream_create(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 1;
+  for (int i = 0; i < n; ++i) {
+    const size_t size = (size_t)(i % 7 + 1) << 16;
+    CUdeviceptr p = 0;
+    if (mem_alloc(&p, size) != CUDA_SUCCESS || write_and_check(htod, dtoh, p, size, i) != 0) return 1;
+    if (mem_free(p) != CUDA_SUCCESS) return 1;
+    if (mem_alloc_async(&p, size, s) != CUDA_SUCCESS || stream_synchronize(s) != CUDA_SUCCESS) return 1;
+    if (write_and_check(htod, dtoh, p, size, i + 1) != 0 || mem_free_async(p, s) != CUDA_SUCCESS) return 1;
+  }
+  if (stream_synchronize(s) != CUDA_SUCCESS || stream_destroy(s) != CUDA_SUCCESS) return 1;
   return 0;
 }

@@ -19,6 +19,9 @@
 //   static_runtime threads T N    T threads at once, each opening the driver and making N pairs
 //   static_runtime peer           two devices: pooled memory reachable once peer access is enabled
 //   static_runtime library LIB N  LIB (a library that reaches the driver itself) makes N pairs
+//   static_runtime library-by-name LIB N
+//                                 LIB fetches each driver function with dlsym by its exported name and
+//                                 makes N plain and N stream-ordered pairs
 #include <cuda.h>
 #include <dlfcn.h>
 #include <unistd.h>
@@ -399,9 +402,10 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "lookups" && argc > 2) return lookups(argv[2]);
   if (mode == "threads" && argc > 3) return threads(std::atoi(argv[2]), std::atoi(argv[3]));
-  if (mode == "library" && argc > 3) {
+  if ((mode == "library" || mode == "library-by-name") && argc > 3) {
     void* module = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
-    auto pairs_in = module != nullptr ? reinterpret_cast<int (*)(int)>(dlsym(module, "library_pairs")) : nullptr;
+    const char* entry = mode == "library" ? "library_pairs" : "library_by_name";
+    auto pairs_in = module != nullptr ? reinterpret_cast<int (*)(int)>(dlsym(module, entry)) : nullptr;
     if (pairs_in == nullptr || pairs_in(std::atoi(argv[3])) != 0) return 1;
     std::printf("{\"pairs\": %d}\n", std::atoi(argv[3]));
     return 0;
@@ -421,6 +425,6 @@ int main(int argc, char** argv) {
   std::fprintf(stderr,
                "usage: static_runtime pairs|pitched|async|hazard|destroyed|capture|ipc|reset|peer [N] | lookups LIBRARY | "
                "threads T N | "
-               "library LIBRARY N\n");
+               "library|library-by-name LIBRARY N\n");
   return 2;
 }
