@@ -275,5 +275,7 @@ CUresult cuMemcpyDtoH(void* dst, CUdeviceptr src, size_t n) { return memcpy_dtoh
 CUresult cuStreamCreate(CUstream* s, unsigned int flags) { return stream_create(s, flags); }
 CUresult cuStreamDestroy(CUstream s) { return stream_destroy(s); }
 CUresult cuStreamSynchronize(CUstream s) { return stream_synchronize(s); }
+CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice d) { return primary_ctx_retain(ctx, d); }
+CUresult cuCtxSetCurrent(CUcontext ctx) { return ctx_set_current(ctx); }
 
 }  // extern "C"

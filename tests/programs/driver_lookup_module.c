@@ -60,6 +60,8 @@ int library_by_name(int n) {
   void* driver = dlopen("libcuda.so.1", RTLD_NOW);
   if (driver == NULL) return 1;
   CUresult (*init)(unsigned int);
+  CUresult (*primary_ctx_retain)(CUcontext*, CUdevice);
+  CUresult (*ctx_set_current)(CUcontext);
   CUresult (*mem_alloc)(CUdeviceptr*, size_t);
   CUresult (*mem_free)(CUdeviceptr);
   CUresult (*mem_alloc_async)(CUdeviceptr*, size_t, CUstream);
@@ -70,6 +72,8 @@ int library_by_name(int n) {
   CUresult (*stream_destroy)(CUstream);
   CUresult (*stream_synchronize)(CUstream);
   FETCH(init, "cuInit");
+  FETCH(primary_ctx_retain, "cuDevicePrimaryCtxRetain");
+  FETCH(ctx_set_current, "cuCtxSetCurrent");
   FETCH(mem_alloc, "cuMemAlloc_v2");
   FETCH(mem_free, "cuMemFree_v2");
   FETCH(mem_alloc_async, "cuMemAllocAsync");
@@ -79,7 +83,10 @@ int library_by_name(int n) {
   FETCH(stream_create, "cuStreamCreate");
   FETCH(stream_destroy, "cuStreamDestroy_v2");
   FETCH(stream_synchronize, "cuStreamSynchronize");
-  if (init(0) != CUDA_SUCCESS) return 1;
+  CUcontext ctx = NULL;
+  if (init(0) != CUDA_SUCCESS || primary_ctx_retain(&ctx, 0) != CUDA_SUCCESS || ctx_set_current(ctx) != CUDA_SUCCESS) {
+    return 1;
+  }
   CUstream s = NULL;
   if (stream_create(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 1;
   for (int i = 0; i < n; ++i) {
