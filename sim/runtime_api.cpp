@@ -411,6 +411,9 @@ cudaError_t cudaMallocHost(void** p, size_t size) {
   return *p != nullptr ? cudaSuccess : result(cudaErrorMemoryAllocation);
 }
 
+// Host memory is device-visible here whatever the flags (mapped, portable).
+cudaError_t cudaHostAlloc(void** p, size_t size, unsigned int) { return cudaMallocHost(p, size); }
+
 cudaError_t cudaFreeHost(void* p) {
   std::free(p);
   return cudaSuccess;
