@@ -110,6 +110,12 @@ run "legacy stream event orders blocking streams" 0 -- "$out/hazards_gpu" legacy
 echo "== cudaFree(NULL) as the first call, under gpupool: a current context, as without it"
 run "cudaFree(NULL) creates the context" 0 "${pool[@]}" -- "$out/hazards_gpu" null-free-creates-context
 
+echo "== cudaFree's wait for the device, read on the host through mapped memory"
+run "cudaFree returns after earlier work (no gpupool)" 0 -- "$out/hazards_gpu" cudafree-host-sync
+run "so does gpupool's with free_synchronizes:1" 0 "${pool[@]}" GPUPOOL_FREE_SYNCHRONIZES=1 \
+  -- "$out/hazards_gpu" cudafree-host-sync
+run "gpupool's returns at once by default (the host reads early)" 1 "${pool[@]}" -- "$out/hazards_gpu" cudafree-host-sync
+
 echo "== reuse hazards with real kernels (0: ordered; 1 without ordering: the hazard)"
 for mode in 1 0; do
   for case in cudafree-blocking cudafree-nonblocking cudafree-idle-streams cudafree-covered same-stream cross-stream-completed \

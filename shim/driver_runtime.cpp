@@ -27,6 +27,7 @@ struct Driver {
   decltype(&cuMemFreeAsync) mem_free_async_ptsz = nullptr;
   decltype(&cuMemGetInfo_v2) mem_get_info = nullptr;
   decltype(&cuCtxGetDevice) ctx_get_device = nullptr;
+  decltype(&cuCtxSynchronize) ctx_synchronize = nullptr;
   decltype(&cuCtxSetCurrent) ctx_set_current = nullptr;
   decltype(&cuCtxPushCurrent_v2) ctx_push_current = nullptr;
   decltype(&cuCtxPopCurrent_v2) ctx_pop_current = nullptr;
@@ -76,6 +77,7 @@ cudaError_t free_async(void* p, cudaStream_t s) { return rt(d.mem_free_async(cu(
 cudaError_t free_async_ptsz(void* p, cudaStream_t s) { return rt(d.mem_free_async_ptsz(cu(p), cu(s))); }
 cudaError_t mem_get_info(size_t* free_bytes, size_t* total) { return rt(d.mem_get_info(free_bytes, total)); }
 cudaError_t get_device(int* device) { return rt(d.ctx_get_device(device)); }
+cudaError_t device_synchronize() { return rt(d.ctx_synchronize()); }
 // The static runtime keeps each device's primary context current; so do we
 // (retained once per device, as the runtime holds it).
 cudaError_t set_device(int device) {
@@ -200,6 +202,7 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   need(d.ctx_push_current, "cuCtxPushCurrent", 4000);
   need(d.ctx_pop_current, "cuCtxPopCurrent", 4000);
   need(d.primary_ctx_retain, "cuDevicePrimaryCtxRetain", 7000);
+  need(d.ctx_synchronize, "cuCtxSynchronize", 2000);
   need(d.primary_ctx_reset, "cuDevicePrimaryCtxReset", 11000);
   need(d.event_create, "cuEventCreate", 2000);
   need(d.event_destroy, "cuEventDestroy", 4000);
@@ -235,6 +238,7 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   table.cudaGetLastError = no_error;
   table.cudaPeekAtLastError = no_error;
   table.cudaDeviceReset = device_reset;
+  table.cudaDeviceSynchronize = device_synchronize;
   table.cudaEventCreateWithFlags = event_create;
   table.cudaEventDestroy = event_destroy;
   table.cudaEventRecord = event_record;

@@ -25,6 +25,7 @@ namespace gpupool::shim {
   X(cudaGetLastError, cudaError_t(void))                                              \
   X(cudaPeekAtLastError, cudaError_t(void))                                           \
   X(cudaDeviceReset, cudaError_t(void))                                               \
+  X(cudaDeviceSynchronize, cudaError_t(void))                                         \
   X(cudaEventCreateWithFlags, cudaError_t(cudaEvent_t*, unsigned int))                \
   X(cudaEventDestroy, cudaError_t(cudaEvent_t))                                       \
   X(cudaEventRecord, cudaError_t(cudaEvent_t, cudaStream_t))                          \

@@ -81,6 +81,7 @@ class Runtime {
   void capture_began(StreamId stream);
   void capture_ended(StreamId stream);
   bool is_capturing(StreamId stream);
+  bool any_capture() const { return captures_active_.load(std::memory_order_relaxed) > 0; }
   void adjust_mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
   void device_reset(int device);
   // False, after a line saying why, when a CUDA IPC handle for ptr would make

@@ -55,6 +55,20 @@ class Hazards(ShimTest):
                 self.check("test-hazards", "cudafree-covered", False,
                            {"GPUPOOL_EXPANDABLE_SEGMENTS": expandable, "GPUPOOL_MEMORY_LIMIT": "unlimited"})
 
+    def test_free_synchronizes_makes_cudafree_wait_for_the_device_as_the_runtimes_does(self):
+        # The case reads on the host what slower device work wrote to mapped
+        # memory, right after a cudaFree: the runtime's cudaFree waited for it.
+        alone = self.run_program(["test-hazards", "cudafree-host-sync"], preload=False)
+        self.assertSucceeded(alone)
+        run = self.run_program(["test-hazards", "cudafree-host-sync"], env={"GPUPOOL_FREE_SYNCHRONIZES": "1"})
+        self.assertSucceeded(run)
+        synchronized = run.counters()["device_syncs"]
+        # By default the device barrier orders reuse, and the host goes on at once.
+        default = self.run_program(["test-hazards", "cudafree-host-sync"])
+        expected = (1, 66) if "tsan" in (sanitizer_runtime() or "") else (1,)
+        self.assertIn(default.code, expected, default.stdout)
+        self.assertEqual(synchronized, default.counters()["device_syncs"] + 1)  # the one cudaFree
+
     def test_per_thread_default_stream_build(self):
         # Built with CUDA_API_PER_THREAD_DEFAULT_STREAM: the _ptsz entry points.
         self.check("test-hazards-ptds", "per-thread", True)

@@ -15,6 +15,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <future>
@@ -186,6 +187,30 @@ inline int per_thread_streams() {
   return result;
 }
 
+// cudaFree also returns only once the device has done all earlier work: a
+// program may read on the host what that work wrote to mapped host memory.
+// The "block" written here is that host memory; 1: the host read it early.
+inline int cudafree_host_sync() {
+  cudaStream_t s = stream(cudaStreamDefault);
+  unsigned char* host = nullptr;
+  HAZARD_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host), kBytes, cudaHostAllocMapped));
+  std::fill(host, host + kBytes, static_cast<unsigned char>(0));
+  void* p = nullptr;
+  HAZARD_CHECK(cudaMalloc(&p, kBytes));
+  old_owner_writes(host, s);
+  HAZARD_CHECK(cudaFree(p));
+  const bool done = host[0] == kOld && host[kBytes - 1] == kOld;
+  HAZARD_CHECK(cudaDeviceSynchronize());
+  HAZARD_CHECK(cudaFreeHost(host));
+  HAZARD_CHECK(cudaStreamDestroy(s));
+  if (!done) {
+    std::printf("HAZARD: cudaFree returned before the device's earlier work was done\n");
+    return 1;
+  }
+  std::printf("synchronized: cudaFree returned after the device's earlier work\n");
+  return 0;
+}
+
 // `name` is one of the cases; -1 when it is none of them.
 inline int run_case(const std::string& name) {
   if (name == "cudafree-blocking") return cudafree_then_cudamalloc(cudaStreamDefault, cudaStreamDefault);
@@ -197,6 +222,7 @@ inline int run_case(const std::string& name) {
   if (name == "cross-stream-pending") return cross_stream(false, false);
   if (name == "destroyed-stream") return cross_stream(false, true);
   if (name == "per-thread") return per_thread_streams();
+  if (name == "cudafree-host-sync") return cudafree_host_sync();
   return -1;
 }
 
