@@ -201,6 +201,7 @@ const ExportedName kExportedNames[] = {
     {"cuIpcGetMemHandle", "cuIpcGetMemHandle", 4010, false},
     {"cuStreamCreate", "cuStreamCreate", 2000, false},
     {"cuStreamCreateWithPriority", "cuStreamCreateWithPriority", 5050, false},
+    {"cuStreamDestroy", "cuStreamDestroy", 4000, false},  // the first version, with the same parameters
     {"cuStreamDestroy_v2", "cuStreamDestroy", 4000, false},
     {"cuStreamBeginCapture", "cuStreamBeginCapture", 10000, false},
     {"cuStreamBeginCapture_ptsz", "cuStreamBeginCapture", 10000, true},
@@ -210,6 +211,7 @@ const ExportedName kExportedNames[] = {
     {"cuStreamBeginCaptureToGraph_ptsz", "cuStreamBeginCaptureToGraph", 12030, true},
     {"cuStreamEndCapture", "cuStreamEndCapture", 10000, false},
     {"cuStreamEndCapture_ptsz", "cuStreamEndCapture", 10000, true},
+    {"cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset", 7000, false},
     {"cuDevicePrimaryCtxReset_v2", "cuDevicePrimaryCtxReset", 11000, false},
     {"cuCtxEnablePeerAccess", "cuCtxEnablePeerAccess", 4000, false},
 };
