@@ -35,9 +35,10 @@ struct gpupool_core {
      `version` with `flags`): the function to give it instead, or real. */
   void* (*driver_entry)(const char* symbol, int version, unsigned long long flags, void* real,
                         gpupool_driver_lookup_fn lookup);
-  /* 1 when the library at `path` (not the program) asked for cuGetProcAddress
-     and its static runtime's driver calls are to be taken over too. */
-  int (*driver_library_accepted)(const char* path);
+  /* 1 when the library at `path` (not the program), asking dlsym for the
+     driver's `symbol` (cuGetProcAddress, or an entry point by name), is to
+     have its driver calls taken over. */
+  int (*driver_library_accepted)(const char* path, const char* symbol);
   /* For a driver function fetched with dlsym under its exported name
      (cuMemAlloc_v2): the function to give instead, or real. */
   void* (*driver_symbol)(const char* exported, void* real, gpupool_driver_lookup_fn lookup);

@@ -10,8 +10,10 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <string>
 
 #include "config/config.hpp"
 #include "shim/core_interface.h"
@@ -216,16 +218,43 @@ const ExportedName kExportedNames[] = {
     {"cuCtxEnablePeerAccess", "cuCtxEnablePeerAccess", 4000, false},
 };
 
+// The first library seen taking memory from the driver itself without being
+// taken over, for the line at exit when nothing was pooled. A plain array:
+// that line is written after static destructors have run.
+std::mutex unnamed_mu;
+char unnamed_library[256];
+
+bool allocates(const char* symbol) {
+  for (const char* name : {"cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemAllocAsync", "cuMemAllocAsync_ptsz"}) {
+    if (symbol != nullptr && std::strcmp(symbol, name) == 0) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
-int driver_library_accepted(const char* path) {
+std::string driver_library_not_taken_over() {
+  std::lock_guard<std::mutex> lock(unnamed_mu);
+  return std::string(unnamed_library);
+}
+
+int driver_library_accepted(const char* path, const char* symbol) {
   static const config::Config c = config::parse_config(config::process_environment()).config;
-  if (c.disable || !c.static_runtime || path == nullptr || !config::names_match(c.static_runtime_libraries, path)) {
-    return 0;
-  }
+  if (c.disable || path == nullptr) return 0;
   // The shared runtime calls the driver under gpupool's own calls (taking it
   // over would loop), and NCCL shares its memory over CUDA IPC.
-  if (config::names_match("libcudart.so:libnccl.so", path)) {
+  const bool never = config::names_match("libcudart.so:libnccl.so", path);
+  if (!c.static_runtime || !config::names_match(c.static_runtime_libraries, path)) {
+    if (!never && allocates(symbol)) {
+      std::lock_guard<std::mutex> lock(unnamed_mu);
+      if (unnamed_library[0] == '\0') {
+        const char* slash = std::strrchr(path, '/');
+        std::snprintf(unnamed_library, sizeof unnamed_library, "%s", slash != nullptr ? slash + 1 : path);
+      }
+    }
+    return 0;
+  }
+  if (never) {
     static std::once_flag told;
     std::call_once(told, [path] {
       message(config::LogLevel::Warn, std::string("gpupool: static_runtime_libraries: ") + path +

@@ -132,13 +132,13 @@ EARLY static void* real_dlsym(void* handle, const char* name) {
    library's private runtime (NCCL's, for one) is left alone: its memory may be
    shared over IPC. Only lookups of driver functions get here, never during a
    sanitizer's start, so loading the core is safe. */
-EARLY static int taken_over(void* caller) {
+EARLY static int taken_over(void* caller, const char* name) {
   Dl_info info;
   struct link_map* map = NULL;
   if (dladdr1(caller, &info, (void**)&map, RTLD_DL_LINKMAP) == 0 || map == NULL) return 0;
   if (map->l_prev == NULL) return 1;
   const struct gpupool_core* core = gpupool_preload_core();
-  return core->driver_library_accepted != NULL && core->driver_library_accepted(map->l_name);
+  return core->driver_library_accepted != NULL && core->driver_library_accepted(map->l_name, name);
 }
 
 /* For the core: the real driver's entry point `symbol` at `version`. */
@@ -208,7 +208,7 @@ EARLY void* gpupool_dlsym_hook(void* handle, const char* name, void* caller) {
   const int v2 = same(name, "cuGetProcAddress_v2");
   const int get_proc_address = v2 || same(name, "cuGetProcAddress");
   if (!get_proc_address && !swappable(name)) return NULL;
-  if (handle == RTLD_NEXT || !taken_over(caller)) return NULL;
+  if (handle == RTLD_NEXT || !taken_over(caller, name)) return NULL;
   void* real = real_dlsym(handle, name);
   if (real == NULL) return NULL;
   if (!get_proc_address) return by_name(handle, name, real);

@@ -26,7 +26,7 @@ namespace gpupool::shim {
 // driver_entry_points.cpp
 void* driver_entry(const char* symbol, int version, unsigned long long flags, void* real,
                    gpupool_driver_lookup_fn lookup);
-int driver_library_accepted(const char* path);
+int driver_library_accepted(const char* path, const char* symbol);
 void* driver_symbol(const char* exported, void* real, gpupool_driver_lookup_fn lookup);
 
 // Pitched memory (cudaMallocPitch, cudaMalloc3D, the driver's cuMemAllocPitch)

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -49,6 +50,9 @@ bool cuda_driver_loaded();
 // At exit, in a process that used CUDA without a single allocation reaching
 // gpupool: one line on what gpupool cannot see.
 void explain_nothing_pooled(bool static_runtime_asked);
+// The file name of the first library seen fetching the driver's allocation
+// calls itself (by name) without being taken over; empty if none.
+std::string driver_library_not_taken_over();
 
 class Runtime {
  public:

@@ -421,10 +421,12 @@ class StaticRuntime(ShimTest):
         # As XLA's CUDA stubs fetch them: dlsym(driver, "cuMemAlloc_v2"), ...
         module = os.path.join(BUILD, "tests", "libtest-driver-lookup.so")
         args = ["test-static-runtime", "library-by-name", module, "20"]
-        alone = self.run_program(args, env=self.ON)
-        self.assertSucceeded(alone)
-        self.assertEqual(alone.counters()["malloc_async_calls"], 20)
-        self.assertIn("static_runtime_libraries names it", alone.stderr)
+        advice = "GPUPOOL_STATIC_RUNTIME=1 GPUPOOL_STATIC_RUNTIME_LIBRARIES=libtest-driver-lookup.so to pool it"
+        for env in (self.ON, {}):
+            alone = self.run_program(args, env=env)
+            self.assertSucceeded(alone)
+            self.assertEqual(alone.counters()["malloc_async_calls"], 20)
+            self.assertEqual(alone.stderr.count(advice), 1, alone.stderr)  # the library named at exit
         run = self.run_program(args, env={**self.ON, "GPUPOOL_STATIC_RUNTIME_LIBRARIES": "libtest-driver-lookup.so"})
         self.assertSucceeded(run)
         counters = run.counters()
