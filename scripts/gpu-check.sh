@@ -90,6 +90,11 @@ printf '%s\n' '#include <dlfcn.h>' '#include <stdio.h>' \
   '  if (!run) { fprintf(stderr, "load_user: %s\n", dlerror()); return 2; }' \
   '  return run();' '}' >"$out/load_user.c"
 cc -O2 -o "$out/load_user" "$out/load_user.c" -ldl || { echo "gpu-check: cc failed"; exit 1; }
+# A library that fetches the driver's calls itself (tests/programs), built
+# here so that only build/lib and build/bin need be carried.
+cc -O2 -shared -fPIC -fno-optimize-sibling-calls -I"$(dirname "$nvcc")/../include" \
+  -o "$out/libtest-driver-lookup.so" tests/programs/driver_lookup_module.c -ldl ||
+  { echo "gpu-check: cc failed (driver_lookup_module.c)"; exit 1; }
 
 # all_pooled NAME REPORT N: the program's N allocations all in gpupool's report.
 all_pooled() {
@@ -233,7 +238,7 @@ all_pooled "static_runtime_libraries pools a library's allocations" "$library_re
 by_name_report="$out/report-driver-by-name.json"
 run "driver calls fetched by name, the library named" 0 "${pool[@]}" GPUPOOL_STATIC_RUNTIME=1 \
   GPUPOOL_STATIC_RUNTIME_LIBRARIES=libtest-driver-lookup.so GPUPOOL_LOG="$by_name_report" \
-  -- build/bin/test-static-runtime library-by-name "$root/build/tests/libtest-driver-lookup.so" 20
+  -- build/bin/test-static-runtime library-by-name "$out/libtest-driver-lookup.so" 20
 all_pooled "static_runtime_libraries pools driver calls fetched by name" "$by_name_report" 40
 for case in cudafree-nonblocking cudafree-idle-streams cross-stream-pending destroyed-stream; do
   run "static runtime: hazard $case" 0 "${pool[@]}" "${pressure[@]}" GPUPOOL_STATIC_RUNTIME=1 \
