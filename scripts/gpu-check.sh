@@ -234,12 +234,12 @@ run "static runtime in a library, static_runtime_libraries names it" 0 "${pool[@
   -- "$out/load_user" "$out/libuser_static.so"
 all_pooled "static_runtime_libraries pools a library's allocations" "$library_report" 600
 # A library that fetches each driver call with dlsym by name, as XLA's CUDA
-# stubs do: 20 plain and 20 stream-ordered pairs, each block checked.
+# stubs do: 20 plain, 40 stream-ordered and 20 pitched pairs, each block checked.
 by_name_report="$out/report-driver-by-name.json"
 run "driver calls fetched by name, the library named" 0 "${pool[@]}" GPUPOOL_STATIC_RUNTIME=1 \
   GPUPOOL_STATIC_RUNTIME_LIBRARIES=libtest-driver-lookup.so GPUPOOL_LOG="$by_name_report" \
   -- build/bin/test-static-runtime library-by-name "$out/libtest-driver-lookup.so" 20
-all_pooled "static_runtime_libraries pools driver calls fetched by name" "$by_name_report" 40
+all_pooled "static_runtime_libraries pools driver calls fetched by name" "$by_name_report" 80
 for case in cudafree-nonblocking cudafree-idle-streams cross-stream-pending destroyed-stream; do
   run "static runtime: hazard $case" 0 "${pool[@]}" "${pressure[@]}" GPUPOOL_STATIC_RUNTIME=1 \
     -- "$out/hazards_gpu_static" "$case"

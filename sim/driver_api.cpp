@@ -270,6 +270,12 @@ CUresult cuMemAlloc(CUdeviceptr* p, size_t n) { return mem_alloc(p, n); }
 CUresult cuMemFree(CUdeviceptr p) { return mem_free(p); }
 CUresult cuMemAllocAsync(CUdeviceptr* p, size_t n, CUstream s) { return mem_alloc_async(p, n, s); }
 CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { return mem_free_async(p, s); }
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr* p, size_t n, CUstream s) { return mem_alloc_async_ptsz(p, n, s); }
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return mem_free_async_ptsz(p, s); }
+CUresult cuMemAllocPitch(CUdeviceptr* p, size_t* pitch, size_t width, size_t height, unsigned int element_bytes) {
+  return mem_alloc_pitch(p, pitch, width, height, element_bytes);
+}
+CUresult cuMemGetInfo(size_t* free_bytes, size_t* total) { return mem_get_info(free_bytes, total); }
 CUresult cuMemcpyHtoD(CUdeviceptr dst, const void* src, size_t n) { return memcpy_htod(dst, src, n); }
 CUresult cuMemcpyDtoH(void* dst, CUdeviceptr src, size_t n) { return memcpy_dtoh(dst, src, n); }
 CUresult cuStreamCreate(CUstream* s, unsigned int flags) { return stream_create(s, flags); }

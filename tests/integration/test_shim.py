@@ -425,7 +425,7 @@ class StaticRuntime(ShimTest):
         for env in (self.ON, {}):
             alone = self.run_program(args, env=env)
             self.assertSucceeded(alone)
-            self.assertEqual(alone.counters()["malloc_async_calls"], 20)
+            self.assertEqual(alone.counters()["malloc_async_calls"], 40)
             self.assertEqual(alone.stderr.count(advice), 1, alone.stderr)  # the library named at exit
         run = self.run_program(args, env={**self.ON, "GPUPOOL_STATIC_RUNTIME_LIBRARIES": "libtest-driver-lookup.so"})
         self.assertSucceeded(run)
@@ -433,7 +433,7 @@ class StaticRuntime(ShimTest):
         self.assertEqual(counters["malloc_calls"], 0)
         self.assertEqual(counters["malloc_async_calls"], 0)
         device = run.report()["devices"]["0"]
-        self.assertEqual(device["stats"]["allocation.all.allocated"], 40)
+        self.assertEqual(device["stats"]["allocation.all.allocated"], 80)
         # The library's stream, made with cuStreamCreate, is one the pool orders on.
         streams = [s for s in device["streams"] if s["stream"].startswith("0x")]
         self.assertEqual(len(streams), 1)

@@ -52,9 +52,10 @@ static int write_and_check(CUresult (*htod)(CUdeviceptr, const void*, size_t),
     memcpy(&var, &f_, sizeof f_);                     \
   } while (0)
 
-/* n cuMemAlloc/cuMemFree pairs and n stream-ordered pairs on a stream of its
-   own, every function fetched with dlsym under the name the driver exports it
-   by (cuMemAlloc_v2, ...), each block written and read back; 0 when every call
+/* n pairs of each: cuMemAlloc/cuMemFree, stream-ordered on a stream of its
+   own, stream-ordered on the per-thread default stream, and pitched rows;
+   every function fetched with dlsym under the name the driver exports it by
+   (cuMemAlloc_v2, ...), each block written and read back. 0 when every call
    succeeded and every block held its pattern. */
 int library_by_name(int n) {
   void* driver = dlopen("libcuda.so.1", RTLD_NOW);
@@ -66,6 +67,10 @@ int library_by_name(int n) {
   CUresult (*mem_free)(CUdeviceptr);
   CUresult (*mem_alloc_async)(CUdeviceptr*, size_t, CUstream);
   CUresult (*mem_free_async)(CUdeviceptr, CUstream);
+  CUresult (*mem_alloc_async_ptsz)(CUdeviceptr*, size_t, CUstream);
+  CUresult (*mem_free_async_ptsz)(CUdeviceptr, CUstream);
+  CUresult (*mem_alloc_pitch)(CUdeviceptr*, size_t*, size_t, size_t, unsigned int);
+  CUresult (*mem_get_info)(size_t*, size_t*);
   CUresult (*htod)(CUdeviceptr, const void*, size_t);
   CUresult (*dtoh)(void*, CUdeviceptr, size_t);
   CUresult (*stream_create)(CUstream*, unsigned int);
@@ -78,6 +83,10 @@ int library_by_name(int n) {
   FETCH(mem_free, "cuMemFree_v2");
   FETCH(mem_alloc_async, "cuMemAllocAsync");
   FETCH(mem_free_async, "cuMemFreeAsync");
+  FETCH(mem_alloc_async_ptsz, "cuMemAllocAsync_ptsz");
+  FETCH(mem_free_async_ptsz, "cuMemFreeAsync_ptsz");
+  FETCH(mem_alloc_pitch, "cuMemAllocPitch_v2");
+  FETCH(mem_get_info, "cuMemGetInfo_v2");
   FETCH(htod, "cuMemcpyHtoD_v2");
   FETCH(dtoh, "cuMemcpyDtoH_v2");
   FETCH(stream_create, "cuStreamCreate");
@@ -96,7 +105,17 @@ int library_by_name(int n) {
     if (mem_free(p) != CUDA_SUCCESS) return 1;
     if (mem_alloc_async(&p, size, s) != CUDA_SUCCESS || stream_synchronize(s) != CUDA_SUCCESS) return 1;
     if (write_and_check(htod, dtoh, p, size, i + 1) != 0 || mem_free_async(p, s) != CUDA_SUCCESS) return 1;
+    /* The per-thread default stream's twins (a null stream names it), and rows. */
+    if (mem_alloc_async_ptsz(&p, size, NULL) != CUDA_SUCCESS || stream_synchronize(CU_STREAM_PER_THREAD) != CUDA_SUCCESS) {
+      return 1;
+    }
+    if (write_and_check(htod, dtoh, p, size, i + 2) != 0 || mem_free_async_ptsz(p, NULL) != CUDA_SUCCESS) return 1;
+    size_t pitch = 0;
+    if (mem_alloc_pitch(&p, &pitch, 1000, 64, 4) != CUDA_SUCCESS || pitch < 1000) return 1;
+    if (write_and_check(htod, dtoh, p, pitch * 64, i + 3) != 0 || mem_free(p) != CUDA_SUCCESS) return 1;
   }
+  size_t free_bytes = 0, total = 0;
+  if (mem_get_info(&free_bytes, &total) != CUDA_SUCCESS || free_bytes > total) return 1;
   if (stream_synchronize(s) != CUDA_SUCCESS || stream_destroy(s) != CUDA_SUCCESS) return 1;
   return 0;
 }

@@ -21,7 +21,7 @@
 //   static_runtime library LIB N  LIB (a library that reaches the driver itself) makes N pairs
 //   static_runtime library-by-name LIB N
 //                                 LIB fetches each driver function with dlsym by its exported name and
-//                                 makes N plain and N stream-ordered pairs
+//                                 makes N plain, 2N stream-ordered and N pitched pairs
 #include <cuda.h>
 #include <dlfcn.h>
 #include <unistd.h>
