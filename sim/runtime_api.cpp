@@ -398,6 +398,14 @@ cudaError_t cudaMallocFromPoolAsync_ptsz(void** p, size_t size, cudaMemPool_t, c
   return malloc_async(p, size, s, true);
 }
 
+// The simulated pools keep nothing: stream-ordered memory is freed at once.
+cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t) {
+  return pool == nullptr ? result(cudaErrorInvalidValue) : cudaSuccess;
+}
+
+// Every device's current pool is its default one here.
+cudaError_t cudaDeviceGetMemPool(cudaMemPool_t* pool, int device) { return cudaDeviceGetDefaultMemPool(pool, device); }
+
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
   if (pool == nullptr || device < 0 || device >= Memory::instance().devices()) return result(cudaErrorInvalidValue);
   static int pools[64];
