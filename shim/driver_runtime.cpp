@@ -263,6 +263,9 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   table.cudaDeviceEnablePeerAccess = nullptr;  // the program's own call reaches the driver
   table.cudaMallocPitch = nullptr;             // so does its cuMemAllocPitch, when gpupool declines it
   table.cudaMalloc3D = nullptr;
+  table.cudaDeviceGetDefaultMemPool = nullptr;  // the program's cuMemPoolTrimTo is not taken over
+  table.cudaDeviceGetMemPool = nullptr;
+  table.cudaMemPoolTrimTo = nullptr;
   table.cudaGetDriverEntryPointByVersion = get_driver_entry_point;
   table.cudaGetDriverEntryPoint = nullptr;
   return true;

@@ -233,6 +233,17 @@ GPUPOOL_EXPORT cudaError_t cudaDeviceReset(void) {
   return real().cudaDeviceReset != nullptr ? real().cudaDeviceReset() : missing();
 }
 
+// Trimming a device's default or current memory pool (PyTorch's cudaMallocAsync
+// backend and CuPy free their caches so) gives back gpupool's cache for that
+// device too: the program's stream-ordered memory is gpupool's.
+GPUPOOL_EXPORT cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t min_bytes_to_keep) {
+  Runtime& rt = enter();
+  if (real().cudaMemPoolTrimTo == nullptr) return missing();
+  const cudaError_t err = real().cudaMemPoolTrimTo(pool, min_bytes_to_keep);
+  if (err == cudaSuccess && !rt.bypass()) rt.trim(pool, min_bytes_to_keep);
+  return err;
+}
+
 GPUPOOL_EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
   Runtime& rt = enter();
   if (real().cudaDeviceEnablePeerAccess == nullptr) return missing();

@@ -26,6 +26,9 @@ namespace gpupool::shim {
   X(cudaPeekAtLastError, cudaError_t(void))                                           \
   X(cudaDeviceReset, cudaError_t(void))                                               \
   X(cudaDeviceSynchronize, cudaError_t(void))                                         \
+  X(cudaDeviceGetDefaultMemPool, cudaError_t(cudaMemPool_t*, int))                    \
+  X(cudaDeviceGetMemPool, cudaError_t(cudaMemPool_t*, int))                           \
+  X(cudaMemPoolTrimTo, cudaError_t(cudaMemPool_t, size_t))                            \
   X(cudaEventCreateWithFlags, cudaError_t(cudaEvent_t*, unsigned int))                \
   X(cudaEventDestroy, cudaError_t(cudaEvent_t))                                       \
   X(cudaEventRecord, cudaError_t(cudaEvent_t, cudaStream_t))                          \

@@ -453,6 +453,24 @@ void Runtime::device_reset(int dev) {
   }
 }
 
+void Runtime::trim(cudaMemPool_t pool, std::size_t keep) {
+  bool flushed = false;
+  for (int i = 0; i < kMaxDevices; ++i) {
+    DeviceState* d = existing(i);
+    if (d == nullptr || pool == nullptr) continue;
+    cudaMemPool_t default_pool = nullptr;
+    cudaMemPool_t current_pool = nullptr;
+    if (real().cudaDeviceGetDefaultMemPool != nullptr) real().cudaDeviceGetDefaultMemPool(&default_pool, i);
+    if (real().cudaDeviceGetMemPool != nullptr) real().cudaDeviceGetMemPool(&current_pool, i);
+    if (pool != default_pool && pool != current_pool) continue;
+    if (!flushed && caches_.enabled()) caches_.flush_all();  // before the pool's lock, as allocate does
+    flushed = true;
+    std::lock_guard<AdaptiveMutex> lock(d->mu);
+    if (!d->foreign_frees.empty()) return_foreign_frees(*d, false);
+    if (static_cast<std::size_t>(d->pool->stats().reserved_bytes[kAll].current) > keep) d->pool->release_cached();
+  }
+}
+
 void Runtime::peer_access_enabled(int accessor, int owner) {
   if (owner < 0 || owner >= kMaxDevices) return;
   {

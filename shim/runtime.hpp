@@ -88,6 +88,10 @@ class Runtime {
   bool any_capture() const { return captures_active_.load(std::memory_order_relaxed) > 0; }
   void adjust_mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
   void device_reset(int device);
+  // cudaMemPoolTrimTo(pool, keep): each device whose default or current pool
+  // that is gives back its idle memory (threads' caches first), unless it
+  // reserves no more than `keep`.
+  void trim(cudaMemPool_t pool, std::size_t keep);
   // False, after a line saying why, when a CUDA IPC handle for ptr would make
   // the other process map memory other than the program's block: the block
   // lies in an expandable segment (not exportable) or not at its segment's

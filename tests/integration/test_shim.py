@@ -521,6 +521,27 @@ class StaticRuntime(ShimTest):
 NO_LEAK_CHECK_AFTER_FORK = {"ASAN_OPTIONS": "detect_leaks=0"}
 
 
+class Trim(ShimTest):
+    def test_trimming_the_default_pool_gives_back_gpupools_idle_memory(self):
+        # 64 MiB freed into a thread's cache, then cudaMemPoolTrimTo(default pool, KEEP).
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                env = {"GPUPOOL_EXPANDABLE_SEGMENTS": expandable}
+                held = {}
+                for keep in (None, "0", str(1 << 30)):
+                    run = self.run_program(["test-lifecycle", "trim"] + ([keep] if keep else []), env=env)
+                    self.assertSucceeded(run)
+                    held[keep] = run.counters()["bytes_in_use"]
+                    device = run.report()["devices"]["0"]
+                    self.assertEqual(device["thread_cache_kept_peak_bytes"], 64 << 20)  # they were in the cache
+                    self.assertEqual(device["stats"]["reserved_bytes.all.current"], held[keep])
+                    for path in run.reports():
+                        os.remove(path)
+                self.assertGreaterEqual(held[None], 64 << 20)
+                self.assertLessEqual(held["0"], 2 << 20)  # the page of the block allocated after the trim
+                self.assertEqual(held[str(1 << 30)], held[None])  # reserving less than KEEP: nothing given back
+
+
 class Lifecycle(ShimTest):
     def test_no_report_from_processes_that_never_use_cuda(self):
         for command in (["/bin/true"], ["sh", "-c", "ls / >/dev/null; echo hi"]):

@@ -9,6 +9,9 @@
 //              caches on), frees a block on the legacy stream, resets the
 //              device, and allocates there again: nothing from before the
 //              reset may come back
+//   trim [KEEP] with thread caches on, frees 8 blocks of 8 MiB on the legacy
+//              stream, then, given KEEP, trims the device's default pool to
+//              KEEP bytes; then allocates and uses a block
 //   chdir      makes its first CUDA call after changing directory
 //   ipc        takes the IPC handle of a block inside a pooled segment
 //   driver LIB none|stream|alloc [fork]
@@ -108,6 +111,26 @@ int main(int argc, char** argv) {
     }
     CHECK_CUDA(cudaStreamSynchronize(nullptr));
     std::printf("lifecycle: reset\n");
+    return 0;
+  }
+  if (mode == "trim") {
+    testprog::turn_thread_caches_on();
+    std::vector<void*> blocks(8);
+    for (void*& p : blocks) CHECK_CUDA(cudaMallocAsync(&p, size_t{8} << 20, nullptr));
+    for (void* p : blocks) CHECK_CUDA(cudaFreeAsync(p, nullptr));  // kept for this thread's next requests
+    CHECK_CUDA(cudaStreamSynchronize(nullptr));
+    if (argc > 2) {
+      cudaMemPool_t pool = nullptr;
+      CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, 0));
+      CHECK_CUDA(cudaMemPoolTrimTo(pool, std::strtoull(argv[2], nullptr, 10)));
+    }
+    // Memory is still there to use after a trim.
+    void* p = nullptr;
+    CHECK_CUDA(cudaMalloc(&p, size_t{1} << 20));
+    CHECK_CUDA(cudaMemset(p, 3, size_t{1} << 20));
+    EXPECT(testprog::holds_sampled(p, size_t{1} << 20, 3));
+    CHECK_CUDA(cudaFree(p));
+    std::printf("lifecycle: trim\n");
     return 0;
   }
   if (mode == "chdir") {
