@@ -164,6 +164,16 @@ print(d['device_resets']['count'], d['device_resets']['blocks_freed_by_reset'], 
   else
     record "report covers the run across the reset (expandable=$mode)" FAIL "$seen: resets, blocks freed by them, allocations ($reset_report)"
   fi
+  # 64 MiB freed into a thread's cache, then the default pool trimmed to 0:
+  # only the page of the one block allocated after the trim stays reserved.
+  trim_report="$out/report-trim-$mode.json"
+  run "cudaMemPoolTrimTo gives back the cache (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" \
+    GPUPOOL_LOG="$trim_report" -- build/bin/test-lifecycle trim 0
+  reserved=$(python3 -c "import json, sys
+print(json.load(open(sys.argv[1]))['devices']['0']['stats']['reserved_bytes.all.current'])" "$trim_report" 2>/dev/null ||
+    echo none)
+  if [ "$reserved" = 2097152 ]; then record "  reserved after the trim (expandable=$mode)" PASS "2 MiB"
+  else record "  reserved after the trim (expandable=$mode)" FAIL "$reserved bytes ($trim_report)"; fi
   run "demo (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/gpupool-demo --steps 10
   run "stress, threads and every kind of stream (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-stress 3 10 200 1
 done
