@@ -437,9 +437,9 @@ class StaticRuntime(ShimTest):
         # The library's stream, made with cuStreamCreate, is one the pool orders on.
         streams = [s for s in device["streams"] if s["stream"].startswith("0x")]
         self.assertEqual(len(streams), 1)
-        # Most of its blocks come back to it (19 of 20 here; as few as 17 under
-        # ThreadSanitizer, where a plain request may take one first).
-        self.assertGreaterEqual(streams[0]["same_stream_reuses"], 10)
+        # Most of its requests are served from the cache, from its own frees or
+        # (ordered) from the per-thread stream's: how many of each depends on timing.
+        self.assertGreaterEqual(streams[0]["same_stream_reuses"] + streams[0]["cross_stream_reuses"], 10)
         self.assertFalse(streams[0]["alive"])  # destroyed with cuStreamDestroy_v2
 
     def test_stream_ordered_and_per_thread_stream_calls_are_pooled(self):
