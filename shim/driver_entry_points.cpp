@@ -46,6 +46,9 @@ CUresult mem_alloc_async_ptsz(CUdeviceptr* p, size_t n, CUstream s) {
 CUresult mem_free_async(CUdeviceptr p, CUstream s) { return cu(cudaFreeAsync(ptr(p), rt(s))); }
 CUresult mem_free_async_ptsz(CUdeviceptr p, CUstream s) { return cu(cudaFreeAsync_ptsz(ptr(p), rt(s))); }
 CUresult mem_get_info(size_t* free_bytes, size_t* total) { return cu(cudaMemGetInfo(free_bytes, total)); }
+CUresult mem_pool_trim_to(CUmemoryPool pool, size_t keep) {
+  return cu(cudaMemPoolTrimTo(reinterpret_cast<cudaMemPool_t>(pool), keep));
+}
 CUresult ipc_get_mem_handle(CUipcMemHandle* handle, CUdeviceptr p) {
   return cu(cudaIpcGetMemHandle(reinterpret_cast<cudaIpcMemHandle_t*>(handle), ptr(p)));
 }
@@ -146,6 +149,7 @@ const Substitute kSubstitutes[] = {
     {"cuMemAllocAsync", 11020, 0, fn(mem_alloc_async), fn(mem_alloc_async_ptsz)},
     {"cuMemFreeAsync", 11020, 0, fn(mem_free_async), fn(mem_free_async_ptsz)},
     {"cuMemGetInfo", 3020, 0, fn(mem_get_info), fn(mem_get_info)},
+    {"cuMemPoolTrimTo", 11020, 0, fn(mem_pool_trim_to), fn(mem_pool_trim_to)},
     {"cuIpcGetMemHandle", 4010, 0, fn(ipc_get_mem_handle), fn(ipc_get_mem_handle)},
     {"cuStreamCreate", 2000, 0, fn(stream_create), fn(stream_create)},
     {"cuStreamCreateWithPriority", 5050, 0, fn(stream_create_with_priority), fn(stream_create_with_priority)},
@@ -196,6 +200,7 @@ const ExportedName kExportedNames[] = {
     {"cuMemAllocPitch_v2", "cuMemAllocPitch", 3020, false},
     {"cuMemFree_v2", "cuMemFree", 3020, false},
     {"cuMemGetInfo_v2", "cuMemGetInfo", 3020, false},
+    {"cuMemPoolTrimTo", "cuMemPoolTrimTo", 11020, false},
     {"cuMemAllocAsync", "cuMemAllocAsync", 11020, false},
     {"cuMemAllocAsync_ptsz", "cuMemAllocAsync", 11020, true},
     {"cuMemFreeAsync", "cuMemFreeAsync", 11020, false},

@@ -53,6 +53,9 @@ struct Driver {
   decltype(&cuStreamEndCapture) end_capture = nullptr;
   decltype(&cuStreamEndCapture) end_capture_ptsz = nullptr;
   decltype(&cuIpcGetMemHandle) ipc_get_mem_handle = nullptr;
+  decltype(&cuMemPoolTrimTo) mem_pool_trim_to = nullptr;
+  decltype(&cuDeviceGetDefaultMemPool) device_get_default_mem_pool = nullptr;
+  decltype(&cuDeviceGetMemPool) device_get_mem_pool = nullptr;
   gpupool_driver_lookup_fn lookup = nullptr;
 };
 
@@ -77,6 +80,15 @@ cudaError_t free_async(void* p, cudaStream_t s) { return rt(d.mem_free_async(cu(
 cudaError_t free_async_ptsz(void* p, cudaStream_t s) { return rt(d.mem_free_async_ptsz(cu(p), cu(s))); }
 cudaError_t mem_get_info(size_t* free_bytes, size_t* total) { return rt(d.mem_get_info(free_bytes, total)); }
 cudaError_t get_device(int* device) { return rt(d.ctx_get_device(device)); }
+cudaError_t mem_pool_trim_to(cudaMemPool_t pool, size_t keep) {
+  return rt(d.mem_pool_trim_to(reinterpret_cast<CUmemoryPool>(pool), keep));
+}
+cudaError_t device_get_default_mem_pool(cudaMemPool_t* pool, int device) {
+  return rt(d.device_get_default_mem_pool(reinterpret_cast<CUmemoryPool*>(pool), device));
+}
+cudaError_t device_get_mem_pool(cudaMemPool_t* pool, int device) {
+  return rt(d.device_get_mem_pool(reinterpret_cast<CUmemoryPool*>(pool), device));
+}
 cudaError_t device_synchronize() { return rt(d.ctx_synchronize()); }
 // The static runtime keeps each device's primary context current; so do we
 // (retained once per device, as the runtime holds it).
@@ -225,6 +237,10 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   // Captures into an existing graph came with CUDA 12.3: optional.
   fetch(d.begin_capture_to_graph, "cuStreamBeginCaptureToGraph", 12030);
   fetch(d.begin_capture_to_graph_ptsz, "cuStreamBeginCaptureToGraph", 12030, kPerThread);
+  // Trimming a memory pool (gpupool's cache goes with the program's trim): optional.
+  fetch(d.mem_pool_trim_to, "cuMemPoolTrimTo", 11020);
+  fetch(d.device_get_default_mem_pool, "cuDeviceGetDefaultMemPool", 11020);
+  fetch(d.device_get_mem_pool, "cuDeviceGetMemPool", 11020);
   if (!complete) return false;
   table.cudaMalloc = malloc_;
   table.cudaFree = free_;
@@ -263,9 +279,9 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   table.cudaDeviceEnablePeerAccess = nullptr;  // the program's own call reaches the driver
   table.cudaMallocPitch = nullptr;             // so does its cuMemAllocPitch, when gpupool declines it
   table.cudaMalloc3D = nullptr;
-  table.cudaDeviceGetDefaultMemPool = nullptr;  // the program's cuMemPoolTrimTo is not taken over
-  table.cudaDeviceGetMemPool = nullptr;
-  table.cudaMemPoolTrimTo = nullptr;
+  table.cudaDeviceGetDefaultMemPool = d.device_get_default_mem_pool != nullptr ? device_get_default_mem_pool : nullptr;
+  table.cudaDeviceGetMemPool = d.device_get_mem_pool != nullptr ? device_get_mem_pool : nullptr;
+  table.cudaMemPoolTrimTo = d.mem_pool_trim_to != nullptr ? mem_pool_trim_to : nullptr;
   table.cudaGetDriverEntryPointByVersion = get_driver_entry_point;
   table.cudaGetDriverEntryPoint = nullptr;
   return true;

@@ -95,6 +95,15 @@ CUresult mem_alloc_async_ptsz(CUdeviceptr* p, size_t n, CUstream s) {
 CUresult mem_free_async(CUdeviceptr p, CUstream s) { return cu(cudaFreeAsync(ptr(p), rt(s))); }
 CUresult mem_free_async_ptsz(CUdeviceptr p, CUstream s) { return cu(cudaFreeAsync_ptsz(ptr(p), rt(s))); }
 CUresult mem_get_info(size_t* free_bytes, size_t* total) { return cu(cudaMemGetInfo(free_bytes, total)); }
+CUresult mem_pool_trim_to(CUmemoryPool pool, size_t keep) {
+  return cu(cudaMemPoolTrimTo(reinterpret_cast<cudaMemPool_t>(pool), keep));
+}
+CUresult device_get_default_mem_pool(CUmemoryPool* pool, CUdevice device) {
+  return cu(cudaDeviceGetDefaultMemPool(reinterpret_cast<cudaMemPool_t*>(pool), device));
+}
+CUresult device_get_mem_pool(CUmemoryPool* pool, CUdevice device) {
+  return cu(cudaDeviceGetMemPool(reinterpret_cast<cudaMemPool_t*>(pool), device));
+}
 CUresult memcpy_htod(CUdeviceptr dst, const void* src, size_t n) {
   return cu(cudaMemcpy(ptr(dst), src, n, cudaMemcpyHostToDevice));
 }
@@ -199,6 +208,9 @@ const Entry kEntries[] = {
     {"cuMemAllocAsync", 11020, fn(mem_alloc_async), fn(mem_alloc_async_ptsz)},
     {"cuMemFreeAsync", 11020, fn(mem_free_async), fn(mem_free_async_ptsz)},
     {"cuMemGetInfo", 3020, fn(mem_get_info), fn(mem_get_info)},
+    {"cuMemPoolTrimTo", 11020, fn(mem_pool_trim_to), fn(mem_pool_trim_to)},
+    {"cuDeviceGetDefaultMemPool", 11020, fn(device_get_default_mem_pool), fn(device_get_default_mem_pool)},
+    {"cuDeviceGetMemPool", 11020, fn(device_get_mem_pool), fn(device_get_mem_pool)},
     {"cuMemcpyHtoD", 3020, fn(memcpy_htod), fn(memcpy_htod)},
     {"cuMemcpyDtoH", 3020, fn(memcpy_dtoh), fn(memcpy_dtoh)},
     {"cuMemcpyHtoDAsync", 3020, fn(memcpy_htod_async), fn(memcpy_htod_async_ptsz)},

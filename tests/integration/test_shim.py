@@ -442,6 +442,18 @@ class StaticRuntime(ShimTest):
         self.assertGreaterEqual(streams[0]["same_stream_reuses"] + streams[0]["cross_stream_reuses"], 10)
         self.assertFalse(streams[0]["alive"])  # destroyed with cuStreamDestroy_v2
 
+    def test_its_memory_pool_trim_gives_back_gpupools_idle_memory(self):
+        held = {}
+        for keep in (None, "0"):
+            run = self.run_program(["test-static-runtime", "trim"] + ([keep] if keep else []), env=self.ON)
+            self.assertSucceeded(run)
+            held[keep] = run.counters()["bytes_in_use"]
+            self.assertEqual(run.report()["devices"]["0"]["stats"]["reserved_bytes.all.current"], held[keep])
+            for path in run.reports():
+                os.remove(path)
+        self.assertGreaterEqual(held[None], 64 << 20)
+        self.assertLessEqual(held["0"], 2 << 20)
+
     def test_stream_ordered_and_per_thread_stream_calls_are_pooled(self):
         run = self.run_program(["test-static-runtime", "async", "20"], env=self.ON)
         self.assertSucceeded(run)

@@ -8,6 +8,8 @@
 //   static_runtime pairs N        N cuMemAlloc/cuMemFree pairs of mixed sizes, each block checked
 //   static_runtime pitched N      N cuMemAllocPitch/cuMemFree pairs of mixed shapes, as the static
 //                                 runtime's cudaMallocPitch and cudaMalloc3D make them
+//   static_runtime trim [KEEP]    8 blocks of 8 MiB freed on a stream, then, given KEEP, the default
+//                                 memory pool trimmed to KEEP bytes; then a block allocated and checked
 //   static_runtime async N        the same, stream-ordered on a non-blocking stream (and ptsz twins)
 //   static_runtime hazard [MS]    a block freed while a slower stream still writes it (MS ms later,
 //                                 default 100), then reused
@@ -55,6 +57,8 @@ struct Driver {
   decltype(&cuMemAlloc_v2) mem_alloc;
   decltype(&cuMemFree_v2) mem_free;
   decltype(&cuMemAllocPitch_v2) mem_alloc_pitch;
+  decltype(&cuMemPoolTrimTo) mem_pool_trim_to;
+  decltype(&cuDeviceGetDefaultMemPool) device_get_default_mem_pool;
   decltype(&cuMemAllocAsync) mem_alloc_async;
   decltype(&cuMemFreeAsync) mem_free_async;
   decltype(&cuMemAllocAsync) mem_alloc_async_ptsz;
@@ -93,6 +97,8 @@ void open_driver() {
   d.mem_alloc = fetch<decltype(d.mem_alloc)>("cuMemAlloc", 3020);
   d.mem_free = fetch<decltype(d.mem_free)>("cuMemFree", 3020);
   d.mem_alloc_pitch = fetch<decltype(d.mem_alloc_pitch)>("cuMemAllocPitch", 3020);
+  d.mem_pool_trim_to = fetch<decltype(d.mem_pool_trim_to)>("cuMemPoolTrimTo", 11020);
+  d.device_get_default_mem_pool = fetch<decltype(d.device_get_default_mem_pool)>("cuDeviceGetDefaultMemPool", 11020);
   d.mem_alloc_async = fetch<decltype(d.mem_alloc_async)>("cuMemAllocAsync", 11020);
   d.mem_free_async = fetch<decltype(d.mem_free_async)>("cuMemFreeAsync", 11020);
   d.mem_alloc_async_ptsz = fetch<decltype(d.mem_alloc_async)>("cuMemAllocAsync", 11020, 2);
@@ -180,6 +186,27 @@ int pitched(int n) {
     return 1;
   }
   std::printf("{\"pairs\": %d}\n", n);
+  return 0;
+}
+
+int trim(const char* keep) {
+  CUstream s = nullptr;
+  check(d.stream_create(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  std::vector<CUdeviceptr> blocks(8);
+  for (CUdeviceptr& p : blocks) check(d.mem_alloc_async(&p, size_t{8} << 20, s), "cuMemAllocAsync");
+  for (CUdeviceptr p : blocks) check(d.mem_free_async(p, s), "cuMemFreeAsync");
+  check(d.stream_synchronize(s), "cuStreamSynchronize");
+  if (keep != nullptr) {
+    CUmemoryPool pool = nullptr;
+    check(d.device_get_default_mem_pool(&pool, 0), "cuDeviceGetDefaultMemPool");
+    check(d.mem_pool_trim_to(pool, std::strtoull(keep, nullptr, 10)), "cuMemPoolTrimTo");
+  }
+  CUdeviceptr p = 0;
+  check(d.mem_alloc(&p, size_t{1} << 20), "cuMemAlloc");
+  write_and_check(p, size_t{1} << 20, 5);
+  check(d.mem_free(p), "cuMemFree");
+  check(d.stream_destroy(s), "cuStreamDestroy");
+  std::printf("{\"trimmed\": %s}\n", keep != nullptr ? "true" : "false");
   return 0;
 }
 
@@ -415,6 +442,7 @@ int main(int argc, char** argv) {
   if (mode == "pairs") return pairs(n);
   if (mode == "async") return async(n);
   if (mode == "pitched") return pitched(n);
+  if (mode == "trim") return trim(argc > 2 ? argv[2] : nullptr);
   if ((mode == "hazard" || mode == "destroyed") && argc > 2) g_late_write_ms = static_cast<unsigned>(n);
   if (mode == "hazard") return hazard();
   if (mode == "capture") return capture();
@@ -423,7 +451,7 @@ int main(int argc, char** argv) {
   if (mode == "reset") return reset();
   if (mode == "peer") return peer();
   std::fprintf(stderr,
-               "usage: static_runtime pairs|pitched|async|hazard|destroyed|capture|ipc|reset|peer [N] | lookups LIBRARY | "
+               "usage: static_runtime pairs|pitched|trim|async|hazard|destroyed|capture|ipc|reset|peer [N] | lookups LIBRARY | "
                "threads T N | "
                "library|library-by-name LIBRARY N\n");
   return 2;
