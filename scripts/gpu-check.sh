@@ -237,6 +237,14 @@ run "static runtime: threads" 0 "${static[@]}" -- "$out/threads_static" 4 500
 run "static runtime: capture" 0 "${static[@]}" -- "$out/capture_static"
 run "static runtime: capture while other streams allocate" 0 "${static[@]}" -- "$out/capture_static" others
 run "static runtime: device reset" 0 "${static[@]}" -- "$out/lifecycle_static" reset
+static_trim_report="$out/report-trim-static.json"
+run "static runtime: cudaMemPoolTrimTo gives back the cache" 0 "${static[@]}" GPUPOOL_LOG="$static_trim_report" \
+  -- "$out/lifecycle_static" trim 0
+reserved=$(python3 -c "import json, sys
+print(json.load(open(sys.argv[1]))['devices']['0']['stats']['reserved_bytes.all.current'])" "$static_trim_report" \
+  2>/dev/null || echo none)
+if [ "$reserved" = 2097152 ]; then record "  reserved after the static runtime's trim" PASS "2 MiB"
+else record "  reserved after the static runtime's trim" FAIL "$reserved bytes ($static_trim_report)"; fi
 run "static runtime: stress, threads and every kind of stream" 0 "${static[@]}" -- "$out/stress_static" 3 10 200 1
 library_report="$out/report-static-library.json"
 run "static runtime in a library, static_runtime_libraries names it" 0 "${pool[@]}" GPUPOOL_STATIC_RUNTIME=1 \
