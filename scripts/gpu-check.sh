@@ -105,6 +105,16 @@ print(d['devices']['0']['stats']['allocation.all.allocated'])" "$2" 2>/dev/null 
   else record "$1" FAIL "$allocated of $3 in the report ($2)"; fi
 }
 
+# reserved_2_mib NAME REPORT: device 0 reserves one 2 MiB page at exit.
+reserved_2_mib() {
+  local reserved
+  reserved=$(python3 -c "import json, sys
+print(json.load(open(sys.argv[1]))['devices']['0']['stats']['reserved_bytes.all.current'])" "$2" 2>/dev/null ||
+    echo none)
+  if [ "$reserved" = 2097152 ]; then record "$1" PASS "2 MiB"
+  else record "$1" FAIL "$reserved bytes ($2)"; fi
+}
+
 pool=(LD_PRELOAD="$lib" GPUPOOL_LOG="$out/report-%e-%p.json" GPUPOOL_LOG_FORMAT=json)
 # Room for one 16 MiB block: a request on another stream must take the cached
 # block (after a device-side wait for its old work) instead of growing.
@@ -169,11 +179,7 @@ print(d['device_resets']['count'], d['device_resets']['blocks_freed_by_reset'], 
   trim_report="$out/report-trim-$mode.json"
   run "cudaMemPoolTrimTo gives back the cache (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" \
     GPUPOOL_LOG="$trim_report" -- build/bin/test-lifecycle trim 0
-  reserved=$(python3 -c "import json, sys
-print(json.load(open(sys.argv[1]))['devices']['0']['stats']['reserved_bytes.all.current'])" "$trim_report" 2>/dev/null ||
-    echo none)
-  if [ "$reserved" = 2097152 ]; then record "  reserved after the trim (expandable=$mode)" PASS "2 MiB"
-  else record "  reserved after the trim (expandable=$mode)" FAIL "$reserved bytes ($trim_report)"; fi
+  reserved_2_mib "  reserved after the trim (expandable=$mode)" "$trim_report"
   run "demo (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/gpupool-demo --steps 10
   run "stress, threads and every kind of stream (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-stress 3 10 200 1
 done
@@ -240,11 +246,7 @@ run "static runtime: device reset" 0 "${static[@]}" -- "$out/lifecycle_static" r
 static_trim_report="$out/report-trim-static.json"
 run "static runtime: cudaMemPoolTrimTo gives back the cache" 0 "${static[@]}" GPUPOOL_LOG="$static_trim_report" \
   -- "$out/lifecycle_static" trim 0
-reserved=$(python3 -c "import json, sys
-print(json.load(open(sys.argv[1]))['devices']['0']['stats']['reserved_bytes.all.current'])" "$static_trim_report" \
-  2>/dev/null || echo none)
-if [ "$reserved" = 2097152 ]; then record "  reserved after the static runtime's trim" PASS "2 MiB"
-else record "  reserved after the static runtime's trim" FAIL "$reserved bytes ($static_trim_report)"; fi
+reserved_2_mib "  reserved after the static runtime's trim" "$static_trim_report"
 run "static runtime: stress, threads and every kind of stream" 0 "${static[@]}" -- "$out/stress_static" 3 10 200 1
 library_report="$out/report-static-library.json"
 run "static runtime in a library, static_runtime_libraries names it" 0 "${pool[@]}" GPUPOOL_STATIC_RUNTIME=1 \
