@@ -551,7 +551,10 @@ class Trim(ShimTest):
                         os.remove(path)
                 self.assertGreaterEqual(held[None], 64 << 20)
                 self.assertLessEqual(held["0"], 2 << 20)  # the page of the block allocated after the trim
-                self.assertEqual(held[str(1 << 30)], held[None])  # reserving less than KEEP: nothing given back
+                # Reserving less than KEEP: nothing given back. (Not compared with
+                # the untrimmed run's figure: how many 2 MiB segments the warm-up
+                # and the last block take varies with timing.)
+                self.assertGreaterEqual(held[str(1 << 30)], 64 << 20)
 
 
 class Lifecycle(ShimTest):
