@@ -31,9 +31,9 @@ void* driver_symbol(const char* exported, void* real, gpupool_driver_lookup_fn l
 
 // Pitched memory (cudaMallocPitch, cudaMalloc3D, the driver's cuMemAllocPitch)
 // is served as cudaMalloc of `rows` rows of *pitch bytes. Each row is padded to
-// 512 bytes, as the runtime pads it: the base alignment texture binding needs
-// (cudaDevAttrTextureAlignment), a multiple of the pitch alignment it needs,
-// and where every pooled block starts. False where the runtime's own call is to
+// 512 bytes, as the runtime has padded them on the GPUs we know of: the base
+// alignment texture binding needs (cudaDevAttrTextureAlignment), a multiple of
+// the pitch alignment it needs, and where every pooled block starts. False where the runtime's own call is to
 // answer, so that it answers as it would without gpupool: gpupool bypassed, an
 // empty or overflowing extent, a null argument.
 bool allocate_pitched(void** ptr, size_t* pitch, size_t width, size_t rows, cudaError_t* result) {

@@ -30,9 +30,9 @@ void explain_nothing_pooled(bool static_runtime_asked) {
   if (const std::string library = driver_library_not_taken_over(); !library.empty()) {
     message(config::LogLevel::Warn,
             "gpupool: this program used CUDA, but none of its device memory reached gpupool: " + library +
-                " takes it from the driver itself (it fetched the driver's allocation calls by name, as JAX/XLA's CUDA "
-                "stubs do); set "
-                "GPUPOOL_STATIC_RUNTIME=1 GPUPOOL_STATIC_RUNTIME_LIBRARIES=" + library + " to pool it");
+                " takes it from the driver itself (it fetched the driver's allocation calls by name, as JAX/XLA's "
+                "CUDA stubs do); set GPUPOOL_STATIC_RUNTIME=1 GPUPOOL_STATIC_RUNTIME_LIBRARIES=" +
+                library + " to pool it");
     return;
   }
   std::string static_runtime =

@@ -454,10 +454,11 @@ void Runtime::device_reset(int dev) {
 }
 
 void Runtime::trim(cudaMemPool_t pool, std::size_t keep) {
+  if (pool == nullptr) return;
   bool flushed = false;
   for (int i = 0; i < kMaxDevices; ++i) {
     DeviceState* d = existing(i);
-    if (d == nullptr || pool == nullptr) continue;
+    if (d == nullptr) continue;
     cudaMemPool_t default_pool = nullptr;
     cudaMemPool_t current_pool = nullptr;
     if (real().cudaDeviceGetDefaultMemPool != nullptr) real().cudaDeviceGetDefaultMemPool(&default_pool, i);
