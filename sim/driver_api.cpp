@@ -294,6 +294,10 @@ CUresult cuStreamCreate(CUstream* s, unsigned int flags) { return stream_create(
 CUresult cuStreamDestroy(CUstream s) { return stream_destroy(s); }
 CUresult cuStreamSynchronize(CUstream s) { return stream_synchronize(s); }
 CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice d) { return primary_ctx_retain(ctx, d); }
+CUresult cuDevicePrimaryCtxReset(CUdevice d) { return primary_ctx_reset(d); }  // exported as _v2
+// The first version, under its own name (same parameters).
+CUresult primary_ctx_reset_v1(CUdevice d) __asm__("cuDevicePrimaryCtxReset");
+CUresult primary_ctx_reset_v1(CUdevice d) { return primary_ctx_reset(d); }
 CUresult cuCtxSetCurrent(CUcontext ctx) { return ctx_set_current(ctx); }
 
 }  // extern "C"

@@ -442,6 +442,19 @@ class StaticRuntime(ShimTest):
         self.assertGreaterEqual(streams[0]["same_stream_reuses"] + streams[0]["cross_stream_reuses"], 10)
         self.assertFalse(streams[0]["alive"])  # destroyed with cuStreamDestroy_v2
 
+    def test_a_reset_fetched_by_name_leaves_nothing_from_before_it(self):
+        # Both versions of cuDevicePrimaryCtxReset: a block cached before the
+        # reset must not be handed out after it (the simulated reset frees it).
+        module = os.path.join(BUILD, "tests", "libtest-driver-lookup.so")
+        named = {**self.ON, "GPUPOOL_STATIC_RUNTIME_LIBRARIES": "libtest-driver-lookup.so"}
+        for name in ("cuDevicePrimaryCtxReset_v2", "cuDevicePrimaryCtxReset"):
+            with self.subTest(reset=name):
+                run = self.run_program(["test-static-runtime", "library-reset", module, name], env=named)
+                self.assertSucceeded(run)
+                self.assertEqual(run.report()["devices"]["0"]["device_resets"]["count"], 1)
+                for path in run.reports():
+                    os.remove(path)
+
     def test_its_memory_pool_trim_gives_back_gpupools_idle_memory(self):
         held = {}
         for keep in (None, "0"):

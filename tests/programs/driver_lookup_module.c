@@ -119,3 +119,40 @@ int library_by_name(int n) {
   if (stream_synchronize(s) != CUDA_SUCCESS || stream_destroy(s) != CUDA_SUCCESS) return 1;
   return 0;
 }
+
+/* A block freed into the pool, the device reset through `reset_name` fetched by
+   name (its first or second version), then a block of the same size written
+   and read back: 0 when nothing from before the reset came back. */
+int library_reset_by_name(const char* reset_name) {
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW);
+  if (driver == NULL) return 1;
+  CUresult (*init)(unsigned int);
+  CUresult (*primary_ctx_retain)(CUcontext*, CUdevice);
+  CUresult (*ctx_set_current)(CUcontext);
+  CUresult (*reset)(CUdevice);
+  CUresult (*mem_alloc)(CUdeviceptr*, size_t);
+  CUresult (*mem_free)(CUdeviceptr);
+  CUresult (*htod)(CUdeviceptr, const void*, size_t);
+  CUresult (*dtoh)(void*, CUdeviceptr, size_t);
+  FETCH(init, "cuInit");
+  FETCH(primary_ctx_retain, "cuDevicePrimaryCtxRetain");
+  FETCH(ctx_set_current, "cuCtxSetCurrent");
+  FETCH(reset, reset_name);
+  FETCH(mem_alloc, "cuMemAlloc_v2");
+  FETCH(mem_free, "cuMemFree_v2");
+  FETCH(htod, "cuMemcpyHtoD_v2");
+  FETCH(dtoh, "cuMemcpyDtoH_v2");
+  CUcontext ctx = NULL;
+  if (init(0) != CUDA_SUCCESS || primary_ctx_retain(&ctx, 0) != CUDA_SUCCESS || ctx_set_current(ctx) != CUDA_SUCCESS) {
+    return 1;
+  }
+  const size_t size = (size_t)256 << 10;
+  CUdeviceptr p = 0;
+  if (mem_alloc(&p, size) != CUDA_SUCCESS || write_and_check(htod, dtoh, p, size, 1) != 0) return 1;
+  if (mem_free(p) != CUDA_SUCCESS) return 1;
+  if (reset(0) != CUDA_SUCCESS || primary_ctx_retain(&ctx, 0) != CUDA_SUCCESS || ctx_set_current(ctx) != CUDA_SUCCESS) {
+    return 1;
+  }
+  if (mem_alloc(&p, size) != CUDA_SUCCESS || write_and_check(htod, dtoh, p, size, 2) != 0) return 1;
+  return mem_free(p) != CUDA_SUCCESS;
+}

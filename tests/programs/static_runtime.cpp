@@ -24,6 +24,9 @@
 //   static_runtime library-by-name LIB N
 //                                 LIB fetches each driver function with dlsym by its exported name and
 //                                 makes N plain, 2N stream-ordered and N pitched pairs
+//   static_runtime library-reset LIB NAME
+//                                 LIB resets the device through NAME fetched by name between two
+//                                 allocations; the second must be usable
 #include <cuda.h>
 #include <dlfcn.h>
 #include <unistd.h>
@@ -429,6 +432,14 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "lookups" && argc > 2) return lookups(argv[2]);
   if (mode == "threads" && argc > 3) return threads(std::atoi(argv[2]), std::atoi(argv[3]));
+  if (mode == "library-reset" && argc > 3) {
+    void* module = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
+    auto reset_in =
+        module != nullptr ? reinterpret_cast<int (*)(const char*)>(dlsym(module, "library_reset_by_name")) : nullptr;
+    if (reset_in == nullptr || reset_in(argv[3]) != 0) return 1;
+    std::printf("{\"reset\": \"%s\"}\n", argv[3]);
+    return 0;
+  }
   if ((mode == "library" || mode == "library-by-name") && argc > 3) {
     void* module = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
     const char* entry = mode == "library" ? "library_pairs" : "library_by_name";
@@ -453,6 +464,6 @@ int main(int argc, char** argv) {
   std::fprintf(stderr,
                "usage: static_runtime pairs|pitched|trim|async|hazard|destroyed|capture|ipc|reset|peer [N] | lookups LIBRARY | "
                "threads T N | "
-               "library|library-by-name LIBRARY N\n");
+               "library|library-by-name LIBRARY N | library-reset LIBRARY NAME\n");
   return 2;
 }
