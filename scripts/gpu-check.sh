@@ -260,6 +260,9 @@ run "driver calls fetched by name, the library named" 0 "${pool[@]}" GPUPOOL_STA
   GPUPOOL_STATIC_RUNTIME_LIBRARIES=libtest-driver-lookup.so GPUPOOL_LOG="$by_name_report" \
   -- build/bin/test-static-runtime library-by-name "$out/libtest-driver-lookup.so" 20
 all_pooled "static_runtime_libraries pools driver calls fetched by name" "$by_name_report" 80
+run "a device reset fetched by name leaves nothing from before it" 0 "${pool[@]}" GPUPOOL_STATIC_RUNTIME=1 \
+  GPUPOOL_STATIC_RUNTIME_LIBRARIES=libtest-driver-lookup.so \
+  -- build/bin/test-static-runtime library-reset "$out/libtest-driver-lookup.so" cuDevicePrimaryCtxReset_v2
 for case in cudafree-nonblocking cudafree-idle-streams cross-stream-pending destroyed-stream; do
   run "static runtime: hazard $case" 0 "${pool[@]}" "${pressure[@]}" GPUPOOL_STATIC_RUNTIME=1 \
     -- "$out/hazards_gpu_static" "$case"
