@@ -52,6 +52,19 @@ static int write_and_check(CUresult (*htod)(CUdeviceptr, const void*, size_t),
     memcpy(&var, &f_, sizeof f_);                     \
   } while (0)
 
+/* Makes device 0's primary context current, as XLA does (a real driver
+   needs a current context): 0 when it is. */
+static int use_primary_context(void* driver) {
+  CUresult (*init)(unsigned int);
+  CUresult (*primary_ctx_retain)(CUcontext*, CUdevice);
+  CUresult (*ctx_set_current)(CUcontext);
+  FETCH(init, "cuInit");
+  FETCH(primary_ctx_retain, "cuDevicePrimaryCtxRetain");
+  FETCH(ctx_set_current, "cuCtxSetCurrent");
+  CUcontext ctx = NULL;
+  return init(0) != CUDA_SUCCESS || primary_ctx_retain(&ctx, 0) != CUDA_SUCCESS || ctx_set_current(ctx) != CUDA_SUCCESS;
+}
+
 /* n pairs of each: cuMemAlloc/cuMemFree, stream-ordered on a stream of its
    own, stream-ordered on the per-thread default stream, and pitched rows;
    every function fetched with dlsym under the name the driver exports it by
@@ -60,9 +73,6 @@ static int write_and_check(CUresult (*htod)(CUdeviceptr, const void*, size_t),
 int library_by_name(int n) {
   void* driver = dlopen("libcuda.so.1", RTLD_NOW);
   if (driver == NULL) return 1;
-  CUresult (*init)(unsigned int);
-  CUresult (*primary_ctx_retain)(CUcontext*, CUdevice);
-  CUresult (*ctx_set_current)(CUcontext);
   CUresult (*mem_alloc)(CUdeviceptr*, size_t);
   CUresult (*mem_free)(CUdeviceptr);
   CUresult (*mem_alloc_async)(CUdeviceptr*, size_t, CUstream);
@@ -76,9 +86,6 @@ int library_by_name(int n) {
   CUresult (*stream_create)(CUstream*, unsigned int);
   CUresult (*stream_destroy)(CUstream);
   CUresult (*stream_synchronize)(CUstream);
-  FETCH(init, "cuInit");
-  FETCH(primary_ctx_retain, "cuDevicePrimaryCtxRetain");
-  FETCH(ctx_set_current, "cuCtxSetCurrent");
   FETCH(mem_alloc, "cuMemAlloc_v2");
   FETCH(mem_free, "cuMemFree_v2");
   FETCH(mem_alloc_async, "cuMemAllocAsync");
@@ -92,10 +99,7 @@ int library_by_name(int n) {
   FETCH(stream_create, "cuStreamCreate");
   FETCH(stream_destroy, "cuStreamDestroy_v2");
   FETCH(stream_synchronize, "cuStreamSynchronize");
-  CUcontext ctx = NULL;
-  if (init(0) != CUDA_SUCCESS || primary_ctx_retain(&ctx, 0) != CUDA_SUCCESS || ctx_set_current(ctx) != CUDA_SUCCESS) {
-    return 1;
-  }
+  if (use_primary_context(driver) != 0) return 1;
   CUstream s = NULL;
   if (stream_create(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 1;
   for (int i = 0; i < n; ++i) {
@@ -126,33 +130,22 @@ int library_by_name(int n) {
 int library_reset_by_name(const char* reset_name) {
   void* driver = dlopen("libcuda.so.1", RTLD_NOW);
   if (driver == NULL) return 1;
-  CUresult (*init)(unsigned int);
-  CUresult (*primary_ctx_retain)(CUcontext*, CUdevice);
-  CUresult (*ctx_set_current)(CUcontext);
   CUresult (*reset)(CUdevice);
   CUresult (*mem_alloc)(CUdeviceptr*, size_t);
   CUresult (*mem_free)(CUdeviceptr);
   CUresult (*htod)(CUdeviceptr, const void*, size_t);
   CUresult (*dtoh)(void*, CUdeviceptr, size_t);
-  FETCH(init, "cuInit");
-  FETCH(primary_ctx_retain, "cuDevicePrimaryCtxRetain");
-  FETCH(ctx_set_current, "cuCtxSetCurrent");
   FETCH(reset, reset_name);
   FETCH(mem_alloc, "cuMemAlloc_v2");
   FETCH(mem_free, "cuMemFree_v2");
   FETCH(htod, "cuMemcpyHtoD_v2");
   FETCH(dtoh, "cuMemcpyDtoH_v2");
-  CUcontext ctx = NULL;
-  if (init(0) != CUDA_SUCCESS || primary_ctx_retain(&ctx, 0) != CUDA_SUCCESS || ctx_set_current(ctx) != CUDA_SUCCESS) {
-    return 1;
-  }
+  if (use_primary_context(driver) != 0) return 1;
   const size_t size = (size_t)256 << 10;
   CUdeviceptr p = 0;
   if (mem_alloc(&p, size) != CUDA_SUCCESS || write_and_check(htod, dtoh, p, size, 1) != 0) return 1;
   if (mem_free(p) != CUDA_SUCCESS) return 1;
-  if (reset(0) != CUDA_SUCCESS || primary_ctx_retain(&ctx, 0) != CUDA_SUCCESS || ctx_set_current(ctx) != CUDA_SUCCESS) {
-    return 1;
-  }
+  if (reset(0) != CUDA_SUCCESS || use_primary_context(driver) != 0) return 1;
   if (mem_alloc(&p, size) != CUDA_SUCCESS || write_and_check(htod, dtoh, p, size, 2) != 0) return 1;
   return mem_free(p) != CUDA_SUCCESS;
 }
