@@ -26,15 +26,23 @@ bool cuda_driver_loaded() {
   return found;
 }
 
+bool explain_library_not_taken_over(bool nothing_pooled) {
+  const std::string library = driver_library_not_taken_over();
+  if (library.empty()) return false;
+  message(config::LogLevel::Warn,
+          std::string(nothing_pooled ? "gpupool: this program used CUDA, but none of its device memory reached "
+                                       "gpupool: "
+                                     : "gpupool: not all of this program's device memory reached gpupool (nor this "
+                                       "report): ") +
+              library +
+              " takes memory from the driver itself (it fetched the driver's allocation calls by name, as "
+              "JAX/XLA's CUDA stubs do); set GPUPOOL_STATIC_RUNTIME=1 GPUPOOL_STATIC_RUNTIME_LIBRARIES=" +
+              library + " to pool it");
+  return true;
+}
+
 void explain_nothing_pooled(bool static_runtime_asked) {
-  if (const std::string library = driver_library_not_taken_over(); !library.empty()) {
-    message(config::LogLevel::Warn,
-            "gpupool: this program used CUDA, but none of its device memory reached gpupool: " + library +
-                " takes it from the driver itself (it fetched the driver's allocation calls by name, as JAX/XLA's "
-                "CUDA stubs do); set GPUPOOL_STATIC_RUNTIME=1 GPUPOOL_STATIC_RUNTIME_LIBRARIES=" +
-                library + " to pool it");
-    return;
-  }
+  if (explain_library_not_taken_over(true)) return;
   std::string static_runtime =
       "set GPUPOOL_STATIC_RUNTIME=1 to pool a program built with nvcc's default static runtime (or rebuild it "
       "with -cudart shared)";
@@ -101,6 +109,8 @@ void Runtime::at_exit() {
   // A forked child's CUDA was its parent's, which speaks for it.
   if (!disabled_ && !used_.load() && !forked_child_ && cuda_driver_loaded()) {
     explain_nothing_pooled(config_.static_runtime);
+  } else if (!disabled_ && !forked_child_) {
+    explain_library_not_taken_over(false);
   }
   if (trace_) {
     trace_->flush();

@@ -50,6 +50,10 @@ bool cuda_driver_loaded();
 // At exit, in a process that used CUDA without a single allocation reaching
 // gpupool: one line on what gpupool cannot see.
 void explain_nothing_pooled(bool static_runtime_asked);
+// At exit: one line naming a library seen taking memory from the driver by
+// name without being taken over, if any (the program's other memory was
+// pooled, or none was). True when it wrote the line.
+bool explain_library_not_taken_over(bool nothing_pooled);
 // The file name of the first library seen fetching the driver's allocation
 // calls itself (by name) without being taken over; empty if none.
 std::string driver_library_not_taken_over();

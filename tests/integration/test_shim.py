@@ -442,6 +442,23 @@ class StaticRuntime(ShimTest):
         self.assertGreaterEqual(streams[0]["same_stream_reuses"] + streams[0]["cross_stream_reuses"], 10)
         self.assertFalse(streams[0]["alive"])  # destroyed with cuStreamDestroy_v2
 
+    def test_a_library_taking_memory_from_the_driver_is_named_though_the_rest_was_pooled(self):
+        # The program's own cudaMalloc is pooled; the library's memory is not,
+        # and the report cannot show it: a line at exit says so.
+        module = os.path.join(BUILD, "tests", "libtest-driver-lookup.so")
+        advice = "GPUPOOL_STATIC_RUNTIME_LIBRARIES=libtest-driver-lookup.so to pool it"
+        run = self.run_program(["test-lifecycle", "library", module])
+        self.assertSucceeded(run)
+        self.assertEqual(run.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 1)
+        self.assertEqual(run.stderr.count(advice), 1, run.stderr)
+        self.assertIn("not all of this program's device memory reached gpupool", run.stderr)
+        os.remove(run.reports()[0])
+        named = self.run_program(["test-lifecycle", "library", module],
+                                 env={**self.ON, "GPUPOOL_STATIC_RUNTIME_LIBRARIES": "libtest-driver-lookup.so"})
+        self.assertSucceeded(named)
+        self.assertEqual(named.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 21)
+        self.assertNotIn(advice, named.stderr)
+
     def test_a_reset_fetched_by_name_leaves_nothing_from_before_it(self):
         # Both versions of cuDevicePrimaryCtxReset: a block cached before the
         # reset must not be handed out after it (the simulated reset frees it).

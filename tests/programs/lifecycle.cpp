@@ -14,6 +14,9 @@
 //              KEEP bytes; then allocates and uses a block
 //   chdir      makes its first CUDA call after changing directory
 //   ipc        takes the IPC handle of a block inside a pooled segment
+//   library LIB loads LIB, a library that fetches the driver's calls by name,
+//              has it make 5 pairs of each kind, then allocates one block
+//              through the runtime
 //   driver LIB none|stream|alloc [fork]
 //              loads LIB as the CUDA driver (as a program's own static
 //              runtime would), then makes no CUDA call, only stream calls, or
@@ -159,6 +162,16 @@ int main(int argc, char** argv) {
     }
     CHECK_CUDA(cudaFree(second));
     CHECK_CUDA(cudaFree(first));
+    return 0;
+  }
+  if (mode == "library" && argc > 2) {
+    void* module = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
+    auto by_name = module != nullptr ? reinterpret_cast<int (*)(int)>(dlsym(module, "library_by_name")) : nullptr;
+    EXPECT(by_name != nullptr && by_name(5) == 0);
+    void* p = nullptr;
+    CHECK_CUDA(cudaMalloc(&p, 4096));
+    CHECK_CUDA(cudaFree(p));
+    std::printf("lifecycle: library\n");
     return 0;
   }
   if (mode == "driver" && argc > 3) {
