@@ -279,6 +279,8 @@ cudaError_t cudaDeviceReset(void) {
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
+  // Like the real runtime: not allowed while a stream captures (global mode).
+  if (const cudaError_t e = Engine::instance().check_unsafe_call(); e != cudaSuccess) return result(e);
   Engine::instance().synchronize_all();
   return cudaSuccess;
 }
