@@ -114,6 +114,13 @@ class Capture(ShimTest):
         self.assertEqual(run.counters()["captures_invalidated"], 0)
         self.assertEqual(device["quarantined_bytes"], 1 << 20)  # freed inside the capture
 
+    def test_free_synchronizes_does_not_synchronize_during_a_capture(self):
+        # A plain cudaFree inside a capture: a device synchronization there
+        # would be refused and invalidate the capture.
+        run = self.run_program(["test-capture", "plain"], env={"GPUPOOL_FREE_SYNCHRONIZES": "1"})
+        self.assertSucceeded(run)
+        self.assertEqual(run.counters()["captures_invalidated"], 0)
+
     def test_other_streams_allocating_during_a_capture_leave_it_valid(self):
         # Blocks freed on the legacy stream and with cudaFree, still busy: the
         # pool must neither fence nor query the legacy stream for them while a

@@ -8,6 +8,10 @@
 //                      (run with SIMCUDA_OP_DELAY_US): gpupool must not touch
 //                      the legacy stream, which would break the capture; the
 //                      third stream's 16 MiB may serve after a device-side wait
+//   capture plain      a plain cudaMalloc/cudaFree pair while a stream captures
+//                      in global mode: gpupool serves it from memory it maps
+//                      and calls nothing the capture forbids (so, with
+//                      free_synchronizes:1, no device synchronization)
 #include "common.hpp"
 
 namespace {
@@ -59,10 +63,24 @@ int others() {
   std::printf("capture: valid while other streams allocated\n");
   return 0;
 }
+int plain() {
+  cudaStream_t s;
+  CHECK_CUDA(cudaStreamCreate(&s));
+  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CHECK_CUDA(cudaLaunchHostFunc(s, noop, nullptr));
+  void* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, 1 << 20));
+  CHECK_CUDA(cudaFree(p));
+  if (!ended_valid(s)) return 1;
+  CHECK_CUDA(cudaStreamDestroy(s));
+  std::printf("capture: valid across a plain pair\n");
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "others") == 0) return others();
+  if (argc > 1 && std::strcmp(argv[1], "plain") == 0) return plain();
   cudaStream_t s;
   CHECK_CUDA(cudaStreamCreate(&s));  // a blocking stream: legacy-stream work would break its capture
   // Warm the pool and leave frees that a barrier would normally cover.
