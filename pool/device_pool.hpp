@@ -52,6 +52,12 @@ class DevicePool {
   FreeResult deallocate(DevicePtr ptr, StreamId site);
   // Returns every entirely free segment upstream; returns the bytes released.
   std::size_t release_cached();
+  // Restarts a high watermark (Stat::high) of the bytes allocated or reserved
+  // from now: a program reset its memory pool's (cudaMemPoolSetAttribute).
+  enum class Watermark { Allocated, Reserved };
+  void reset_high(Watermark which) {
+    (which == Watermark::Allocated ? stats_.allocated_bytes : stats_.reserved_bytes)[kAll].reset_high();
+  }
   // On a fresh pool replacing `before` after a device reset freed all its
   // memory (device_reset.cpp): its statistics, histograms, out-of-memory
   // records, timeline and streams' counters go on here, current figures at

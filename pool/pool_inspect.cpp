@@ -73,9 +73,9 @@ bool check_array(const char* name, const StatArray& kept, const StatArray& count
           << counted[i].current;
       return false;
     }
-    if (s.peak < s.current || s.allocated - s.freed != s.current || s.current < 0) {
-      why << name << "." << kNames[i] << " is inconsistent (current " << s.current << ", peak "
-          << s.peak << ", allocated " << s.allocated << ", freed " << s.freed << ")";
+    if (s.high < s.current || s.peak < s.high || s.allocated - s.freed != s.current || s.current < 0) {
+      why << name << "." << kNames[i] << " is inconsistent (current " << s.current << ", high " << s.high
+          << ", peak " << s.peak << ", allocated " << s.allocated << ", freed " << s.freed << ")";
       return false;
     }
   }

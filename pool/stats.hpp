@@ -19,12 +19,19 @@ struct Stat {
   std::int64_t peak = 0;
   std::int64_t allocated = 0;  // total ever added
   std::int64_t freed = 0;      // total ever removed
+  // The most since reset_high() (never above peak): a CUDA memory pool's
+  // high watermark, which programs reset (cudaMemPoolAttrUsedMemHigh).
+  std::int64_t high = 0;
 
   void increase(std::int64_t amount) {
     current += amount;
     allocated += amount;
-    if (current > peak) peak = current;
+    if (current > high) {
+      high = current;
+      if (current > peak) peak = current;
+    }
   }
+  void reset_high() { high = current; }
   void decrease(std::int64_t amount) {
     current -= amount;
     freed += amount;

@@ -308,6 +308,29 @@ TEST_CASE_METHOD(PoolFixture, "statistics match a hand count") {
   CHECK(pool->fragmentation().rounding_waste == 72 + 0);  // 3072 - 3000; 5 MiB exact
 }
 
+TEST_CASE_METHOD(PoolFixture, "a reset high watermark starts from what is held then, and the peak stays") {
+  make();
+  const MemoryStats& s = pool->stats();
+  const DevicePtr big = alloc(30 * kMiB);
+  const DevicePtr small = alloc(1000);
+  release(big);
+  const std::int64_t peak_allocated = static_cast<std::int64_t>(30 * kMiB + 1024);
+  CHECK(s.allocated_bytes[kAll].high == peak_allocated);
+  pool->reset_high(DevicePool::Watermark::Allocated);
+  CHECK(s.allocated_bytes[kAll].high == 1024);
+  CHECK(s.allocated_bytes[kAll].peak == peak_allocated);
+  CHECK(s.reserved_bytes[kAll].high == s.reserved_bytes[kAll].peak);  // the other one is left alone
+  const DevicePtr medium = alloc(4 * kMiB);
+  CHECK(s.allocated_bytes[kAll].high == static_cast<std::int64_t>(4 * kMiB + 1024));
+  release(medium);
+  CHECK(pool->release_cached() > 0);
+  pool->reset_high(DevicePool::Watermark::Reserved);
+  CHECK(s.reserved_bytes[kAll].high == s.reserved_bytes[kAll].current);
+  CHECK(s.reserved_bytes[kAll].high < s.reserved_bytes[kAll].peak);
+  release(small);
+  check();
+}
+
 TEST_CASE_METHOD(PoolFixture, "release_cached returns whole free segments and keeps split ones") {
   make();
   const DevicePtr big = alloc(30 * kMiB);
