@@ -98,6 +98,12 @@ CUresult mem_get_info(size_t* free_bytes, size_t* total) { return cu(cudaMemGetI
 CUresult mem_pool_trim_to(CUmemoryPool pool, size_t keep) {
   return cu(cudaMemPoolTrimTo(reinterpret_cast<cudaMemPool_t>(pool), keep));
 }
+CUresult mem_pool_get_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+  return cu(cudaMemPoolGetAttribute(reinterpret_cast<cudaMemPool_t>(pool), static_cast<cudaMemPoolAttr>(attr), value));
+}
+CUresult mem_pool_set_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+  return cu(cudaMemPoolSetAttribute(reinterpret_cast<cudaMemPool_t>(pool), static_cast<cudaMemPoolAttr>(attr), value));
+}
 CUresult device_get_default_mem_pool(CUmemoryPool* pool, CUdevice device) {
   return cu(cudaDeviceGetDefaultMemPool(reinterpret_cast<cudaMemPool_t*>(pool), device));
 }
@@ -209,6 +215,8 @@ const Entry kEntries[] = {
     {"cuMemFreeAsync", 11020, fn(mem_free_async), fn(mem_free_async_ptsz)},
     {"cuMemGetInfo", 3020, fn(mem_get_info), fn(mem_get_info)},
     {"cuMemPoolTrimTo", 11020, fn(mem_pool_trim_to), fn(mem_pool_trim_to)},
+    {"cuMemPoolGetAttribute", 11020, fn(mem_pool_get_attribute), fn(mem_pool_get_attribute)},
+    {"cuMemPoolSetAttribute", 11020, fn(mem_pool_set_attribute), fn(mem_pool_set_attribute)},
     {"cuDeviceGetDefaultMemPool", 11020, fn(device_get_default_mem_pool), fn(device_get_default_mem_pool)},
     {"cuDeviceGetMemPool", 11020, fn(device_get_mem_pool), fn(device_get_mem_pool)},
     {"cuMemcpyHtoD", 3020, fn(memcpy_htod), fn(memcpy_htod)},
@@ -288,6 +296,16 @@ CUresult cuMemAllocPitch(CUdeviceptr* p, size_t* pitch, size_t width, size_t hei
   return mem_alloc_pitch(p, pitch, width, height, element_bytes);
 }
 CUresult cuMemGetInfo(size_t* free_bytes, size_t* total) { return mem_get_info(free_bytes, total); }
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) { return mem_pool_trim_to(pool, keep); }
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+  return mem_pool_get_attribute(pool, attr, value);
+}
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+  return mem_pool_set_attribute(pool, attr, value);
+}
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice device) {
+  return device_get_default_mem_pool(pool, device);
+}
 CUresult cuMemcpyHtoD(CUdeviceptr dst, const void* src, size_t n) { return memcpy_htod(dst, src, n); }
 CUresult cuMemcpyDtoH(void* dst, CUdeviceptr src, size_t n) { return memcpy_dtoh(dst, src, n); }
 CUresult cuStreamCreate(CUstream* s, unsigned int flags) { return stream_create(s, flags); }

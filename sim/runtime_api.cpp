@@ -13,6 +13,7 @@
 
 #include "sim/counters.hpp"
 #include "sim/engine.hpp"
+#include "sim/mem_pools.hpp"
 #include "sim/memory.hpp"
 #include "sim/ptsz.h"
 #include "sim/simcuda.h"
@@ -120,6 +121,7 @@ cudaError_t malloc_async(void** p, size_t size, cudaStream_t stream, bool per_th
     Engine::instance().synchronize_all();
     err = Memory::instance().allocate(device, size, p);
   }
+  if (err == cudaSuccess) simcuda::mem_pool_allocated(*p, size, device);
   return result(err);
 }
 
@@ -128,7 +130,10 @@ cudaError_t free_async(void* p, cudaStream_t stream, bool per_thread) {
   if (p == nullptr) return cudaSuccess;
   if (!Memory::instance().contains(p, 1)) return result(cudaErrorInvalidValue);
   Stream* s = stream_of(stream, per_thread);
-  return result(Engine::instance().enqueue(s, [p] { Memory::instance().release(p); }));
+  return result(Engine::instance().enqueue(s, [p] {
+    simcuda::mem_pool_freed(p);
+    Memory::instance().release(p);
+  }));
 }
 
 void write_counters_at_exit() {
@@ -265,6 +270,7 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
 cudaError_t cudaDeviceReset(void) {
   Engine::instance().synchronize_all();
   Memory::instance().reset(t_device);
+  simcuda::mem_pool_device_reset(t_device);
   std::lock_guard<std::mutex> lock(events_mu());
   for (auto it = events().begin(); it != events().end();) {
     if ((*it)->device != t_device) {
@@ -319,6 +325,7 @@ cudaError_t cudaFree(void* p) {
   if (!Memory::instance().contains(p, 1)) return result(cudaErrorInvalidValue);
   // cudaFree synchronizes the device before the memory goes.
   Engine::instance().synchronize_all();
+  simcuda::mem_pool_freed(p);  // stream-ordered memory may be freed so too
   return result(Memory::instance().release(p));
 }
 
@@ -402,7 +409,15 @@ cudaError_t cudaMallocFromPoolAsync_ptsz(void** p, size_t size, cudaMemPool_t, c
 
 // The simulated pools keep nothing: stream-ordered memory is freed at once.
 cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t) {
-  return pool == nullptr ? result(cudaErrorInvalidValue) : cudaSuccess;
+  return simcuda::is_mem_pool(pool) ? cudaSuccess : result(cudaErrorInvalidValue);
+}
+
+cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
+  return result(simcuda::mem_pool_get(pool, attr, value));
+}
+
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
+  return result(simcuda::mem_pool_set(pool, attr, value));
 }
 
 // Every device's current pool is its default one here.
@@ -410,8 +425,7 @@ cudaError_t cudaDeviceGetMemPool(cudaMemPool_t* pool, int device) { return cudaD
 
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
   if (pool == nullptr || device < 0 || device >= Memory::instance().devices()) return result(cudaErrorInvalidValue);
-  static int pools[64];
-  *pool = reinterpret_cast<cudaMemPool_t>(&pools[device % 64]);
+  *pool = simcuda::default_mem_pool(device);
   return cudaSuccess;
 }
 
