@@ -54,6 +54,8 @@ struct Driver {
   decltype(&cuStreamEndCapture) end_capture_ptsz = nullptr;
   decltype(&cuIpcGetMemHandle) ipc_get_mem_handle = nullptr;
   decltype(&cuMemPoolTrimTo) mem_pool_trim_to = nullptr;
+  decltype(&cuMemPoolGetAttribute) mem_pool_get_attribute = nullptr;
+  decltype(&cuMemPoolSetAttribute) mem_pool_set_attribute = nullptr;
   decltype(&cuDeviceGetDefaultMemPool) device_get_default_mem_pool = nullptr;
   decltype(&cuDeviceGetMemPool) device_get_mem_pool = nullptr;
   gpupool_driver_lookup_fn lookup = nullptr;
@@ -82,6 +84,14 @@ cudaError_t mem_get_info(size_t* free_bytes, size_t* total) { return rt(d.mem_ge
 cudaError_t get_device(int* device) { return rt(d.ctx_get_device(device)); }
 cudaError_t mem_pool_trim_to(cudaMemPool_t pool, size_t keep) {
   return rt(d.mem_pool_trim_to(reinterpret_cast<CUmemoryPool>(pool), keep));
+}
+cudaError_t mem_pool_get_attribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
+  return rt(d.mem_pool_get_attribute(reinterpret_cast<CUmemoryPool>(pool), static_cast<CUmemPool_attribute>(attr),
+                                     value));
+}
+cudaError_t mem_pool_set_attribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
+  return rt(d.mem_pool_set_attribute(reinterpret_cast<CUmemoryPool>(pool), static_cast<CUmemPool_attribute>(attr),
+                                     value));
 }
 cudaError_t device_get_default_mem_pool(cudaMemPool_t* pool, int device) {
   return rt(d.device_get_default_mem_pool(reinterpret_cast<CUmemoryPool*>(pool), device));
@@ -237,8 +247,11 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   // Captures into an existing graph came with CUDA 12.3: optional.
   fetch(d.begin_capture_to_graph, "cuStreamBeginCaptureToGraph", 12030);
   fetch(d.begin_capture_to_graph_ptsz, "cuStreamBeginCaptureToGraph", 12030, kPerThread);
-  // Trimming a memory pool (gpupool's cache goes with the program's trim): optional.
+  // Trimming a memory pool (gpupool's cache goes with the program's trim), and
+  // its figures (gpupool's are added): optional.
   fetch(d.mem_pool_trim_to, "cuMemPoolTrimTo", 11020);
+  fetch(d.mem_pool_get_attribute, "cuMemPoolGetAttribute", 11020);
+  fetch(d.mem_pool_set_attribute, "cuMemPoolSetAttribute", 11020);
   fetch(d.device_get_default_mem_pool, "cuDeviceGetDefaultMemPool", 11020);
   fetch(d.device_get_mem_pool, "cuDeviceGetMemPool", 11020);
   if (!complete) return false;
@@ -282,6 +295,8 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   table.cudaDeviceGetDefaultMemPool = d.device_get_default_mem_pool != nullptr ? device_get_default_mem_pool : nullptr;
   table.cudaDeviceGetMemPool = d.device_get_mem_pool != nullptr ? device_get_mem_pool : nullptr;
   table.cudaMemPoolTrimTo = d.mem_pool_trim_to != nullptr ? mem_pool_trim_to : nullptr;
+  table.cudaMemPoolGetAttribute = d.mem_pool_get_attribute != nullptr ? mem_pool_get_attribute : nullptr;
+  table.cudaMemPoolSetAttribute = d.mem_pool_set_attribute != nullptr ? mem_pool_set_attribute : nullptr;
   table.cudaGetDriverEntryPointByVersion = get_driver_entry_point;
   table.cudaGetDriverEntryPoint = nullptr;
   return true;

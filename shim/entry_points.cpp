@@ -244,6 +244,26 @@ GPUPOOL_EXPORT cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t min_byte
   return err;
 }
 
+// So do the figures of those pools that programs read (PyTorch's
+// cudaMallocAsync backend reports memory_allocated() and memory_reserved()
+// from them, CuPy its async pool's used and total bytes), and the resets of
+// their high watermarks.
+GPUPOOL_EXPORT cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
+  Runtime& rt = enter();
+  if (real().cudaMemPoolGetAttribute == nullptr) return missing();
+  const cudaError_t err = real().cudaMemPoolGetAttribute(pool, attr, value);
+  if (err == cudaSuccess && !rt.bypass()) rt.add_pool_figure(pool, attr, value);
+  return err;
+}
+
+GPUPOOL_EXPORT cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
+  Runtime& rt = enter();
+  if (real().cudaMemPoolSetAttribute == nullptr) return missing();
+  const cudaError_t err = real().cudaMemPoolSetAttribute(pool, attr, value);
+  if (err == cudaSuccess && !rt.bypass()) rt.reset_pool_high(pool, attr);
+  return err;
+}
+
 GPUPOOL_EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
   Runtime& rt = enter();
   if (real().cudaDeviceEnablePeerAccess == nullptr) return missing();

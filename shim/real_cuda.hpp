@@ -29,6 +29,8 @@ namespace gpupool::shim {
   X(cudaDeviceGetDefaultMemPool, cudaError_t(cudaMemPool_t*, int))                    \
   X(cudaDeviceGetMemPool, cudaError_t(cudaMemPool_t*, int))                           \
   X(cudaMemPoolTrimTo, cudaError_t(cudaMemPool_t, size_t))                            \
+  X(cudaMemPoolGetAttribute, cudaError_t(cudaMemPool_t, cudaMemPoolAttr, void*))      \
+  X(cudaMemPoolSetAttribute, cudaError_t(cudaMemPool_t, cudaMemPoolAttr, void*))      \
   X(cudaEventCreateWithFlags, cudaError_t(cudaEvent_t*, unsigned int))                \
   X(cudaEventDestroy, cudaError_t(cudaEvent_t))                                       \
   X(cudaEventRecord, cudaError_t(cudaEvent_t, cudaStream_t))                          \

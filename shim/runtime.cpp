@@ -453,9 +453,11 @@ void Runtime::device_reset(int dev) {
   }
 }
 
-void Runtime::trim(cudaMemPool_t pool, std::size_t keep) {
+// ---------------------------------------------------------------- memory pools
+
+template <typename F>
+void Runtime::for_each_device_of_pool(cudaMemPool_t pool, F&& f) {
   if (pool == nullptr) return;
-  bool flushed = false;
   for (int i = 0; i < kMaxDevices; ++i) {
     DeviceState* d = existing(i);
     if (d == nullptr) continue;
@@ -463,13 +465,51 @@ void Runtime::trim(cudaMemPool_t pool, std::size_t keep) {
     cudaMemPool_t current_pool = nullptr;
     if (real().cudaDeviceGetDefaultMemPool != nullptr) real().cudaDeviceGetDefaultMemPool(&default_pool, i);
     if (real().cudaDeviceGetMemPool != nullptr) real().cudaDeviceGetMemPool(&current_pool, i);
-    if (pool != default_pool && pool != current_pool) continue;
+    if (pool == default_pool || pool == current_pool) f(*d);
+  }
+}
+
+void Runtime::trim(cudaMemPool_t pool, std::size_t keep) {
+  bool flushed = false;
+  for_each_device_of_pool(pool, [&](DeviceState& d) {
     if (!flushed && caches_.enabled()) caches_.flush_all();  // before the pool's lock, as allocate does
     flushed = true;
-    std::lock_guard<AdaptiveMutex> lock(d->mu);
-    if (!d->foreign_frees.empty()) return_foreign_frees(*d, false);
-    if (static_cast<std::size_t>(d->pool->stats().reserved_bytes[kAll].current) > keep) d->pool->release_cached();
-  }
+    std::lock_guard<AdaptiveMutex> lock(d.mu);
+    if (!d.foreign_frees.empty()) return_foreign_frees(d, false);
+    if (static_cast<std::size_t>(d.pool->stats().reserved_bytes[kAll].current) > keep) d.pool->release_cached();
+  });
+}
+
+void Runtime::add_pool_figure(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
+  const bool used = attr == cudaMemPoolAttrUsedMemCurrent || attr == cudaMemPoolAttrUsedMemHigh;
+  const bool high = attr == cudaMemPoolAttrReservedMemHigh || attr == cudaMemPoolAttrUsedMemHigh;
+  if (!used && !high && attr != cudaMemPoolAttrReservedMemCurrent) return;
+  std::uint64_t added = 0;
+  for_each_device_of_pool(pool, [&](DeviceState& d) {
+    // The pool counts blocks threads keep as allocated; the program freed
+    // them. (Its high watermark counts them too, as the report's peaks do.)
+    const std::int64_t kept = used && !high && caches_.enabled() ? caches_.traffic(d.device).kept_bytes : 0;
+    std::lock_guard<AdaptiveMutex> lock(d.mu);
+    const Stat& stat = (used ? d.pool->stats().allocated_bytes : d.pool->stats().reserved_bytes)[kAll];
+    const std::int64_t figure = high ? stat.high : stat.current - kept;
+    if (figure > 0) added += static_cast<std::uint64_t>(figure);
+  });
+  *static_cast<std::uint64_t*>(value) += added;
+}
+
+void Runtime::reset_pool_high(cudaMemPool_t pool, cudaMemPoolAttr attr) {
+  if (attr != cudaMemPoolAttrUsedMemHigh && attr != cudaMemPoolAttrReservedMemHigh) return;
+  const auto which =
+      attr == cudaMemPoolAttrUsedMemHigh ? DevicePool::Watermark::Allocated : DevicePool::Watermark::Reserved;
+  bool flushed = false;
+  for_each_device_of_pool(pool, [&](DeviceState& d) {
+    // Blocks threads keep go back first, so that the watermark starts from
+    // what the program holds.
+    if (!flushed && caches_.enabled()) caches_.flush_all();
+    flushed = true;
+    std::lock_guard<AdaptiveMutex> lock(d.mu);
+    d.pool->reset_high(which);
+  });
 }
 
 void Runtime::peer_access_enabled(int accessor, int owner) {

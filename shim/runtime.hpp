@@ -96,6 +96,14 @@ class Runtime {
   // that is gives back its idle memory (threads' caches first), unless it
   // reserves no more than `keep`.
   void trim(cudaMemPool_t pool, std::size_t keep);
+  // cudaMemPoolGetAttribute(pool, attr) gave the runtime's figure in *value:
+  // adds what gpupool holds for each device whose default or current pool
+  // that is, bytes reserved or in use (blocks threads keep are not), now or
+  // at the high watermark. Other attributes are the runtime's alone.
+  void add_pool_figure(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value);
+  // cudaMemPoolSetAttribute reset one of those high watermarks: gpupool's too,
+  // once threads' caches are back in the pool.
+  void reset_pool_high(cudaMemPool_t pool, cudaMemPoolAttr attr);
   // False, after a line saying why, when a CUDA IPC handle for ptr would make
   // the other process map memory other than the program's block: the block
   // lies in an expandable segment (not exportable) or not at its segment's
@@ -124,6 +132,9 @@ class Runtime {
   void install_report_signal();
   void write_requested_report();
   void warn_oom(const DeviceState& d);
+  // Calls f(d) for each device d whose default or current memory pool is `pool`.
+  template <typename F>
+  void for_each_device_of_pool(cudaMemPool_t pool, F&& f);
   // A store only the first time: every call writing the flag would bounce its
   // cache line between the cores of a multi-threaded program.
   void mark_used() {

@@ -484,6 +484,22 @@ class StaticRuntime(ShimTest):
         self.assertGreaterEqual(held[None], 64 << 20)
         self.assertLessEqual(held["0"], 2 << 20)
 
+    def test_its_memory_pool_figures_include_gpupools(self):
+        # The program reads its default pool's figures with the driver's
+        # cuMemPoolGetAttribute, as the static runtime's cudaMemPoolGetAttribute does.
+        for keep in (None, "0"):
+            run = self.run_program(["test-static-runtime", "trim"] + ([keep] if keep else []), env=self.ON)
+            self.assertSucceeded(run)
+            figures = run.output_json()
+            self.assertGreaterEqual(figures["used_held"], 64 << 20)  # the 8 blocks of 8 MiB
+            self.assertEqual(figures["used_high_reset"], 0)  # reset once all were freed
+            if keep is None:
+                self.assertGreaterEqual(figures["reserved"], 64 << 20)  # kept for reuse
+            else:
+                self.assertEqual(figures["reserved"], 0)
+            for path in run.reports():
+                os.remove(path)
+
     def test_stream_ordered_and_per_thread_stream_calls_are_pooled(self):
         run = self.run_program(["test-static-runtime", "async", "20"], env=self.ON)
         self.assertSucceeded(run)
@@ -585,6 +601,39 @@ class Trim(ShimTest):
                 # the untrimmed run's figure: how many 2 MiB segments the warm-up
                 # and the last block take varies with timing.)
                 self.assertGreaterEqual(held[str(1 << 30)], 64 << 20)
+
+
+class MemoryPoolFigures(ShimTest):
+    # test-meminfo pool reads its default pool's figures (cudaMemPoolGetAttribute)
+    # while it holds 36 MiB of stream-ordered blocks, after freeing 26 MiB of
+    # them, after resetting the high watermarks and after a trim, and checks
+    # what any pool shows (the figures in use follow the program's blocks, a
+    # reset watermark starts from what is held). The runtime's own pool passes
+    # it alone; under gpupool, whose pool serves those blocks, only if its
+    # figures are added.
+    def test_alone_and_with_gpupool_disabled_the_runtimes_pool_passes(self):
+        self.assertSucceeded(self.run_program(["test-meminfo", "pool"], preload=False))
+        self.assertSucceeded(self.run_program(["test-meminfo", "pool"], env={"GPUPOOL_DISABLE": "1"}))
+
+    def test_gpupools_figures_follow_the_program_and_its_trims(self):
+        for expandable in ("1", "0"):
+            for threads in ([], ["threads"]):
+                with self.subTest(expandable_segments=expandable, threads=threads):
+                    run = self.run_program(["test-meminfo", "pool"] + threads,
+                                           env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                    self.assertSucceeded(run)
+                    figures = run.output_json()
+                    # What gpupool holds for reuse stays reserved until the trim.
+                    self.assertEqual(figures["freed"]["reserved"], figures["held"]["reserved"])
+                    self.assertLess(figures["trimmed"]["reserved"], figures["freed"]["reserved"])
+                    # The pool's figures are the report's.
+                    stats = run.report()["devices"]["0"]["stats"]
+                    self.assertEqual(stats["reserved_bytes.all.current"], figures["end"]["reserved"])
+                    self.assertEqual(stats["allocated_bytes.all.current"], figures["end"]["used"])
+                    if threads:  # the 26 MiB freed were kept in the thread's cache, not in use
+                        self.assertEqual(run.report()["devices"]["0"]["thread_cache_kept_peak_bytes"], 26 << 20)
+                    for path in run.reports():
+                        os.remove(path)
 
 
 class Lifecycle(ShimTest):

@@ -68,8 +68,10 @@ static int use_primary_context(void* driver) {
 /* n pairs of each: cuMemAlloc/cuMemFree, stream-ordered on a stream of its
    own, stream-ordered on the per-thread default stream, and pitched rows;
    every function fetched with dlsym under the name the driver exports it by
-   (cuMemAlloc_v2, ...), each block written and read back. 0 when every call
-   succeeded and every block held its pattern. */
+   (cuMemAlloc_v2, ...), each block written and read back; the default memory
+   pool's figure of bytes in use read while the first stream-ordered block is
+   held. 0 when every call succeeded, every block held its pattern and the
+   figure counted the block. */
 int library_by_name(int n) {
   void* driver = dlopen("libcuda.so.1", RTLD_NOW);
   if (driver == NULL) return 1;
@@ -86,6 +88,8 @@ int library_by_name(int n) {
   CUresult (*stream_create)(CUstream*, unsigned int);
   CUresult (*stream_destroy)(CUstream);
   CUresult (*stream_synchronize)(CUstream);
+  CUresult (*device_get_default_mem_pool)(CUmemoryPool*, CUdevice);
+  CUresult (*mem_pool_get_attribute)(CUmemoryPool, CUmemPool_attribute, void*);
   FETCH(mem_alloc, "cuMemAlloc_v2");
   FETCH(mem_free, "cuMemFree_v2");
   FETCH(mem_alloc_async, "cuMemAllocAsync");
@@ -99,15 +103,24 @@ int library_by_name(int n) {
   FETCH(stream_create, "cuStreamCreate");
   FETCH(stream_destroy, "cuStreamDestroy_v2");
   FETCH(stream_synchronize, "cuStreamSynchronize");
+  FETCH(device_get_default_mem_pool, "cuDeviceGetDefaultMemPool");
+  FETCH(mem_pool_get_attribute, "cuMemPoolGetAttribute");
   if (use_primary_context(driver) != 0) return 1;
   CUstream s = NULL;
   if (stream_create(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 1;
+  CUmemoryPool pool = NULL;
+  if (device_get_default_mem_pool(&pool, 0) != CUDA_SUCCESS) return 1;
   for (int i = 0; i < n; ++i) {
     const size_t size = (size_t)(i % 7 + 1) << 16;
     CUdeviceptr p = 0;
     if (mem_alloc(&p, size) != CUDA_SUCCESS || write_and_check(htod, dtoh, p, size, i) != 0) return 1;
     if (mem_free(p) != CUDA_SUCCESS) return 1;
     if (mem_alloc_async(&p, size, s) != CUDA_SUCCESS || stream_synchronize(s) != CUDA_SUCCESS) return 1;
+    cuuint64_t used = 0;
+    if (i == 0 && (mem_pool_get_attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) != CUDA_SUCCESS ||
+                   used < size)) {
+      return 1;
+    }
     if (write_and_check(htod, dtoh, p, size, i + 1) != 0 || mem_free_async(p, s) != CUDA_SUCCESS) return 1;
     /* The per-thread default stream's twins (a null stream names it), and rows. */
     if (mem_alloc_async_ptsz(&p, size, NULL) != CUDA_SUCCESS || stream_synchronize(CU_STREAM_PER_THREAD) != CUDA_SUCCESS) {

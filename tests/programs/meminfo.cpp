@@ -1,8 +1,120 @@
-// What cudaMemGetInfo says before and after the program caches 100 MiB, as
-// JSON: {"total": .., "free_before": .., "free_after": ..}.
+// What a program reads of its memory.
+//   meminfo        what cudaMemGetInfo says before and after the program caches
+//                  100 MiB, as JSON: {"total": .., "free_before": .., "free_after": ..}
+//   meminfo pool [threads]
+//                  reads its device's default memory pool's figures
+//                  (cudaMemPoolGetAttribute) around stream-ordered allocations,
+//                  frees, a reset of the high watermarks and a trim, checks
+//                  what any pool must show, and prints the figures as JSON;
+//                  with threads, after a second thread's stream-ordered calls
+//                  (under gpupool, threads then keep the blocks they free)
+#include <cinttypes>
+#include <string>
+
 #include "common.hpp"
 
-int main() {
+namespace {
+
+std::uint64_t figure(cudaMemPool_t pool, cudaMemPoolAttr attr) {
+  std::uint64_t value = 0;
+  CHECK_CUDA(cudaMemPoolGetAttribute(pool, attr, &value));
+  return value;
+}
+
+struct Figures {
+  std::uint64_t used, used_high, reserved, reserved_high;
+};
+
+Figures figures(cudaMemPool_t pool) {
+  const Figures f{figure(pool, cudaMemPoolAttrUsedMemCurrent), figure(pool, cudaMemPoolAttrUsedMemHigh),
+                  figure(pool, cudaMemPoolAttrReservedMemCurrent), figure(pool, cudaMemPoolAttrReservedMemHigh)};
+  // What any pool's figures keep to: in use within reserved, each at most its
+  // high watermark.
+  EXPECT(f.used <= f.reserved);
+  EXPECT(f.used <= f.used_high);
+  EXPECT(f.reserved <= f.reserved_high);
+  return f;
+}
+
+void print(const char* name, const Figures& f, bool last = false) {
+  std::printf("\"%s\": {\"used\": %" PRIu64 ", \"used_high\": %" PRIu64 ", \"reserved\": %" PRIu64
+              ", \"reserved_high\": %" PRIu64 "}%s",
+              name, f.used, f.used_high, f.reserved, f.reserved_high, last ? "}\n" : ", ");
+}
+
+int pool_figures(bool threads) {
+  if (threads) testprog::turn_thread_caches_on();
+  cudaMemPool_t pool = nullptr;
+  CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, 0));
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::printf("{");
+  const Figures start = figures(pool);
+  print("start", start);
+
+  // 8 blocks of 1 to 8 MiB (36 MiB), in use on the stream.
+  constexpr size_t kMiB = size_t{1} << 20;
+  constexpr size_t kTotal = 36 * kMiB;
+  void* blocks[8];
+  for (int i = 0; i < 8; ++i) {
+    CHECK_CUDA(cudaMallocAsync(&blocks[i], (i + 1) * kMiB, stream));
+    CHECK_CUDA(cudaMemsetAsync(blocks[i], i, (i + 1) * kMiB, stream));
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  const Figures held = figures(pool);
+  print("held", held);
+  EXPECT(held.used >= start.used + kTotal);
+  EXPECT(held.used_high >= start.used + kTotal);
+
+  // The larger half freed (26 MiB): no longer in use.
+  for (int i = 4; i < 8; ++i) CHECK_CUDA(cudaFreeAsync(blocks[i], stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  const Figures freed = figures(pool);
+  print("freed", freed);
+  EXPECT(held.used - freed.used >= 26 * kMiB);
+  EXPECT(freed.used_high == held.used_high);
+
+  // A high watermark can only be reset, to 0: it then starts from what is held.
+  const std::uint64_t nonzero = 1;
+  EXPECT(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, const_cast<std::uint64_t*>(&nonzero)) ==
+         cudaErrorInvalidValue);
+  cudaGetLastError();
+  std::uint64_t zero = 0;
+  CHECK_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+  CHECK_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &zero));
+  const Figures reset = figures(pool);
+  print("reset", reset);
+  EXPECT(reset.used_high == reset.used);
+  EXPECT(reset.used_high < held.used_high);
+  EXPECT(reset.reserved_high == reset.reserved);
+
+  // A trim to 0 keeps what is in use.
+  CHECK_CUDA(cudaMemPoolTrimTo(pool, 0));
+  const Figures trimmed = figures(pool);
+  print("trimmed", trimmed);
+  EXPECT(trimmed.used == reset.used);
+
+  // Other attributes are the runtime's: a release threshold set is read back.
+  std::uint64_t threshold = 64 * kMiB;
+  CHECK_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  EXPECT(figure(pool, cudaMemPoolAttrReleaseThreshold) == 64 * kMiB);
+
+  for (int i = 0; i < 4; ++i) {
+    EXPECT(testprog::holds_sampled(blocks[i], (i + 1) * kMiB, static_cast<unsigned char>(i)));
+    CHECK_CUDA(cudaFreeAsync(blocks[i], stream));
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  const Figures end = figures(pool);
+  print("end", end, true);
+  EXPECT(end.used == start.used);
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "pool") return pool_figures(argc > 2 && std::string(argv[2]) == "threads");
   size_t free_before = 0, free_after = 0, total = 0;
   CHECK_CUDA(cudaMemGetInfo(&free_before, &total));
   void* p = nullptr;

@@ -9,7 +9,8 @@
 //   static_runtime pitched N      N cuMemAllocPitch/cuMemFree pairs of mixed shapes, as the static
 //                                 runtime's cudaMallocPitch and cudaMalloc3D make them
 //   static_runtime trim [KEEP]    8 blocks of 8 MiB freed on a stream, then, given KEEP, the default
-//                                 memory pool trimmed to KEEP bytes; then a block allocated and checked
+//                                 memory pool trimmed to KEEP bytes; then a block allocated and checked.
+//                                 Prints the pool's figures (cuMemPoolGetAttribute) on the way
 //   static_runtime async N        the same, stream-ordered on a non-blocking stream (and ptsz twins)
 //   static_runtime hazard [MS]    a block freed while a slower stream still writes it (MS ms later,
 //                                 default 100), then reused
@@ -61,6 +62,8 @@ struct Driver {
   decltype(&cuMemFree_v2) mem_free;
   decltype(&cuMemAllocPitch_v2) mem_alloc_pitch;
   decltype(&cuMemPoolTrimTo) mem_pool_trim_to;
+  decltype(&cuMemPoolGetAttribute) mem_pool_get_attribute;
+  decltype(&cuMemPoolSetAttribute) mem_pool_set_attribute;
   decltype(&cuDeviceGetDefaultMemPool) device_get_default_mem_pool;
   decltype(&cuMemAllocAsync) mem_alloc_async;
   decltype(&cuMemFreeAsync) mem_free_async;
@@ -101,6 +104,8 @@ void open_driver() {
   d.mem_free = fetch<decltype(d.mem_free)>("cuMemFree", 3020);
   d.mem_alloc_pitch = fetch<decltype(d.mem_alloc_pitch)>("cuMemAllocPitch", 3020);
   d.mem_pool_trim_to = fetch<decltype(d.mem_pool_trim_to)>("cuMemPoolTrimTo", 11020);
+  d.mem_pool_get_attribute = fetch<decltype(d.mem_pool_get_attribute)>("cuMemPoolGetAttribute", 11020);
+  d.mem_pool_set_attribute = fetch<decltype(d.mem_pool_set_attribute)>("cuMemPoolSetAttribute", 11020);
   d.device_get_default_mem_pool = fetch<decltype(d.device_get_default_mem_pool)>("cuDeviceGetDefaultMemPool", 11020);
   d.mem_alloc_async = fetch<decltype(d.mem_alloc_async)>("cuMemAllocAsync", 11020);
   d.mem_free_async = fetch<decltype(d.mem_free_async)>("cuMemFreeAsync", 11020);
@@ -195,21 +200,31 @@ int pitched(int n) {
 int trim(const char* keep) {
   CUstream s = nullptr;
   check(d.stream_create(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  CUmemoryPool pool = nullptr;
+  check(d.device_get_default_mem_pool(&pool, 0), "cuDeviceGetDefaultMemPool");
+  auto figure = [pool](CUmemPool_attribute attr) {
+    cuuint64_t value = 0;
+    check(d.mem_pool_get_attribute(pool, attr, &value), "cuMemPoolGetAttribute");
+    return static_cast<unsigned long long>(value);
+  };
   std::vector<CUdeviceptr> blocks(8);
   for (CUdeviceptr& p : blocks) check(d.mem_alloc_async(&p, size_t{8} << 20, s), "cuMemAllocAsync");
+  check(d.stream_synchronize(s), "cuStreamSynchronize");
+  const unsigned long long used_held = figure(CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
   for (CUdeviceptr p : blocks) check(d.mem_free_async(p, s), "cuMemFreeAsync");
   check(d.stream_synchronize(s), "cuStreamSynchronize");
-  if (keep != nullptr) {
-    CUmemoryPool pool = nullptr;
-    check(d.device_get_default_mem_pool(&pool, 0), "cuDeviceGetDefaultMemPool");
-    check(d.mem_pool_trim_to(pool, std::strtoull(keep, nullptr, 10)), "cuMemPoolTrimTo");
-  }
+  cuuint64_t zero = 0;  // resets the high watermark to what is in use
+  check(d.mem_pool_set_attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero), "cuMemPoolSetAttribute");
+  const unsigned long long used_high_reset = figure(CU_MEMPOOL_ATTR_USED_MEM_HIGH);
+  if (keep != nullptr) check(d.mem_pool_trim_to(pool, std::strtoull(keep, nullptr, 10)), "cuMemPoolTrimTo");
+  const unsigned long long reserved = figure(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
   CUdeviceptr p = 0;
   check(d.mem_alloc(&p, size_t{1} << 20), "cuMemAlloc");
   write_and_check(p, size_t{1} << 20, 5);
   check(d.mem_free(p), "cuMemFree");
   check(d.stream_destroy(s), "cuStreamDestroy");
-  std::printf("{\"trimmed\": %s}\n", keep != nullptr ? "true" : "false");
+  std::printf("{\"trimmed\": %s, \"used_held\": %llu, \"used_high_reset\": %llu, \"reserved\": %llu}\n",
+              keep != nullptr ? "true" : "false", used_held, used_high_reset, reserved);
   return 0;
 }
 
