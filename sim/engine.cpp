@@ -232,11 +232,13 @@ cudaError_t Engine::query(Stream* s) {
   return s->completed >= s->enqueued ? cudaSuccess : cudaErrorNotReady;
 }
 
-void Engine::synchronize_all() {
+void Engine::synchronize_streams(int device) {
   counters().device_syncs++;
   std::unique_lock<std::mutex> lock(mu_);
   std::vector<Dependency> targets;
-  for (Stream* s : streams_) targets.push_back(Dependency{s, s->enqueued});
+  for (Stream* s : streams_) {
+    if (device < 0 || s->device == device) targets.push_back(Dependency{s, s->enqueued});
+  }
   cv_.wait(lock, [&] {
     for (const Dependency& d : targets) {
       if (!done(d)) return false;

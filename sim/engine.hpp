@@ -85,7 +85,9 @@ class Engine {
   cudaError_t synchronize(Event* e);
   cudaError_t synchronize(Stream* s);
   cudaError_t query(Stream* s);
-  void synchronize_all();
+  // Waits for the work queued so far on every stream (of one device).
+  void synchronize_all() { synchronize_streams(-1); }
+  void synchronize_device(int device) { synchronize_streams(device); }
 
   cudaError_t begin_capture(Stream* s, cudaStreamCaptureMode mode);
   cudaError_t end_capture(Stream* s, bool* valid);
@@ -102,6 +104,7 @@ class Engine {
   void work(Stream* s);
   bool done(const Dependency& d) const { return d.stream->completed >= d.seq; }
   void invalidate_captures_blocked_by_legacy(int device);
+  void synchronize_streams(int device);  // -1: all devices
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -287,7 +287,7 @@ cudaError_t cudaDeviceReset(void) {
 cudaError_t cudaDeviceSynchronize(void) {
   // Like the real runtime: not allowed while a stream captures (global mode).
   if (const cudaError_t e = Engine::instance().check_unsafe_call(); e != cudaSuccess) return result(e);
-  Engine::instance().synchronize_all();
+  Engine::instance().synchronize_device(t_device);  // the current device's work only, as a GPU's
   return cudaSuccess;
 }
 
