@@ -293,6 +293,10 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   run "two devices, peer access" 0 "${pool[@]}" -- build/bin/test-devices peer
   run "two devices, a block freed on the other's stream" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=20M -- build/bin/test-devices foreign 20
   run "two devices, such a free inside a capture" 0 "${pool[@]}" -- build/bin/test-devices foreign-capture
+  run "two devices: cudaFree of device 1's memory waits for device 1 (no gpupool)" 0 \
+    -- "$out/hazards_gpu" cudafree-host-sync-other-device
+  run "so does gpupool's with free_synchronizes:1" 0 "${pool[@]}" GPUPOOL_FREE_SYNCHRONIZES=1 \
+    -- "$out/hazards_gpu" cudafree-host-sync-other-device
   run "static runtime: two devices, switching between calls" 0 "${pool[@]}" GPUPOOL_STATIC_RUNTIME=1 \
     GPUPOOL_MEMORY_LIMIT=20M -- "$out/devices_static" cross 20
   run "static runtime: two devices, peer access" 0 "${pool[@]}" GPUPOOL_STATIC_RUNTIME=1 -- "$out/devices_static" peer

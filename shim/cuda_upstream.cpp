@@ -168,6 +168,10 @@ bool CudaUpstream::synchronize_stream(StreamId stream) {
          }) == cudaSuccess;
 }
 
+cudaError_t CudaUpstream::synchronize_device() {
+  return on_device(device_, [] { return real().cudaDeviceSynchronize(); });
+}
+
 bool CudaUpstream::capturing(StreamId stream) {
   cudaStream_t s = nullptr;
   if (!stream_handle(stream, &s) || real().cudaStreamIsCapturing == nullptr) return false;

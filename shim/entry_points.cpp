@@ -177,18 +177,17 @@ GPUPOOL_EXPORT cudaError_t cudaFree(void* ptr) {
   // cudaFree(NULL) is how programs create the CUDA context (before OptiX or
   // the driver API, or to keep it out of a timing): it reaches the runtime.
   if (rt.disabled() || ptr == nullptr) return real().cudaFree(ptr);
-  // free_synchronizes:1 keeps the rest of cudaFree's promise: the host goes on
-  // once the device has done all earlier work. Not during a capture, which a
-  // synchronization would break. An error it reports (an earlier kernel's) is
-  // cudaFree's to return, as the runtime's would.
-  cudaError_t synchronized = cudaSuccess;
-  if (rt.config().free_synchronizes && !rt.bypass() && !rt.any_capture()) {
-    synchronized = real().cudaDeviceSynchronize();
-  }
-  const FreeResult r = rt.deallocate(ptr, gpupool::kAnyStream);
+  int owner = -1;
+  const FreeResult r = rt.deallocate(ptr, gpupool::kAnyStream, -1, &owner);
   if (r == FreeResult::NotOwned) return real().cudaFree(ptr);
-  const cudaError_t err = free_result(r, ptr, "cudaFree");
-  return err != cudaSuccess ? err : synchronized;
+  if (const cudaError_t err = free_result(r, ptr, "cudaFree"); err != cudaSuccess) return err;
+  // free_synchronizes:1 keeps the rest of cudaFree's promise: the host goes on
+  // once the memory's device has done all earlier work (the device barrier
+  // already orders its reuse). Not during a capture, which a synchronization
+  // would break. An error it reports (an earlier kernel's) is cudaFree's to
+  // return, as the runtime's would.
+  if (rt.config().free_synchronizes && !rt.bypass() && !rt.any_capture()) return rt.synchronize_device(owner);
+  return cudaSuccess;
 }
 
 GPUPOOL_EXPORT cudaError_t cudaMallocPitch(void** ptr, size_t* pitch, size_t width, size_t height) {

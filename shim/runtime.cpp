@@ -197,7 +197,7 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
   return cudaSuccess;
 }
 
-FreeResult Runtime::deallocate(void* ptr, StreamId site, int site_device) {
+FreeResult Runtime::deallocate(void* ptr, StreamId site, int site_device, int* owner) {
   const auto p = reinterpret_cast<DevicePtr>(ptr);
   // The freeing stream's device state, made now if it is new (free_foreign
   // needs it): never while a pool's lock is held, which would invert the
@@ -217,6 +217,7 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site, int site_device) {
         if (live.parked) {
           caches_.keep(CachedBlock{p, live, site});
           if (trace_) trace_->record(TraceWriter::Action::Free, p, live.requested, site, live.device);
+          if (owner != nullptr) *owner = live.device;
           return FreeResult::Freed;
         }
         first = live.device;  // a plain free, or a capture under way: the pool's
@@ -249,9 +250,15 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site, int site_device) {
     if (r == FreeResult::NotOwned) continue;
     mark_used();
     if (r == FreeResult::Freed && trace_) trace_->record(TraceWriter::Action::Free, p, size, site, index);
+    if (owner != nullptr) *owner = index;
     return r;
   }
   return FreeResult::NotOwned;
+}
+
+cudaError_t Runtime::synchronize_device(int dev) {
+  DeviceState* d = dev >= 0 ? existing(dev) : nullptr;
+  return d != nullptr ? d->upstream.synchronize_device() : real().cudaDeviceSynchronize();
 }
 
 FreeResult Runtime::free_foreign(DeviceState& d, DevicePtr ptr, StreamId site, int site_device) {

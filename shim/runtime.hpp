@@ -76,7 +76,11 @@ class Runtime {
   // Freed: done. NotOwned: the caller passes the pointer to the runtime.
   // NotAllocated: a pointer inside the pool that is not live (double free).
   // site_device: the device of the stream `site` (a stream-ordered free).
-  FreeResult deallocate(void* ptr, StreamId site, int site_device = -1);
+  // Freed, *owner (if given) is the device whose memory it was.
+  FreeResult deallocate(void* ptr, StreamId site, int site_device = -1, int* owner = nullptr);
+  // Waits for all work on `device`, as the runtime's cudaFree does for the
+  // memory it frees (free_synchronizes:1); returns the error it reports.
+  cudaError_t synchronize_device(int device);
 
   int current_device() const;
   int device_of(StreamId stream) const;

@@ -69,6 +69,17 @@ class Hazards(ShimTest):
         self.assertIn(default.code, expected, default.stdout)
         self.assertEqual(synchronized, default.counters()["device_syncs"] + 1)  # the one cudaFree
 
+    def test_free_synchronizes_waits_for_the_memorys_device_not_the_current_one(self):
+        # Device 1's memory freed while device 0 is current, after slower work
+        # on device 1: the runtime's cudaFree waits for the memory's device.
+        args = ["test-hazards", "cudafree-host-sync-other-device"]
+        two = {"SIMCUDA_DEVICES": "2"}
+        self.assertSucceeded(self.run_program(args, env=two, preload=False))
+        self.assertSucceeded(self.run_program(args, env={**two, "GPUPOOL_FREE_SYNCHRONIZES": "1"}))
+        default = self.run_program(args, env=two)
+        expected = (1, 66) if "tsan" in (sanitizer_runtime() or "") else (1,)
+        self.assertIn(default.code, expected, default.stdout)  # the host read early
+
     def test_per_thread_default_stream_build(self):
         # Built with CUDA_API_PER_THREAD_DEFAULT_STREAM: the _ptsz entry points.
         self.check("test-hazards-ptds", "per-thread", True)

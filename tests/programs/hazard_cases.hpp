@@ -190,16 +190,22 @@ inline int per_thread_streams() {
 // cudaFree also returns only once the device has done all earlier work: a
 // program may read on the host what that work wrote to mapped host memory.
 // The "block" written here is that host memory; 1: the host read it early.
-inline int cudafree_host_sync() {
+// With other_device (two devices), the memory and the work are device 1's and
+// device 0 is current at the cudaFree: the wait is for the memory's device.
+inline int cudafree_host_sync(bool other_device) {
+  const int device = other_device ? 1 : 0;
+  HAZARD_CHECK(cudaSetDevice(device));
   cudaStream_t s = stream(cudaStreamDefault);
   unsigned char* host = nullptr;
-  HAZARD_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host), kBytes, cudaHostAllocMapped));
+  HAZARD_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host), kBytes, cudaHostAllocMapped | cudaHostAllocPortable));
   std::fill(host, host + kBytes, static_cast<unsigned char>(0));
   void* p = nullptr;
   HAZARD_CHECK(cudaMalloc(&p, kBytes));
   old_owner_writes(host, s);
+  HAZARD_CHECK(cudaSetDevice(0));
   HAZARD_CHECK(cudaFree(p));
   const bool done = host[0] == kOld && host[kBytes - 1] == kOld;
+  HAZARD_CHECK(cudaSetDevice(device));
   HAZARD_CHECK(cudaDeviceSynchronize());
   HAZARD_CHECK(cudaFreeHost(host));
   HAZARD_CHECK(cudaStreamDestroy(s));
@@ -222,7 +228,8 @@ inline int run_case(const std::string& name) {
   if (name == "cross-stream-pending") return cross_stream(false, false);
   if (name == "destroyed-stream") return cross_stream(false, true);
   if (name == "per-thread") return per_thread_streams();
-  if (name == "cudafree-host-sync") return cudafree_host_sync();
+  if (name == "cudafree-host-sync") return cudafree_host_sync(false);
+  if (name == "cudafree-host-sync-other-device") return cudafree_host_sync(true);
   return -1;
 }
 
