@@ -125,6 +125,7 @@ Allocation DevicePool::allocate_unsampled(std::size_t size, StreamId consumer,
   increase(stats_.active_bytes, kind, static_cast<std::int64_t>(b->size));
   increase(stats_.requested_bytes, kind, static_cast<std::int64_t>(size));
   if (b->size >= options_.max_split_size) stats_.oversize_allocations.increase(1);
+  raise_high(stats_.allocated_high, stats_.allocated_bytes);
 
   const std::int64_t peak = stats_.reserved_bytes[kAll].peak;
   const bool new_peak = peak > reserved_peak_before;
@@ -304,6 +305,7 @@ Block* DevicePool::new_segment(PoolKind kind, std::size_t bytes, StreamId consum
   Block* b = add_segment(kind, base, bytes, false);
   b->stream = consumer;  // a fresh block carries no history: epochs stay 0
   increase(stats_.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
+  raise_high(stats_.reserved_high, stats_.reserved_bytes);
   if (bytes >= options_.max_split_size) stats_.oversize_segments.increase(1);
   return b;
 }

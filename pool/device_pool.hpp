@@ -52,11 +52,15 @@ class DevicePool {
   FreeResult deallocate(DevicePtr ptr, StreamId site);
   // Returns every entirely free segment upstream; returns the bytes released.
   std::size_t release_cached();
-  // Restarts a high watermark (Stat::high) of the bytes allocated or reserved
-  // from now: a program reset its memory pool's (cudaMemPoolSetAttribute).
+  // Restarts a high watermark of the bytes allocated or reserved from what is
+  // held now: a program reset its memory pool's (cudaMemPoolSetAttribute).
   enum class Watermark { Allocated, Reserved };
   void reset_high(Watermark which) {
-    (which == Watermark::Allocated ? stats_.allocated_bytes : stats_.reserved_bytes)[kAll].reset_high();
+    if (which == Watermark::Allocated) {
+      stats_.allocated_high = stats_.allocated_bytes[kAll].current;
+    } else {
+      stats_.reserved_high = stats_.reserved_bytes[kAll].current;
+    }
   }
   // On a fresh pool replacing `before` after a device reset freed all its
   // memory (device_reset.cpp): its statistics, histograms, out-of-memory

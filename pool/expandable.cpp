@@ -85,6 +85,7 @@ Block* DevicePool::map_front(Block* hole, std::size_t bytes) {
   hole->mapped = true;
   hole->segment->mapped_bytes += bytes;
   increase(stats_.reserved_bytes, hole->segment->kind, static_cast<std::int64_t>(bytes));
+  raise_high(stats_.reserved_high, stats_.reserved_bytes);
   return hole;
 }
 

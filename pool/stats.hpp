@@ -19,19 +19,12 @@ struct Stat {
   std::int64_t peak = 0;
   std::int64_t allocated = 0;  // total ever added
   std::int64_t freed = 0;      // total ever removed
-  // The most since reset_high() (never above peak): a CUDA memory pool's
-  // high watermark, which programs reset (cudaMemPoolAttrUsedMemHigh).
-  std::int64_t high = 0;
 
   void increase(std::int64_t amount) {
     current += amount;
     allocated += amount;
-    if (current > high) {
-      high = current;
-      if (current > peak) peak = current;
-    }
+    if (current > peak) peak = current;
   }
-  void reset_high() { high = current; }
   void decrease(std::int64_t amount) {
     current -= amount;
     freed += amount;
@@ -94,7 +87,18 @@ struct MemoryStats {
   std::uint64_t pool_ns_sampled = 0;   // time inside the pool, 1 op in kTimingSample
   std::uint64_t pool_ops_sampled = 0;
   std::uint64_t pool_ops = 0;          // allocations + frees served by the pool
+  // The most bytes allocated and reserved (all pools) since a program reset
+  // its memory pool's high watermarks (cudaMemPoolAttrUsedMemHigh, ...); at
+  // most the peaks, which no reset touches. Only these two are ever reset, so
+  // they are not a field of every Stat.
+  std::int64_t allocated_high = 0;
+  std::int64_t reserved_high = 0;
 };
+
+// After an increase of `stat`: its high watermark follows.
+inline void raise_high(std::int64_t& high, const StatArray& stat) {
+  if (stat[kAll].current > high) high = stat[kAll].current;
+}
 
 // The device's memory is gone (a device reset): every current figure drops to
 // zero as if freed, so that allocated - freed == current still holds; peaks

@@ -497,8 +497,9 @@ void Runtime::add_pool_figure(cudaMemPool_t pool, cudaMemPoolAttr attr, void* va
     // them. (Its high watermark counts them too, as the report's peaks do.)
     const std::int64_t kept = used && !high && caches_.enabled() ? caches_.traffic(d.device).kept_bytes : 0;
     std::lock_guard<AdaptiveMutex> lock(d.mu);
-    const Stat& stat = (used ? d.pool->stats().allocated_bytes : d.pool->stats().reserved_bytes)[kAll];
-    const std::int64_t figure = high ? stat.high : stat.current - kept;
+    const MemoryStats& s = d.pool->stats();
+    const std::int64_t figure = high ? (used ? s.allocated_high : s.reserved_high)
+                                     : (used ? s.allocated_bytes : s.reserved_bytes)[kAll].current - kept;
     if (figure > 0) added += static_cast<std::uint64_t>(figure);
   });
   *static_cast<std::uint64_t*>(value) += added;

@@ -315,18 +315,18 @@ TEST_CASE_METHOD(PoolFixture, "a reset high watermark starts from what is held t
   const DevicePtr small = alloc(1000);
   release(big);
   const std::int64_t peak_allocated = static_cast<std::int64_t>(30 * kMiB + 1024);
-  CHECK(s.allocated_bytes[kAll].high == peak_allocated);
+  CHECK(s.allocated_high == peak_allocated);
   pool->reset_high(DevicePool::Watermark::Allocated);
-  CHECK(s.allocated_bytes[kAll].high == 1024);
+  CHECK(s.allocated_high == 1024);
   CHECK(s.allocated_bytes[kAll].peak == peak_allocated);
-  CHECK(s.reserved_bytes[kAll].high == s.reserved_bytes[kAll].peak);  // the other one is left alone
+  CHECK(s.reserved_high == s.reserved_bytes[kAll].peak);  // the other one is left alone
   const DevicePtr medium = alloc(4 * kMiB);
-  CHECK(s.allocated_bytes[kAll].high == static_cast<std::int64_t>(4 * kMiB + 1024));
+  CHECK(s.allocated_high == static_cast<std::int64_t>(4 * kMiB + 1024));
   release(medium);
   CHECK(pool->release_cached() > 0);
   pool->reset_high(DevicePool::Watermark::Reserved);
-  CHECK(s.reserved_bytes[kAll].high == s.reserved_bytes[kAll].current);
-  CHECK(s.reserved_bytes[kAll].high < s.reserved_bytes[kAll].peak);
+  CHECK(s.reserved_high == s.reserved_bytes[kAll].current);
+  CHECK(s.reserved_high < s.reserved_bytes[kAll].peak);
   release(small);
   check();
 }
