@@ -104,6 +104,14 @@ CUresult mem_pool_get_attribute(CUmemoryPool pool, CUmemPool_attribute attr, voi
 CUresult mem_pool_set_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
   return cu(cudaMemPoolSetAttribute(reinterpret_cast<cudaMemPool_t>(pool), static_cast<cudaMemPoolAttr>(attr), value));
 }
+CUresult mem_pool_create(CUmemoryPool* pool, const CUmemPoolProps* props) {
+  static_assert(sizeof(CUmemPoolProps) == sizeof(cudaMemPoolProps));
+  return cu(cudaMemPoolCreate(reinterpret_cast<cudaMemPool_t*>(pool), reinterpret_cast<const cudaMemPoolProps*>(props)));
+}
+CUresult mem_pool_destroy(CUmemoryPool pool) { return cu(cudaMemPoolDestroy(reinterpret_cast<cudaMemPool_t>(pool))); }
+CUresult device_set_mem_pool(CUdevice device, CUmemoryPool pool) {
+  return cu(cudaDeviceSetMemPool(device, reinterpret_cast<cudaMemPool_t>(pool)));
+}
 CUresult device_get_default_mem_pool(CUmemoryPool* pool, CUdevice device) {
   return cu(cudaDeviceGetDefaultMemPool(reinterpret_cast<cudaMemPool_t*>(pool), device));
 }
@@ -217,6 +225,9 @@ const Entry kEntries[] = {
     {"cuMemPoolTrimTo", 11020, fn(mem_pool_trim_to), fn(mem_pool_trim_to)},
     {"cuMemPoolGetAttribute", 11020, fn(mem_pool_get_attribute), fn(mem_pool_get_attribute)},
     {"cuMemPoolSetAttribute", 11020, fn(mem_pool_set_attribute), fn(mem_pool_set_attribute)},
+    {"cuMemPoolCreate", 11020, fn(mem_pool_create), fn(mem_pool_create)},
+    {"cuMemPoolDestroy", 11020, fn(mem_pool_destroy), fn(mem_pool_destroy)},
+    {"cuDeviceSetMemPool", 11020, fn(device_set_mem_pool), fn(device_set_mem_pool)},
     {"cuDeviceGetDefaultMemPool", 11020, fn(device_get_default_mem_pool), fn(device_get_default_mem_pool)},
     {"cuDeviceGetMemPool", 11020, fn(device_get_mem_pool), fn(device_get_mem_pool)},
     {"cuMemcpyHtoD", 3020, fn(memcpy_htod), fn(memcpy_htod)},

@@ -1,14 +1,18 @@
-// The stream-ordered allocator's memory pools: one per device, its default
-// and current pool. Stream-ordered memory is given back as soon as a free
-// runs here, so a pool reserves exactly what is in use; each keeps the
-// figures programs read with cudaMemPoolGetAttribute (PyTorch's
-// cudaMallocAsync backend and CuPy's async pool report memory from them).
+// The stream-ordered allocator's memory pools: each device's default pool,
+// pools the program creates (cudaMemPoolCreate), and each device's current
+// pool, the one cudaMallocAsync draws from (cudaDeviceSetMemPool). Stream-
+// ordered memory is given back as soon as a free runs here, so a pool
+// reserves exactly what is in use; each keeps the figures programs read with
+// cudaMemPoolGetAttribute (PyTorch's cudaMallocAsync backend and CuPy's async
+// pool report memory from them).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "sim/memory.hpp"
 #include "sim/mem_pools.hpp"
@@ -17,9 +21,11 @@ namespace simcuda {
 
 namespace {
 
-constexpr int kPools = 64;
+constexpr int kDevices = 64;
 
 struct Pool {
+  int device = 0;
+  bool destroyed = false;
   std::uint64_t used = 0;
   std::uint64_t used_high = 0;
   std::uint64_t reserved_high = 0;
@@ -29,12 +35,31 @@ struct Pool {
 
 struct Pools {
   std::mutex mu;
-  Pool pools[kPools];
+  Pool defaults[kDevices];
+  Pool* current[kDevices] = {};              // null: the default pool
+  std::vector<std::unique_ptr<Pool>> created;  // kept after destruction: handles stay comparable
   struct Owned {
     std::size_t size;
-    int device;
+    Pool* pool;
   };
   std::unordered_map<void*, Owned> allocations;
+
+  Pools() {
+    for (int i = 0; i < kDevices; ++i) defaults[i].device = i;
+  }
+  // The live pool behind a handle, or null. Under mu.
+  Pool* find(cudaMemPool_t handle) {
+    auto* p = reinterpret_cast<Pool*>(handle);
+    if (p >= defaults && p < defaults + std::min(kDevices, Memory::instance().devices())) return p;
+    for (const auto& c : created) {
+      if (c.get() == p && !c->destroyed) return p;
+    }
+    return nullptr;
+  }
+  Pool& current_of(int device) {
+    Pool* p = current[device % kDevices];
+    return p != nullptr ? *p : defaults[device % kDevices];
+  }
 };
 
 Pools& pools() {
@@ -42,29 +67,72 @@ Pools& pools() {
   return *all;
 }
 
-int index_of(cudaMemPool_t pool) {
-  auto* p = reinterpret_cast<Pool*>(pool);
-  Pools& all = pools();
-  if (p < all.pools || p >= all.pools + std::min(kPools, Memory::instance().devices())) return -1;
-  return static_cast<int>(p - all.pools);
-}
+cudaMemPool_t handle(Pool* p) { return reinterpret_cast<cudaMemPool_t>(p); }
+
+bool valid_device(int device) { return device >= 0 && device < Memory::instance().devices(); }
 
 }  // namespace
 
-cudaMemPool_t default_mem_pool(int device) {
-  return reinterpret_cast<cudaMemPool_t>(&pools().pools[device % kPools]);
-}
+cudaMemPool_t default_mem_pool(int device) { return handle(&pools().defaults[device % kDevices]); }
 
-bool is_mem_pool(cudaMemPool_t pool) { return index_of(pool) >= 0; }
-
-void mem_pool_allocated(void* p, std::size_t size, int device) {
+cudaMemPool_t current_mem_pool(int device) {
   Pools& all = pools();
   std::lock_guard<std::mutex> lock(all.mu);
-  all.allocations[p] = Pools::Owned{size, device};
-  Pool& pool = all.pools[device % kPools];
-  pool.used += size;
-  pool.used_high = std::max(pool.used_high, pool.used);
-  pool.reserved_high = std::max(pool.reserved_high, pool.used);
+  return handle(&all.current_of(device));
+}
+
+bool is_mem_pool(cudaMemPool_t pool) { return mem_pool_device(pool) >= 0; }
+
+int mem_pool_device(cudaMemPool_t pool) {
+  Pools& all = pools();
+  std::lock_guard<std::mutex> lock(all.mu);
+  const Pool* p = all.find(pool);
+  return p != nullptr ? p->device : -1;
+}
+
+cudaError_t create_mem_pool(cudaMemPool_t* pool, const cudaMemPoolProps* props) {
+  if (pool == nullptr || props == nullptr || props->allocType != cudaMemAllocationTypePinned ||
+      props->location.type != cudaMemLocationTypeDevice || !valid_device(props->location.id)) {
+    return cudaErrorInvalidValue;
+  }
+  Pools& all = pools();
+  std::lock_guard<std::mutex> lock(all.mu);
+  all.created.push_back(std::make_unique<Pool>());
+  all.created.back()->device = props->location.id;
+  *pool = handle(all.created.back().get());
+  return cudaSuccess;
+}
+
+cudaError_t destroy_mem_pool(cudaMemPool_t pool) {
+  Pools& all = pools();
+  std::lock_guard<std::mutex> lock(all.mu);
+  Pool* p = all.find(pool);
+  if (p == nullptr || (p >= all.defaults && p < all.defaults + kDevices)) return cudaErrorInvalidValue;
+  p->destroyed = true;
+  // A device whose current pool it was draws from its default one again.
+  if (all.current[p->device] == p) all.current[p->device] = nullptr;
+  return cudaSuccess;
+}
+
+cudaError_t set_current_mem_pool(int device, cudaMemPool_t pool) {
+  if (!valid_device(device)) return cudaErrorInvalidDevice;
+  Pools& all = pools();
+  std::lock_guard<std::mutex> lock(all.mu);
+  Pool* p = all.find(pool);
+  if (p == nullptr || p->device != device) return cudaErrorInvalidValue;  // a pool of that device only
+  all.current[device] = p == &all.defaults[device] ? nullptr : p;
+  return cudaSuccess;
+}
+
+void mem_pool_allocated(void* p, std::size_t size, int device, cudaMemPool_t from) {
+  Pools& all = pools();
+  std::lock_guard<std::mutex> lock(all.mu);
+  Pool* pool = from != nullptr ? all.find(from) : &all.current_of(device);
+  if (pool == nullptr) return;  // destroyed meanwhile
+  all.allocations[p] = Pools::Owned{size, pool};
+  pool->used += size;
+  pool->used_high = std::max(pool->used_high, pool->used);
+  pool->reserved_high = std::max(pool->reserved_high, pool->used);
 }
 
 void mem_pool_freed(void* p) {
@@ -72,58 +140,64 @@ void mem_pool_freed(void* p) {
   std::lock_guard<std::mutex> lock(all.mu);
   const auto it = all.allocations.find(p);
   if (it == all.allocations.end()) return;
-  all.pools[it->second.device % kPools].used -= it->second.size;
+  it->second.pool->used -= it->second.size;
   all.allocations.erase(it);
 }
 
 void mem_pool_device_reset(int device) {
   Pools& all = pools();
   std::lock_guard<std::mutex> lock(all.mu);
-  std::erase_if(all.allocations, [device](const auto& a) { return a.second.device == device; });
-  all.pools[device % kPools].used = 0;
+  std::erase_if(all.allocations, [device](const auto& a) {
+    if (a.second.pool->device != device) return false;
+    a.second.pool->used -= a.second.size;
+    return true;
+  });
+  // The reset destroys the pools made on the device.
+  for (const auto& c : all.created) {
+    if (c->device == device) c->destroyed = true;
+  }
+  all.current[device % kDevices] = nullptr;
 }
 
 cudaError_t mem_pool_get(cudaMemPool_t handle, cudaMemPoolAttr attr, void* value) {
-  const int i = index_of(handle);
-  if (i < 0 || value == nullptr) return cudaErrorInvalidValue;
   Pools& all = pools();
   std::lock_guard<std::mutex> lock(all.mu);
-  const Pool& pool = all.pools[i];
+  const Pool* pool = all.find(handle);
+  if (pool == nullptr || value == nullptr) return cudaErrorInvalidValue;
   auto* u64 = static_cast<std::uint64_t*>(value);
   switch (attr) {
-    case cudaMemPoolReuseFollowEventDependencies: *static_cast<int*>(value) = pool.reuse[0]; break;
-    case cudaMemPoolReuseAllowOpportunistic: *static_cast<int*>(value) = pool.reuse[1]; break;
-    case cudaMemPoolReuseAllowInternalDependencies: *static_cast<int*>(value) = pool.reuse[2]; break;
-    case cudaMemPoolAttrReleaseThreshold: *u64 = pool.release_threshold; break;
-    case cudaMemPoolAttrReservedMemCurrent: *u64 = pool.used; break;  // nothing kept
-    case cudaMemPoolAttrReservedMemHigh: *u64 = pool.reserved_high; break;
-    case cudaMemPoolAttrUsedMemCurrent: *u64 = pool.used; break;
-    case cudaMemPoolAttrUsedMemHigh: *u64 = pool.used_high; break;
+    case cudaMemPoolReuseFollowEventDependencies: *static_cast<int*>(value) = pool->reuse[0]; break;
+    case cudaMemPoolReuseAllowOpportunistic: *static_cast<int*>(value) = pool->reuse[1]; break;
+    case cudaMemPoolReuseAllowInternalDependencies: *static_cast<int*>(value) = pool->reuse[2]; break;
+    case cudaMemPoolAttrReleaseThreshold: *u64 = pool->release_threshold; break;
+    case cudaMemPoolAttrReservedMemCurrent: *u64 = pool->used; break;  // nothing kept
+    case cudaMemPoolAttrReservedMemHigh: *u64 = pool->reserved_high; break;
+    case cudaMemPoolAttrUsedMemCurrent: *u64 = pool->used; break;
+    case cudaMemPoolAttrUsedMemHigh: *u64 = pool->used_high; break;
     default: return cudaErrorInvalidValue;
   }
   return cudaSuccess;
 }
 
 cudaError_t mem_pool_set(cudaMemPool_t handle, cudaMemPoolAttr attr, void* value) {
-  const int i = index_of(handle);
-  if (i < 0 || value == nullptr) return cudaErrorInvalidValue;
   Pools& all = pools();
   std::lock_guard<std::mutex> lock(all.mu);
-  Pool& pool = all.pools[i];
+  Pool* pool = all.find(handle);
+  if (pool == nullptr || value == nullptr) return cudaErrorInvalidValue;
   auto u64 = [value] { return *static_cast<const std::uint64_t*>(value); };  // for those of that type
   switch (attr) {
-    case cudaMemPoolReuseFollowEventDependencies: pool.reuse[0] = *static_cast<int*>(value); break;
-    case cudaMemPoolReuseAllowOpportunistic: pool.reuse[1] = *static_cast<int*>(value); break;
-    case cudaMemPoolReuseAllowInternalDependencies: pool.reuse[2] = *static_cast<int*>(value); break;
-    case cudaMemPoolAttrReleaseThreshold: pool.release_threshold = u64(); break;
+    case cudaMemPoolReuseFollowEventDependencies: pool->reuse[0] = *static_cast<int*>(value); break;
+    case cudaMemPoolReuseAllowOpportunistic: pool->reuse[1] = *static_cast<int*>(value); break;
+    case cudaMemPoolReuseAllowInternalDependencies: pool->reuse[2] = *static_cast<int*>(value); break;
+    case cudaMemPoolAttrReleaseThreshold: pool->release_threshold = u64(); break;
     // A high watermark can only be reset, to what is held now.
     case cudaMemPoolAttrReservedMemHigh:
       if (u64() != 0) return cudaErrorInvalidValue;
-      pool.reserved_high = pool.used;
+      pool->reserved_high = pool->used;
       break;
     case cudaMemPoolAttrUsedMemHigh:
       if (u64() != 0) return cudaErrorInvalidValue;
-      pool.used_high = pool.used;
+      pool->used_high = pool->used;
       break;
     default: return cudaErrorInvalidValue;  // the current figures are read-only
   }

@@ -1,5 +1,5 @@
-// Each device's memory pool of the simulated stream-ordered allocator, and
-// the figures cudaMemPoolGetAttribute reads (mem_pools.cpp).
+// The memory pools of the simulated stream-ordered allocator, and the
+// figures cudaMemPoolGetAttribute reads (mem_pools.cpp).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -9,10 +9,15 @@
 namespace simcuda {
 
 cudaMemPool_t default_mem_pool(int device);
+cudaMemPool_t current_mem_pool(int device);
 bool is_mem_pool(cudaMemPool_t pool);
-// Stream-ordered memory taken from, and given back to, a device's pool. A
-// free of other memory is ignored.
-void mem_pool_allocated(void* p, std::size_t size, int device);
+int mem_pool_device(cudaMemPool_t pool);  // -1: not a pool
+cudaError_t create_mem_pool(cudaMemPool_t* pool, const cudaMemPoolProps* props);
+cudaError_t destroy_mem_pool(cudaMemPool_t pool);
+cudaError_t set_current_mem_pool(int device, cudaMemPool_t pool);
+// Stream-ordered memory taken from `from` (null: the device's current pool),
+// and given back. A free of other memory is ignored.
+void mem_pool_allocated(void* p, std::size_t size, int device, cudaMemPool_t from);
 void mem_pool_freed(void* p);
 void mem_pool_device_reset(int device);
 // cudaMemPoolGetAttribute and cudaMemPoolSetAttribute, without the error

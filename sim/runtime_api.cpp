@@ -104,10 +104,12 @@ cudaError_t memset_async(void* p, int value, size_t count, cudaStream_t stream, 
                                            [=] { std::memset(p, value, count); }));
 }
 
-cudaError_t malloc_async(void** p, size_t size, cudaStream_t stream, bool per_thread) {
+// From `from`, or from the current pool of the stream's device.
+cudaError_t malloc_async(void** p, size_t size, cudaStream_t stream, bool per_thread, cudaMemPool_t from = nullptr) {
   if (p == nullptr) return result(cudaErrorInvalidValue);
   counters().malloc_async_calls++;
-  const int device = stream_of(stream, per_thread)->device;  // the stream's device, as CUDA
+  const int device = from != nullptr ? simcuda::mem_pool_device(from) : stream_of(stream, per_thread)->device;
+  if (device < 0) return result(cudaErrorInvalidValue);
   if (size == 0) {
     *p = nullptr;
     return cudaSuccess;
@@ -121,7 +123,7 @@ cudaError_t malloc_async(void** p, size_t size, cudaStream_t stream, bool per_th
     Engine::instance().synchronize_all();
     err = Memory::instance().allocate(device, size, p);
   }
-  if (err == cudaSuccess) simcuda::mem_pool_allocated(*p, size, device);
+  if (err == cudaSuccess) simcuda::mem_pool_allocated(*p, size, device, from);
   return result(err);
 }
 
@@ -400,11 +402,23 @@ cudaError_t cudaMallocAsync(void** p, size_t size, cudaStream_t s) { return mall
 cudaError_t cudaMallocAsync_ptsz(void** p, size_t size, cudaStream_t s) { return malloc_async(p, size, s, true); }
 cudaError_t cudaFreeAsync(void* p, cudaStream_t s) { return free_async(p, s, false); }
 cudaError_t cudaFreeAsync_ptsz(void* p, cudaStream_t s) { return free_async(p, s, true); }
-cudaError_t cudaMallocFromPoolAsync(void** p, size_t size, cudaMemPool_t, cudaStream_t s) {
-  return malloc_async(p, size, s, false);
+cudaError_t cudaMallocFromPoolAsync(void** p, size_t size, cudaMemPool_t pool, cudaStream_t s) {
+  if (pool == nullptr) return result(cudaErrorInvalidValue);
+  return malloc_async(p, size, s, false, pool);
 }
-cudaError_t cudaMallocFromPoolAsync_ptsz(void** p, size_t size, cudaMemPool_t, cudaStream_t s) {
-  return malloc_async(p, size, s, true);
+cudaError_t cudaMallocFromPoolAsync_ptsz(void** p, size_t size, cudaMemPool_t pool, cudaStream_t s) {
+  if (pool == nullptr) return result(cudaErrorInvalidValue);
+  return malloc_async(p, size, s, true, pool);
+}
+
+cudaError_t cudaMemPoolCreate(cudaMemPool_t* pool, const cudaMemPoolProps* props) {
+  return result(simcuda::create_mem_pool(pool, props));
+}
+
+cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool) { return result(simcuda::destroy_mem_pool(pool)); }
+
+cudaError_t cudaDeviceSetMemPool(int device, cudaMemPool_t pool) {
+  return result(simcuda::set_current_mem_pool(device, pool));
 }
 
 // The simulated pools keep nothing: stream-ordered memory is freed at once.
@@ -420,8 +434,11 @@ cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, vo
   return result(simcuda::mem_pool_set(pool, attr, value));
 }
 
-// Every device's current pool is its default one here.
-cudaError_t cudaDeviceGetMemPool(cudaMemPool_t* pool, int device) { return cudaDeviceGetDefaultMemPool(pool, device); }
+cudaError_t cudaDeviceGetMemPool(cudaMemPool_t* pool, int device) {
+  if (pool == nullptr || device < 0 || device >= Memory::instance().devices()) return result(cudaErrorInvalidValue);
+  *pool = simcuda::current_mem_pool(device);
+  return cudaSuccess;
+}
 
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
   if (pool == nullptr || device < 0 || device >= Memory::instance().devices()) return result(cudaErrorInvalidValue);
