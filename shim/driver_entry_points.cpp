@@ -49,6 +49,9 @@ CUresult mem_get_info(size_t* free_bytes, size_t* total) { return cu(cudaMemGetI
 CUresult mem_pool_trim_to(CUmemoryPool pool, size_t keep) {
   return cu(cudaMemPoolTrimTo(reinterpret_cast<cudaMemPool_t>(pool), keep));
 }
+CUresult device_set_mem_pool(CUdevice device, CUmemoryPool pool) {
+  return cu(cudaDeviceSetMemPool(device, reinterpret_cast<cudaMemPool_t>(pool)));
+}
 CUresult mem_pool_get_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
   return cu(cudaMemPoolGetAttribute(reinterpret_cast<cudaMemPool_t>(pool), static_cast<cudaMemPoolAttr>(attr), value));
 }
@@ -156,6 +159,7 @@ const Substitute kSubstitutes[] = {
     {"cuMemFreeAsync", 11020, 0, fn(mem_free_async), fn(mem_free_async_ptsz)},
     {"cuMemGetInfo", 3020, 0, fn(mem_get_info), fn(mem_get_info)},
     {"cuMemPoolTrimTo", 11020, 0, fn(mem_pool_trim_to), fn(mem_pool_trim_to)},
+    {"cuDeviceSetMemPool", 11020, 0, fn(device_set_mem_pool), fn(device_set_mem_pool)},
     {"cuMemPoolGetAttribute", 11020, 0, fn(mem_pool_get_attribute), fn(mem_pool_get_attribute)},
     {"cuMemPoolSetAttribute", 11020, 0, fn(mem_pool_set_attribute), fn(mem_pool_set_attribute)},
     {"cuIpcGetMemHandle", 4010, 0, fn(ipc_get_mem_handle), fn(ipc_get_mem_handle)},
@@ -209,6 +213,7 @@ const ExportedName kExportedNames[] = {
     {"cuMemFree_v2", "cuMemFree", 3020, false},
     {"cuMemGetInfo_v2", "cuMemGetInfo", 3020, false},
     {"cuMemPoolTrimTo", "cuMemPoolTrimTo", 11020, false},
+    {"cuDeviceSetMemPool", "cuDeviceSetMemPool", 11020, false},
     {"cuMemPoolGetAttribute", "cuMemPoolGetAttribute", 11020, false},
     {"cuMemPoolSetAttribute", "cuMemPoolSetAttribute", 11020, false},
     {"cuMemAllocAsync", "cuMemAllocAsync", 11020, false},

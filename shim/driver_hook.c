@@ -102,10 +102,12 @@ EARLY static int starts_with(const char* s, const char* prefix) {
 }
 
 /* The driver entry points the core may swap for its own (the allocation,
-   stream, capture, IPC, reset and peer-access calls), by their names' starts. */
+   memory pool, stream, capture, IPC, reset and peer-access calls), by their
+   names' starts. */
 EARLY static int swappable(const char* name) {
   return starts_with(name, "cuMem") || starts_with(name, "cuStream") || starts_with(name, "cuIpc") ||
-         starts_with(name, "cuDevicePrimaryCtx") || same(name, "cuCtxEnablePeerAccess");
+         starts_with(name, "cuDevicePrimaryCtx") || starts_with(name, "cuDeviceSetMemPool") ||
+         same(name, "cuCtxEnablePeerAccess");
 }
 
 /* Where no real dlsym can be found (no glibc symbol versions): nothing found. */

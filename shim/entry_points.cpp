@@ -85,6 +85,9 @@ cudaError_t malloc_on(void** ptr, size_t size, cudaStream_t stream, bool per_thr
   if (ptr == nullptr) return fail(cudaErrorInvalidValue);
   const StreamId id = stream_id(stream, per_thread);
   const int device = rt.prepare_stream(id);
+  // The program made a pool of its own current on that device: its calls
+  // draw from that pool, with the properties it gave it.
+  if (!rt.serves_stream_ordered(device)) return real_call != nullptr ? real_call(ptr, size, stream) : missing();
   rt.note_stream_ordered_call();
   if (size == 0) {
     *ptr = nullptr;
@@ -232,14 +235,24 @@ GPUPOOL_EXPORT cudaError_t cudaDeviceReset(void) {
   return real().cudaDeviceReset != nullptr ? real().cudaDeviceReset() : missing();
 }
 
-// Trimming a device's default or current memory pool (PyTorch's cudaMallocAsync
-// backend and CuPy free their caches so) gives back gpupool's cache for that
-// device too: the program's stream-ordered memory is gpupool's.
+// Trimming a device's default memory pool (PyTorch's cudaMallocAsync backend
+// and CuPy free their caches so) gives back gpupool's cache for that device
+// too: the program's stream-ordered memory is gpupool's.
 GPUPOOL_EXPORT cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t min_bytes_to_keep) {
   Runtime& rt = enter();
   if (real().cudaMemPoolTrimTo == nullptr) return missing();
   const cudaError_t err = real().cudaMemPoolTrimTo(pool, min_bytes_to_keep);
   if (err == cudaSuccess && !rt.bypass()) rt.trim(pool, min_bytes_to_keep);
+  return err;
+}
+
+// A pool the program made, made current, takes over its stream-ordered
+// allocations on that device from gpupool (cudaMallocAsync draws from it).
+GPUPOOL_EXPORT cudaError_t cudaDeviceSetMemPool(int device, cudaMemPool_t pool) {
+  Runtime& rt = enter();
+  if (real().cudaDeviceSetMemPool == nullptr) return missing();
+  const cudaError_t err = real().cudaDeviceSetMemPool(device, pool);
+  if (err == cudaSuccess && !rt.disabled()) rt.current_pool_set(device, pool);
   return err;
 }
 

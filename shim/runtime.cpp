@@ -425,6 +425,9 @@ void Runtime::adjust_mem_get_info(std::size_t* free_bytes, std::size_t* total_by
 }
 
 void Runtime::device_reset(int dev) {
+  // The reset destroys the pools the program made: the default one is
+  // current again.
+  own_pool_current_[dev].store(false, std::memory_order_relaxed);
   // The runtime is about to free everything on the device, our segments too:
   // forget them (their memory is gone) and start a fresh pool on next use.
   DeviceState* d = existing(dev);
@@ -462,18 +465,27 @@ void Runtime::device_reset(int dev) {
 
 // ---------------------------------------------------------------- memory pools
 
+// gpupool's memory stands for each device's default pool: the pool
+// cudaMallocAsync draws from unless the program made another one current
+// (then the runtime serves those calls).
 template <typename F>
 void Runtime::for_each_device_of_pool(cudaMemPool_t pool, F&& f) {
-  if (pool == nullptr) return;
+  if (pool == nullptr || real().cudaDeviceGetDefaultMemPool == nullptr) return;
   for (int i = 0; i < kMaxDevices; ++i) {
     DeviceState* d = existing(i);
     if (d == nullptr) continue;
     cudaMemPool_t default_pool = nullptr;
-    cudaMemPool_t current_pool = nullptr;
-    if (real().cudaDeviceGetDefaultMemPool != nullptr) real().cudaDeviceGetDefaultMemPool(&default_pool, i);
-    if (real().cudaDeviceGetMemPool != nullptr) real().cudaDeviceGetMemPool(&current_pool, i);
-    if (pool == default_pool || pool == current_pool) f(*d);
+    if (real().cudaDeviceGetDefaultMemPool(&default_pool, i) == cudaSuccess && pool == default_pool) f(*d);
   }
+}
+
+void Runtime::current_pool_set(int device, cudaMemPool_t pool) {
+  if (device < 0 || device >= kMaxDevices) return;
+  cudaMemPool_t default_pool = nullptr;
+  const bool known = real().cudaDeviceGetDefaultMemPool != nullptr &&
+                     real().cudaDeviceGetDefaultMemPool(&default_pool, device) == cudaSuccess;
+  // Unsure which pool it is: the runtime serves the calls, as without gpupool.
+  own_pool_current_[device].store(!known || pool != default_pool, std::memory_order_relaxed);
 }
 
 void Runtime::trim(cudaMemPool_t pool, std::size_t keep) {

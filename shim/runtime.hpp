@@ -96,14 +96,20 @@ class Runtime {
   bool any_capture() const { return captures_active_.load(std::memory_order_relaxed) > 0; }
   void adjust_mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
   void device_reset(int device);
-  // cudaMemPoolTrimTo(pool, keep): each device whose default or current pool
-  // that is gives back its idle memory (threads' caches first), unless it
-  // reserves no more than `keep`.
+  // cudaMemPoolTrimTo(pool, keep): each device whose default pool that is
+  // gives back its idle memory (threads' caches first), unless it reserves
+  // no more than `keep`.
   void trim(cudaMemPool_t pool, std::size_t keep);
+  // cudaDeviceSetMemPool(device, pool) succeeded. While a device's current
+  // pool is one the program made, its cudaMallocAsync calls are the
+  // runtime's: that pool's properties (IPC export, peer access, location)
+  // are what the program asked for.
+  void current_pool_set(int device, cudaMemPool_t pool);
+  bool serves_stream_ordered(int device) const { return !own_pool_current_[device].load(std::memory_order_relaxed); }
   // cudaMemPoolGetAttribute(pool, attr) gave the runtime's figure in *value:
-  // adds what gpupool holds for each device whose default or current pool
-  // that is, bytes reserved or in use (blocks threads keep are not), now or
-  // at the high watermark. Other attributes are the runtime's alone.
+  // adds what gpupool holds for each device whose default pool that is,
+  // bytes reserved or in use (blocks threads keep are not), now or at the
+  // high watermark. Other attributes are the runtime's alone.
   void add_pool_figure(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value);
   // cudaMemPoolSetAttribute reset one of those high watermarks: gpupool's too,
   // once threads' caches are back in the pool.
@@ -136,7 +142,8 @@ class Runtime {
   void install_report_signal();
   void write_requested_report();
   void warn_oom(const DeviceState& d);
-  // Calls f(d) for each device d whose default or current memory pool is `pool`.
+  // Calls f(d) for each device d whose default memory pool is `pool` (the
+  // pool gpupool's memory stands for).
   template <typename F>
   void for_each_device_of_pool(cudaMemPool_t pool, F&& f);
   // A store only the first time: every call writing the flag would bounce its
@@ -175,6 +182,7 @@ class Runtime {
   std::string trace_path_;
   std::atomic<int> oom_warnings_{0};
   std::atomic<int> captures_active_{0};  // per-thread caches stand aside while any capture runs
+  std::atomic<bool> own_pool_current_[kMaxDevices] = {};  // see current_pool_set
   StreamCaches caches_{&Runtime::give_back_cached};
 
   static std::atomic<Runtime*> started_;

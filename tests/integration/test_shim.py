@@ -500,6 +500,14 @@ class StaticRuntime(ShimTest):
             for path in run.reports():
                 os.remove(path)
 
+    def test_a_pool_of_its_own_made_current_serves_its_stream_ordered_calls(self):
+        # The static runtime's cudaDeviceSetMemPool reaches the driver's cuDeviceSetMemPool.
+        run = self.run_program(["test-static-runtime", "own-pool"], env=self.ON)
+        self.assertSucceeded(run)
+        self.assertGreaterEqual(run.output_json()["own_pool_used"], 16 << 20)
+        self.assertEqual(run.counters()["malloc_async_calls"], 4)  # the program's pool's blocks
+        self.assertEqual(run.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 1)
+
     def test_stream_ordered_and_per_thread_stream_calls_are_pooled(self):
         run = self.run_program(["test-static-runtime", "async", "20"], env=self.ON)
         self.assertSucceeded(run)
@@ -634,6 +642,22 @@ class MemoryPoolFigures(ShimTest):
                         self.assertEqual(run.report()["devices"]["0"]["thread_cache_kept_peak_bytes"], 26 << 20)
                     for path in run.reports():
                         os.remove(path)
+
+
+class OwnMemoryPool(ShimTest):
+    # test-meminfo own-pool makes a pool of its own device 0's current pool and
+    # allocates 4 blocks of 4 MiB with cudaMallocAsync: they must come from that
+    # pool (the program may have given it IPC export, peer access or another
+    # location), as its figures show; then one block with the default pool
+    # current again.
+    def test_its_blocks_come_from_its_pool_and_the_default_pools_from_gpupool(self):
+        alone = self.run_program(["test-meminfo", "own-pool"], preload=False)
+        self.assertSucceeded(alone)
+        self.assertEqual(alone.counters()["malloc_async_calls"], 5)
+        run = self.run_program(["test-meminfo", "own-pool"])
+        self.assertSucceeded(run)
+        self.assertEqual(run.counters()["malloc_async_calls"], 4)
+        self.assertEqual(run.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 1)
 
 
 class Lifecycle(ShimTest):

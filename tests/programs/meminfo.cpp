@@ -8,6 +8,10 @@
 //                  what any pool must show, and prints the figures as JSON;
 //                  with threads, after a second thread's stream-ordered calls
 //                  (under gpupool, threads then keep the blocks they free)
+//   meminfo own-pool
+//                  makes a memory pool of its own the current pool of device
+//                  0: its cudaMallocAsync calls draw from that pool (its
+//                  figures count them) until the default pool is current again
 #include <cinttypes>
 #include <string>
 
@@ -111,10 +115,55 @@ int pool_figures(bool threads) {
   return 0;
 }
 
+int own_pool() {
+  constexpr size_t kBlock = size_t{4} << 20;
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = 0;
+  cudaMemPool_t own = nullptr;
+  cudaMemPool_t default_pool = nullptr;
+  CHECK_CUDA(cudaMemPoolCreate(&own, &props));
+  CHECK_CUDA(cudaDeviceGetDefaultMemPool(&default_pool, 0));
+  CHECK_CUDA(cudaDeviceSetMemPool(0, own));
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  void* blocks[4];
+  for (int i = 0; i < 4; ++i) {
+    CHECK_CUDA(cudaMallocAsync(&blocks[i], kBlock, stream));
+    CHECK_CUDA(cudaMemsetAsync(blocks[i], i + 1, kBlock, stream));
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  const std::uint64_t own_used = figure(own, cudaMemPoolAttrUsedMemCurrent);
+  EXPECT(own_used >= 4 * kBlock);  // drawn from the program's pool
+  for (int i = 0; i < 4; ++i) {
+    EXPECT(testprog::holds_sampled(blocks[i], kBlock, static_cast<unsigned char>(i + 1)));
+    CHECK_CUDA(cudaFreeAsync(blocks[i], stream));
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  EXPECT(figure(own, cudaMemPoolAttrUsedMemCurrent) == 0);
+
+  // The default pool current again: drawn from it.
+  CHECK_CUDA(cudaDeviceSetMemPool(0, default_pool));
+  void* p = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&p, kBlock, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  const std::uint64_t default_used = figure(default_pool, cudaMemPoolAttrUsedMemCurrent);
+  EXPECT(default_used >= kBlock);
+  EXPECT(figure(own, cudaMemPoolAttrUsedMemCurrent) == 0);
+  CHECK_CUDA(cudaFreeAsync(p, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaMemPoolDestroy(own));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  std::printf("{\"own_pool_used\": %" PRIu64 ", \"default_pool_used\": %" PRIu64 "}\n", own_used, default_used);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "pool") return pool_figures(argc > 2 && std::string(argv[2]) == "threads");
+  if (argc > 1 && std::string(argv[1]) == "own-pool") return own_pool();
   size_t free_before = 0, free_after = 0, total = 0;
   CHECK_CUDA(cudaMemGetInfo(&free_before, &total));
   void* p = nullptr;

@@ -11,6 +11,8 @@
 //   static_runtime trim [KEEP]    8 blocks of 8 MiB freed on a stream, then, given KEEP, the default
 //                                 memory pool trimmed to KEEP bytes; then a block allocated and checked.
 //                                 Prints the pool's figures (cuMemPoolGetAttribute) on the way
+//   static_runtime own-pool       a memory pool of its own made device 0's current pool: 4 stream-ordered
+//                                 blocks drawn from it, then one from the default pool made current again
 //   static_runtime async N        the same, stream-ordered on a non-blocking stream (and ptsz twins)
 //   static_runtime hazard [MS]    a block freed while a slower stream still writes it (MS ms later,
 //                                 default 100), then reused
@@ -62,6 +64,9 @@ struct Driver {
   decltype(&cuMemFree_v2) mem_free;
   decltype(&cuMemAllocPitch_v2) mem_alloc_pitch;
   decltype(&cuMemPoolTrimTo) mem_pool_trim_to;
+  decltype(&cuMemPoolCreate) mem_pool_create;
+  decltype(&cuMemPoolDestroy) mem_pool_destroy;
+  decltype(&cuDeviceSetMemPool) device_set_mem_pool;
   decltype(&cuMemPoolGetAttribute) mem_pool_get_attribute;
   decltype(&cuMemPoolSetAttribute) mem_pool_set_attribute;
   decltype(&cuDeviceGetDefaultMemPool) device_get_default_mem_pool;
@@ -104,6 +109,9 @@ void open_driver() {
   d.mem_free = fetch<decltype(d.mem_free)>("cuMemFree", 3020);
   d.mem_alloc_pitch = fetch<decltype(d.mem_alloc_pitch)>("cuMemAllocPitch", 3020);
   d.mem_pool_trim_to = fetch<decltype(d.mem_pool_trim_to)>("cuMemPoolTrimTo", 11020);
+  d.mem_pool_create = fetch<decltype(d.mem_pool_create)>("cuMemPoolCreate", 11020);
+  d.mem_pool_destroy = fetch<decltype(d.mem_pool_destroy)>("cuMemPoolDestroy", 11020);
+  d.device_set_mem_pool = fetch<decltype(d.device_set_mem_pool)>("cuDeviceSetMemPool", 11020);
   d.mem_pool_get_attribute = fetch<decltype(d.mem_pool_get_attribute)>("cuMemPoolGetAttribute", 11020);
   d.mem_pool_set_attribute = fetch<decltype(d.mem_pool_set_attribute)>("cuMemPoolSetAttribute", 11020);
   d.device_get_default_mem_pool = fetch<decltype(d.device_get_default_mem_pool)>("cuDeviceGetDefaultMemPool", 11020);
@@ -194,6 +202,43 @@ int pitched(int n) {
     return 1;
   }
   std::printf("{\"pairs\": %d}\n", n);
+  return 0;
+}
+
+unsigned long long used_of(CUmemoryPool pool) {
+  cuuint64_t value = 0;
+  check(d.mem_pool_get_attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &value), "cuMemPoolGetAttribute");
+  return static_cast<unsigned long long>(value);
+}
+
+int own_pool() {
+  constexpr size_t kBlock = size_t{4} << 20;
+  CUmemPoolProps props{};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = 0;
+  CUmemoryPool own = nullptr;
+  CUmemoryPool default_pool = nullptr;
+  check(d.mem_pool_create(&own, &props), "cuMemPoolCreate");
+  check(d.device_get_default_mem_pool(&default_pool, 0), "cuDeviceGetDefaultMemPool");
+  check(d.device_set_mem_pool(0, own), "cuDeviceSetMemPool");
+  CUstream s = nullptr;
+  check(d.stream_create(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  CUdeviceptr blocks[4];
+  for (CUdeviceptr& p : blocks) check(d.mem_alloc_async(&p, kBlock, s), "cuMemAllocAsync");
+  check(d.stream_synchronize(s), "cuStreamSynchronize");
+  const unsigned long long own_used = used_of(own);
+  for (CUdeviceptr p : blocks) check(d.mem_free_async(p, s), "cuMemFreeAsync");
+  check(d.device_set_mem_pool(0, default_pool), "cuDeviceSetMemPool");
+  CUdeviceptr p = 0;
+  check(d.mem_alloc_async(&p, kBlock, s), "cuMemAllocAsync");
+  check(d.stream_synchronize(s), "cuStreamSynchronize");
+  const unsigned long long default_used = used_of(default_pool);
+  check(d.mem_free_async(p, s), "cuMemFreeAsync");
+  check(d.stream_synchronize(s), "cuStreamSynchronize");
+  check(d.mem_pool_destroy(own), "cuMemPoolDestroy");
+  check(d.stream_destroy(s), "cuStreamDestroy");
+  std::printf("{\"own_pool_used\": %llu, \"default_pool_used\": %llu}\n", own_used, default_used);
   return 0;
 }
 
@@ -469,6 +514,7 @@ int main(int argc, char** argv) {
   if (mode == "async") return async(n);
   if (mode == "pitched") return pitched(n);
   if (mode == "trim") return trim(argc > 2 ? argv[2] : nullptr);
+  if (mode == "own-pool") return own_pool();
   if ((mode == "hazard" || mode == "destroyed") && argc > 2) g_late_write_ms = static_cast<unsigned>(n);
   if (mode == "hazard") return hazard();
   if (mode == "capture") return capture();
@@ -477,7 +523,7 @@ int main(int argc, char** argv) {
   if (mode == "reset") return reset();
   if (mode == "peer") return peer();
   std::fprintf(stderr,
-               "usage: static_runtime pairs|pitched|trim|async|hazard|destroyed|capture|ipc|reset|peer [N] | lookups LIBRARY | "
+               "usage: static_runtime pairs|pitched|trim|own-pool|async|hazard|destroyed|capture|ipc|reset|peer [N] | lookups LIBRARY | "
                "threads T N | "
                "library|library-by-name LIBRARY N | library-reset LIBRARY NAME\n");
   return 2;
