@@ -85,18 +85,14 @@ cudaError_t malloc_on(void** ptr, size_t size, cudaStream_t stream, bool per_thr
   if (ptr == nullptr) return fail(cudaErrorInvalidValue);
   const StreamId id = stream_id(stream, per_thread);
   const int device = rt.prepare_stream(id);
-  // The program made a pool of its own current on that device: its calls
-  // draw from that pool, with the properties it gave it.
-  if (!rt.serves_stream_ordered(device)) return real_call != nullptr ? real_call(ptr, size, stream) : missing();
   rt.note_stream_ordered_call();
   if (size == 0) {
     *ptr = nullptr;
     return cudaSuccess;
   }
-  bool capturing = false;
-  const cudaError_t err = rt.allocate(ptr, size, id, device, &capturing);
-  // Inside a capture the allocation must become a graph node: the runtime's.
-  if (capturing) return real_call != nullptr ? real_call(ptr, size, stream) : missing();
+  bool runtime_serves = false;
+  const cudaError_t err = rt.allocate(ptr, size, id, device, &runtime_serves);
+  if (runtime_serves) return real_call != nullptr ? real_call(ptr, size, stream) : missing();
   return err;
 }
 

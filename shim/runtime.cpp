@@ -147,7 +147,11 @@ void Runtime::give_back_cached(const CachedBlock& block) {
   d->pool->deallocate(block.ptr, block.stream);
 }
 
-cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, int dev, bool* capturing) {
+cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, int dev, bool* runtime_serves) {
+  if (runtime_serves != nullptr && own_pool_current_[dev].load(std::memory_order_relaxed)) {
+    *runtime_serves = true;  // from the program's own pool, not from a cache of the default one
+    return cudaSuccess;
+  }
   mark_used();
   const bool caching = caches_.enabled() && consumer != kAnyStream;
   if (caching && captures_active_.load(std::memory_order_relaxed) == 0 && take_cached(out, size, consumer, dev)) {
@@ -164,8 +168,8 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
     bool last_try = true;
     {
       std::lock_guard<AdaptiveMutex> lock(d.mu);
-      if (capturing != nullptr && d.pool->is_capturing(consumer)) {
-        *capturing = true;
+      if (runtime_serves != nullptr && d.pool->is_capturing(consumer)) {
+        *runtime_serves = true;
         return cudaSuccess;
       }
       if (!d.foreign_frees.empty()) return_foreign_frees(d, attempt == 1);

@@ -70,9 +70,12 @@ class Runtime {
   bool disabled() const { return disabled_; }
   const config::Config& config() const { return config_; }
 
-  // With `capturing`: when the consumer stream is capturing, nothing is
-  // allocated and *capturing is set (the caller goes to the runtime).
-  cudaError_t allocate(void** out, std::size_t size, StreamId consumer, int device, bool* capturing = nullptr);
+  // With `runtime_serves` (a stream-ordered call): nothing is allocated and
+  // *runtime_serves is set where the runtime must serve the call instead:
+  // the consumer stream is capturing (the allocation becomes a graph node),
+  // or the program made a pool of its own the device's current pool (see
+  // current_pool_set).
+  cudaError_t allocate(void** out, std::size_t size, StreamId consumer, int device, bool* runtime_serves = nullptr);
   // Freed: done. NotOwned: the caller passes the pointer to the runtime.
   // NotAllocated: a pointer inside the pool that is not live (double free).
   // site_device: the device of the stream `site` (a stream-ordered free).
@@ -105,7 +108,6 @@ class Runtime {
   // runtime's: that pool's properties (IPC export, peer access, location)
   // are what the program asked for.
   void current_pool_set(int device, cudaMemPool_t pool);
-  bool serves_stream_ordered(int device) const { return !own_pool_current_[device].load(std::memory_order_relaxed); }
   // cudaMemPoolGetAttribute(pool, attr) gave the runtime's figure in *value:
   // adds what gpupool holds for each device whose default pool that is,
   // bytes reserved or in use (blocks threads keep are not), now or at the
