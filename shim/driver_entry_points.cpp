@@ -52,6 +52,7 @@ CUresult mem_pool_trim_to(CUmemoryPool pool, size_t keep) {
 CUresult device_set_mem_pool(CUdevice device, CUmemoryPool pool) {
   return cu(cudaDeviceSetMemPool(device, reinterpret_cast<cudaMemPool_t>(pool)));
 }
+CUresult mem_pool_destroy(CUmemoryPool pool) { return cu(cudaMemPoolDestroy(reinterpret_cast<cudaMemPool_t>(pool))); }
 CUresult mem_pool_get_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
   return cu(cudaMemPoolGetAttribute(reinterpret_cast<cudaMemPool_t>(pool), static_cast<cudaMemPoolAttr>(attr), value));
 }
@@ -160,6 +161,7 @@ const Substitute kSubstitutes[] = {
     {"cuMemGetInfo", 3020, 0, fn(mem_get_info), fn(mem_get_info)},
     {"cuMemPoolTrimTo", 11020, 0, fn(mem_pool_trim_to), fn(mem_pool_trim_to)},
     {"cuDeviceSetMemPool", 11020, 0, fn(device_set_mem_pool), fn(device_set_mem_pool)},
+    {"cuMemPoolDestroy", 11020, 0, fn(mem_pool_destroy), fn(mem_pool_destroy)},
     {"cuMemPoolGetAttribute", 11020, 0, fn(mem_pool_get_attribute), fn(mem_pool_get_attribute)},
     {"cuMemPoolSetAttribute", 11020, 0, fn(mem_pool_set_attribute), fn(mem_pool_set_attribute)},
     {"cuIpcGetMemHandle", 4010, 0, fn(ipc_get_mem_handle), fn(ipc_get_mem_handle)},
@@ -214,6 +216,7 @@ const ExportedName kExportedNames[] = {
     {"cuMemGetInfo_v2", "cuMemGetInfo", 3020, false},
     {"cuMemPoolTrimTo", "cuMemPoolTrimTo", 11020, false},
     {"cuDeviceSetMemPool", "cuDeviceSetMemPool", 11020, false},
+    {"cuMemPoolDestroy", "cuMemPoolDestroy", 11020, false},
     {"cuMemPoolGetAttribute", "cuMemPoolGetAttribute", 11020, false},
     {"cuMemPoolSetAttribute", "cuMemPoolSetAttribute", 11020, false},
     {"cuMemAllocAsync", "cuMemAllocAsync", 11020, false},

@@ -57,7 +57,9 @@ struct Driver {
   decltype(&cuMemPoolGetAttribute) mem_pool_get_attribute = nullptr;
   decltype(&cuMemPoolSetAttribute) mem_pool_set_attribute = nullptr;
   decltype(&cuDeviceGetDefaultMemPool) device_get_default_mem_pool = nullptr;
+  decltype(&cuDeviceGetMemPool) device_get_mem_pool = nullptr;
   decltype(&cuDeviceSetMemPool) device_set_mem_pool = nullptr;
+  decltype(&cuMemPoolDestroy) mem_pool_destroy = nullptr;
   gpupool_driver_lookup_fn lookup = nullptr;
 };
 
@@ -96,6 +98,10 @@ cudaError_t mem_pool_set_attribute(cudaMemPool_t pool, cudaMemPoolAttr attr, voi
 cudaError_t device_get_default_mem_pool(cudaMemPool_t* pool, int device) {
   return rt(d.device_get_default_mem_pool(reinterpret_cast<CUmemoryPool*>(pool), device));
 }
+cudaError_t device_get_mem_pool(cudaMemPool_t* pool, int device) {
+  return rt(d.device_get_mem_pool(reinterpret_cast<CUmemoryPool*>(pool), device));
+}
+cudaError_t mem_pool_destroy(cudaMemPool_t pool) { return rt(d.mem_pool_destroy(reinterpret_cast<CUmemoryPool>(pool))); }
 cudaError_t device_set_mem_pool(int device, cudaMemPool_t pool) {
   return rt(d.device_set_mem_pool(device, reinterpret_cast<CUmemoryPool>(pool)));
 }
@@ -253,7 +259,9 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   fetch(d.mem_pool_get_attribute, "cuMemPoolGetAttribute", 11020);
   fetch(d.mem_pool_set_attribute, "cuMemPoolSetAttribute", 11020);
   fetch(d.device_get_default_mem_pool, "cuDeviceGetDefaultMemPool", 11020);
+  fetch(d.device_get_mem_pool, "cuDeviceGetMemPool", 11020);
   fetch(d.device_set_mem_pool, "cuDeviceSetMemPool", 11020);
+  fetch(d.mem_pool_destroy, "cuMemPoolDestroy", 11020);
   if (!complete) return false;
   table.cudaMalloc = malloc_;
   table.cudaFree = free_;
@@ -293,7 +301,9 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   table.cudaMallocPitch = nullptr;             // so does its cuMemAllocPitch, when gpupool declines it
   table.cudaMalloc3D = nullptr;
   table.cudaDeviceGetDefaultMemPool = d.device_get_default_mem_pool != nullptr ? device_get_default_mem_pool : nullptr;
+  table.cudaDeviceGetMemPool = d.device_get_mem_pool != nullptr ? device_get_mem_pool : nullptr;
   table.cudaDeviceSetMemPool = d.device_set_mem_pool != nullptr ? device_set_mem_pool : nullptr;
+  table.cudaMemPoolDestroy = d.mem_pool_destroy != nullptr ? mem_pool_destroy : nullptr;
   table.cudaMemPoolTrimTo = d.mem_pool_trim_to != nullptr ? mem_pool_trim_to : nullptr;
   table.cudaMemPoolGetAttribute = d.mem_pool_get_attribute != nullptr ? mem_pool_get_attribute : nullptr;
   table.cudaMemPoolSetAttribute = d.mem_pool_set_attribute != nullptr ? mem_pool_set_attribute : nullptr;

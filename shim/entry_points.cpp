@@ -252,6 +252,15 @@ GPUPOOL_EXPORT cudaError_t cudaDeviceSetMemPool(int device, cudaMemPool_t pool) 
   return err;
 }
 
+// Destroying a device's current pool makes its default pool current again.
+GPUPOOL_EXPORT cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool) {
+  Runtime& rt = enter();
+  if (real().cudaMemPoolDestroy == nullptr) return missing();
+  const cudaError_t err = real().cudaMemPoolDestroy(pool);
+  if (err == cudaSuccess && !rt.disabled()) rt.pool_destroyed();
+  return err;
+}
+
 // So do the figures of those pools that programs read (PyTorch's
 // cudaMallocAsync backend reports memory_allocated() and memory_reserved()
 // from them, CuPy its async pool's used and total bytes), and the resets of

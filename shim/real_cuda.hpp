@@ -27,7 +27,9 @@ namespace gpupool::shim {
   X(cudaDeviceReset, cudaError_t(void))                                               \
   X(cudaDeviceSynchronize, cudaError_t(void))                                         \
   X(cudaDeviceGetDefaultMemPool, cudaError_t(cudaMemPool_t*, int))                    \
+  X(cudaDeviceGetMemPool, cudaError_t(cudaMemPool_t*, int))                           \
   X(cudaDeviceSetMemPool, cudaError_t(int, cudaMemPool_t))                            \
+  X(cudaMemPoolDestroy, cudaError_t(cudaMemPool_t))                                   \
   X(cudaMemPoolTrimTo, cudaError_t(cudaMemPool_t, size_t))                            \
   X(cudaMemPoolGetAttribute, cudaError_t(cudaMemPool_t, cudaMemPoolAttr, void*))      \
   X(cudaMemPoolSetAttribute, cudaError_t(cudaMemPool_t, cudaMemPoolAttr, void*))      \

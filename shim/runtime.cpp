@@ -492,6 +492,16 @@ void Runtime::current_pool_set(int device, cudaMemPool_t pool) {
   own_pool_current_[device].store(!known || pool != default_pool, std::memory_order_relaxed);
 }
 
+void Runtime::pool_destroyed() {
+  for (int i = 0; i < kMaxDevices; ++i) {
+    if (!own_pool_current_[i].load(std::memory_order_relaxed)) continue;
+    cudaMemPool_t current = nullptr;
+    if (real().cudaDeviceGetMemPool != nullptr && real().cudaDeviceGetMemPool(&current, i) == cudaSuccess) {
+      current_pool_set(i, current);
+    }
+  }
+}
+
 void Runtime::trim(cudaMemPool_t pool, std::size_t keep) {
   bool flushed = false;
   for_each_device_of_pool(pool, [&](DeviceState& d) {

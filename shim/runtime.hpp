@@ -108,6 +108,9 @@ class Runtime {
   // runtime's: that pool's properties (IPC export, peer access, location)
   // are what the program asked for.
   void current_pool_set(int device, cudaMemPool_t pool);
+  // cudaMemPoolDestroy succeeded: a device whose current pool it was has its
+  // default pool current again.
+  void pool_destroyed();
   // cudaMemPoolGetAttribute(pool, attr) gave the runtime's figure in *value:
   // adds what gpupool holds for each device whose default pool that is,
   // bytes reserved or in use (blocks threads keep are not), now or at the

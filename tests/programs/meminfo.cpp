@@ -11,7 +11,9 @@
 //   meminfo own-pool
 //                  makes a memory pool of its own the current pool of device
 //                  0: its cudaMallocAsync calls draw from that pool (its
-//                  figures count them) until the default pool is current again
+//                  figures count them) until the default pool is current
+//                  again; then makes another pool current and destroys it,
+//                  which makes the default pool current again too
 #include <cinttypes>
 #include <string>
 
@@ -154,6 +156,18 @@ int own_pool() {
   CHECK_CUDA(cudaFreeAsync(p, stream));
   CHECK_CUDA(cudaStreamSynchronize(stream));
   CHECK_CUDA(cudaMemPoolDestroy(own));
+
+  // Destroying a device's current pool makes its default pool current.
+  CHECK_CUDA(cudaMemPoolCreate(&own, &props));
+  CHECK_CUDA(cudaDeviceSetMemPool(0, own));
+  CHECK_CUDA(cudaMemPoolDestroy(own));
+  cudaMemPool_t current = nullptr;
+  CHECK_CUDA(cudaDeviceGetMemPool(&current, 0));
+  EXPECT(current == default_pool);
+  CHECK_CUDA(cudaMallocAsync(&p, kBlock, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  EXPECT(figure(default_pool, cudaMemPoolAttrUsedMemCurrent) >= kBlock);
+  CHECK_CUDA(cudaFreeAsync(p, stream));
   CHECK_CUDA(cudaStreamDestroy(stream));
   std::printf("{\"own_pool_used\": %" PRIu64 ", \"default_pool_used\": %" PRIu64 "}\n", own_used, default_used);
   return 0;

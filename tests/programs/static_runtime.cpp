@@ -12,7 +12,8 @@
 //                                 memory pool trimmed to KEEP bytes; then a block allocated and checked.
 //                                 Prints the pool's figures (cuMemPoolGetAttribute) on the way
 //   static_runtime own-pool       a memory pool of its own made device 0's current pool: 4 stream-ordered
-//                                 blocks drawn from it, then one from the default pool made current again
+//                                 blocks drawn from it, then one from the default pool made current again,
+//                                 and one more after another pool was made current and destroyed
 //   static_runtime async N        the same, stream-ordered on a non-blocking stream (and ptsz twins)
 //   static_runtime hazard [MS]    a block freed while a slower stream still writes it (MS ms later,
 //                                 default 100), then reused
@@ -237,6 +238,13 @@ int own_pool() {
   check(d.mem_free_async(p, s), "cuMemFreeAsync");
   check(d.stream_synchronize(s), "cuStreamSynchronize");
   check(d.mem_pool_destroy(own), "cuMemPoolDestroy");
+  // Destroying the current pool makes the default one current.
+  check(d.mem_pool_create(&own, &props), "cuMemPoolCreate");
+  check(d.device_set_mem_pool(0, own), "cuDeviceSetMemPool");
+  check(d.mem_pool_destroy(own), "cuMemPoolDestroy");
+  check(d.mem_alloc_async(&p, kBlock, s), "cuMemAllocAsync");
+  check(d.mem_free_async(p, s), "cuMemFreeAsync");
+  check(d.stream_synchronize(s), "cuStreamSynchronize");
   check(d.stream_destroy(s), "cuStreamDestroy");
   std::printf("{\"own_pool_used\": %llu, \"default_pool_used\": %llu}\n", own_used, default_used);
   return 0;
