@@ -107,7 +107,14 @@ void Runtime::at_exit() {
   }
   write_report("exit");
   // A forked child's CUDA was its parent's, which speaks for it.
-  if (!disabled_ && !used_.load() && !forked_child_ && cuda_driver_loaded()) {
+  const std::uint64_t own_pool = own_pool_allocations_.load();
+  if (own_pool > 0 && !forked_child_) {
+    message(config::LogLevel::Warn,
+            "gpupool: " + std::to_string(own_pool) +
+                " cudaMallocAsync calls drew from memory pools this program made current (cudaDeviceSetMemPool); "
+                "gpupool leaves those to the runtime, and the report does not count them");
+  }
+  if (!disabled_ && !used_.load() && !forked_child_ && own_pool == 0 && cuda_driver_loaded()) {
     explain_nothing_pooled(config_.static_runtime);
   } else if (!disabled_ && !forked_child_) {
     explain_library_not_taken_over(false);

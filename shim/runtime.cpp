@@ -149,6 +149,7 @@ void Runtime::give_back_cached(const CachedBlock& block) {
 
 cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, int dev, bool* runtime_serves) {
   if (runtime_serves != nullptr && own_pool_current_[dev].load(std::memory_order_relaxed)) {
+    own_pool_allocations_.fetch_add(1, std::memory_order_relaxed);
     *runtime_serves = true;  // from the program's own pool, not from a cache of the default one
     return cudaSuccess;
   }

@@ -188,6 +188,7 @@ class Runtime {
   std::atomic<int> oom_warnings_{0};
   std::atomic<int> captures_active_{0};  // per-thread caches stand aside while any capture runs
   std::atomic<bool> own_pool_current_[kMaxDevices] = {};  // see current_pool_set
+  std::atomic<std::uint64_t> own_pool_allocations_{0};     // left to the runtime so, told at exit
   StreamCaches caches_{&Runtime::give_back_cached};
 
   static std::atomic<Runtime*> started_;

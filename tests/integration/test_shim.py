@@ -658,6 +658,9 @@ class OwnMemoryPool(ShimTest):
         self.assertSucceeded(run)
         self.assertEqual(run.counters()["malloc_async_calls"], 4)
         self.assertEqual(run.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 2)
+        # At exit a line says what the report does not count.
+        self.assertEqual(run.stderr.count("4 cudaMallocAsync calls drew from memory pools this program made current"),
+                         1, run.stderr)
 
 
 class Lifecycle(ShimTest):
