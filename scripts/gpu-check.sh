@@ -71,7 +71,7 @@ arch=-arch=native
 # Integration programs with the static runtime, for static_runtime:1 (built
 # side by side: nvcc takes a while for each).
 pids=()
-for program in lifecycle capture patterns pitched threads stress devices; do
+for program in lifecycle capture patterns pitched threads stress devices meminfo; do
   "$nvcc" $arch -O2 -std=c++20 -I. -x cu -o "$out/${program}_static" "tests/programs/$program.cpp" \
     2>"$out/nvcc-$program.log" &
   pids+=($!)
@@ -180,6 +180,16 @@ print(d['device_resets']['count'], d['device_resets']['blocks_freed_by_reset'], 
   run "cudaMemPoolTrimTo gives back the cache (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" \
     GPUPOOL_LOG="$trim_report" -- build/bin/test-lifecycle trim 0
   reserved_2_mib "  reserved after the trim (expandable=$mode)" "$trim_report"
+  # The default pool's figures (cudaMemPoolGetAttribute) follow the program's
+  # blocks with gpupool's added; a pool of the program's own serves its calls.
+  run "memory pool figures include gpupool's (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" \
+    -- build/bin/test-meminfo pool
+  run "  the same with threads' caches (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" \
+    -- build/bin/test-meminfo pool threads
+  own_pool_report="$out/report-own-pool-$mode.json"
+  run "a pool of the program's own made current serves its calls (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" \
+    GPUPOOL_LOG="$own_pool_report" -- build/bin/test-meminfo own-pool
+  all_pooled "  only the default pool's blocks pooled (expandable=$mode)" "$own_pool_report" 2
   run "demo (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/gpupool-demo --steps 10
   run "stress, threads and every kind of stream (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-stress 3 10 200 1
 done
@@ -189,6 +199,8 @@ if [ ! -f "$repeat_log" ] || grep -q "needs the driver's virtual memory calls" "
 else
   record "expandable segments on this driver" PASS ""
 fi
+run "memory pool figures, the runtime's alone (no gpupool)" 0 -- build/bin/test-meminfo pool
+run "a pool of the program's own made current (no gpupool)" 0 -- build/bin/test-meminfo own-pool
 run "unchanged nvcc -cudart shared program" 0 "${pool[@]}" -- "$out/user_program"
 run "pitched 2D/3D arrays without gpupool (the program's own checks)" 0 -- build/bin/test-pitched 4
 # Any pitch that meets the alignments is right; gpupool pads rows to 512 bytes
@@ -247,6 +259,11 @@ static_trim_report="$out/report-trim-static.json"
 run "static runtime: cudaMemPoolTrimTo gives back the cache" 0 "${static[@]}" GPUPOOL_LOG="$static_trim_report" \
   -- "$out/lifecycle_static" trim 0
 reserved_2_mib "  reserved after the static runtime's trim" "$static_trim_report"
+run "static runtime: memory pool figures include gpupool's" 0 "${static[@]}" -- "$out/meminfo_static" pool
+static_own_pool_report="$out/report-own-pool-static.json"
+run "static runtime: a pool of the program's own made current" 0 "${static[@]}" \
+  GPUPOOL_LOG="$static_own_pool_report" -- "$out/meminfo_static" own-pool
+all_pooled "  only the default pool's blocks pooled (static runtime)" "$static_own_pool_report" 2
 run "static runtime: stress, threads and every kind of stream" 0 "${static[@]}" -- "$out/stress_static" 3 10 200 1
 library_report="$out/report-static-library.json"
 run "static runtime in a library, static_runtime_libraries names it" 0 "${pool[@]}" GPUPOOL_STATIC_RUNTIME=1 \
