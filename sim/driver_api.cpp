@@ -92,6 +92,12 @@ CUresult mem_alloc_async(CUdeviceptr* p, size_t n, CUstream s) {
 CUresult mem_alloc_async_ptsz(CUdeviceptr* p, size_t n, CUstream s) {
   return cu(cudaMallocAsync_ptsz(reinterpret_cast<void**>(p), n, rt(s)));
 }
+CUresult mem_alloc_from_pool_async(CUdeviceptr* p, size_t n, CUmemoryPool pool, CUstream s) {
+  return cu(cudaMallocFromPoolAsync(reinterpret_cast<void**>(p), n, reinterpret_cast<cudaMemPool_t>(pool), rt(s)));
+}
+CUresult mem_alloc_from_pool_async_ptsz(CUdeviceptr* p, size_t n, CUmemoryPool pool, CUstream s) {
+  return cu(cudaMallocFromPoolAsync_ptsz(reinterpret_cast<void**>(p), n, reinterpret_cast<cudaMemPool_t>(pool), rt(s)));
+}
 CUresult mem_free_async(CUdeviceptr p, CUstream s) { return cu(cudaFreeAsync(ptr(p), rt(s))); }
 CUresult mem_free_async_ptsz(CUdeviceptr p, CUstream s) { return cu(cudaFreeAsync_ptsz(ptr(p), rt(s))); }
 CUresult mem_get_info(size_t* free_bytes, size_t* total) { return cu(cudaMemGetInfo(free_bytes, total)); }
@@ -220,6 +226,7 @@ const Entry kEntries[] = {
     {"cuMemFree", 3020, fn(mem_free), fn(mem_free)},
     {"cuMemAllocPitch", 3020, fn(mem_alloc_pitch), fn(mem_alloc_pitch)},
     {"cuMemAllocAsync", 11020, fn(mem_alloc_async), fn(mem_alloc_async_ptsz)},
+    {"cuMemAllocFromPoolAsync", 11020, fn(mem_alloc_from_pool_async), fn(mem_alloc_from_pool_async_ptsz)},
     {"cuMemFreeAsync", 11020, fn(mem_free_async), fn(mem_free_async_ptsz)},
     {"cuMemGetInfo", 3020, fn(mem_get_info), fn(mem_get_info)},
     {"cuMemPoolTrimTo", 11020, fn(mem_pool_trim_to), fn(mem_pool_trim_to)},
@@ -302,6 +309,9 @@ CUresult cuMemFree(CUdeviceptr p) { return mem_free(p); }
 CUresult cuMemAllocAsync(CUdeviceptr* p, size_t n, CUstream s) { return mem_alloc_async(p, n, s); }
 CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { return mem_free_async(p, s); }
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr* p, size_t n, CUstream s) { return mem_alloc_async_ptsz(p, n, s); }
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr* p, size_t n, CUmemoryPool pool, CUstream s) {
+  return mem_alloc_from_pool_async(p, n, pool, s);
+}
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return mem_free_async_ptsz(p, s); }
 CUresult cuMemAllocPitch(CUdeviceptr* p, size_t* pitch, size_t width, size_t height, unsigned int element_bytes) {
   return mem_alloc_pitch(p, pitch, width, height, element_bytes);
