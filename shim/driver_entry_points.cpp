@@ -43,6 +43,12 @@ CUresult mem_alloc_async(CUdeviceptr* p, size_t n, CUstream s) { return cu(cudaM
 CUresult mem_alloc_async_ptsz(CUdeviceptr* p, size_t n, CUstream s) {
   return cu(cudaMallocAsync_ptsz(out(p), n, rt(s)));
 }
+CUresult mem_alloc_from_pool_async(CUdeviceptr* p, size_t n, CUmemoryPool pool, CUstream s) {
+  return cu(cudaMallocFromPoolAsync(out(p), n, reinterpret_cast<cudaMemPool_t>(pool), rt(s)));
+}
+CUresult mem_alloc_from_pool_async_ptsz(CUdeviceptr* p, size_t n, CUmemoryPool pool, CUstream s) {
+  return cu(cudaMallocFromPoolAsync_ptsz(out(p), n, reinterpret_cast<cudaMemPool_t>(pool), rt(s)));
+}
 CUresult mem_free_async(CUdeviceptr p, CUstream s) { return cu(cudaFreeAsync(ptr(p), rt(s))); }
 CUresult mem_free_async_ptsz(CUdeviceptr p, CUstream s) { return cu(cudaFreeAsync_ptsz(ptr(p), rt(s))); }
 CUresult mem_get_info(size_t* free_bytes, size_t* total) { return cu(cudaMemGetInfo(free_bytes, total)); }
@@ -157,6 +163,7 @@ const Substitute kSubstitutes[] = {
     {"cuMemFree", 3020, 0, fn(mem_free), fn(mem_free)},
     {"cuMemAllocPitch", 3020, 0, fn(mem_alloc_pitch), fn(mem_alloc_pitch), &real_mem_alloc_pitch},
     {"cuMemAllocAsync", 11020, 0, fn(mem_alloc_async), fn(mem_alloc_async_ptsz)},
+    {"cuMemAllocFromPoolAsync", 11020, 0, fn(mem_alloc_from_pool_async), fn(mem_alloc_from_pool_async_ptsz)},
     {"cuMemFreeAsync", 11020, 0, fn(mem_free_async), fn(mem_free_async_ptsz)},
     {"cuMemGetInfo", 3020, 0, fn(mem_get_info), fn(mem_get_info)},
     {"cuMemPoolTrimTo", 11020, 0, fn(mem_pool_trim_to), fn(mem_pool_trim_to)},
@@ -221,6 +228,8 @@ const ExportedName kExportedNames[] = {
     {"cuMemPoolSetAttribute", "cuMemPoolSetAttribute", 11020, false},
     {"cuMemAllocAsync", "cuMemAllocAsync", 11020, false},
     {"cuMemAllocAsync_ptsz", "cuMemAllocAsync", 11020, true},
+    {"cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync", 11020, false},
+    {"cuMemAllocFromPoolAsync_ptsz", "cuMemAllocFromPoolAsync", 11020, true},
     {"cuMemFreeAsync", "cuMemFreeAsync", 11020, false},
     {"cuMemFreeAsync_ptsz", "cuMemFreeAsync", 11020, true},
     {"cuIpcGetMemHandle", "cuIpcGetMemHandle", 4010, false},

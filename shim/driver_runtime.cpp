@@ -23,6 +23,8 @@ struct Driver {
   decltype(&cuMemFree_v2) mem_free = nullptr;
   decltype(&cuMemAllocAsync) mem_alloc_async = nullptr;
   decltype(&cuMemAllocAsync) mem_alloc_async_ptsz = nullptr;
+  decltype(&cuMemAllocFromPoolAsync) mem_alloc_from_pool_async = nullptr;
+  decltype(&cuMemAllocFromPoolAsync) mem_alloc_from_pool_async_ptsz = nullptr;
   decltype(&cuMemFreeAsync) mem_free_async = nullptr;
   decltype(&cuMemFreeAsync) mem_free_async_ptsz = nullptr;
   decltype(&cuMemGetInfo_v2) mem_get_info = nullptr;
@@ -79,6 +81,14 @@ cudaError_t malloc_async(void** p, size_t n, cudaStream_t s) {
 }
 cudaError_t malloc_async_ptsz(void** p, size_t n, cudaStream_t s) {
   return rt(d.mem_alloc_async_ptsz(reinterpret_cast<CUdeviceptr*>(p), n, cu(s)));
+}
+cudaError_t malloc_from_pool_async(void** p, size_t n, cudaMemPool_t pool, cudaStream_t s) {
+  return rt(d.mem_alloc_from_pool_async(reinterpret_cast<CUdeviceptr*>(p), n, reinterpret_cast<CUmemoryPool>(pool),
+                                        cu(s)));
+}
+cudaError_t malloc_from_pool_async_ptsz(void** p, size_t n, cudaMemPool_t pool, cudaStream_t s) {
+  return rt(d.mem_alloc_from_pool_async_ptsz(reinterpret_cast<CUdeviceptr*>(p), n,
+                                             reinterpret_cast<CUmemoryPool>(pool), cu(s)));
 }
 cudaError_t free_async(void* p, cudaStream_t s) { return rt(d.mem_free_async(cu(p), cu(s))); }
 cudaError_t free_async_ptsz(void* p, cudaStream_t s) { return rt(d.mem_free_async_ptsz(cu(p), cu(s))); }
@@ -256,6 +266,8 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   // Trimming a memory pool (gpupool's cache goes with the program's trim), and
   // its figures (gpupool's are added): optional.
   fetch(d.mem_pool_trim_to, "cuMemPoolTrimTo", 11020);
+  fetch(d.mem_alloc_from_pool_async, "cuMemAllocFromPoolAsync", 11020);
+  fetch(d.mem_alloc_from_pool_async_ptsz, "cuMemAllocFromPoolAsync", 11020, kPerThread);
   fetch(d.mem_pool_get_attribute, "cuMemPoolGetAttribute", 11020);
   fetch(d.mem_pool_set_attribute, "cuMemPoolSetAttribute", 11020);
   fetch(d.device_get_default_mem_pool, "cuDeviceGetDefaultMemPool", 11020);
@@ -267,6 +279,9 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   table.cudaFree = free_;
   table.cudaMallocAsync = malloc_async;
   table.cudaMallocAsync_ptsz = malloc_async_ptsz;
+  table.cudaMallocFromPoolAsync = d.mem_alloc_from_pool_async != nullptr ? malloc_from_pool_async : nullptr;
+  table.cudaMallocFromPoolAsync_ptsz =
+      d.mem_alloc_from_pool_async_ptsz != nullptr ? malloc_from_pool_async_ptsz : nullptr;
   table.cudaFreeAsync = free_async;
   table.cudaFreeAsync_ptsz = free_async_ptsz;
   table.cudaMemGetInfo = mem_get_info;

@@ -78,22 +78,45 @@ cudaError_t free_result(FreeResult r, void* ptr, const char* call) {
   return fail(cudaErrorInvalidValue);
 }
 
+// A stream-ordered allocation on `device`'s pool for the stream `id`: false
+// where the runtime must serve it instead (see Runtime::allocate).
+bool pooled_stream_ordered(Runtime& rt, void** ptr, size_t size, StreamId id, int device, bool named_default_pool,
+                           cudaError_t* result) {
+  rt.note_stream_ordered_call();
+  if (size == 0) {
+    *ptr = nullptr;
+    *result = cudaSuccess;
+    return true;
+  }
+  bool runtime_serves = false;
+  *result = rt.allocate(ptr, size, id, device, &runtime_serves, named_default_pool);
+  return !runtime_serves;
+}
+
 cudaError_t malloc_on(void** ptr, size_t size, cudaStream_t stream, bool per_thread) {
   Runtime& rt = enter();
   auto real_call = per_thread ? real().cudaMallocAsync_ptsz : real().cudaMallocAsync;
   if (rt.bypass()) return real_call != nullptr ? real_call(ptr, size, stream) : missing();
   if (ptr == nullptr) return fail(cudaErrorInvalidValue);
   const StreamId id = stream_id(stream, per_thread);
-  const int device = rt.prepare_stream(id);
-  rt.note_stream_ordered_call();
-  if (size == 0) {
-    *ptr = nullptr;
-    return cudaSuccess;
+  cudaError_t err = cudaSuccess;
+  if (pooled_stream_ordered(rt, ptr, size, id, rt.prepare_stream(id), false, &err)) return err;
+  return real_call != nullptr ? real_call(ptr, size, stream) : missing();
+}
+
+// cudaMallocFromPoolAsync: the default pool of the stream's device is
+// gpupool's memory (TensorFlow's and XLA's async allocators, CuPy's async
+// pool with 'default', ask for it by name); any other pool is the runtime's.
+cudaError_t malloc_from_pool(void** ptr, size_t size, cudaMemPool_t pool, cudaStream_t stream, bool per_thread) {
+  Runtime& rt = enter();
+  auto real_call = per_thread ? real().cudaMallocFromPoolAsync_ptsz : real().cudaMallocFromPoolAsync;
+  if (!rt.bypass() && ptr != nullptr) {
+    const StreamId id = stream_id(stream, per_thread);
+    const int device = rt.prepare_stream(id);
+    cudaError_t err = cudaSuccess;
+    if (rt.is_default_pool(pool, device) && pooled_stream_ordered(rt, ptr, size, id, device, true, &err)) return err;
   }
-  bool runtime_serves = false;
-  const cudaError_t err = rt.allocate(ptr, size, id, device, &runtime_serves);
-  if (runtime_serves) return real_call != nullptr ? real_call(ptr, size, stream) : missing();
-  return err;
+  return real_call != nullptr ? real_call(ptr, size, pool, stream) : missing();
 }
 
 cudaError_t free_on(void* ptr, cudaStream_t stream, bool per_thread) {
@@ -214,6 +237,13 @@ GPUPOOL_EXPORT cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t
 }
 GPUPOOL_EXPORT cudaError_t cudaMallocAsync_ptsz(void** ptr, size_t size, cudaStream_t stream) {
   return malloc_on(ptr, size, stream, true);
+}
+GPUPOOL_EXPORT cudaError_t cudaMallocFromPoolAsync(void** ptr, size_t size, cudaMemPool_t pool, cudaStream_t stream) {
+  return malloc_from_pool(ptr, size, pool, stream, false);
+}
+GPUPOOL_EXPORT cudaError_t cudaMallocFromPoolAsync_ptsz(void** ptr, size_t size, cudaMemPool_t pool,
+                                                        cudaStream_t stream) {
+  return malloc_from_pool(ptr, size, pool, stream, true);
 }
 GPUPOOL_EXPORT cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) { return free_on(ptr, stream, false); }
 GPUPOOL_EXPORT cudaError_t cudaFreeAsync_ptsz(void* ptr, cudaStream_t stream) { return free_on(ptr, stream, true); }

@@ -17,6 +17,8 @@ namespace gpupool::shim {
   X(cudaMalloc3D, cudaError_t(cudaPitchedPtr*, cudaExtent))                           \
   X(cudaMallocAsync, cudaError_t(void**, size_t, cudaStream_t))                       \
   X(cudaMallocAsync_ptsz, cudaError_t(void**, size_t, cudaStream_t))                  \
+  X(cudaMallocFromPoolAsync, cudaError_t(void**, size_t, cudaMemPool_t, cudaStream_t)) \
+  X(cudaMallocFromPoolAsync_ptsz, cudaError_t(void**, size_t, cudaMemPool_t, cudaStream_t)) \
   X(cudaFreeAsync, cudaError_t(void*, cudaStream_t))                                  \
   X(cudaFreeAsync_ptsz, cudaError_t(void*, cudaStream_t))                             \
   X(cudaMemGetInfo, cudaError_t(size_t*, size_t*))                                    \

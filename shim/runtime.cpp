@@ -147,8 +147,9 @@ void Runtime::give_back_cached(const CachedBlock& block) {
   d->pool->deallocate(block.ptr, block.stream);
 }
 
-cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, int dev, bool* runtime_serves) {
-  if (runtime_serves != nullptr && own_pool_current_[dev].load(std::memory_order_relaxed)) {
+cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, int dev, bool* runtime_serves,
+                              bool named_default_pool) {
+  if (runtime_serves != nullptr && !named_default_pool && own_pool_current_[dev].load(std::memory_order_relaxed)) {
     own_pool_allocations_.fetch_add(1, std::memory_order_relaxed);
     *runtime_serves = true;  // from the program's own pool, not from a cache of the default one
     return cudaSuccess;
@@ -431,8 +432,9 @@ void Runtime::adjust_mem_get_info(std::size_t* free_bytes, std::size_t* total_by
 
 void Runtime::device_reset(int dev) {
   // The reset destroys the pools the program made: the default one is
-  // current again.
+  // current again (asked for anew: the handle may change).
   own_pool_current_[dev].store(false, std::memory_order_relaxed);
+  default_pools_[dev].store(nullptr, std::memory_order_release);
   // The runtime is about to free everything on the device, our segments too:
   // forget them (their memory is gone) and start a fresh pool on next use.
   DeviceState* d = existing(dev);
@@ -475,22 +477,30 @@ void Runtime::device_reset(int dev) {
 // (then the runtime serves those calls).
 template <typename F>
 void Runtime::for_each_device_of_pool(cudaMemPool_t pool, F&& f) {
-  if (pool == nullptr || real().cudaDeviceGetDefaultMemPool == nullptr) return;
+  if (pool == nullptr) return;
   for (int i = 0; i < kMaxDevices; ++i) {
     DeviceState* d = existing(i);
-    if (d == nullptr) continue;
-    cudaMemPool_t default_pool = nullptr;
-    if (real().cudaDeviceGetDefaultMemPool(&default_pool, i) == cudaSuccess && pool == default_pool) f(*d);
+    if (d != nullptr && is_default_pool(pool, i)) f(*d);
   }
+}
+
+bool Runtime::is_default_pool(cudaMemPool_t pool, int device) {
+  if (pool == nullptr || device < 0 || device >= kMaxDevices) return false;
+  cudaMemPool_t known = default_pools_[device].load(std::memory_order_acquire);
+  if (known == nullptr) {
+    if (real().cudaDeviceGetDefaultMemPool == nullptr ||
+        real().cudaDeviceGetDefaultMemPool(&known, device) != cudaSuccess) {
+      return false;
+    }
+    default_pools_[device].store(known, std::memory_order_release);
+  }
+  return pool == known;
 }
 
 void Runtime::current_pool_set(int device, cudaMemPool_t pool) {
   if (device < 0 || device >= kMaxDevices) return;
-  cudaMemPool_t default_pool = nullptr;
-  const bool known = real().cudaDeviceGetDefaultMemPool != nullptr &&
-                     real().cudaDeviceGetDefaultMemPool(&default_pool, device) == cudaSuccess;
   // Unsure which pool it is: the runtime serves the calls, as without gpupool.
-  own_pool_current_[device].store(!known || pool != default_pool, std::memory_order_relaxed);
+  own_pool_current_[device].store(!is_default_pool(pool, device), std::memory_order_relaxed);
 }
 
 void Runtime::pool_destroyed() {

@@ -75,7 +75,10 @@ class Runtime {
   // the consumer stream is capturing (the allocation becomes a graph node),
   // or the program made a pool of its own the device's current pool (see
   // current_pool_set).
-  cudaError_t allocate(void** out, std::size_t size, StreamId consumer, int device, bool* runtime_serves = nullptr);
+  // named_default_pool: cudaMallocFromPoolAsync named the device's default
+  // pool, which is gpupool's whatever pool is current.
+  cudaError_t allocate(void** out, std::size_t size, StreamId consumer, int device, bool* runtime_serves = nullptr,
+                       bool named_default_pool = false);
   // Freed: done. NotOwned: the caller passes the pointer to the runtime.
   // NotAllocated: a pointer inside the pool that is not live (double free).
   // site_device: the device of the stream `site` (a stream-ordered free).
@@ -111,6 +114,9 @@ class Runtime {
   // cudaMemPoolDestroy succeeded: a device whose current pool it was has its
   // default pool current again.
   void pool_destroyed();
+  // Whether `pool` is `device`'s default memory pool (the pool gpupool's
+  // memory stands for).
+  bool is_default_pool(cudaMemPool_t pool, int device);
   // cudaMemPoolGetAttribute(pool, attr) gave the runtime's figure in *value:
   // adds what gpupool holds for each device whose default pool that is,
   // bytes reserved or in use (blocks threads keep are not), now or at the
@@ -188,6 +194,7 @@ class Runtime {
   std::atomic<int> oom_warnings_{0};
   std::atomic<int> captures_active_{0};  // per-thread caches stand aside while any capture runs
   std::atomic<bool> own_pool_current_[kMaxDevices] = {};  // see current_pool_set
+  std::atomic<cudaMemPool_t> default_pools_[kMaxDevices] = {};  // each device's, once asked
   std::atomic<std::uint64_t> own_pool_allocations_{0};     // left to the runtime so, told at exit
   StreamCaches caches_{&Runtime::give_back_cached};
 

@@ -425,7 +425,7 @@ class StaticRuntime(ShimTest):
         for env in (self.ON, {}):
             alone = self.run_program(args, env=env)
             self.assertSucceeded(alone)
-            self.assertEqual(alone.counters()["malloc_async_calls"], 40)
+            self.assertEqual(alone.counters()["malloc_async_calls"], 41)
             self.assertEqual(alone.stderr.count(advice), 1, alone.stderr)  # the library named at exit
         run = self.run_program(args, env={**self.ON, "GPUPOOL_STATIC_RUNTIME_LIBRARIES": "libtest-driver-lookup.so"})
         self.assertSucceeded(run)
@@ -433,7 +433,7 @@ class StaticRuntime(ShimTest):
         self.assertEqual(counters["malloc_calls"], 0)
         self.assertEqual(counters["malloc_async_calls"], 0)
         device = run.report()["devices"]["0"]
-        self.assertEqual(device["stats"]["allocation.all.allocated"], 80)
+        self.assertEqual(device["stats"]["allocation.all.allocated"], 81)
         # The library's stream, made with cuStreamCreate, is one the pool orders on.
         streams = [s for s in device["streams"] if s["stream"].startswith("0x")]
         self.assertEqual(len(streams), 1)
@@ -456,7 +456,7 @@ class StaticRuntime(ShimTest):
         named = self.run_program(["test-lifecycle", "library", module],
                                  env={**self.ON, "GPUPOOL_STATIC_RUNTIME_LIBRARIES": "libtest-driver-lookup.so"})
         self.assertSucceeded(named)
-        self.assertEqual(named.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 21)
+        self.assertEqual(named.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 22)
         self.assertNotIn(advice, named.stderr)
 
     def test_a_reset_fetched_by_name_leaves_nothing_from_before_it(self):
@@ -505,8 +505,8 @@ class StaticRuntime(ShimTest):
         run = self.run_program(["test-static-runtime", "own-pool"], env=self.ON)
         self.assertSucceeded(run)
         self.assertGreaterEqual(run.output_json()["own_pool_used"], 16 << 20)
-        self.assertEqual(run.counters()["malloc_async_calls"], 4)  # the program's pool's blocks
-        self.assertEqual(run.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 2)
+        self.assertEqual(run.counters()["malloc_async_calls"], 5)  # the program's pool's blocks
+        self.assertEqual(run.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 3)
 
     def test_stream_ordered_and_per_thread_stream_calls_are_pooled(self):
         run = self.run_program(["test-static-runtime", "async", "20"], env=self.ON)
@@ -648,16 +648,17 @@ class OwnMemoryPool(ShimTest):
     # test-meminfo own-pool makes a pool of its own device 0's current pool and
     # allocates 4 blocks of 4 MiB with cudaMallocAsync: they must come from that
     # pool (the program may have given it IPC export, peer access or another
-    # location), as its figures show; then one block with the default pool
-    # current again, and one after another pool was made current and destroyed.
+    # location), as its figures show; one with each pool named in
+    # cudaMallocFromPoolAsync; then one block with the default pool current
+    # again, and one after another pool was made current and destroyed.
     def test_its_blocks_come_from_its_pool_and_the_default_pools_from_gpupool(self):
         alone = self.run_program(["test-meminfo", "own-pool"], preload=False)
         self.assertSucceeded(alone)
-        self.assertEqual(alone.counters()["malloc_async_calls"], 6)
+        self.assertEqual(alone.counters()["malloc_async_calls"], 8)
         run = self.run_program(["test-meminfo", "own-pool"])
         self.assertSucceeded(run)
-        self.assertEqual(run.counters()["malloc_async_calls"], 4)
-        self.assertEqual(run.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 2)
+        self.assertEqual(run.counters()["malloc_async_calls"], 5)
+        self.assertEqual(run.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 3)
         # At exit a line says what the report does not count.
         self.assertEqual(run.stderr.count("4 cudaMallocAsync calls drew from memory pools this program made current"),
                          1, run.stderr)

@@ -66,7 +66,8 @@ static int use_primary_context(void* driver) {
 }
 
 /* n pairs of each: cuMemAlloc/cuMemFree, stream-ordered on a stream of its
-   own, stream-ordered on the per-thread default stream, and pitched rows;
+   own, stream-ordered on the per-thread default stream, and pitched rows,
+   and one block from the default memory pool named;
    every function fetched with dlsym under the name the driver exports it by
    (cuMemAlloc_v2, ...), each block written and read back; the default memory
    pool's figure of bytes in use read while the first stream-ordered block is
@@ -90,6 +91,7 @@ int library_by_name(int n) {
   CUresult (*stream_synchronize)(CUstream);
   CUresult (*device_get_default_mem_pool)(CUmemoryPool*, CUdevice);
   CUresult (*mem_pool_get_attribute)(CUmemoryPool, CUmemPool_attribute, void*);
+  CUresult (*mem_alloc_from_pool_async)(CUdeviceptr*, size_t, CUmemoryPool, CUstream);
   FETCH(mem_alloc, "cuMemAlloc_v2");
   FETCH(mem_free, "cuMemFree_v2");
   FETCH(mem_alloc_async, "cuMemAllocAsync");
@@ -105,6 +107,7 @@ int library_by_name(int n) {
   FETCH(stream_synchronize, "cuStreamSynchronize");
   FETCH(device_get_default_mem_pool, "cuDeviceGetDefaultMemPool");
   FETCH(mem_pool_get_attribute, "cuMemPoolGetAttribute");
+  FETCH(mem_alloc_from_pool_async, "cuMemAllocFromPoolAsync");
   if (use_primary_context(driver) != 0) return 1;
   CUstream s = NULL;
   if (stream_create(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 1;
@@ -131,6 +134,12 @@ int library_by_name(int n) {
     if (mem_alloc_pitch(&p, &pitch, 1000, 64, 4) != CUDA_SUCCESS || pitch < 1000) return 1;
     if (write_and_check(htod, dtoh, p, pitch * 64, i + 3) != 0 || mem_free(p) != CUDA_SUCCESS) return 1;
   }
+  /* One more from the default pool named, as XLA's async allocator asks. */
+  CUdeviceptr named = 0;
+  if (mem_alloc_from_pool_async(&named, 1 << 19, pool, s) != CUDA_SUCCESS || stream_synchronize(s) != CUDA_SUCCESS) {
+    return 1;
+  }
+  if (write_and_check(htod, dtoh, named, 1 << 19, 7) != 0 || mem_free_async(named, s) != CUDA_SUCCESS) return 1;
   size_t free_bytes = 0, total = 0;
   if (mem_get_info(&free_bytes, &total) != CUDA_SUCCESS || free_bytes > total) return 1;
   if (stream_synchronize(s) != CUDA_SUCCESS || stream_destroy(s) != CUDA_SUCCESS) return 1;

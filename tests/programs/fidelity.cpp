@@ -33,13 +33,17 @@ int main() {
   EXPECT(cudaFree(a) == cudaErrorInvalidValue);
   EXPECT(cudaGetLastError() == cudaErrorInvalidValue);
   // A pointer the pool never handed out goes to the runtime untouched: here one
-  // from cudaMallocFromPoolAsync, which gpupool passes through.
+  // from a memory pool the program made, which gpupool leaves to the runtime.
   void* foreign = nullptr;
-  cudaMemPool_t default_pool;
-  CHECK_CUDA(cudaDeviceGetDefaultMemPool(&default_pool, 0));
-  CHECK_CUDA(cudaMallocFromPoolAsync(&foreign, 1 << 20, default_pool, nullptr));
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location = {cudaMemLocationTypeDevice, 0};
+  cudaMemPool_t own_pool;
+  CHECK_CUDA(cudaMemPoolCreate(&own_pool, &props));
+  CHECK_CUDA(cudaMallocFromPoolAsync(&foreign, 1 << 20, own_pool, nullptr));
   CHECK_CUDA(cudaStreamSynchronize(nullptr));
   EXPECT(cudaFree(foreign) == cudaSuccess);
+  CHECK_CUDA(cudaMemPoolDestroy(own_pool));
   // Mixed use: cudaFree of a cudaMallocAsync block, cudaFreeAsync of a cudaMalloc block.
   void* x = nullptr;
   void* y = nullptr;

@@ -15,8 +15,9 @@
 //   chdir      makes its first CUDA call after changing directory
 //   ipc        takes the IPC handle of a block inside a pooled segment
 //   library LIB loads LIB, a library that fetches the driver's calls by name,
-//              has it make 5 pairs of each kind, then allocates one block
-//              through the runtime
+//              has it make 5 pairs of each kind and one block from the
+//              default memory pool, then allocates one block through the
+//              runtime
 //   driver LIB none|stream|alloc [fork]
 //              loads LIB as the CUDA driver (as a program's own static
 //              runtime would), then makes no CUDA call, only stream calls, or

@@ -11,7 +11,8 @@
 //   meminfo own-pool
 //                  makes a memory pool of its own the current pool of device
 //                  0: its cudaMallocAsync calls draw from that pool (its
-//                  figures count them) until the default pool is current
+//                  figures count them), cudaMallocFromPoolAsync from the pool
+//                  it names, until the default pool is current
 //                  again; then makes another pool current and destroys it,
 //                  which makes the default pool current again too
 #include <cinttypes>
@@ -144,6 +145,16 @@ int own_pool() {
   }
   CHECK_CUDA(cudaStreamSynchronize(stream));
   EXPECT(figure(own, cudaMemPoolAttrUsedMemCurrent) == 0);
+
+  // Each pool named: from it, whichever is current.
+  void* named[2];
+  CHECK_CUDA(cudaMallocFromPoolAsync(&named[0], kBlock, default_pool, stream));
+  CHECK_CUDA(cudaMallocFromPoolAsync(&named[1], kBlock, own, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  EXPECT(figure(default_pool, cudaMemPoolAttrUsedMemCurrent) >= kBlock);
+  EXPECT(figure(own, cudaMemPoolAttrUsedMemCurrent) == kBlock);
+  for (void* q : named) CHECK_CUDA(cudaFreeAsync(q, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
 
   // The default pool current again: drawn from it.
   CHECK_CUDA(cudaDeviceSetMemPool(0, default_pool));

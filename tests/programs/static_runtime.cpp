@@ -12,7 +12,8 @@
 //                                 memory pool trimmed to KEEP bytes; then a block allocated and checked.
 //                                 Prints the pool's figures (cuMemPoolGetAttribute) on the way
 //   static_runtime own-pool       a memory pool of its own made device 0's current pool: 4 stream-ordered
-//                                 blocks drawn from it, then one from the default pool made current again,
+//                                 blocks drawn from it, one from each pool named (cuMemAllocFromPoolAsync),
+//                                 then one from the default pool made current again,
 //                                 and one more after another pool was made current and destroyed
 //   static_runtime async N        the same, stream-ordered on a non-blocking stream (and ptsz twins)
 //   static_runtime hazard [MS]    a block freed while a slower stream still writes it (MS ms later,
@@ -72,6 +73,7 @@ struct Driver {
   decltype(&cuMemPoolSetAttribute) mem_pool_set_attribute;
   decltype(&cuDeviceGetDefaultMemPool) device_get_default_mem_pool;
   decltype(&cuMemAllocAsync) mem_alloc_async;
+  decltype(&cuMemAllocFromPoolAsync) mem_alloc_from_pool_async;
   decltype(&cuMemFreeAsync) mem_free_async;
   decltype(&cuMemAllocAsync) mem_alloc_async_ptsz;
   decltype(&cuMemFreeAsync) mem_free_async_ptsz;
@@ -117,6 +119,7 @@ void open_driver() {
   d.mem_pool_set_attribute = fetch<decltype(d.mem_pool_set_attribute)>("cuMemPoolSetAttribute", 11020);
   d.device_get_default_mem_pool = fetch<decltype(d.device_get_default_mem_pool)>("cuDeviceGetDefaultMemPool", 11020);
   d.mem_alloc_async = fetch<decltype(d.mem_alloc_async)>("cuMemAllocAsync", 11020);
+  d.mem_alloc_from_pool_async = fetch<decltype(d.mem_alloc_from_pool_async)>("cuMemAllocFromPoolAsync", 11020);
   d.mem_free_async = fetch<decltype(d.mem_free_async)>("cuMemFreeAsync", 11020);
   d.mem_alloc_async_ptsz = fetch<decltype(d.mem_alloc_async)>("cuMemAllocAsync", 11020, 2);
   d.mem_free_async_ptsz = fetch<decltype(d.mem_free_async)>("cuMemFreeAsync", 11020, 2);
@@ -230,6 +233,12 @@ int own_pool() {
   check(d.stream_synchronize(s), "cuStreamSynchronize");
   const unsigned long long own_used = used_of(own);
   for (CUdeviceptr p : blocks) check(d.mem_free_async(p, s), "cuMemFreeAsync");
+  // Each pool named: from it, whichever is current.
+  for (CUmemoryPool named : {default_pool, own}) {
+    CUdeviceptr q = 0;
+    check(d.mem_alloc_from_pool_async(&q, kBlock, named, s), "cuMemAllocFromPoolAsync");
+    check(d.mem_free_async(q, s), "cuMemFreeAsync");
+  }
   check(d.device_set_mem_pool(0, default_pool), "cuDeviceSetMemPool");
   CUdeviceptr p = 0;
   check(d.mem_alloc_async(&p, kBlock, s), "cuMemAllocAsync");
