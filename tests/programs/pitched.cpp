@@ -128,6 +128,11 @@ int main(int argc, char** argv) {
   const cudaError_t overflow = cudaMallocPitch(&p, &pitch, SIZE_MAX - 10, 2);
   EXPECT(overflow != cudaSuccess);
   EXPECT(cudaGetLastError() == overflow);
+  // Rows times slices past 2^64: wrapped, they would be 4 rows.
+  cudaPitchedPtr volume{};
+  const cudaError_t too_deep = cudaMalloc3D(&volume, cudaExtent{64, (size_t{1} << 62) + 1, 4});
+  EXPECT(too_deep != cudaSuccess);
+  EXPECT(cudaGetLastError() == too_deep);
   // The pitch of a 1-byte row, to compare with the runtime's own.
   void* one = nullptr;
   size_t one_pitch = 0;
