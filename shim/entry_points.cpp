@@ -105,8 +105,8 @@ cudaError_t malloc_on(void** ptr, size_t size, cudaStream_t stream, bool per_thr
 }
 
 // cudaMallocFromPoolAsync: the default pool of the stream's device is
-// gpupool's memory (TensorFlow's and XLA's async allocators, CuPy's async
-// pool with 'default', ask for it by name); any other pool is the runtime's.
+// gpupool's memory (TensorFlow's and XLA's async allocators ask for it by
+// name); any other pool is the runtime's.
 cudaError_t malloc_from_pool(void** ptr, size_t size, cudaMemPool_t pool, cudaStream_t stream, bool per_thread) {
   Runtime& rt = enter();
   auto real_call = per_thread ? real().cudaMallocFromPoolAsync_ptsz : real().cudaMallocFromPoolAsync;
