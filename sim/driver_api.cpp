@@ -327,6 +327,9 @@ CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice device) {
   return device_get_default_mem_pool(pool, device);
 }
+CUresult cuDeviceSetMemPool(CUdevice device, CUmemoryPool pool) { return device_set_mem_pool(device, pool); }
+CUresult cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) { return mem_pool_create(pool, props); }
+CUresult cuMemPoolDestroy(CUmemoryPool pool) { return mem_pool_destroy(pool); }
 CUresult cuMemcpyHtoD(CUdeviceptr dst, const void* src, size_t n) { return memcpy_htod(dst, src, n); }
 CUresult cuMemcpyDtoH(void* dst, CUdeviceptr src, size_t n) { return memcpy_dtoh(dst, src, n); }
 CUresult cuStreamCreate(CUstream* s, unsigned int flags) { return stream_create(s, flags); }
