@@ -271,12 +271,13 @@ run "static runtime in a library, static_runtime_libraries names it" 0 "${pool[@
   -- "$out/load_user" "$out/libuser_static.so"
 all_pooled "static_runtime_libraries pools a library's allocations" "$library_report" 600
 # A library that fetches each driver call with dlsym by name, as XLA's CUDA
-# stubs do: 20 plain, 41 stream-ordered and 20 pitched pairs, each block checked.
+# stubs do: 20 plain, 42 stream-ordered and 20 pitched pairs, each block checked
+# (and one block of a pool of its own, the runtime's).
 by_name_report="$out/report-driver-by-name.json"
 run "driver calls fetched by name, the library named" 0 "${pool[@]}" GPUPOOL_STATIC_RUNTIME=1 \
   GPUPOOL_STATIC_RUNTIME_LIBRARIES=libtest-driver-lookup.so GPUPOOL_LOG="$by_name_report" \
   -- build/bin/test-static-runtime library-by-name "$out/libtest-driver-lookup.so" 20
-all_pooled "static_runtime_libraries pools driver calls fetched by name" "$by_name_report" 81
+all_pooled "static_runtime_libraries pools driver calls fetched by name" "$by_name_report" 82
 run "a device reset fetched by name leaves nothing from before it" 0 "${pool[@]}" GPUPOOL_STATIC_RUNTIME=1 \
   GPUPOOL_STATIC_RUNTIME_LIBRARIES=libtest-driver-lookup.so \
   -- build/bin/test-static-runtime library-reset "$out/libtest-driver-lookup.so" cuDevicePrimaryCtxReset_v2

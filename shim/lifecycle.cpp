@@ -110,9 +110,9 @@ void Runtime::at_exit() {
   const std::uint64_t own_pool = own_pool_allocations_.load();
   if (own_pool > 0 && !forked_child_) {
     message(config::LogLevel::Warn,
-            "gpupool: " + std::to_string(own_pool) +
-                " cudaMallocAsync calls drew from memory pools this program made current (cudaDeviceSetMemPool); "
-                "gpupool leaves those to the runtime, and the report does not count them");
+            "gpupool: " + std::to_string(own_pool) + (own_pool == 1 ? " cudaMallocAsync call" : " cudaMallocAsync calls") +
+                " drew from memory pools this program made current (cudaDeviceSetMemPool); gpupool leaves those to "
+                "the runtime, and the report does not count them");
   }
   if (!disabled_ && !used_.load() && !forked_child_ && own_pool == 0 && cuda_driver_loaded()) {
     explain_nothing_pooled(config_.static_runtime);

@@ -67,7 +67,9 @@ static int use_primary_context(void* driver) {
 
 /* n pairs of each: cuMemAlloc/cuMemFree, stream-ordered on a stream of its
    own, stream-ordered on the per-thread default stream, and pitched rows,
-   and one block from the default memory pool named;
+   and one block from the default memory pool named; one from a pool of its
+   own made current, one after that pool is destroyed, and a reset of the
+   default pool's high watermark with nothing held;
    every function fetched with dlsym under the name the driver exports it by
    (cuMemAlloc_v2, ...), each block written and read back; the default memory
    pool's figure of bytes in use read while the first stream-ordered block is
@@ -92,6 +94,10 @@ int library_by_name(int n) {
   CUresult (*device_get_default_mem_pool)(CUmemoryPool*, CUdevice);
   CUresult (*mem_pool_get_attribute)(CUmemoryPool, CUmemPool_attribute, void*);
   CUresult (*mem_alloc_from_pool_async)(CUdeviceptr*, size_t, CUmemoryPool, CUstream);
+  CUresult (*mem_pool_set_attribute)(CUmemoryPool, CUmemPool_attribute, void*);
+  CUresult (*mem_pool_create)(CUmemoryPool*, const CUmemPoolProps*);
+  CUresult (*mem_pool_destroy)(CUmemoryPool);
+  CUresult (*device_set_mem_pool)(CUdevice, CUmemoryPool);
   FETCH(mem_alloc, "cuMemAlloc_v2");
   FETCH(mem_free, "cuMemFree_v2");
   FETCH(mem_alloc_async, "cuMemAllocAsync");
@@ -108,6 +114,10 @@ int library_by_name(int n) {
   FETCH(device_get_default_mem_pool, "cuDeviceGetDefaultMemPool");
   FETCH(mem_pool_get_attribute, "cuMemPoolGetAttribute");
   FETCH(mem_alloc_from_pool_async, "cuMemAllocFromPoolAsync");
+  FETCH(mem_pool_set_attribute, "cuMemPoolSetAttribute");
+  FETCH(mem_pool_create, "cuMemPoolCreate");
+  FETCH(mem_pool_destroy, "cuMemPoolDestroy");
+  FETCH(device_set_mem_pool, "cuDeviceSetMemPool");
   if (use_primary_context(driver) != 0) return 1;
   CUstream s = NULL;
   if (stream_create(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 1;
@@ -140,6 +150,32 @@ int library_by_name(int n) {
     return 1;
   }
   if (write_and_check(htod, dtoh, named, 1 << 19, 7) != 0 || mem_free_async(named, s) != CUDA_SUCCESS) return 1;
+  /* A pool of its own made current: that block is the pool's (the runtime's);
+     the pool destroyed, the next block is the default pool's again. */
+  CUmemPoolProps props;
+  memset(&props, 0, sizeof props);
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = 0;
+  CUmemoryPool own = NULL;
+  cuuint64_t own_used = 0;
+  if (mem_pool_create(&own, &props) != CUDA_SUCCESS || device_set_mem_pool(0, own) != CUDA_SUCCESS) return 1;
+  for (int i = 0; i < 2; ++i) {
+    CUdeviceptr p = 0;
+    if (mem_alloc_async(&p, 1 << 19, s) != CUDA_SUCCESS || stream_synchronize(s) != CUDA_SUCCESS) return 1;
+    if (i == 0 && (mem_pool_get_attribute(own, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &own_used) != CUDA_SUCCESS ||
+                   own_used < (1 << 19))) {
+      return 1;
+    }
+    if (mem_free_async(p, s) != CUDA_SUCCESS || stream_synchronize(s) != CUDA_SUCCESS) return 1;
+    if (i == 0 && mem_pool_destroy(own) != CUDA_SUCCESS) return 1;
+  }
+  /* With nothing held, a reset high watermark reads 0. */
+  cuuint64_t zero = 0, high = 1;
+  if (mem_pool_set_attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero) != CUDA_SUCCESS ||
+      mem_pool_get_attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &high) != CUDA_SUCCESS || high != 0) {
+    return 1;
+  }
   size_t free_bytes = 0, total = 0;
   if (mem_get_info(&free_bytes, &total) != CUDA_SUCCESS || free_bytes > total) return 1;
   if (stream_synchronize(s) != CUDA_SUCCESS || stream_destroy(s) != CUDA_SUCCESS) return 1;
