@@ -156,6 +156,14 @@ int own_pool() {
   for (void* q : named) CHECK_CUDA(cudaFreeAsync(q, stream));
   CHECK_CUDA(cudaStreamSynchronize(stream));
 
+  // The program's pool's figures and trims are its own: what gpupool holds
+  // for the default pool (the block just freed) is neither counted nor given
+  // back there.
+  const std::uint64_t default_reserved = figure(default_pool, cudaMemPoolAttrReservedMemCurrent);
+  CHECK_CUDA(cudaMemPoolTrimTo(own, 0));
+  EXPECT(figure(own, cudaMemPoolAttrReservedMemCurrent) == 0);
+  EXPECT(figure(default_pool, cudaMemPoolAttrReservedMemCurrent) == default_reserved);
+
   // The default pool current again: drawn from it.
   CHECK_CUDA(cudaDeviceSetMemPool(0, default_pool));
   void* p = nullptr;
