@@ -263,8 +263,9 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   // Captures into an existing graph came with CUDA 12.3: optional.
   fetch(d.begin_capture_to_graph, "cuStreamBeginCaptureToGraph", 12030);
   fetch(d.begin_capture_to_graph_ptsz, "cuStreamBeginCaptureToGraph", 12030, kPerThread);
-  // Trimming a memory pool (gpupool's cache goes with the program's trim), and
-  // its figures (gpupool's are added): optional.
+  // The memory pool calls (trims, figures, allocations from a pool named,
+  // the current pool and its destruction), which drivers before CUDA 11.2
+  // lack: optional, each missing one answered as not supported.
   fetch(d.mem_pool_trim_to, "cuMemPoolTrimTo", 11020);
   fetch(d.mem_alloc_from_pool_async, "cuMemAllocFromPoolAsync", 11020);
   fetch(d.mem_alloc_from_pool_async_ptsz, "cuMemAllocFromPoolAsync", 11020, kPerThread);
