@@ -167,19 +167,21 @@ def main():
               "WORKING_SET trace sizes (up to 64 MiB each), through the shim on the simulated runtime: "
               "`LD_PRELOAD=build-bench/lib/libgpupool.so build-bench/bin/gpupool-bench-api async THREADS PAIRS "
               "WORKING_SET`. A thread's freed blocks stay in its own cache (at most 64 blocks and 256 MiB; "
-              "a full cache keeps the smaller blocks); the rest go through the device pool, which one lock guards. "
+              "a full cache keeps the smaller blocks, and the last block that did not fit, if at most 64 MiB, "
+              "until the thread's next allocation the cache cannot serve, which returns it under the lock it "
+              "takes anyway); the rest go through the device pool, which one lock guards. "
               "The traces have 60 distinct sizes up to 64 MiB (519 MiB together), so with 64 sizes per thread each "
               "thread cycles through all 60 and its cache holds the smaller ones. The caches switch on only with "
               "a second thread, so one thread's pairs go through the pool: a ratio above 2 on 2 cores means the "
               "caches serve a pair faster than the pool does. The thread counts' runs are interleaved (1, 2, 4, "
-              "1, 2, 4, ...) and each figure is the median of 5.", "",
+              "1, 2, 4, ...) and each figure is the median of 9.", "",
               "| working set per thread | threads | median ns per pair | pairs per second, all threads | vs 1 thread |",
               "|---:|---:|---:|---:|---:|"]
     scaling = {}
     for ws in (4, 64):
         # Interleaved, so that a slow spell of the machine does not land on one thread count.
         runs = {t: [] for t in (1, 2, 4)}
-        for _ in range(5):
+        for _ in range(9):
             for t in runs:
                 runs[t].append(api_pairs("async", t, 400000, True, runs=1, working_set=ws))  # per thread
         one = None

@@ -175,6 +175,15 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
         return cudaSuccess;
       }
       if (!d.foreign_frees.empty()) return_foreign_frees(d, attempt == 1);
+      // The block this thread's cache kept past its limit goes back under
+      // this lock, not one of its own (and may serve this very request).
+      CachedBlock spill{};
+      if (caching && attempt == 0 && captures_active_.load(std::memory_order_relaxed) == 0 &&
+          caches_.take_spill(dev, &spill)) {
+        LiveBlock parked{};
+        caches_.live().take(spill.ptr, &parked);  // the pool's again, as give_back_cached does
+        d.pool->deallocate(spill.ptr, spill.stream);
+      }
       const std::int64_t reserved_before = d.pool->stats().reserved_bytes[kAll].current;
       // A first failure is tried again once the blocks held outside the pool
       // (threads' caches, frees waiting on another device) are back in it.

@@ -163,7 +163,7 @@ void StreamCaches::keep(const CachedBlock& block) {
     std::lock_guard<SpinLock> lock(c.lock);
     const std::uint32_t now = ++c.ops;
     const std::size_t size = block.block.size;
-    auto full = [&] { return c.count == ThreadCache::kCapacity || c.bytes + size > max_bytes_; };
+    auto full = [&] { return c.count == ThreadCache::kCapacity || c.bytes - c.spill_bytes() + size > max_bytes_; };
     // Blocks unused for kStaleOps calls go first, the oldest first; then
     // larger blocks make way for a smaller one, the largest first.
     while (size <= max_bytes_ && full()) {
@@ -171,7 +171,7 @@ void StreamCaches::keep(const CachedBlock& block) {
       int larger = -1;
       std::uint32_t oldest = ThreadCache::kStaleOps;
       std::size_t largest = size;
-      ThreadCache::for_each_bit(c.used, [&](int i) {
+      ThreadCache::for_each_bit(c.used & ~c.spill, [&](int i) {
         const std::uint32_t age = now - c.kept_at[i];
         stale = age > oldest ? i : stale;
         oldest = age > oldest ? age : oldest;
@@ -183,13 +183,36 @@ void StreamCaches::keep(const CachedBlock& block) {
       out[n++] = c.entries[victim];
       c.remove(victim);
     }
-    if (size > max_bytes_ || full()) {
-      out[n++] = block;  // the cache keeps what it holds; this one goes to the pool
-    } else {
+    if (!full()) {
       c.add(block, now);
+    } else if (c.count < ThreadCache::kCapacity && size <= max_bytes_ / kSpillFraction) {
+      // Past the limit, kept as the spill: the thread's next allocation that
+      // the cache cannot serve gives it back under the device lock it takes
+      // anyway (one lock instead of two per miss, for a working set larger
+      // than the cache). A spill already there goes back now.
+      if (c.spill != 0) {
+        const int old = __builtin_ctzll(c.spill);
+        out[n++] = c.entries[old];
+        c.remove(old);
+      }
+      c.spill = std::uint64_t{1} << c.add(block, now);
+    } else {
+      out[n++] = block;  // the cache keeps what it holds; this one goes to the pool
     }
   }
   for (int i = 0; i < n; ++i) give_back_(out[i]);
+}
+
+bool StreamCaches::take_spill(int device, CachedBlock* out) {
+  if (t_holder.cache == nullptr || t_holder.owner != this) return false;
+  ThreadCache& c = *t_holder.cache;
+  std::lock_guard<SpinLock> lock(c.lock);
+  if (c.spill == 0) return false;
+  const int i = __builtin_ctzll(c.spill);
+  if (c.entries[i].block.device != device) return false;
+  *out = c.entries[i];
+  c.remove(i);
+  return true;
 }
 
 template <typename Keep>

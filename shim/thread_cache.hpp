@@ -17,7 +17,11 @@
 // smaller blocks (more calls served per byte held) and lets a block go only
 // when a smaller one comes or it has gone unused for kStaleOps calls, so a
 // working set larger than the cache is served in part, and a new phase of the
-// program replaces the old one's blocks.
+// program replaces the old one's blocks. The last block that did not fit (of
+// at most a quarter of the limit) stays as the spill until the thread next
+// takes the device's lock for an allocation the cache could not serve, which
+// gives it back there: such a working set then costs one lock per miss, not
+// two.
 //
 // To free without the device lock, the shim keeps its own table of live
 // allocations (address -> size, device) in stripes with their own locks. A
@@ -114,6 +118,7 @@ struct ThreadCache {
 
   SpinLock lock;  // the owner takes it on every use; flushers from other threads
   std::uint64_t used = 0;                       // occupied slots
+  std::uint64_t spill = 0;                      // the slot of the block kept past max_bytes(), if any
   std::uint64_t by_class[kSizeClasses] = {};    // slots by the size class of their block
   std::size_t sizes[kCapacity] = {};
   CachedBlock entries[kCapacity];
@@ -127,7 +132,7 @@ struct ThreadCache {
     if (traffic.size() <= static_cast<std::size_t>(device)) traffic.resize(static_cast<std::size_t>(device) + 1);
     return traffic[static_cast<std::size_t>(device)];
   }
-  void add(const CachedBlock& block, std::uint32_t now) {
+  int add(const CachedBlock& block, std::uint32_t now) {
     const int i = __builtin_ctzll(~used);  // the caller checked count < kCapacity
     used |= std::uint64_t{1} << i;
     by_class[size_class(block.block.size)] |= std::uint64_t{1} << i;
@@ -139,9 +144,12 @@ struct ThreadCache {
     CacheTraffic& t = traffic_of(block.block.device);
     t.kept_bytes += static_cast<std::int64_t>(block.block.size);
     t.kept_bytes_peak = std::max(t.kept_bytes_peak, t.kept_bytes);
+    return i;
   }
+  std::size_t spill_bytes() const { return spill == 0 ? 0 : sizes[__builtin_ctzll(spill)]; }
   void remove(int i) {
     used &= ~(std::uint64_t{1} << i);
+    spill &= ~(std::uint64_t{1} << i);
     by_class[size_class(sizes[i])] &= ~(std::uint64_t{1} << i);
     --count;
     bytes -= sizes[i];
@@ -159,7 +167,8 @@ class StreamCaches {
   explicit StreamCaches(GiveBack give_back) : give_back_(give_back) {}
 
   bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
-  // Most bytes one thread keeps; 0 keeps the caches off. Set before any use.
+  // Most bytes one thread keeps, its spill aside; 0 keeps the caches off.
+  // Set before any use.
   void set_max_bytes(std::size_t bytes) { max_bytes_ = bytes; }
   std::size_t max_bytes() const { return max_bytes_; }
   // Called on every stream-ordered call: the second distinct thread turns the
@@ -173,6 +182,9 @@ class StreamCaches {
   CacheTraffic traffic(int device);
   // Keeps a freed block; blocks pushed out to make room go back to the pool.
   void keep(const CachedBlock& block);
+  // Takes this thread's spill, when it is `device`'s: the caller holds that
+  // device's lock and gives it back to the pool there.
+  bool take_spill(int device, CachedBlock* out);
   // Gives cached blocks back to the pool: every thread's, or those of one stream.
   void flush_all();
   void flush_stream(StreamId stream);
@@ -191,6 +203,8 @@ class StreamCaches {
   ThreadCache& mine();
   template <typename Keep>
   void flush_if(Keep&& keep);
+
+  static constexpr std::size_t kSpillFraction = 4;  // a spill is at most max_bytes() / 4
 
   GiveBack give_back_;
   std::size_t max_bytes_ = 256 * kMiB;

@@ -3,6 +3,7 @@
 // limits.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <set>
 #include <thread>
 #include <vector>
@@ -163,13 +164,53 @@ TEST_CASE_METHOD(CacheFixture, "the cache never holds more than its limits and l
     given_back().clear();
     REQUIRE(held.size() <= static_cast<std::size_t>(ThreadCache::kCapacity));
   }
-  // Everything made is either given back already or still held, once.
+  // Everything made is either given back already or still held, once: within
+  // the limit, but for one block of at most a quarter of it (the spill).
   caches().flush_all();
   CHECK(given_back().size() == held.size());
   std::size_t held_bytes = 0;
-  for (const CachedBlock& g : given_back()) held_bytes += g.block.size;
-  CHECK(held_bytes <= caches().max_bytes());
+  std::size_t largest = 0;
+  for (const CachedBlock& g : given_back()) {
+    held_bytes += g.block.size;
+    largest = std::max(largest, g.block.size);
+  }
+  CHECK(held_bytes <= caches().max_bytes() + caches().max_bytes() / 4);
+  CHECK(held_bytes - largest <= caches().max_bytes());
   CHECK(made > 0);
+}
+
+TEST_CASE_METHOD(CacheFixture, "a block past the limit waits for the thread's next visit to the pool") {
+  REQUIRE(caches().max_bytes() == 256 * kMiB);
+  for (int i = 0; i < 8; ++i) caches().keep(block(30 * kMiB, 0x81));
+  // 280 MiB, and no larger block to make way for this one: kept as the spill.
+  const CachedBlock first = block(40 * kMiB, 0x81);
+  caches().keep(first);
+  CHECK(given_back().empty());
+  CachedBlock b{};
+  CHECK_FALSE(caches().take_spill(1, &b));  // another device's lock
+  REQUIRE(caches().take_spill(0, &b));
+  CHECK(b.ptr == first.ptr);
+  CHECK_FALSE(caches().take_spill(0, &b));  // only once
+
+  // A second spill sends the first back; one over a quarter of the limit
+  // goes back at once; a smaller block makes a larger one go, never the spill.
+  caches().keep(first);
+  const CachedBlock second = block(50 * kMiB, 0x81);
+  caches().keep(second);
+  REQUIRE(given_back().size() == 1);
+  CHECK(given_back()[0].ptr == first.ptr);
+  const CachedBlock too_large = block(65 * kMiB, 0x81);
+  caches().keep(too_large);
+  REQUIRE(given_back().size() == 2);
+  CHECK(given_back()[1].ptr == too_large.ptr);
+  caches().keep(block(20 * kMiB, 0x81));  // 260 MiB besides the spill: a 30 MiB block makes room
+  REQUIRE(given_back().size() == 3);
+  CHECK(given_back()[2].block.size == 30 * kMiB);
+
+  // The spill serves its stream like any kept block, and is then gone.
+  REQUIRE(caches().take(0x81, 0, 50 * kMiB, 50 * kMiB, &b));
+  CHECK(b.ptr == second.ptr);
+  CHECK_FALSE(caches().take_spill(0, &b));
 }
 
 }  // namespace
