@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -90,11 +91,20 @@ int mem_pool_device(cudaMemPool_t pool) {
   return p != nullptr ? p->device : -1;
 }
 
+bool mem_pools_supported(int device) {
+  static const int poolless = [] {
+    const char* v = std::getenv("SIMCUDA_POOLLESS_DEVICE");
+    return v != nullptr && *v != '\0' ? std::atoi(v) : -1;
+  }();
+  return device != poolless;
+}
+
 cudaError_t create_mem_pool(cudaMemPool_t* pool, const cudaMemPoolProps* props) {
   if (pool == nullptr || props == nullptr || props->allocType != cudaMemAllocationTypePinned ||
       props->location.type != cudaMemLocationTypeDevice || !valid_device(props->location.id)) {
     return cudaErrorInvalidValue;
   }
+  if (!mem_pools_supported(props->location.id)) return cudaErrorNotSupported;
   Pools& all = pools();
   std::lock_guard<std::mutex> lock(all.mu);
   all.created.push_back(std::make_unique<Pool>());

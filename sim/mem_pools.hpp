@@ -8,6 +8,10 @@
 
 namespace simcuda {
 
+// False for the device SIMCUDA_POOLLESS_DEVICE names (a GPU without
+// stream-ordered allocation: cudaDevAttrMemoryPoolsSupported is 0, and its
+// pool calls fail with cudaErrorNotSupported).
+bool mem_pools_supported(int device);
 cudaMemPool_t default_mem_pool(int device);
 cudaMemPool_t current_mem_pool(int device);
 bool is_mem_pool(cudaMemPool_t pool);

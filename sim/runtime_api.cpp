@@ -110,6 +110,7 @@ cudaError_t malloc_async(void** p, size_t size, cudaStream_t stream, bool per_th
   counters().malloc_async_calls++;
   const int device = from != nullptr ? simcuda::mem_pool_device(from) : stream_of(stream, per_thread)->device;
   if (device < 0) return result(cudaErrorInvalidValue);
+  if (!simcuda::mem_pools_supported(device)) return result(cudaErrorNotSupported);
   if (size == 0) {
     *p = nullptr;
     return cudaSuccess;
@@ -366,6 +367,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int dev
   switch (attribute) {
     case cudaDevAttrTextureAlignment: *value = 512; return cudaSuccess;
     case cudaDevAttrTexturePitchAlignment: *value = 32; return cudaSuccess;
+    case cudaDevAttrMemoryPoolsSupported: *value = simcuda::mem_pools_supported(device) ? 1 : 0; return cudaSuccess;
     default: return result(cudaErrorInvalidValue);
   }
 }
@@ -436,12 +438,14 @@ cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, vo
 
 cudaError_t cudaDeviceGetMemPool(cudaMemPool_t* pool, int device) {
   if (pool == nullptr || device < 0 || device >= Memory::instance().devices()) return result(cudaErrorInvalidValue);
+  if (!simcuda::mem_pools_supported(device)) return result(cudaErrorNotSupported);
   *pool = simcuda::current_mem_pool(device);
   return cudaSuccess;
 }
 
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
   if (pool == nullptr || device < 0 || device >= Memory::instance().devices()) return result(cudaErrorInvalidValue);
+  if (!simcuda::mem_pools_supported(device)) return result(cudaErrorNotSupported);
   *pool = simcuda::default_mem_pool(device);
   return cudaSuccess;
 }
