@@ -12,20 +12,6 @@ namespace gpupool::shim {
 
 namespace {
 
-// Runs one internal runtime call. On failure the runtime's last error is ours,
-// not the program's: clear it, and keep whatever the program had pending.
-template <typename Call>
-cudaError_t internal(Call&& call) {
-  const RealCuda& r = real();
-  const cudaError_t pending = r.cudaPeekAtLastError != nullptr ? r.cudaPeekAtLastError() : cudaSuccess;
-  const cudaError_t err = call(r);
-  if (err != cudaSuccess && err != cudaErrorNotReady) {
-    if (r.cudaGetLastError != nullptr) r.cudaGetLastError();
-    if (pending != cudaSuccess) thread_error() = pending;
-  }
-  return err;
-}
-
 // Runs `call` with `device` current, restoring the caller's device after.
 template <typename Call>
 cudaError_t on_device(int device, Call&& call) {

@@ -8,6 +8,8 @@
 
 #include <type_traits>
 
+#include "shim/thread_state.hpp"
+
 namespace gpupool::shim {
 
 #define GPUPOOL_REAL_FUNCTIONS(X)                                                         \
@@ -78,6 +80,21 @@ struct RealCuda {
 // driver calls gpupool took over (set_driver_lookup), functions that call the
 // driver (driver_runtime.hpp).
 const RealCuda& real();
+
+// Runs one runtime call the shim makes for itself. On failure the runtime's
+// last error is the shim's, not the program's: it is cleared, and whatever
+// error the program had pending is kept for its next cudaGetLastError.
+template <typename Call>
+cudaError_t internal(Call&& call) {
+  const RealCuda& r = real();
+  const cudaError_t pending = r.cudaPeekAtLastError != nullptr ? r.cudaPeekAtLastError() : cudaSuccess;
+  const cudaError_t err = call(r);
+  if (err != cudaSuccess && err != cudaErrorNotReady) {
+    if (r.cudaGetLastError != nullptr) r.cudaGetLastError();
+    if (pending != cudaSuccess) thread_error() = pending;
+  }
+  return err;
+}
 
 // How real driver functions are found, for a program with the static runtime.
 // Set before the first call of real() to count.

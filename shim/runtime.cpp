@@ -498,7 +498,7 @@ bool Runtime::is_default_pool(cudaMemPool_t pool, int device) {
   cudaMemPool_t known = default_pools_[device].load(std::memory_order_acquire);
   if (known == nullptr) {
     if (real().cudaDeviceGetDefaultMemPool == nullptr ||
-        real().cudaDeviceGetDefaultMemPool(&known, device) != cudaSuccess) {
+        internal([&](const RealCuda& r) { return r.cudaDeviceGetDefaultMemPool(&known, device); }) != cudaSuccess) {
       return false;
     }
     default_pools_[device].store(known, std::memory_order_release);
@@ -516,7 +516,8 @@ void Runtime::pool_destroyed() {
   for (int i = 0; i < kMaxDevices; ++i) {
     if (!own_pool_current_[i].load(std::memory_order_relaxed)) continue;
     cudaMemPool_t current = nullptr;
-    if (real().cudaDeviceGetMemPool != nullptr && real().cudaDeviceGetMemPool(&current, i) == cudaSuccess) {
+    if (real().cudaDeviceGetMemPool != nullptr &&
+        internal([&](const RealCuda& r) { return r.cudaDeviceGetMemPool(&current, i); }) == cudaSuccess) {
       current_pool_set(i, current);
     }
   }

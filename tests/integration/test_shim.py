@@ -645,6 +645,18 @@ class MemoryPoolFigures(ShimTest):
                         os.remove(path)
 
 
+class PoollessDevice(ShimTest):
+    # test-meminfo poolless-neighbour uses device 1, a GPU without memory pools,
+    # then reads device 0's pool figures: gpupool asks each device it serves
+    # for its default pool, which fails on device 1. That failure is gpupool's:
+    # the program's next cudaGetLastError must not see it, and must still see
+    # an error the program left pending.
+    def test_gpupools_failed_pool_lookup_is_not_the_programs_error(self):
+        env = {"SIMCUDA_DEVICES": "2", "SIMCUDA_POOLLESS_DEVICE": "1"}
+        self.assertSucceeded(self.run_program(["test-meminfo", "poolless-neighbour"], env=env, preload=False))
+        self.assertSucceeded(self.run_program(["test-meminfo", "poolless-neighbour"], env=env))
+
+
 class OwnMemoryPool(ShimTest):
     # test-meminfo own-pool makes a pool of its own device 0's current pool and
     # allocates 4 blocks of 4 MiB with cudaMallocAsync: they must come from that

@@ -15,6 +15,11 @@
 //                  it names, until the default pool is current
 //                  again; then makes another pool current and destroys it,
 //                  which makes the default pool current again too
+//   meminfo poolless-neighbour
+//                  with device 1 a GPU without memory pools (the simulated
+//                  runtime's SIMCUDA_POOLLESS_DEVICE=1) and used, reads device
+//                  0's pool figures: no error may be left for the program's
+//                  next cudaGetLastError but the one it left pending itself
 #include <cinttypes>
 #include <string>
 
@@ -192,9 +197,31 @@ int own_pool() {
   return 0;
 }
 
+int poolless_neighbour() {
+  int supported = 1;
+  CHECK_CUDA(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, 1));
+  EXPECT(supported == 0);
+  CHECK_CUDA(cudaSetDevice(1));
+  void* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, 1 << 20));
+  CHECK_CUDA(cudaFree(p));
+  CHECK_CUDA(cudaSetDevice(0));
+  cudaMemPool_t pool = nullptr;
+  CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, 0));
+  figures(pool);
+  EXPECT(cudaGetLastError() == cudaSuccess);
+  // An error the program left pending is still its next one.
+  EXPECT(cudaSetDevice(99) == cudaErrorInvalidDevice);
+  figures(pool);
+  EXPECT(cudaGetLastError() == cudaErrorInvalidDevice);
+  EXPECT(cudaGetLastError() == cudaSuccess);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "poolless-neighbour") return poolless_neighbour();
   if (argc > 1 && std::string(argv[1]) == "pool") return pool_figures(argc > 2 && std::string(argv[2]) == "threads");
   if (argc > 1 && std::string(argv[1]) == "own-pool") return own_pool();
   size_t free_before = 0, free_after = 0, total = 0;
