@@ -321,16 +321,21 @@ def main():
 
     # Trace recording cost.
     env = {"LD_LIBRARY_PATH": SIM, "TRACES_DIR": TRACES, "GPUPOOL_REPORT": "0", "LD_PRELOAD": LIB}
-    off = statistics.median(json.loads(sh([os.path.join(BIN, "gpupool-bench-api"), "async", "1", "200000"], env=env))
-                            ["ns_per_pair"] for _ in range(5))
     trace_path = os.path.join(BUILD, "bench-trace.csv")
-    on = statistics.median(json.loads(sh([os.path.join(BIN, "gpupool-bench-api"), "async", "1", "200000"],
-                                         env=dict(env, GPUPOOL_TRACE=trace_path)))["ns_per_pair"] for _ in range(5))
+    loop = [os.path.join(BIN, "gpupool-bench-api"), "async", "1", "200000"]
+    # Alternated, so that a slow spell of the machine does not land on one side.
+    pairs_off, pairs_on = [], []
+    for _ in range(9):
+        pairs_off.append(json.loads(sh(loop, env=env))["ns_per_pair"])
+        pairs_on.append(json.loads(sh(loop, env=dict(env, GPUPOOL_TRACE=trace_path)))["ns_per_pair"])
     os.remove(trace_path)
+    off, on = statistics.median(pairs_off), statistics.median(pairs_on)
+    ratio = statistics.median(b / a for a, b in zip(pairs_off, pairs_on))
     lines += ["## Tracing cost", "",
               "`GPUPOOL_TRACE` on a hot loop of stream-ordered pairs (`gpupool-bench-api async 1 200000`), with and "
-              "without the trace.", "", "| | median ns per pair |", "|---|---:|",
-              f"| without `GPUPOOL_TRACE` | {off:.0f} |", f"| with `GPUPOOL_TRACE` | {on:.0f} |", ""]
+              "without the trace, run alternately 9 times each.", "", "| | median ns per pair |", "|---|---:|",
+              f"| without `GPUPOOL_TRACE` | {off:.0f} |", f"| with `GPUPOOL_TRACE` | {on:.0f} |", "",
+              f"With the trace a pair takes {ratio:.2f}x its time without (the median of the runs' ratios).", ""]
 
     lines += ["## Targets", "", "| target | verdict | measured |", "|---|---|---|"]
     for target, verdict, measured in verdicts:
