@@ -58,6 +58,8 @@ void device(JsonWriter& w, const DeviceReport& d) {
   w.field("cuda_malloc_calls", s.num_device_alloc + s.num_device_alloc_failures);
   w.field("cuda_malloc_failures", s.num_device_alloc_failures);
   w.field("cuda_free_calls", s.num_device_free);
+  // Time in every call that takes memory from the device (cudaMalloc, or
+  // with expandable segments cuMemCreate and cuMemMap) and gives it back.
   w.field("cuda_malloc_ns", s.upstream_alloc_ns);
   w.field("cuda_free_ns", s.upstream_free_ns);
   w.field("page_maps", s.num_page_maps);

@@ -158,7 +158,8 @@ void device_section(std::string& out, const DeviceReport& d) {
           static_cast<long long>(s.num_device_alloc + s.num_device_alloc_failures),
           static_cast<long long>(s.num_device_alloc_failures), static_cast<long long>(s.num_device_free),
           static_cast<long long>(s.num_page_maps), static_cast<long long>(s.num_page_unmaps));
-  appendf(out, "  time in cudaMalloc %.3f ms, in cudaFree %.3f ms, in the pool ~%.3f ms (%llu operations)\n",
+  appendf(out, "  time taking memory from the device (cudaMalloc, page maps) %.3f ms, giving it back (cudaFree, "
+               "page unmaps) %.3f ms, in the pool ~%.3f ms (%llu operations)\n",
           static_cast<double>(s.upstream_alloc_ns) / 1e6, static_cast<double>(s.upstream_free_ns) / 1e6,
           s.pool_ops_sampled == 0 ? 0.0
                                   : static_cast<double>(s.pool_ns_sampled) / static_cast<double>(s.pool_ops_sampled) *
