@@ -4,6 +4,7 @@
 // either runs against either.
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -62,6 +63,20 @@ cudaError_t result(cudaError_t err) {
   return err;
 }
 
+// Sticky faults (simcuda_fault_stream): once a queued fault has run, the
+// device's later calls fail with its error, as a real context does after a
+// kernel's illegal address.
+constexpr int kFaultDevices = 64;
+std::atomic<int> g_fault[kFaultDevices];
+cudaError_t fault_of(int device) {
+  return device >= 0 && device < kFaultDevices ? static_cast<cudaError_t>(g_fault[device].load()) : cudaSuccess;
+}
+// A call's own result, unless its device has faulted.
+cudaError_t checked(int device, cudaError_t err) {
+  const cudaError_t fault = fault_of(device);
+  return result(fault != cudaSuccess ? fault : err);
+}
+
 Stream* stream_of(cudaStream_t s, bool per_thread) { return Engine::instance().resolve(s, per_thread, t_device); }
 
 // The graph handle EndCapture returns; only ever destroyed.
@@ -111,6 +126,7 @@ cudaError_t malloc_async(void** p, size_t size, cudaStream_t stream, bool per_th
   const int device = from != nullptr ? simcuda::mem_pool_device(from) : stream_of(stream, per_thread)->device;
   if (device < 0) return result(cudaErrorInvalidValue);
   if (!simcuda::mem_pools_supported(device)) return result(cudaErrorNotSupported);
+  if (const cudaError_t fault = fault_of(device); fault != cudaSuccess) return result(fault);
   if (size == 0) {
     *p = nullptr;
     return cudaSuccess;
@@ -133,6 +149,7 @@ cudaError_t free_async(void* p, cudaStream_t stream, bool per_thread) {
   if (p == nullptr) return cudaSuccess;
   if (!Memory::instance().contains(p, 1)) return result(cudaErrorInvalidValue);
   Stream* s = stream_of(stream, per_thread);
+  if (const cudaError_t fault = fault_of(s->device); fault != cudaSuccess) return result(fault);
   return result(Engine::instance().enqueue(s, [p] {
     simcuda::mem_pool_freed(p);
     Memory::instance().release(p);
@@ -291,7 +308,7 @@ cudaError_t cudaDeviceSynchronize(void) {
   // Like the real runtime: not allowed while a stream captures (global mode).
   if (const cudaError_t e = Engine::instance().check_unsafe_call(); e != cudaSuccess) return result(e);
   Engine::instance().synchronize_device(t_device);  // the current device's work only, as a GPU's
-  return cudaSuccess;
+  return checked(t_device, cudaSuccess);
 }
 
 cudaError_t cudaDriverGetVersion(int* v) {
@@ -315,6 +332,7 @@ cudaError_t cudaMalloc(void** p, size_t size) {
     *p = nullptr;
     return cudaSuccess;
   }
+  if (const cudaError_t fault = fault_of(t_device); fault != cudaSuccess) return result(fault);
   return result(Memory::instance().allocate(t_device, size, p));
 }
 
@@ -326,8 +344,10 @@ cudaError_t cudaFree(void* p) {
   if (const cudaError_t e = Engine::instance().check_unsafe_call(); e != cudaSuccess) return result(e);
   counters().free_calls++;
   if (!Memory::instance().contains(p, 1)) return result(cudaErrorInvalidValue);
-  // cudaFree synchronizes the device before the memory goes.
+  // cudaFree synchronizes the device before the memory goes, and reports an
+  // earlier kernel's fault.
   Engine::instance().synchronize_all();
+  if (const cudaError_t fault = fault_of(t_device); fault != cudaSuccess) return result(fault);
   simcuda::mem_pool_freed(p);  // stream-ordered memory may be freed so too
   return result(Memory::instance().release(p));
 }
@@ -515,8 +535,12 @@ cudaError_t cudaStreamGetFlags_ptsz(cudaStream_t s, unsigned int* flags) {
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t s) { return result(Engine::instance().synchronize(stream_of(s, false))); }
-cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t s) { return result(Engine::instance().synchronize(stream_of(s, true))); }
+cudaError_t stream_synchronize(cudaStream_t s, bool per_thread) {
+  Stream* st = stream_of(s, per_thread);
+  return checked(st->device, Engine::instance().synchronize(st));
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) { return stream_synchronize(s, false); }
+cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t s) { return stream_synchronize(s, true); }
 cudaError_t cudaStreamQuery(cudaStream_t s) { return Engine::instance().query(stream_of(s, false)); }
 cudaError_t cudaStreamQuery_ptsz(cudaStream_t s) { return Engine::instance().query(stream_of(s, true)); }
 
@@ -610,6 +634,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   simcuda::Event* ev = usable_event(e);
   if (ev == nullptr) return result(cudaErrorInvalidResourceHandle);
+  if (const cudaError_t fault = fault_of(ev->device); fault != cudaSuccess) return result(fault);
   return result(Engine::instance().record(ev, stream_of(s, false)));
 }
 cudaError_t cudaEventRecord_ptsz(cudaEvent_t e, cudaStream_t s) {
@@ -621,6 +646,7 @@ cudaError_t cudaEventRecord_ptsz(cudaEvent_t e, cudaStream_t s) {
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   simcuda::Event* ev = usable_event(e);
   if (ev == nullptr) return result(cudaErrorInvalidResourceHandle);
+  if (const cudaError_t fault = fault_of(ev->device); fault != cudaSuccess) return result(fault);
   const cudaError_t err = Engine::instance().query(ev);
   return err == cudaErrorNotReady ? err : result(err);
 }
@@ -628,7 +654,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   simcuda::Event* ev = usable_event(e);
   if (ev == nullptr) return result(cudaErrorInvalidResourceHandle);
-  return result(Engine::instance().synchronize(ev));
+  return checked(ev->device, Engine::instance().synchronize(ev));
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
@@ -692,6 +718,14 @@ cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigned long
 }
 
 // ---------------------------------------------------------------- control
+
+void simcuda_fault_stream(void* stream, int error) {
+  Stream* s = stream_of(static_cast<cudaStream_t>(stream), false);
+  const int device = s->device;
+  Engine::instance().enqueue(s, [device, error] {
+    if (device >= 0 && device < kFaultDevices) g_fault[device].store(error);
+  });
+}
 
 int simcuda_accessible(const void* ptr, int device) { return Memory::instance().accessible_from(ptr, device) ? 1 : 0; }
 

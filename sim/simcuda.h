@@ -35,6 +35,12 @@ struct simcuda_counters {
   uint64_t null_free_calls;     /* cudaFree(NULL): what programs call to create the CUDA context */
 };
 
+/* Queues a fault on `stream` (a cudaStream_t): once it runs, the stream's
+ * device is broken for good, as after a kernel's illegal address. Its later
+ * synchronizations, allocations, frees and event calls fail with `error` (a
+ * cudaError_t). */
+void simcuda_fault_stream(void* stream, int error);
+
 /* The counters so far. */
 void simcuda_get_counters(struct simcuda_counters* out);
 
