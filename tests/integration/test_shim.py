@@ -645,6 +645,36 @@ class MemoryPoolFigures(ShimTest):
                         os.remove(path)
 
 
+class DeviceFault(ShimTest):
+    # test-lifecycle fault: a kernel faults (the simulated runtime's sticky
+    # error, as after an illegal address) while the program holds a plain and
+    # a stream-ordered block; it then frees both, synchronizes and allocates.
+    def test_a_faulted_device_neither_crashes_nor_hangs_the_program(self):
+        fault = "cudaErrorIllegalAddress"
+        alone = self.run_program(["test-lifecycle", "fault"], preload=False)
+        self.assertSucceeded(alone)
+        self.assertEqual(set(alone.output_json().values()), {fault})  # the runtime fails every call
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                run = self.run_program(["test-lifecycle", "fault"], env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                self.assertSucceeded(run)
+                calls = run.output_json()
+                # The pool serves and takes back blocks without asking the
+                # device: the fault shows at the next synchronization, and
+                # stays the program's next error.
+                self.assertEqual(calls["cudaFree"], "cudaSuccess")
+                self.assertEqual(calls["cudaDeviceSynchronize"], fault)
+                self.assertEqual(calls["cudaGetLastError"], fault)
+                self.assertIn("devices", run.report())
+                for path in run.reports():
+                    os.remove(path)
+
+    def test_free_synchronizes_returns_the_fault_from_cudafree(self):
+        run = self.run_program(["test-lifecycle", "fault"], env={"GPUPOOL_FREE_SYNCHRONIZES": "1"})
+        self.assertSucceeded(run)
+        self.assertEqual(run.output_json()["cudaFree"], "cudaErrorIllegalAddress")
+
+
 class PoollessDevice(ShimTest):
     # test-meminfo poolless-neighbour uses device 1, a GPU without memory pools,
     # then reads device 0's pool figures: gpupool asks each device it serves

@@ -14,6 +14,11 @@
 //              KEEP bytes; then allocates and uses a block
 //   chdir      makes its first CUDA call after changing directory
 //   ipc        takes the IPC handle of a block inside a pooled segment
+//   fault      holds a plain and a stream-ordered block when a kernel faults
+//              (the simulated runtime's simcuda_fault_stream), then frees
+//              both, synchronizes and allocates again; prints each call's
+//              result as JSON and exits 0: a broken device must not crash or
+//              hang the process
 //   library LIB loads LIB, a library that fetches the driver's calls by name,
 //              has it make 5 pairs of each kind and one block from the
 //              default memory pool, then allocates one block through the
@@ -163,6 +168,29 @@ int main(int argc, char** argv) {
     }
     CHECK_CUDA(cudaFree(second));
     CHECK_CUDA(cudaFree(first));
+    return 0;
+  }
+  if (mode == "fault") {
+    const auto fault = reinterpret_cast<void (*)(void*, int)>(dlsym(RTLD_DEFAULT, "simcuda_fault_stream"));
+    if (fault == nullptr) return 77;  // a real runtime: no simulated faults
+    cudaStream_t stream = nullptr;
+    CHECK_CUDA(cudaStreamCreate(&stream));
+    void* plain = nullptr;
+    void* ordered = nullptr;
+    CHECK_CUDA(cudaMalloc(&plain, 1 << 20));
+    CHECK_CUDA(cudaMallocAsync(&ordered, 1 << 20, stream));
+    fault(stream, cudaErrorIllegalAddress);
+    const cudaError_t free_plain = cudaFree(plain);
+    const cudaError_t free_ordered = cudaFreeAsync(ordered, stream);
+    const cudaError_t sync = cudaDeviceSynchronize();
+    void* again = nullptr;
+    const cudaError_t malloc_again = cudaMalloc(&again, 1 << 20);
+    if (malloc_again == cudaSuccess) cudaFree(again);
+    const cudaError_t last = cudaGetLastError();
+    std::printf("{\"cudaFree\": \"%s\", \"cudaFreeAsync\": \"%s\", \"cudaDeviceSynchronize\": \"%s\", "
+                "\"cudaMalloc\": \"%s\", \"cudaGetLastError\": \"%s\"}\n",
+                cudaGetErrorName(free_plain), cudaGetErrorName(free_ordered), cudaGetErrorName(sync),
+                cudaGetErrorName(malloc_again), cudaGetErrorName(last));
     return 0;
   }
   if (mode == "library" && argc > 2) {
