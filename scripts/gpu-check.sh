@@ -131,6 +131,12 @@ run "so does gpupool's with free_synchronizes:1" 0 "${pool[@]}" GPUPOOL_FREE_SYN
   -- "$out/hazards_gpu" cudafree-host-sync
 run "gpupool's returns at once by default (the host reads early)" 1 "${pool[@]}" -- "$out/hazards_gpu" cudafree-host-sync
 
+echo "== a kernel's illegal address: reported, and the process ends on its own"
+run "cudaFree reports the fault (no gpupool)" 0 -- "$out/hazards_gpu" device-fault
+run "gpupool's cudaFree returns success; the sync reports it" 1 "${pool[@]}" -- "$out/hazards_gpu" device-fault
+run "gpupool's cudaFree reports it with free_synchronizes:1" 0 "${pool[@]}" GPUPOOL_FREE_SYNCHRONIZES=1 \
+  -- "$out/hazards_gpu" device-fault
+
 echo "== reuse hazards with real kernels (0: ordered; 1 without ordering: the hazard)"
 for mode in 1 0; do
   for case in cudafree-blocking cudafree-nonblocking cudafree-idle-streams cudafree-covered same-stream cross-stream-completed \

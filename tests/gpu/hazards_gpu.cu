@@ -2,8 +2,11 @@
 // as the old owner, on real streams, plus legacy-barrier-rule: the CUDA rule
 // the device barrier rests on, checked without gpupool, and
 // null-free-creates-context: cudaFree(NULL) as the first CUDA call leaves a
-// current context, as programs expect of it (OptiX asks the driver for it).
-// Exit codes as there.
+// current context, as programs expect of it (OptiX asks the driver for it),
+// and device-fault: a kernel writes to an illegal address while the program
+// holds a plain block, which it then frees; 0 when cudaFree reported the
+// fault, 1 when it returned success, 3 when nothing reported it. Either way
+// the process must end on its own. Exit codes as there.
 //   hazards_gpu <case> [delay_ms]
 // Built with nvcc -cudart shared so that LD_PRELOAD reaches its calls.
 #include <cuda_runtime.h>
@@ -65,6 +68,19 @@ int null_free_creates_context() {
   return context != nullptr ? 0 : 1;
 }
 
+__global__ void write_to(int* p) { *p = 1; }
+
+int device_fault() {
+  void* p = nullptr;
+  HAZARD_CHECK(cudaMalloc(&p, kBytes));
+  write_to<<<1, 1>>>(reinterpret_cast<int*>(16));  // no memory there: a sticky cudaErrorIllegalAddress
+  const cudaError_t freed = cudaFree(p);
+  const cudaError_t synchronized = cudaDeviceSynchronize();
+  std::printf("cudaFree: %s, cudaDeviceSynchronize: %s\n", cudaGetErrorName(freed), cudaGetErrorName(synchronized));
+  if (synchronized == cudaSuccess) return 3;
+  return freed != cudaSuccess ? 0 : 1;
+}
+
 }  // namespace
 
 }  // namespace hazards
@@ -78,6 +94,7 @@ int main(int argc, char** argv) {
   const std::string name = argv[1];
   const int result = name == "legacy-barrier-rule"         ? hazards::legacy_barrier_rule()
                      : name == "null-free-creates-context" ? hazards::null_free_creates_context()
+                     : name == "device-fault"              ? hazards::device_fault()
                                                            : hazards::run_case(name);
   if (result < 0) {
     std::fprintf(stderr, "hazards_gpu: unknown case %s\n", argv[1]);
