@@ -424,9 +424,13 @@ void Runtime::adjust_mem_get_info(std::size_t* free_bytes, std::size_t* total_by
   std::size_t reserved = 0;
   std::size_t cached = 0;
   if (d != nullptr) {
+    // Blocks threads keep for reuse were freed by the program: cached, as
+    // the pool's free blocks are (the pool counts them allocated). Read
+    // before the pool's lock, as the figures' reader does.
+    const std::int64_t kept = caches_.enabled() ? caches_.traffic(d->device).kept_bytes : 0;
     std::lock_guard<AdaptiveMutex> lock(d->mu);
     reserved = static_cast<std::size_t>(d->pool->stats().reserved_bytes[kAll].current);
-    cached = d->pool->fragmentation().free_bytes;
+    cached = d->pool->fragmentation().free_bytes + static_cast<std::size_t>(std::max<std::int64_t>(kept, 0));
   }
   if (config_.mem_get_info == config::MemGetInfo::CachedIsFree) *free_bytes += cached;
   if (limit != kUnlimited && limit < *total_bytes) {

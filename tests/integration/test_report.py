@@ -122,6 +122,21 @@ class OutOfMemory(ShimTest):
         self.assertEqual(info["total"], 512 << 20)
         self.assertEqual(info["free_before"], 512 << 20)
 
+    def test_mem_get_info_counts_a_block_a_thread_keeps_as_cached(self):
+        # Freed with cudaFreeAsync while thread caches are on: the freeing
+        # thread keeps it, and the pool still counts it allocated.
+        for args in (["async"], ["async", "threads"]):
+            with self.subTest(args=args):
+                env = {"SIMCUDA_MEMORY": "1G"}
+                info = self.run_program(["test-meminfo"] + args, env=env).output_json()
+                self.assertEqual(info["free_after"], info["free_before"])
+                info = self.run_program(["test-meminfo"] + args,
+                                        env={**env, "GPUPOOL_MEM_GET_INFO": "cached_is_used"}).output_json()
+                self.assertEqual(info["free_before"] - info["free_after"], 100 << 20)
+                info = self.run_program(["test-meminfo"] + args,
+                                        env={**env, "GPUPOOL_MEMORY_LIMIT": "512M"}).output_json()
+                self.assertEqual(info["free_after"], info["free_before"])
+
 
 class Leaks(ShimTest):
     def test_leaks_are_listed_largest_first(self):

@@ -1,6 +1,10 @@
 // What a program reads of its memory.
 //   meminfo        what cudaMemGetInfo says before and after the program caches
 //                  100 MiB, as JSON: {"total": .., "free_before": .., "free_after": ..}
+//   meminfo async [threads]
+//                  the same with cudaMallocAsync/cudaFreeAsync on a stream;
+//                  with threads, after a second thread's stream-ordered calls
+//                  (under gpupool, the freeing thread then keeps the block)
 //   meminfo pool [threads]
 //                  reads its device's default memory pool's figures
 //                  (cudaMemPoolGetAttribute) around stream-ordered allocations,
@@ -224,11 +228,21 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "poolless-neighbour") return poolless_neighbour();
   if (argc > 1 && std::string(argv[1]) == "pool") return pool_figures(argc > 2 && std::string(argv[2]) == "threads");
   if (argc > 1 && std::string(argv[1]) == "own-pool") return own_pool();
+  const bool async = argc > 1 && std::string(argv[1]) == "async";
+  if (async && argc > 2 && std::string(argv[2]) == "threads") testprog::turn_thread_caches_on();
+  cudaStream_t stream = nullptr;
+  if (async) CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   size_t free_before = 0, free_after = 0, total = 0;
   CHECK_CUDA(cudaMemGetInfo(&free_before, &total));
   void* p = nullptr;
-  CHECK_CUDA(cudaMalloc(&p, 100 << 20));
-  CHECK_CUDA(cudaFree(p));
+  if (async) {
+    CHECK_CUDA(cudaMallocAsync(&p, 100 << 20, stream));
+    CHECK_CUDA(cudaFreeAsync(p, stream));
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+  } else {
+    CHECK_CUDA(cudaMalloc(&p, 100 << 20));
+    CHECK_CUDA(cudaFree(p));
+  }
   CHECK_CUDA(cudaMemGetInfo(&free_after, &total));
   std::printf("{\"total\": %zu, \"free_before\": %zu, \"free_after\": %zu}\n", total, free_before, free_after);
   return 0;
