@@ -98,16 +98,17 @@ void StreamCaches::note_caller() {
 }
 
 ThreadCache& StreamCaches::mine() {
-  if (t_holder.cache == nullptr || t_holder.owner != this) {
+  CacheHolder& holder = t_holder;  // one thread-local lookup, not one per use
+  if (holder.cache == nullptr || holder.owner != this) {
     auto* cache = new ThreadCache();
     {
       std::lock_guard<std::mutex> lock(registry_mu_);
       caches_.push_back(cache);
     }
-    t_holder.owner = this;
-    t_holder.cache = cache;
+    holder.owner = this;
+    holder.cache = cache;
   }
-  return *t_holder.cache;
+  return *holder.cache;
 }
 
 bool StreamCaches::take(StreamId stream, int device, std::size_t rounded, std::size_t requested,
@@ -204,8 +205,9 @@ void StreamCaches::keep(const CachedBlock& block) {
 }
 
 bool StreamCaches::take_spill(int device, CachedBlock* out) {
-  if (t_holder.cache == nullptr || t_holder.owner != this) return false;
-  ThreadCache& c = *t_holder.cache;
+  const CacheHolder& holder = t_holder;
+  if (holder.cache == nullptr || holder.owner != this) return false;
+  ThreadCache& c = *holder.cache;
   std::lock_guard<SpinLock> lock(c.lock);
   if (c.spill == 0) return false;
   const int i = __builtin_ctzll(c.spill);
