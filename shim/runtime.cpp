@@ -424,13 +424,11 @@ void Runtime::adjust_mem_get_info(std::size_t* free_bytes, std::size_t* total_by
   std::size_t reserved = 0;
   std::size_t cached = 0;
   if (d != nullptr) {
-    // Blocks threads keep for reuse were freed by the program: cached, as
-    // the pool's free blocks are (the pool counts them allocated). Read
-    // before the pool's lock, as the figures' reader does.
-    const std::int64_t kept = caches_.enabled() ? caches_.traffic(d->device).kept_bytes : 0;
+    // Cached, as the pool's free blocks are.
+    const std::int64_t kept = kept_by_threads(d->device);
     std::lock_guard<AdaptiveMutex> lock(d->mu);
     reserved = static_cast<std::size_t>(d->pool->stats().reserved_bytes[kAll].current);
-    cached = d->pool->fragmentation().free_bytes + static_cast<std::size_t>(std::max<std::int64_t>(kept, 0));
+    cached = d->pool->fragmentation().free_bytes + static_cast<std::size_t>(kept);
   }
   if (config_.mem_get_info == config::MemGetInfo::CachedIsFree) *free_bytes += cached;
   if (limit != kUnlimited && limit < *total_bytes) {
@@ -441,6 +439,10 @@ void Runtime::adjust_mem_get_info(std::size_t* free_bytes, std::size_t* total_by
     if (*free_bytes > room) *free_bytes = room;
   }
   if (*free_bytes > *total_bytes) *free_bytes = *total_bytes;
+}
+
+std::int64_t Runtime::kept_by_threads(int device) {
+  return caches_.enabled() ? std::max<std::int64_t>(caches_.traffic(device).kept_bytes, 0) : 0;
 }
 
 void Runtime::device_reset(int dev) {
@@ -544,9 +546,8 @@ void Runtime::add_pool_figure(cudaMemPool_t pool, cudaMemPoolAttr attr, void* va
   if (!used && !high && attr != cudaMemPoolAttrReservedMemCurrent) return;
   std::uint64_t added = 0;
   for_each_device_of_pool(pool, [&](DeviceState& d) {
-    // The pool counts blocks threads keep as allocated; the program freed
-    // them. (Its high watermark counts them too, as the report's peaks do.)
-    const std::int64_t kept = used && !high && caches_.enabled() ? caches_.traffic(d.device).kept_bytes : 0;
+    // Not in use. (The high watermark counts them, as the report's peaks do.)
+    const std::int64_t kept = used && !high ? kept_by_threads(d.device) : 0;
     std::lock_guard<AdaptiveMutex> lock(d.mu);
     const MemoryStats& s = d.pool->stats();
     const std::int64_t figure = high ? (used ? s.allocated_high : s.reserved_high)

@@ -153,6 +153,10 @@ class Runtime {
   void install_report_signal();
   void write_requested_report();
   void warn_oom(const DeviceState& d);
+  // Bytes of `device`'s blocks that threads keep for reuse: the program freed
+  // them, the pool counts them allocated. Takes the caches' locks, so call it
+  // before the pool's.
+  std::int64_t kept_by_threads(int device);
   // Calls f(d) for each device d whose default memory pool is `pool` (the
   // pool gpupool's memory stands for).
   template <typename F>
