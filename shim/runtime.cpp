@@ -190,14 +190,14 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
       last_try = attempt == 1 || (!caches_.enabled() && d.foreign_frees.empty());
       a = d.pool->allocate(size, consumer, site, last_try);
       grew = d.pool->stats().reserved_bytes[kAll].current > reserved_before;
-      if (a.ok && a.ptr != 0) block_size = d.pool->find_allocated(a.ptr)->size;
+      if (a.ok && a.ptr != 0 && caches_.enabled()) block_size = d.pool->find_allocated(a.ptr)->size;
       if (a.device_error) error = d.upstream.last_error();
       if (!a.ok && !a.device_error && last_try) warn_oom(d);
     }
     if (a.ok || a.device_error || last_try) break;
     if (caches_.enabled()) caches_.flush_all();  // the blocks other threads keep may be what is missing
   }
-  if (a.ok && caches_.enabled()) {
+  if (a.ok && block_size != 0) {
     caches_.live().insert(a.ptr, LiveBlock{block_size, size, dev, false});
     // The pool took memory from the device: the blocks threads keep go back
     // to it, so that it does not go on growing beside them.
@@ -218,7 +218,9 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site, int site_device, int* o
   // needs it): never while a pool's lock is held, which would invert the
   // order fork's handler takes the locks in.
   if (site_device >= 0) device(site_device);
-  int first = current_device();
+  // The freeing stream's device first: a stream-ordered free is nearly
+  // always of its own device's memory (and cudaGetDevice is a call).
+  int first = site_device >= 0 ? site_device : current_device();
   if (caches_.enabled()) {
     // Only a block of the freeing stream's own device goes into a cache.
     const bool cacheable = site != kAnyStream && captures_active_.load(std::memory_order_relaxed) == 0 && !bypass();
@@ -250,13 +252,16 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site, int site_device, int* o
     FreeResult r;
     {
       std::lock_guard<AdaptiveMutex> lock(d->mu);
-      const Block* b = d->pool->find_allocated(p);
+      const bool foreign_site = site != kAnyStream && site_device >= 0 && site_device != index;
+      // The block is looked up here only where it is needed: the pool's own
+      // free finds it again.
+      const Block* b = foreign_site || trace_ ? d->pool->find_allocated(p) : nullptr;
       if (b != nullptr) size = b->requested;
       const bool waiting = std::any_of(d->foreign_frees.begin(), d->foreign_frees.end(),
                                        [p](const DeviceState::ForeignFree& f) { return f.ptr == p; });
       if (waiting) {
         r = FreeResult::NotAllocated;  // freed twice: the first free waits on another device
-      } else if (b != nullptr && site != kAnyStream && site_device >= 0 && site_device != index) {
+      } else if (b != nullptr && foreign_site) {
         r = free_foreign(*d, p, site, site_device);
       } else {
         r = d->pool->deallocate(p, site);
