@@ -324,23 +324,8 @@ void DevicePool::carve(Block* b, std::size_t rounded, StreamId consumer) {
   // whole remainders hold 1.0283x with 14 in all after the second pass.
   const bool fine_remainders = expandable() && consumer != kAnyStream;
   if (!should_split(b->size, rounded, kind, options_, fine_remainders)) return;
-  Block* rest = new_block();
-  rest->addr = b->addr + rounded;
-  rest->size = b->size - rounded;
-  rest->segment = b->segment;
-  rest->prev = b;
-  rest->next = b->next;
-  if (b->next != nullptr) b->next->prev = rest;
-  b->next = rest;
-  b->size = rounded;
   // The remainder was part of the same freed block: same history.
-  rest->stream = b->stream;
-  rest->stream_epoch = b->stream_epoch;
-  rest->device_epoch = b->device_epoch;
-  rest->hot_begin = b->hot_begin;
-  rest->hot_end = b->hot_end;
-  rest->cold_epoch = b->cold_epoch;
-  clip_hot(rest);
+  Block* rest = split_off(b, rounded);
   // Its pages were not needed now: recycling may take them at once (keeping
   // the parent's free time instead raised multistream-10's peak 1.051 -> 1.078).
   rest->freed_at = 0;
