@@ -232,8 +232,9 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site, int site_device, int* o
       case LiveTable::Freed::Live:
         mark_used();
         if (live.parked) {
-          caches_.keep(CachedBlock{p, live, site});
+          // Traced before the cache may pass the block on (see below).
           if (trace_) trace_->record(TraceWriter::Action::Free, p, live.requested, site, live.device);
+          caches_.keep(CachedBlock{p, live, site});
           if (owner != nullptr) *owner = live.device;
           return FreeResult::Freed;
         }
@@ -266,10 +267,14 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site, int site_device, int* o
       } else {
         r = d->pool->deallocate(p, site);
       }
+      // Traced while the lock is held: once it goes, another thread may be
+      // handed the block, and the trace must show this free before that
+      // allocation. A full buffer is written out after, not under this lock.
+      if (r == FreeResult::Freed && trace_) trace_->record(TraceWriter::Action::Free, p, size, site, index, false);
     }
     if (r == FreeResult::NotOwned) continue;
     mark_used();
-    if (r == FreeResult::Freed && trace_) trace_->record(TraceWriter::Action::Free, p, size, site, index);
+    if (r == FreeResult::Freed && trace_) trace_->write_full_buffers();
     if (owner != nullptr) *owner = index;
     return r;
   }

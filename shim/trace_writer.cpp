@@ -98,7 +98,8 @@ TraceWriter::Output& TraceWriter::output_for(int device) {
   return out;
 }
 
-void TraceWriter::record(Action action, DevicePtr ptr, std::size_t size, StreamId stream, int device) {
+void TraceWriter::record(Action action, DevicePtr ptr, std::size_t size, StreamId stream, int device,
+                         bool may_write) {
   timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
   // Local time of day without localtime_r's locking: the offset is read once.
@@ -130,7 +131,21 @@ void TraceWriter::record(Action action, DevicePtr ptr, std::size_t size, StreamI
   Output& o = output_for(device);
   if (o.fd < 0) return;
   o.buffer.append(line, n);
-  if (o.buffer.size() >= kFlushBytes) flush_output(o);
+  if (o.buffer.size() < kFlushBytes) return;
+  if (may_write) {
+    flush_output(o);
+  } else {
+    unwritten_full_.store(true, std::memory_order_relaxed);
+  }
+}
+
+void TraceWriter::write_full_buffers() {
+  if (!unwritten_full_.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Output& o : outputs_) {
+    if (o.buffer.size() >= kFlushBytes) flush_output(o);
+  }
+  unwritten_full_.store(false, std::memory_order_relaxed);
 }
 
 void TraceWriter::flush() {

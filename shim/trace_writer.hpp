@@ -6,6 +6,7 @@
 // trace as one device.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -23,7 +24,10 @@ class TraceWriter {
   // false if it cannot. With %d, each device's file is opened at its first
   // record instead (a failure then is said once, and that device untraced).
   bool open(const std::string& path_template);
-  void record(Action action, DevicePtr ptr, std::size_t size, StreamId stream, int device);
+  // may_write false: the caller holds a pool's lock; a full buffer waits for
+  // write_full_buffers (or the next record) to write it.
+  void record(Action action, DevicePtr ptr, std::size_t size, StreamId stream, int device, bool may_write = true);
+  void write_full_buffers();
   void flush();
   // In a forked child: the parent's buffered lines are the parent's to write.
   void forget_buffer();
@@ -51,6 +55,7 @@ class TraceWriter {
   long utc_offset_ = 0;
   std::vector<Output> outputs_;     // by device; just one without %d
   std::uint64_t devices_seen_ = 0;  // a bit per device recorded (up to 64)
+  std::atomic<bool> unwritten_full_{false};  // a record left a full buffer to write_full_buffers
 };
 
 }  // namespace gpupool::shim

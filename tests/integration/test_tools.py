@@ -64,6 +64,23 @@ class Recording(ShimTest):
         self.assertEqual(sum(r[2] == "free" for r in rows[1:]), 600)
         self.assertGreaterEqual(len({r[0] for r in rows[1:]}), 3)  # thread ids
 
+    def test_threads_record_a_history_in_order(self):
+        # Read in file order, the trace is a history that could have happened:
+        # a pointer is freed only while live and handed out only while not.
+        # (A free recorded after its block went back to the pool could follow
+        # another thread's allocation of the same block.)
+        run, path = self.trace(["test-threads", "4", "3000"])
+        self.assertSucceeded(run)
+        live = set()
+        for number, row in enumerate(read_csv(path)[1:], start=2):
+            if row[2] == "allocate":
+                self.assertNotIn(row[3], live, f"line {number}: {row} while that pointer is live")
+                live.add(row[3])
+            elif row[2] == "free":
+                self.assertIn(row[3], live, f"line {number}: {row} of a pointer not live")
+                live.remove(row[3])
+        self.assertEqual(live, set())
+
     def test_failures_are_recorded(self):
         run, path = self.trace(["test-oom", "full"], env={"SIMCUDA_MEMORY": "64M"})
         self.assertSucceeded(run)
