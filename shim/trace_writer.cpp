@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "shim/messages.hpp"
 #include "shim/report_file.hpp"
@@ -15,48 +16,69 @@ namespace gpupool::shim {
 namespace {
 constexpr std::size_t kFlushBytes = 1 << 20;
 
-long thread_number() {
-  thread_local const long tid = syscall(SYS_gettid);
-  return tid;
-}
-
 // Hand-rolled formatting: snprintf's parsing cost most of a traced call.
-char* put_decimal(char* out, unsigned long long v) {
-  char digits[20];
-  int n = 0;
-  do {
-    digits[n++] = static_cast<char>('0' + v % 10);
-    v /= 10;
-  } while (v != 0);
-  while (n > 0) *out++ = digits[--n];
-  return out;
+// Two digits at a time from a table, and what repeats from one line to the
+// next (the thread's number, the time down to the second) is kept per thread.
+constexpr char kDigitPairs[] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
+
+// Writes v's last `width` decimal digits (width even), ending at `end`.
+void put_fixed(char* end, unsigned long v, int width) {
+  for (; width > 0; width -= 2, v /= 100) {
+    end -= 2;
+    std::memcpy(end, &kDigitPairs[v % 100 * 2], 2);
+  }
 }
 
-char* put_fixed(char* out, unsigned long v, int width) {
-  for (int i = width - 1; i >= 0; --i) {
-    out[i] = static_cast<char>('0' + v % 10);
-    v /= 10;
+char* put_decimal(char* out, unsigned long long v) {
+  int digits = 1;
+  for (unsigned long long rest = v; rest >= 10; rest /= 10) ++digits;
+  char* const end = out + digits;
+  char* p = end;
+  for (; v >= 100; v /= 100) {
+    p -= 2;
+    std::memcpy(p, &kDigitPairs[v % 100 * 2], 2);
   }
-  return out + width;
+  if (v >= 10) {
+    std::memcpy(p - 2, &kDigitPairs[v * 2], 2);
+  } else {
+    p[-1] = static_cast<char>('0' + v);
+  }
+  return end;
 }
 
 char* put_hex(char* out, unsigned long long v) {
   static constexpr char kDigits[] = "0123456789abcdef";
+  const int digits = v == 0 ? 1 : (64 - __builtin_clzll(v) + 3) / 4;
   *out++ = '0';
   *out++ = 'x';
-  char digits[16];
-  int n = 0;
-  do {
-    digits[n++] = kDigits[v & 15];
-    v >>= 4;
-  } while (v != 0);
-  while (n > 0) *out++ = digits[--n];
-  return out;
+  for (int i = digits - 1; i >= 0; --i, v >>= 4) out[i] = kDigits[v & 15];
+  return out + digits;
 }
 
-char* put_text(char* out, const char* text) {
-  while (*text != '\0') *out++ = *text++;
-  return out;
+char* put_text(char* out, const char* text, std::size_t n) {
+  std::memcpy(out, text, n);
+  return out + n;
+}
+
+// "tid," and "HH:MM:SS." of this thread's last line.
+struct LineStart {
+  char thread[24];
+  std::size_t thread_length = 0;
+  long second = -1;
+  char time_of_day[9];
+};
+
+LineStart& line_start() {
+  thread_local LineStart start;
+  if (start.thread_length == 0) {
+    char* end = put_decimal(start.thread, static_cast<unsigned long long>(syscall(SYS_gettid)));
+    *end++ = ',';
+    start.thread_length = static_cast<std::size_t>(end - start.thread);
+  }
+  return start;
 }
 }  // namespace
 
@@ -102,23 +124,31 @@ void TraceWriter::record(Action action, DevicePtr ptr, std::size_t size, StreamI
                          bool may_write) {
   timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
-  // Local time of day without localtime_r's locking: the offset is read once.
-  const long seconds = (now.tv_sec + utc_offset_) % 86400;
-  static constexpr const char* kActions[] = {"allocate", "allocate failure", "free"};
+  LineStart& start = line_start();
+  if (now.tv_sec != start.second) {
+    // Local time of day without localtime_r's locking: the offset is read once.
+    const long seconds = (now.tv_sec + utc_offset_) % 86400;
+    put_fixed(start.time_of_day + 2, static_cast<unsigned long>(seconds / 3600), 2);
+    start.time_of_day[2] = ':';
+    put_fixed(start.time_of_day + 5, static_cast<unsigned long>(seconds / 60 % 60), 2);
+    start.time_of_day[5] = ':';
+    put_fixed(start.time_of_day + 8, static_cast<unsigned long>(seconds % 60), 2);
+    start.time_of_day[8] = '.';
+    start.second = now.tv_sec;
+  }
+  struct Name {
+    const char* text;
+    std::size_t length;
+  };
+  static constexpr Name kActions[] = {{",allocate,", 10}, {",allocate failure,", 18}, {",free,", 6}};
   // Thread,HH:MM:SS.ffffff,action,0xpointer,size,0xstream
   char line[160];
-  char* out = put_decimal(line, static_cast<unsigned long long>(thread_number()));
-  *out++ = ',';
-  out = put_fixed(out, static_cast<unsigned long>(seconds / 3600), 2);
-  *out++ = ':';
-  out = put_fixed(out, static_cast<unsigned long>(seconds / 60 % 60), 2);
-  *out++ = ':';
-  out = put_fixed(out, static_cast<unsigned long>(seconds % 60), 2);
-  *out++ = '.';
-  out = put_fixed(out, static_cast<unsigned long>(now.tv_nsec / 1000), 6);
-  *out++ = ',';
-  out = put_text(out, kActions[static_cast<int>(action)]);
-  *out++ = ',';
+  char* out = put_text(line, start.thread, start.thread_length);
+  out = put_text(out, start.time_of_day, sizeof start.time_of_day);
+  put_fixed(out + 6, static_cast<unsigned long>(now.tv_nsec / 1000), 6);
+  out += 6;
+  const Name& name = kActions[static_cast<int>(action)];
+  out = put_text(out, name.text, name.length);
   out = put_hex(out, ptr);
   *out++ = ',';
   out = put_decimal(out, size);
