@@ -258,10 +258,16 @@ void CudaUpstream::add_accessor(int accessor) {
   for (const auto& [page, handle] : pages_) set_access(page, page_, {accessor});
 }
 
-std::uint64_t SteadyClock::now_ns() {
+namespace {
+std::uint64_t monotonic_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
 }
+}  // namespace
+
+SteadyClock::SteadyClock() : origin_(monotonic_ns()) {}
+
+std::uint64_t SteadyClock::now_ns() { return monotonic_ns() - origin_; }
 
 }  // namespace gpupool::shim

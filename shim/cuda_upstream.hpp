@@ -66,10 +66,16 @@ class CudaUpstream final : public Upstream {
   std::vector<int> accessors_;  // peers that may access this device's memory
 };
 
-// A monotonic clock for the pool's timings.
+// A monotonic clock for the pool's timings, counting from when it was made
+// (gpupool's start): the report's times (out-of-memory events, the timeline)
+// are seconds into the run, not since the machine booted.
 class SteadyClock final : public Clock {
  public:
+  SteadyClock();
   std::uint64_t now_ns() override;
+
+ private:
+  std::uint64_t origin_;
 };
 
 }  // namespace gpupool::shim

@@ -90,7 +90,7 @@ void Runtime::write_report(const char* reason) {
   for (int i = 0; i < kMaxDevices; ++i) {
     if (DeviceState* d = existing(i)) states.push_back(d);
   }
-  const double seconds = static_cast<double>(clock_.now_ns() - start_ns_) / 1e9;
+  const double seconds = static_cast<double>(clock_.now_ns()) / 1e9;
   write_report_file(config_, problems_, config_notes_, states, call_sites_, caches_, reason, seconds);
 }
 

@@ -40,7 +40,7 @@ Runtime& Runtime::get() {
   return *runtime;
 }
 
-Runtime::Runtime() : start_ns_(clock_.now_ns()) {
+Runtime::Runtime() {
   config::ParsedConfig parsed = config::parse_config(config::process_environment());
   config_ = parsed.config;
   problems_ = std::move(parsed.problems);

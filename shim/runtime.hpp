@@ -190,8 +190,7 @@ class Runtime {
   mutable std::mutex streams_mu_;
   std::unordered_map<StreamId, int> stream_devices_;
   std::atomic<std::uint64_t> streams_generation_{1};  // bumped when streams come or go
-  SteadyClock clock_;
-  std::uint64_t start_ns_;
+  SteadyClock clock_;  // from gpupool's start: the report's times and its run length
   CallSites call_sites_;
   std::unique_ptr<TraceWriter> trace_;
   std::string trace_path_;

@@ -213,6 +213,15 @@ class Contents(ShimTest):
         peak = run.report()["devices"]["0"]["stats"]["reserved_bytes.all.peak"]
         self.assertTrue(all(s[3] <= peak for s in timeline["samples"]))
 
+    def test_times_are_seconds_into_the_run(self):
+        run = self.run_program(["test-oom", "full"], env={"SIMCUDA_MEMORY": "64M"})
+        report = run.report()
+        device = report["devices"]["0"]
+        times = [s[0] for s in device["timeline"]["samples"]] + [o["time_s"] for o in device["ooms"]]
+        self.assertEqual(len(device["ooms"]), 1)
+        self.assertTrue(all(0 <= t <= report["wall_seconds"] for t in times), (times, report["wall_seconds"]))
+        self.assertEqual(times[:-1], sorted(times[:-1]))  # the timeline in order
+
 
 class Paths(ShimTest):
     def test_default_path_is_in_the_temp_directory_and_announced(self):
