@@ -265,6 +265,7 @@ Block* DevicePool::grow(PoolKind kind, std::size_t rounded, StreamId consumer, b
   }
   ++stats_.num_alloc_retries;
   if (release_cached() > 0) b = new_memory();
+  if (b != nullptr) ++stats_.num_retries_served;
   return b;
 }
 

@@ -80,6 +80,7 @@ struct MemoryStats {
   std::int64_t cache_misses = 0;  // allocations that needed a new segment
   std::int64_t num_device_alloc_failures = 0;
   std::int64_t num_gc_releases = 0;  // segments returned by garbage collection
+  std::int64_t num_retries_served = 0;  // retries (num_alloc_retries) whose allocation then succeeded
   std::int64_t num_page_maps = 0;    // expandable segments: map calls upstream
   std::int64_t num_page_unmaps = 0;
   std::uint64_t upstream_alloc_ns = 0;  // time inside upstream allocate/release

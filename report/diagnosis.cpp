@@ -182,10 +182,13 @@ std::vector<std::string> advice(const DeviceReport& dev) {
                human_bytes(allocated_peak - requested_peak).c_str(),
                100.0 * (allocated_peak - requested_peak) / allocated_peak));
   }
-  if (s.num_alloc_retries > 0) {
-    add(format("%lld allocations had to flush the cache and retry (each flush synchronizes the "
-               "device): memory is tight%s",
-               static_cast<long long>(s.num_alloc_retries),
+  // Only retries that then succeeded: one that ended out of memory is the
+  // diagnosis's to explain, and returning idle segments earlier would not
+  // have served it either.
+  if (s.num_retries_served > 0) {
+    add(format("%lld allocations were served only after flushing the cache and retrying (each flush "
+               "synchronizes the device): memory is tight%s",
+               static_cast<long long>(s.num_retries_served),
                o.garbage_collection_threshold > 0.0
                    ? ""
                    : "; GPUPOOL_GARBAGE_COLLECTION_THRESHOLD=0.8 returns idle segments earlier, without a flush"));

@@ -75,6 +75,7 @@ void device(JsonWriter& w, const DeviceReport& d) {
   w.field("misses", s.cache_misses);
   w.field("hit_ratio", lookups == 0 ? 0.0 : static_cast<double>(s.cache_hits) / static_cast<double>(lookups));
   w.field("garbage_collected_segments", s.num_gc_releases);
+  w.field("retries_served", s.num_retries_served);
   w.end_object();
 
   w.key("histograms").begin_object();

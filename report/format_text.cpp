@@ -165,11 +165,12 @@ void device_section(std::string& out, const DeviceReport& d) {
                                   : static_cast<double>(s.pool_ns_sampled) / static_cast<double>(s.pool_ops_sampled) *
                                         static_cast<double>(s.pool_ops) / 1e6,
           static_cast<unsigned long long>(s.pool_ops));
-  appendf(out, "  cache hits %lld of %lld allocations (%.1f%%); retries %lld, out-of-memory %lld, "
+  appendf(out, "  cache hits %lld of %lld allocations (%.1f%%); retries %lld (%lld served), out-of-memory %lld, "
                "segments returned by garbage collection %lld\n",
           static_cast<long long>(s.cache_hits), static_cast<long long>(total),
           total == 0 ? 0.0 : 100.0 * hits / total, static_cast<long long>(s.num_alloc_retries),
-          static_cast<long long>(s.num_ooms), static_cast<long long>(s.num_gc_releases));
+          static_cast<long long>(s.num_retries_served), static_cast<long long>(s.num_ooms),
+          static_cast<long long>(s.num_gc_releases));
 
   if (!d.streams.empty()) stream_rows(out, d.streams);
 

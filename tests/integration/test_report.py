@@ -67,6 +67,10 @@ class OutOfMemory(ShimTest):
         self.assertEqual(oom["free_in_pool_bytes"], 0)
         self.assertIn("the device is full", oom["verdict"])
         self.assertEqual(oom["reserved_bytes"], 60 << 20)
+        # It retried after flushing an empty cache, in vain: no advice to flush less.
+        device = run.report()["devices"]["0"]
+        self.assertEqual((device["stats"]["num_alloc_retries"], device["cache"]["retries_served"]), (1, 0))
+        self.assertFalse([a for a in device["advice"] if "retry" in a], device["advice"])
 
     def test_a_device_that_refuses_is_an_out_of_memory(self):
         # The simulated device fails every allocation (fault injection): the

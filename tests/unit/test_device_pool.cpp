@@ -166,6 +166,7 @@ TEST_CASE_METHOD(PoolFixture, "upstream failure releases cached segments and ret
   const DevicePtr b = alloc(30 * kMiB);  // 20 cached + 30 > 40: release, retry
   CHECK(b != 0);
   CHECK(pool->stats().num_alloc_retries == 1);
+  CHECK(pool->stats().num_retries_served == 1);
   CHECK(pool->stats().num_device_free == 1);
   CHECK(upstream.in_use() == 30 * kMiB);
   CHECK(pool->stats().num_ooms == 0);
@@ -194,6 +195,7 @@ TEST_CASE_METHOD(PoolFixture, "a device error is no out-of-memory: cache is kept
   CHECK_FALSE(b.device_error);
   CHECK(pool->stats().num_ooms == 1);
   CHECK(pool->stats().num_alloc_retries == 1);
+  CHECK(pool->stats().num_retries_served == 0);
   check();
 }
 

@@ -1,6 +1,9 @@
 // The advice an out-of-memory diagnosis gives for fragmentation names the
-// setting that would have served the request in that configuration.
+// setting that would have served the request in that configuration; the
+// advice on retries speaks only of retries that served their request.
 #include <catch2/catch.hpp>
+
+#include <algorithm>
 
 #include "report/diagnosis.hpp"
 
@@ -49,4 +52,20 @@ TEST_CASE("fragmentation for a large request is advised a split limit in fixed s
   const report::OomDiagnosis d = report::diagnose(fragmented(256 * kMiB), options);
   CHECK(d.advice.find("MAX_SPLIT") == std::string::npos);
   CHECK(d.advice.find("GPUPOOL_ROUNDUP_POWER2_DIVISIONS=4") != std::string::npos);
+}
+
+TEST_CASE("retries are advised on only when flushing the cache served them") {
+  auto says_retry = [](const report::DeviceReport& d) {
+    const std::vector<std::string> lines = report::advice(d);
+    return std::any_of(lines.begin(), lines.end(),
+                       [](const std::string& l) { return l.find("retrying") != std::string::npos; });
+  };
+  report::DeviceReport d;
+  d.stats.num_alloc_retries = 3;  // each ended out of memory
+  CHECK_FALSE(says_retry(d));
+  d.stats.num_retries_served = 2;
+  CHECK(says_retry(d));
+  CHECK(report::advice(d).front().find("2 allocations were served only after") == 0);
+  d.options.garbage_collection_threshold = 0.8;  // already returning idle segments early
+  CHECK(report::advice(d).front().find("GARBAGE_COLLECTION") == std::string::npos);
 }
