@@ -194,22 +194,30 @@ void print_json(const tools::ReplayResult& r, const std::string& conf, bool plai
   std::printf("%s\n", w.str().c_str());
 }
 
-void print_header() {
-  std::printf("%-30s %8s %12s %14s %8s %10s %7s %5s %9s %9s %7s\n", "trace", "allocs", "peak live", "peak reserved",
-              "ratio", "cudaMalloc", "maps", "OOMs", "extfrag@pk", "last pass", "ns/op");
+// The first column is as wide as its longest label (a trace's name, or a
+// sweep's configuration), so that the figures line up.
+int label_width(const std::vector<std::string>& labels) {
+  std::size_t width = 30;
+  for (const std::string& l : labels) width = std::max(width, l.size());
+  return static_cast<int>(width);
+}
+
+void print_header(const char* title, int width) {
+  std::printf("%-*s %8s %12s %14s %8s %10s %7s %5s %9s %9s %7s\n", width, title, "allocs", "peak live",
+              "peak reserved", "ratio", "cudaMalloc", "maps", "OOMs", "extfrag@pk", "last pass", "ns/op");
 }
 
 // "last pass": the device calls (maps, unmaps, cudaMalloc, cudaFree) of the
 // last pass, which a loop would make at every step; "-" with one pass.
-void print_row(const tools::ReplayResult& r, const std::string& label) {
+void print_row(const tools::ReplayResult& r, const std::string& label, int width) {
   const std::string last = r.passes > 1 ? std::to_string(r.last_pass.total()) : "-";
-  std::printf("%-30s %8llu %12s %14s %8.4f %10lld %7lld %5lld %9.3f %9s %7.0f\n", label.c_str(),
+  std::printf("%-*s %8llu %12s %14s %8.4f %10lld %7lld %5lld %9.3f %9s %7.0f\n", width, label.c_str(),
               static_cast<unsigned long long>(r.allocations), human(r.peak_live).c_str(),
               human(r.peak_reserved).c_str(), r.ratio(), static_cast<long long>(r.upstream_mallocs),
               static_cast<long long>(r.device.stats.num_page_maps), static_cast<long long>(r.ooms),
               r.external_fragmentation_at_peak, last.c_str(), r.ns_per_op);
   if (r.unknown_frees > 0) {
-    std::printf("%30s (%llu frees of pointers the trace never allocated: skipped)\n", "",
+    std::printf("%*s (%llu frees of pointers the trace never allocated: skipped)\n", width, "",
                 static_cast<unsigned long long>(r.unknown_frees));
   }
 }
@@ -322,9 +330,12 @@ int main(int argc, char** argv) {
   if (args.json) return 0;
 
   if (rows.size() == 1) {
-    print_header();
+    std::vector<std::string> names;
+    for (const tools::ReplayResult& r : rows[0].results) names.push_back(r.trace);
+    const int width = label_width(names);
+    print_header("trace", width);
     for (const tools::ReplayResult& r : rows[0].results) {
-      print_row(r, r.trace);
+      print_row(r, r.trace, width);
       if (args.details) print_details(r);
     }
     return 0;
@@ -344,8 +355,12 @@ int main(int argc, char** argv) {
       return a->results[t].peak_reserved < b->results[t].peak_reserved;
     });
     std::printf("\n%s (%d pass%s)\n", traces[t].name.c_str(), args.passes, args.passes == 1 ? "" : "es");
-    print_header();
-    for (const Row* r : order) print_row(r->results[t], r->conf.empty() ? "(defaults)" : r->conf);
+    auto label = [](const Row* r) { return r->conf.empty() ? std::string("(defaults)") : r->conf; };
+    std::vector<std::string> labels;
+    for (const Row* r : order) labels.push_back(label(r));
+    const int width = label_width(labels);
+    print_header("configuration", width);
+    for (const Row* r : order) print_row(r->results[t], label(r), width);
     std::printf("best for %s: GPUPOOL_CONF=%s\n", traces[t].name.c_str(), order[0]->conf.c_str());
     if (churn_ms(*order[0], t) == 0.0) continue;
     std::printf("  %s\n", churn(order[0]->results[t].last_pass).c_str());

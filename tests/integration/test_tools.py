@@ -214,6 +214,13 @@ class Replay(ShimTest):
         self.assertEqual(rows["expandable_segments:1,max_split_size_mb:64"],
                          rows["expandable_segments:1,max_split_size_mb:unlimited"][:-1] +
                          rows["expandable_segments:1,max_split_size_mb:64"][-1:])  # all but ns/op
+        # The figures line up under their headings, however long the configurations.
+        lines = out.stdout.splitlines()
+        header = next(line for line in lines if line.startswith("configuration "))
+        allocs_end = header.index("allocs") + len("allocs")
+        for line in lines:
+            if line.startswith("expandable_segments:"):
+                self.assertRegex(line[:allocs_end + 1], r"\d $", (header, line))
 
     def test_tune_tries_each_segment_mode_with_its_own_settings_and_recommends_the_lowest(self):
         # Sizes from 0.5 to 18.5 MiB; after every second allocation the one before it is freed.
