@@ -136,13 +136,18 @@ def main():
         lines.append(f"| `cudaMalloc{'Async' if mode == 'async' else ''}`+free through the shim (simulated runtime) "
                      f"| {api[mode]:.0f} | {api[mode] / malloc_ns:.2f} |")
         lines.append(f"| the same calls without gpupool (simulated runtime) | {raw:.0f} | {raw / malloc_ns:.2f} |")
-    best_pool = min(gb["BM_PoolPair_Stream/expandable:1"], gb["BM_PoolPair_Plain/expandable:1"])
-    ok1 = gb["BM_PoolPair_Stream/expandable:1"] <= 100 and gb["BM_PoolPair_Stream/expandable:1"] <= 5 * malloc_ns
-    verdicts.append(("Cache-hit pair <= 100 ns, within 5x of malloc+free",
-                     "met at pool level" if ok1 else "not met",
-                     f"pool pair {best_pool:.0f} ns (malloc+free {malloc_ns:.0f} ns on these sizes, which glibc "
-                     f"serves with mmap); through the API {api['async']:.0f} ns stream-ordered, {api['plain']:.0f} ns "
-                     "plain (a plain reuse may record one cudaEventRecord barrier)"))
+    # Judged on the default segments, at pool level (the API's figures are
+    # the simulated runtime's), each kind of pair on its own.
+    pool_stream, pool_plain = gb["BM_PoolPair_Stream/expandable:1"], gb["BM_PoolPair_Plain/expandable:1"]
+    within = [ns <= 100 and ns <= 5 * malloc_ns for ns in (pool_stream, pool_plain)]
+    verdict1 = ("met at pool level" if all(within) else
+                "met at pool level for stream-ordered pairs, not for plain ones" if within[0] else
+                "met at pool level for plain pairs, not for stream-ordered ones" if within[1] else "not met")
+    verdicts.append(("Cache-hit pair <= 100 ns, within 5x of malloc+free", verdict1,
+                     f"pool pair {pool_stream:.0f} ns stream-ordered, {pool_plain:.0f} ns plain (malloc+free "
+                     f"{malloc_ns:.0f} ns on these sizes, which glibc serves with mmap); through the API "
+                     f"{api['async']:.0f} ns stream-ordered, {api['plain']:.0f} ns plain (a plain reuse may record "
+                     "one cudaEventRecord barrier)"))
     lines += ["", "Replay cost per trace operation (2 passes, default settings):", "",
               "| trace | ns per operation |", "|---|---:|"]
     for r in replay(["--passes", "2"] + traces):
