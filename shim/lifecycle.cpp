@@ -130,22 +130,25 @@ void Runtime::at_exit() {
   }
 }
 
+// In the order the other paths nest them: a pool's lock before the call
+// sites' (a report names the sites of leaks with it held) and the trace's
+// (a free is traced with it held).
 void Runtime::before_fork() {
   devices_mu_.lock();
   streams_mu_.lock();
-  call_sites_.mutex().lock();
   for (int i = 0; i < kMaxDevices; ++i) {
     if (DeviceState* d = existing(i)) d->mu.lock();
   }
-  if (trace_) trace_->mutex().lock();  // after the pools': a free is traced under its pool's lock
+  call_sites_.mutex().lock();
+  if (trace_) trace_->mutex().lock();
 }
 
 void Runtime::after_fork_parent() {
   if (trace_) trace_->mutex().unlock();
+  call_sites_.mutex().unlock();
   for (int i = kMaxDevices - 1; i >= 0; --i) {
     if (DeviceState* d = existing(i)) d->mu.unlock();
   }
-  call_sites_.mutex().unlock();
   streams_mu_.unlock();
   devices_mu_.unlock();
 }

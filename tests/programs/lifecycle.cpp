@@ -3,6 +3,10 @@
 //              GPUPOOL_BACKTRACE=1 to name)
 //   static     frees a block from a static object's destructor, after main
 //   fork       uses CUDA, then forks a child that exits without using it
+//   fork-reports N  forks N children (each exits at once) while another
+//              thread has reports written over and over (SIGUSR1), with
+//              blocks leaked from leak_here() for GPUPOOL_BACKTRACE=1 to name:
+//              neither may wait on the other for good
 //   signal R   raises SIGUSR1; the next CUDA call writes a report to R, which
 //              this program then prints
 //   reset      with a second thread's stream-ordered calls (gpupool's thread
@@ -33,6 +37,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -82,6 +87,28 @@ int main(int argc, char** argv) {
     int status = 0;
     waitpid(child, &status, 0);
     return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+  }
+  if (mode == "fork-reports" && argc > 2) {
+    for (size_t n : {size_t{1} << 20, size_t{3} << 20}) leak_here(n);
+    std::atomic<bool> done{false};
+    std::thread reporter([&] {
+      while (!done.load()) {
+        raise(SIGUSR1);  // the next call writes a report, naming the leaks' call site
+        void* p = nullptr;
+        CHECK_CUDA(cudaMalloc(&p, 4096));
+        CHECK_CUDA(cudaFree(p));
+      }
+    });
+    const int children = std::atoi(argv[2]);
+    for (int i = 0; i < children; ++i) {
+      const pid_t child = fork();
+      if (child == 0) _exit(0);
+      int status = 0;
+      waitpid(child, &status, 0);
+    }
+    done.store(true);
+    reporter.join();
+    return 0;
   }
   if (mode == "signal" && argc > 2) {
     void* p = nullptr;
