@@ -179,9 +179,12 @@ def main():
               "thread cycles through all 60 and its cache holds the smaller ones. The caches switch on only with "
               "a second thread, so one thread's pairs go through the pool: a ratio above 2 on 2 cores means the "
               "caches serve a pair faster than the pool does. The thread counts' runs are interleaved (1, 2, 4, "
-              "1, 2, 4, ...) and each figure is the median of 9.", "",
-              "| working set per thread | threads | median ns per pair | pairs per second, all threads | vs 1 thread |",
-              "|---:|---:|---:|---:|---:|"]
+              "1, 2, 4, ...) and each figure is the median of 9; the last column gives the lowest and highest "
+              "of the 9 rounds' ratios (each round's runs side by side), which shows how much a single run can "
+              "stray on this machine.", "",
+              "| working set per thread | threads | median ns per pair | pairs per second, all threads | vs 1 thread "
+              "| rounds' range |",
+              "|---:|---:|---:|---:|---:|---:|"]
     scaling = {}
     for ws in (4, 64):
         # Interleaved, so that a slow spell of the machine does not land on one thread count.
@@ -195,7 +198,9 @@ def main():
             pps = statistics.median(r[1] for r in results)
             one = one or pps
             scaling[(ws, t)] = pps / one
-            lines.append(f"| {ws} | {t} | {ns:.0f} | {pps:,.0f} | {pps / one:.2f} |")
+            rounds = [r[1] / single[1] for r, single in zip(results, runs[1])]
+            lines.append(f"| {ws} | {t} | {ns:.0f} | {pps:,.0f} | {pps / one:.2f} "
+                         f"| {min(rounds):.2f}-{max(rounds):.2f} |")
     two_small, two_large = scaling[(4, 2)], scaling[(64, 2)]
     verdicts.append(("2 threads >= 1.5x one thread",
                      "met" if min(two_small, two_large) >= 1.5 else
