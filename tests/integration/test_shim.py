@@ -747,11 +747,13 @@ class Lifecycle(ShimTest):
         self.assertEqual(len(run.reports()), 1)
 
     def test_fork_while_another_thread_writes_reports_goes_on(self):
-        # fork's handler takes gpupool's locks in the order a report takes
-        # them (a device's pool, then the call sites while it names them).
+        # fork's handler takes gpupool's locks in the order the other paths
+        # nest them: a device's pool, then the call sites (a report names
+        # them with the pool's held) and the trace (a free is traced so).
         run = self.run_program(["test-lifecycle", "fork-reports", "300"], timeout=60,
                                env=dict(NO_LEAK_CHECK_AFTER_FORK, GPUPOOL_BACKTRACE="1",
-                                        GPUPOOL_LOG=os.path.join(self.workdir, "report.json")))
+                                        GPUPOOL_LOG=os.path.join(self.workdir, "report.json"),
+                                        GPUPOOL_TRACE=os.path.join(self.workdir, "trace.csv")))
         self.assertSucceeded(run)
 
     def test_nothing_from_before_a_device_reset_is_handed_out_after_it(self):
