@@ -72,12 +72,13 @@ ReplayResult replay(const Trace& trace, const PoolOptions& options, std::size_t 
             reserved_peak = pool.stats().reserved_bytes[kAll].peak;
             r.peak_cause = ReplayResult::PeakCause{index, pass, e.size, stream, before};
           }
-          if (!a.ok) break;  // counted by the pool as an out-of-memory
-          auto [it, added] = live.try_emplace(e.pointer, LiveBlock{a.ptr, stream});
+          // A failure (counted by the pool as an out-of-memory) stays live with
+          // no block, so that the trace's free of it is no unknown free.
+          auto [it, added] = live.try_emplace(e.pointer, LiveBlock{a.ok ? a.ptr : 0, stream});
           if (!added) {
             // The trace reuses a pointer it never freed: its free was lost; free ours.
             if (it->second.ptr != 0) pool.deallocate(it->second.ptr, it->second.stream);
-            it->second = LiveBlock{a.ptr, stream};
+            it->second = LiveBlock{a.ok ? a.ptr : 0, stream};
           }
           break;
         }

@@ -1,11 +1,14 @@
 // gpupool-replay reads trace files users bring from anywhere. Whatever the
 // bytes: no crash, a rejected file gets one line naming the file and line,
 // and an accepted one replays (stream-ordered and plain) with its books
-// balanced: every allocation and free accounted for, nothing live at the end.
+// balanced: every allocation and free accounted for, nothing live at the end,
+// and a free unknown exactly when its pointer is not live in the trace at that
+// point (an allocation that fails in the replay's smaller device is still live).
 #include <algorithm>
 #include <cstdint>
 #include <sstream>
 #include <string>
+#include <unordered_set>
 
 #include "tests/fuzz/fuzz_check.hpp"
 #include "tools/replay.hpp"
@@ -28,6 +31,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   };
   const std::uint64_t allocations = count(tools::TraceEvent::Action::Allocate);
   const std::uint64_t frees = count(tools::TraceEvent::Action::Free);
+  std::uint64_t unknown_frees = 0;  // per pass
+  std::unordered_set<std::uint64_t> live;
+  for (const tools::TraceEvent& e : trace.events) {
+    if (e.action == tools::TraceEvent::Action::Allocate) live.insert(e.pointer);
+    if (e.action == tools::TraceEvent::Action::Free && live.erase(e.pointer) == 0) ++unknown_frees;
+  }
   for (const bool plain : {false, true}) {
     PoolOptions options;
     options.expandable_segments = !plain;  // both segment kinds, one with each mode
@@ -35,6 +44,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const tools::ReplayResult r = tools::replay(trace, options, capacity, 2, !plain, plain);
     FUZZ_CHECK(r.allocations == 2 * allocations);
     FUZZ_CHECK(r.frees + r.unknown_frees == 2 * frees);
+    FUZZ_CHECK(r.unknown_frees == 2 * unknown_frees);
     FUZZ_CHECK(r.peak_reserved <= capacity);
     FUZZ_CHECK(r.device.stats.allocated_bytes[kAll].current == 0);
     FUZZ_CHECK(r.device.stats.requested_bytes[kAll].current == 0);

@@ -151,6 +151,19 @@ class Replay(ShimTest):
         r = json.loads(out.stdout)
         self.assertEqual((r["allocations"], r["frees"], r["unknown_frees"]), (1, 1, 1))
 
+    def test_the_free_of_an_allocation_that_failed_in_the_replay_is_no_unknown_free(self):
+        # --capacity 64M: the 100 MiB request fails (the trace's did not), and
+        # its free is of a pointer the trace did allocate.
+        path = self.write("c.csv", "Thread,Time,Action,Pointer,Size,Stream\n"
+                          "1,00:00:00.000000,allocate,0x1000,104857600,0x0\n"
+                          "1,00:00:00.000001,allocate,0x8000000,4096,0x0\n"
+                          "1,00:00:00.000002,free,0x1000,104857600,0x0\n"
+                          "1,00:00:00.000003,free,0x8000000,4096,0x0\n")
+        r = json.loads(self.replay("--json", "--capacity", "64M", path).stdout)
+        self.assertEqual((r["allocations"], r["ooms"], r["frees"], r["unknown_frees"]), (2, 1, 2, 0))
+        table = self.replay("--capacity", "64M", path).stdout
+        self.assertNotIn("never allocated", table)
+
     def test_streams_in_the_trace_are_honoured(self):
         # A block freed on one stream and a request on another: cross-stream
         # reuse (the default) serves it, "never" does not (fixed segments, so
