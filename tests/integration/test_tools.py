@@ -334,6 +334,38 @@ class Snapshot(ShimTest):
         replayed = subprocess.run([REPLAY, "--json", out], capture_output=True, text=True)
         self.assertEqual(json.loads(replayed.stdout)["unknown_frees"], 0)
 
+    def test_blocks_held_since_before_recording_are_allocated_first(self):
+        # Weights allocated before _record_memory_history() and never freed
+        # appear only in the snapshot's segments: 0xa000 and 0xe000 (its
+        # address from the sizes of the blocks before it). 0xb000 was allocated
+        # in the trace, and 0xd000's free was asked for but has not completed.
+        events = [
+            {"action": "alloc", "addr": 0xb000, "size": 4096, "stream": 0, "time_us": 10},
+            {"action": "alloc", "addr": 0xc000, "size": 4096, "stream": 0, "time_us": 11},
+            {"action": "free_requested", "addr": 0xc000, "size": 4096, "stream": 0, "time_us": 12},
+            {"action": "free_completed", "addr": 0xc000, "size": 4096, "stream": 0, "time_us": 12},
+        ]
+        blocks = [{"address": 0xa000, "size": 4096, "requested_size": 4000, "state": "active_allocated"},
+                  {"address": 0xb000, "size": 4096, "requested_size": 4096, "state": "active_allocated"},
+                  {"size": 4096, "requested_size": 4096, "state": "inactive"},
+                  {"size": 4096, "requested_size": 4096, "state": "active_pending_free"},
+                  {"size": 8192, "requested_size": 8192, "state": "active_allocated"}]
+        other_device = {"device": 1, "address": 0x100000, "total_size": 4096, "stream": 0,
+                        "blocks": [{"size": 4096, "state": "active_allocated"}]}
+        path = self.snapshot({"segments": [{"device": 0, "address": 0xa000, "total_size": 5 * 4096, "stream": 0,
+                                            "blocks": blocks}, other_device],
+                              "device_traces": [events, []]})
+        out = os.path.join(self.workdir, "trace.csv")
+        done = subprocess.run([sys.executable, IMPORT, path, "-o", out], capture_output=True, text=True)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        rows = read_csv(out)[1:]
+        head = [(r[2], r[3], r[4]) for r in rows if r[1] == "00:00:00.000000" and r[3] not in ("0xb000", "0xc000")]
+        self.assertEqual(head, [("allocate", "0xa000", "4096"), ("allocate", "0xd000", "4096"),
+                                ("allocate", "0xe000", "8192")])
+        self.assertEqual(sum(r[3] == "0xb000" for r in rows), 1)  # not allocated twice
+        replayed = json.loads(subprocess.run([REPLAY, "--json", out], capture_output=True, text=True).stdout)
+        self.assertEqual(replayed["peak_live_bytes"], 4 * 4096 + 8192)
+
     def test_a_malicious_pickle_is_rejected_before_it_runs(self):
         marker = os.path.join(self.workdir, "pwned")
 
