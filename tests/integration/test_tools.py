@@ -81,6 +81,22 @@ class Recording(ShimTest):
                 live.remove(row[3])
         self.assertEqual(live, set())
 
+    def test_a_device_reset_frees_what_the_program_held_in_the_trace(self):
+        # test-lifecycle reset leaves a 2 MiB block to cudaDeviceReset and
+        # frees all else: the trace frees it at the reset, so that what comes
+        # after (which may reuse its address) follows a history.
+        run, path = self.trace(["test-lifecycle", "reset"])
+        self.assertSucceeded(run)
+        live = {}
+        for number, row in enumerate(read_csv(path)[1:], start=2):
+            if row[2] == "allocate":
+                self.assertNotIn(row[3], live, f"line {number}: {row} while that pointer is live")
+                live[row[3]] = row[4]
+            elif row[2] == "free":
+                self.assertIn(row[3], live, f"line {number}: {row} of a pointer not live")
+                del live[row[3]]
+        self.assertEqual(live, {})
+
     def test_failures_are_recorded(self):
         run, path = self.trace(["test-oom", "full"], env={"SIMCUDA_MEMORY": "64M"})
         self.assertSucceeded(run)
