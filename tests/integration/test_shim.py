@@ -194,7 +194,7 @@ class Devices(ShimTest):
         self.in_both_segment_modes(["peer"], {"SIMCUDA_DEVICES": "2"}, lambda report: None)
 
     def test_the_devices_program_passes_without_gpupool_too(self):
-        for mode in ("cross", "peer", "foreign", "foreign-capture", "foreign-reset"):
+        for mode in ("cross", "peer", "foreign", "foreign-capture", "foreign-reset", "owner-reset"):
             run = self.run_program(["test-devices", mode, "5"], env={"SIMCUDA_DEVICES": "2"}, preload=False)
             self.assertSucceeded(run)
 

@@ -19,6 +19,9 @@
 //                              the reset ends that work, so device 0 gets the
 //                              block back (run with a limit that leaves room
 //                              for one block, and SIMCUDA_OP_DELAY_US)
+//   devices owner-reset        such a free, its work done but not yet seen
+//                              by gpupool, when device 0 (the block's own) is
+//                              reset
 //   devices peer               access granted with cudaDeviceEnablePeerAccess
 //                              reaches pooled memory: pages mapped before the
 //                              grant and after it, and pages of a device whose
@@ -223,12 +226,33 @@ int foreign_reset() {
   return 0;
 }
 
+int owner_reset() {
+  cudaStream_t one = nullptr;
+  if (!peer_stream_of_device_one(&one)) return 0;
+  CHECK_CUDA(cudaSetDevice(0));
+  void* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, kBytes));
+  fill(p, 1, nullptr);
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaMemsetAsync(p, 0xEE, kBytes, one));
+  CHECK_CUDA(cudaFreeAsync(p, one));
+  CHECK_CUDA(cudaStreamSynchronize(one));  // done; device 0's pool has not looked yet
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaDeviceReset());
+  void* q = nullptr;
+  CHECK_CUDA(cudaMalloc(&q, kBytes));
+  fill(q, 2, nullptr);
+  CHECK_CUDA(cudaFree(q));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "peer") == 0) return peer();
   if (argc > 1 && std::strcmp(argv[1], "foreign-capture") == 0) return foreign_capture();
   if (argc > 1 && std::strcmp(argv[1], "foreign-reset") == 0) return foreign_reset();
+  if (argc > 1 && std::strcmp(argv[1], "owner-reset") == 0) return owner_reset();
   if (argc > 1 && std::strcmp(argv[1], "foreign") == 0) return foreign(argc > 2 ? std::atoi(argv[2]) : 20);
   const bool threads = argc > 1 && std::strcmp(argv[1], "threads") == 0;
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 20;
