@@ -207,28 +207,9 @@ int foreign_capture() {
   return 0;
 }
 
-int foreign_reset() {
-  cudaStream_t one = nullptr;
-  if (!peer_stream_of_device_one(&one)) return 0;
-  CHECK_CUDA(cudaSetDevice(0));
-  void* p = nullptr;
-  CHECK_CUDA(cudaMalloc(&p, kBytes));
-  fill(p, 1, nullptr);
-  CHECK_CUDA(cudaSetDevice(1));
-  CHECK_CUDA(cudaMemsetAsync(p, 0xEE, kBytes, one));  // device 1's last use, still queued
-  CHECK_CUDA(cudaFreeAsync(p, one));
-  CHECK_CUDA(cudaDeviceReset());  // ends that work, and destroys device 1's events and streams
-  CHECK_CUDA(cudaSetDevice(0));
-  void* q = nullptr;
-  CHECK_CUDA(cudaMalloc(&q, kBytes));  // under the limit, only p's memory is left for it
-  fill(q, 2, nullptr);
-  CHECK_CUDA(cudaFree(q));
-  return 0;
-}
-
-int owner_reset() {
-  cudaStream_t one = nullptr;
-  if (!peer_stream_of_device_one(&one)) return 0;
+// Device 0's block, last written by device 1's stream `one` (still queued)
+// and freed in that stream's order; device 1 is current after.
+void free_on_device_one(cudaStream_t one) {
   CHECK_CUDA(cudaSetDevice(0));
   void* p = nullptr;
   CHECK_CUDA(cudaMalloc(&p, kBytes));
@@ -236,13 +217,34 @@ int owner_reset() {
   CHECK_CUDA(cudaSetDevice(1));
   CHECK_CUDA(cudaMemsetAsync(p, 0xEE, kBytes, one));
   CHECK_CUDA(cudaFreeAsync(p, one));
+}
+
+// A block of device 0's, freed when device 0 is current.
+void use_device_zero() {
+  CHECK_CUDA(cudaSetDevice(0));
+  void* q = nullptr;
+  CHECK_CUDA(cudaMalloc(&q, kBytes));  // under a limit of one block, only the freed block's memory is left
+  fill(q, 2, nullptr);
+  CHECK_CUDA(cudaFree(q));
+}
+
+int foreign_reset() {
+  cudaStream_t one = nullptr;
+  if (!peer_stream_of_device_one(&one)) return 0;
+  free_on_device_one(one);
+  CHECK_CUDA(cudaDeviceReset());  // ends that work, and destroys device 1's events and streams
+  use_device_zero();
+  return 0;
+}
+
+int owner_reset() {
+  cudaStream_t one = nullptr;
+  if (!peer_stream_of_device_one(&one)) return 0;
+  free_on_device_one(one);
   CHECK_CUDA(cudaStreamSynchronize(one));  // done; device 0's pool has not looked yet
   CHECK_CUDA(cudaSetDevice(0));
   CHECK_CUDA(cudaDeviceReset());
-  void* q = nullptr;
-  CHECK_CUDA(cudaMalloc(&q, kBytes));
-  fill(q, 2, nullptr);
-  CHECK_CUDA(cudaFree(q));
+  use_device_zero();
   return 0;
 }
 
