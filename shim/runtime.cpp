@@ -470,21 +470,22 @@ void Runtime::device_reset(int dev) {
   caches_.forget_device(dev);
   {
     std::lock_guard<AdaptiveMutex> lock(d->mu);
+    // Frees still waiting on another device's stream were the program's own
+    // (and traced when made): count them as frees, not as losses to the
+    // reset, as at exit. Their events are another device's.
+    for (const DeviceState::ForeignFree& f : d->foreign_frees) {
+      d->pool->deallocate(f.ptr, kAnyStream);
+      if (f.event != 0) d->upstream.destroy_event(f.event);
+    }
+    d->foreign_frees.clear();
     if (trace_) {
       // The reset frees what the program still holds here: traced as frees,
-      // so that the trace stays a history gpupool-replay can follow (frees
-      // waiting on another device's stream were traced when they were made).
+      // so that the trace stays a history gpupool-replay can follow.
       d->pool->for_each_allocated([&](const Block& b) {
-        const bool waiting = std::any_of(d->foreign_frees.begin(), d->foreign_frees.end(),
-                                         [&b](const DeviceState::ForeignFree& f) { return f.ptr == b.addr; });
-        if (!waiting) trace_->record(TraceWriter::Action::Free, b.addr, b.requested, b.stream, dev, false);
+        trace_->record(TraceWriter::Action::Free, b.addr, b.requested, b.stream, dev, false);
       });
     }
     d->upstream.forget_pages();
-    for (const DeviceState::ForeignFree& f : d->foreign_frees) {
-      if (f.event != 0) d->upstream.destroy_event(f.event);  // another device's
-    }
-    d->foreign_frees.clear();
     streams_generation_.fetch_add(1);
     // The old pool goes (its destructor frees bookkeeping only, no upstream
     // call); the new one carries on its history for the report.

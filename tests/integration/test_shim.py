@@ -187,6 +187,18 @@ class Devices(ShimTest):
             self.assertEqual(zero["stats"]["allocation.all.current"], 0)
         self.in_both_segment_modes(["foreign-reset"], dict(self.ENV, SIMCUDA_OP_DELAY_US="200000"), check)
 
+    def test_a_reset_counts_a_free_waiting_on_another_devices_stream_as_the_programs(self):
+        # The program freed device 0's block on device 1's stream; device 0's
+        # pool has not looked at that stream's event yet when device 0 is
+        # reset. The reset did not free that block: the program did.
+        def check(report):
+            zero = report["devices"]["0"]
+            resets = zero["device_resets"]
+            self.assertEqual((resets["count"], resets["blocks_freed_by_reset"], resets["bytes_freed_by_reset"]),
+                             (1, 0, 0))
+            self.assertEqual(zero["stats"]["allocation.all.freed"], zero["stats"]["allocation.all.allocated"])
+        self.in_both_segment_modes(["owner-reset"], {"SIMCUDA_DEVICES": "2"}, check)
+
     def test_peer_access_reaches_pooled_pages(self):
         # cudaDeviceEnablePeerAccess opens a peer's cudaMalloc memory, not
         # pages mapped with cuMemMap: gpupool grants those itself, for pages
