@@ -4,9 +4,9 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <set>
 
-#include "pool/node_recycler.hpp"
+#include <boost/intrusive/set_hook.hpp>
+
 #include "pool/types.hpp"
 
 namespace gpupool {
@@ -14,10 +14,9 @@ namespace gpupool {
 struct Block;
 
 // Free blocks are kept ordered by (stream, size, address): see BlockPool.
-struct BlockOrder {
-  bool operator()(const Block* a, const Block* b) const;
-};
-using BlockSet = std::set<Block*, BlockOrder, RecyclingAllocator<Block*>>;
+// The tree's links live in the block itself (no node to allocate, one load
+// less per comparison); normal_link: no checks on the hot path.
+using BlockHook = boost::intrusive::set_member_hook<boost::intrusive::link_mode<boost::intrusive::normal_link>>;
 
 // One upstream allocation. Its head block always starts at `base` (merging keeps
 // the lower block), so the head never changes while the segment lives.
@@ -65,18 +64,20 @@ struct Block {
   // the pool cannot see, so the block is kept out of reuse for good.
   bool quarantined = false;
 
-  // Where the block sits in its BlockPool while it is free (erase needs no search).
-  BlockSet::const_iterator pool_position;
+  // Its links in the BlockPool that holds it while it is free.
+  BlockHook pool_hook;
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
   bool is_free() const { return !allocated && !quarantined; }
   bool is_free_mapped() const { return is_free() && mapped; }
 };
 
-inline bool BlockOrder::operator()(const Block* a, const Block* b) const {
-  if (a->stream != b->stream) return a->stream < b->stream;
-  if (a->size != b->size) return a->size < b->size;
-  return a->addr < b->addr;
-}
+struct BlockOrder {
+  bool operator()(const Block& a, const Block& b) const {
+    if (a.stream != b.stream) return a.stream < b.stream;
+    if (a.size != b.size) return a.size < b.size;
+    return a.addr < b.addr;
+  }
+};
 
 }  // namespace gpupool

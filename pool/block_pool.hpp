@@ -1,17 +1,46 @@
 // Free blocks of one size class, ordered by (stream, size, address): lower_bound
 // on (stream, size) is the best fit among the blocks reusable on that stream.
+// An intrusive tree: a block links itself in (see Block::pool_hook), so an
+// insert allocates nothing and an erase or a step to the next block needs no
+// search.
 #pragma once
 
+#include <boost/intrusive/set.hpp>
+
 #include "pool/block.hpp"
-#include "pool/node_recycler.hpp"
 
 namespace gpupool {
 
 class BlockPool {
  public:
-  using Set = BlockSet;
+  using Set = boost::intrusive::set<Block, boost::intrusive::member_hook<Block, BlockHook, &Block::pool_hook>,
+                                    boost::intrusive::compare<BlockOrder>>;
 
-  explicit BlockPool(PoolKind kind) : kind_(kind), blocks_(BlockOrder{}, RecyclingAllocator<Block*>(&nodes_)) {}
+  // The blocks in order, as pointers (what the walks over them want).
+  class Range {
+   public:
+    class Iterator {
+     public:
+      explicit Iterator(Set::const_iterator it) : it_(it) {}
+      Block* operator*() const { return const_cast<Block*>(&*it_); }
+      Iterator& operator++() {
+        ++it_;
+        return *this;
+      }
+      bool operator!=(const Iterator& other) const { return it_ != other.it_; }
+
+     private:
+      Set::const_iterator it_;
+    };
+    explicit Range(const Set& set) : set_(set) {}
+    Iterator begin() const { return Iterator(set_.begin()); }
+    Iterator end() const { return Iterator(set_.end()); }
+
+   private:
+    const Set& set_;
+  };
+
+  explicit BlockPool(PoolKind kind) : kind_(kind) {}
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
 
@@ -23,9 +52,9 @@ class BlockPool {
     probe.stream = stream;
     probe.size = size;
     probe.addr = 0;
-    auto it = blocks_.lower_bound(&probe);
-    if (it == blocks_.end() || (*it)->stream != stream) return nullptr;
-    return *it;
+    auto it = blocks_.lower_bound(probe);
+    if (it == blocks_.end() || it->stream != stream) return nullptr;
+    return const_cast<Block*>(&*it);
   }
 
   // The first key (stream) after `after`, for walking every stream's blocks;
@@ -35,28 +64,30 @@ class BlockPool {
     probe.stream = after;
     probe.size = kUnlimited;
     probe.addr = ~DevicePtr{0};
-    auto it = first ? blocks_.begin() : blocks_.upper_bound(&probe);
+    auto it = first ? blocks_.begin() : blocks_.upper_bound(probe);
     if (it == blocks_.end()) return false;
-    *out = (*it)->stream;
+    *out = it->stream;
     return true;
   }
 
-  // The block after `block` in (stream, size, address) order, or null.
-  Block* next(Block* block) const {
-    auto it = blocks_.upper_bound(block);
-    return it == blocks_.end() ? nullptr : *it;
+  // The block after `block` (which is in the pool) in (stream, size,
+  // address) order, or null.
+  Block* next(const Block* block) const {
+    auto it = blocks_.iterator_to(*block);
+    return ++it == blocks_.end() ? nullptr : const_cast<Block*>(&*it);
   }
 
-  // A block in the pool remembers its position, so erasing needs no search.
-  void insert(Block* block) { block->pool_position = blocks_.insert(block).first; }
-  void erase(Block* block) { blocks_.erase(block->pool_position); }
-  bool contains(Block* block) const { return blocks_.count(block) != 0; }
+  void insert(Block* block) { blocks_.insert(*block); }
+  void erase(Block* block) { blocks_.erase(blocks_.iterator_to(*block)); }
+  bool contains(const Block* block) const {
+    auto it = blocks_.find(*block);
+    return it != blocks_.end() && &*it == block;
+  }
   std::size_t size() const { return blocks_.size(); }
-  const Set& blocks() const { return blocks_; }
+  Range blocks() const { return Range(blocks_); }
 
  private:
   PoolKind kind_;
-  NodeRecycler nodes_;
   Set blocks_;
 };
 

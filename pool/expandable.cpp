@@ -52,18 +52,9 @@ Segment* DevicePool::new_expandable_segment(PoolKind kind, std::size_t min_bytes
 // Splits b at `offset`: b keeps [addr, addr+offset), the returned block the
 // rest, with b's state and history. Neither is in any pool afterwards.
 Block* DevicePool::split_off(Block* b, std::size_t offset) {
-  Block* rest = new_block();
+  Block* rest = new_block(*b);  // its segment, state and history
   rest->addr = b->addr + offset;
   rest->size = b->size - offset;
-  rest->segment = b->segment;
-  rest->mapped = b->mapped;
-  rest->stream = b->stream;
-  rest->stream_epoch = b->stream_epoch;
-  rest->device_epoch = b->device_epoch;
-  rest->freed_at = b->freed_at;
-  rest->hot_begin = b->hot_begin;
-  rest->hot_end = b->hot_end;
-  rest->cold_epoch = b->cold_epoch;
   rest->prev = b;
   rest->next = b->next;
   if (b->next != nullptr) b->next->prev = rest;

@@ -1,6 +1,6 @@
-// Recycles fixed-size nodes so that the hot path (a set insert or erase per
-// split, merge and reuse) does not call malloc: free nodes go on a list and are
-// handed out again. Memory is returned to the heap when the recycler dies.
+// Recycles fixed-size nodes (the pool's blocks) so that the hot path (a block
+// per split) does not call malloc: free nodes go on a list and are handed out
+// again. Memory is returned to the heap when the recycler dies.
 #pragma once
 
 #include <cstddef>
@@ -60,30 +60,6 @@ class NodeRecycler {
   std::size_t node_size_ = 0;
   FreeNode* free_ = nullptr;
   std::vector<void*> chunks_;
-};
-
-// A standard allocator over a NodeRecycler, for node-based containers.
-template <typename T>
-class RecyclingAllocator {
- public:
-  using value_type = T;
-  explicit RecyclingAllocator(NodeRecycler* recycler) : recycler_(recycler) {}
-  template <typename U>
-  RecyclingAllocator(const RecyclingAllocator<U>& other) : recycler_(other.recycler()) {}
-
-  T* allocate(std::size_t n) {
-    return static_cast<T*>(recycler_->take(n * sizeof(T)));
-  }
-  void deallocate(T* p, std::size_t n) { recycler_->give_back(p, n * sizeof(T)); }
-
-  NodeRecycler* recycler() const { return recycler_; }
-  template <typename U>
-  bool operator==(const RecyclingAllocator<U>& other) const {
-    return recycler_ == other.recycler();
-  }
-
- private:
-  NodeRecycler* recycler_;
 };
 
 }  // namespace gpupool

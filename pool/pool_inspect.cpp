@@ -46,8 +46,7 @@ std::vector<StreamReport> DevicePool::streams() const {
       for (const Block* b = pool.best_fit(r.id, 0); b != nullptr && b->stream == r.id;) {
         ++r.cached_blocks;
         r.cached_bytes += b->size;
-        auto it = pool.blocks().upper_bound(const_cast<Block*>(b));
-        b = it == pool.blocks().end() ? nullptr : *it;
+        b = pool.next(b);
       }
     }
   }
@@ -146,12 +145,12 @@ bool DevicePool::validate(std::string* error) const {
         return fail();
       }
       if (b->mapped) mapped += b->size;
-      const bool in_pool = pool_of(seg->kind).contains(const_cast<Block*>(b));
+      const bool in_pool = pool_of(seg->kind).contains(b);
       if (b->is_free_mapped() != in_pool) {
         why << "block at " << b->addr << (in_pool ? " is cached but not free" : " is free but not cached");
         return fail();
       }
-      const bool in_holes = holes_[static_cast<int>(seg->kind)].contains(const_cast<Block*>(b));
+      const bool in_holes = holes_[static_cast<int>(seg->kind)].contains(b);
       if ((b->is_free() && !b->mapped) != in_holes) {
         why << "block at " << b->addr << " is misfiled among the unmapped blocks";
         return fail();
