@@ -13,9 +13,6 @@ namespace gpupool {
 
 namespace {
 
-std::size_t round_up(std::size_t n, std::size_t page) { return (n + page - 1) / page * page; }
-std::size_t round_down(std::size_t n, std::size_t page) { return n / page * page; }
-
 // Address space reserved per expandable segment: the device's memory, so one
 // segment serves everything the device could hold; more only for larger requests.
 constexpr std::size_t kDefaultAddressSpace = 256 * kGiB;

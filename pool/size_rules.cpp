@@ -6,10 +6,6 @@ namespace gpupool {
 
 namespace {
 constexpr int kLog2OneMiB = 20;
-
-std::size_t round_up(std::size_t size, std::size_t multiple) {
-  return (size + multiple - 1) / multiple * multiple;
-}
 }  // namespace
 
 int roundup_interval(std::size_t size) {

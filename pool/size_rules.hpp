@@ -16,6 +16,9 @@ inline constexpr std::size_t kLargeSplitRemainder = kSmallSize;  // see should_s
 // Requests above this are refused outright: rounding them could overflow.
 inline constexpr std::size_t kMaxRequest = std::size_t{1} << 56;
 
+inline std::size_t round_up(std::size_t n, std::size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+inline std::size_t round_down(std::size_t n, std::size_t multiple) { return n / multiple * multiple; }
+
 // The size a request of `size` bytes is served with (size <= kMaxRequest).
 std::size_t round_size(std::size_t size, const RoundupDivisions& divisions);
 
