@@ -5,10 +5,14 @@
 // thread's own stream. Sizes cycle through the real traces' sizes. Idle
 // streams: non-blocking streams made first and never used, as PyTorch makes
 // 32 per priority level once a program asks for one side stream. Prints
-// nanoseconds per pair and the pairs per second of all threads together.
+// nanoseconds per pair and the pairs per second of all threads together,
+// both over the timed loops only: every thread warms up (the pool takes its
+// memory from the device then), and all start the loop together.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
+#include <barrier>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -44,7 +48,11 @@ int main(int argc, char** argv) {
     sizes.resize(working_set * static_cast<std::size_t>(threads));
   }
 
+  using Clock = std::chrono::steady_clock;
   std::vector<double> ns(static_cast<std::size_t>(threads));
+  Clock::time_point start;
+  std::atomic<Clock::rep> last_end{0};
+  std::barrier warmed(threads, [&]() noexcept { start = Clock::now(); });
   auto work = [&](int t) {
     cudaStream_t s = nullptr;
     if (async) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
@@ -62,25 +70,29 @@ int main(int argc, char** argv) {
     std::vector<std::size_t> mine;
     for (std::size_t k = 0; k < std::min(working_set, sizes.size()); ++k) mine.push_back(sizes[(first + k) % sizes.size()]);
     for (std::size_t size : mine) pair(size);  // warm the cache
-    const auto start = std::chrono::steady_clock::now();
+    warmed.arrive_and_wait();
     std::size_t i = 0;
     for (long n = 0; n < pairs; ++n) {
       pair(mine[i]);
       if (++i == mine.size()) i = 0;
     }
+    const Clock::time_point end = Clock::now();
     ns[static_cast<std::size_t>(t)] =
-        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count() /
-        static_cast<double>(pairs);
+        std::chrono::duration<double, std::nano>(end - start).count() / static_cast<double>(pairs);
+    Clock::rep seen = last_end.load();
+    while (seen < end.time_since_epoch().count() &&
+           !last_end.compare_exchange_weak(seen, end.time_since_epoch().count())) {
+    }
     if (async) {
       cudaStreamSynchronize(s);
       cudaStreamDestroy(s);
     }
   };
-  const auto start = std::chrono::steady_clock::now();
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) pool.emplace_back(work, t);
   for (std::thread& th : pool) th.join();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(Clock::time_point(Clock::duration(last_end.load())) - start).count();
   for (cudaStream_t s : idle_streams) cudaStreamDestroy(s);
   double mean = 0;
   for (double v : ns) mean += v / threads;

@@ -178,7 +178,9 @@ def main():
               "The traces have 60 distinct sizes up to 64 MiB (519 MiB together), so with 64 sizes per thread each "
               "thread cycles through all 60 and its cache holds the smaller ones. The caches switch on only with "
               "a second thread, so one thread's pairs go through the pool: a ratio above 2 on 2 cores means the "
-              "caches serve a pair faster than the pool does. The thread counts' runs are interleaved (1, 2, 4, "
+              "caches serve a pair faster than the pool does. Only the pair loops are timed: each thread first "
+              "makes one pair of each of its sizes (the pool takes its memory from the device then), and the "
+              "clock runs from when every thread has done so to when the last one finishes. The thread counts' runs are interleaved (1, 2, 4, "
               "1, 2, 4, ...) and each figure is the median of 9; the last column gives the lowest and highest "
               "of the 9 rounds' ratios (each round's runs side by side), which shows how much a single run can "
               "stray on this machine.", "",
