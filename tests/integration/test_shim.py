@@ -220,6 +220,7 @@ class Stress(ShimTest):
     def test_random_work_on_two_devices_keeps_every_pattern(self):
         # test-stress-ptds: the same built for the per-thread default stream
         # (every stream call through a _ptsz entry point).
+        refused = allocations = 0
         for program, seed, expandable in (("test-stress", "1", "1"), ("test-stress", "2", "1"),
                                           ("test-stress", "3", "0"), ("test-stress", "4", "0"),
                                           ("test-stress-ptds", "5", "1")):
@@ -231,10 +232,15 @@ class Stress(ShimTest):
                 devices = run.report()["devices"].values()
                 self.assertEqual(sum(d["stats"]["allocation.all.allocated"] for d in devices), did["allocations"])
                 self.assertEqual(sum(d["stats"]["allocation.all.current"] for d in devices), 0)
-                # Refusals come only from the limit, seldom: blocks freed on a
-                # device's streams, or on the other's, come back to be reused.
-                self.assertLess(did["refused"] * 20, did["allocations"])
+                refused += did["refused"]
+                allocations += did["allocations"]
                 os.remove(run.reports()[0])
+        # Refusals come only from the limit, seldom: blocks freed on a
+        # device's streams, or on the other's, come back to be reused. Judged
+        # over all five runs: one run's rate depends on timing (the ptds run
+        # refused 0.2% to 5.1% on a loaded machine), all five together 0.4%
+        # to 0.6%, and 3.1% to 4.1% with GPUPOOL_CROSS_STREAM_REUSE=never.
+        self.assertLess(refused * 50, allocations)
 
     def test_random_device_failures_are_refusals_and_damage_nothing(self):
         # One in five of the device's allocations (cudaMalloc, or a page's
