@@ -15,12 +15,27 @@ std::uint64_t this_thread_number() {
   return number;
 }
 
-// Owns this thread's cache; hands it back when the thread ends.
+// This thread's cache. Trivially destructible and constant-initialized, so
+// a use is one thread-local lookup (no guard, no wrapper) and it stays valid
+// while the thread's other thread-locals are destroyed.
+struct CacheSlot {
+  StreamCaches* owner;
+  ThreadCache* cache;
+  bool ended;  // the thread has handed its cache back: it is ending
+};
+thread_local CacheSlot t_slot{nullptr, nullptr, false};
+
+// Hands the thread's cache back when the thread ends. A thread_local the
+// program made before its first CUDA call is destroyed after this one, and
+// may still free blocks: those go to the pool (t_slot.ended), not into the
+// cache this deleted.
 struct CacheHolder {
-  StreamCaches* owner = nullptr;
-  ThreadCache* cache = nullptr;
+  bool armed = false;  // set on the cache's creation, which registers the destructor
   ~CacheHolder() {
-    if (owner != nullptr && cache != nullptr) owner->thread_exiting(cache);
+    CacheSlot& slot = t_slot;
+    if (slot.owner != nullptr && slot.cache != nullptr) slot.owner->thread_exiting(slot.cache);
+    slot.cache = nullptr;
+    slot.ended = true;
   }
 };
 thread_local CacheHolder t_holder;
@@ -101,23 +116,26 @@ void StreamCaches::note_caller() {
   enabled_.store(true, std::memory_order_relaxed);
 }
 
-ThreadCache& StreamCaches::mine() {
-  CacheHolder& holder = t_holder;  // one thread-local lookup, not one per use
-  if (holder.cache == nullptr || holder.owner != this) {
-    auto* cache = new ThreadCache();
-    {
-      std::lock_guard<std::mutex> lock(registry_mu_);
-      caches_.push_back(cache);
-    }
-    holder.owner = this;
-    holder.cache = cache;
+ThreadCache* StreamCaches::mine() {
+  CacheSlot& slot = t_slot;  // one thread-local lookup, not one per use
+  if (slot.cache != nullptr && slot.owner == this) return slot.cache;
+  if (slot.ended) return nullptr;
+  auto* cache = new ThreadCache();
+  {
+    std::lock_guard<std::mutex> lock(registry_mu_);
+    caches_.push_back(cache);
   }
-  return *holder.cache;
+  slot.owner = this;
+  slot.cache = cache;
+  t_holder.armed = true;
+  return cache;
 }
 
 bool StreamCaches::take(StreamId stream, int device, std::size_t rounded, std::size_t requested,
                         CachedBlock* out) {
-  ThreadCache& c = mine();
+  ThreadCache* mine_or_none = mine();
+  if (mine_or_none == nullptr) return false;
+  ThreadCache& c = *mine_or_none;
   std::lock_guard<SpinLock> lock(c.lock);
   ++c.ops;
   // The closest fit, among the blocks of the size classes the request's
@@ -161,7 +179,12 @@ CacheTraffic StreamCaches::traffic(int device) {
 }
 
 void StreamCaches::keep(const CachedBlock& block) {
-  ThreadCache& c = mine();
+  ThreadCache* mine_or_none = mine();
+  if (mine_or_none == nullptr) {  // the thread is ending
+    give_back_(block);
+    return;
+  }
+  ThreadCache& c = *mine_or_none;
   CachedBlock out[ThreadCache::kCapacity + 1];
   int n = 0;
   {
@@ -209,9 +232,9 @@ void StreamCaches::keep(const CachedBlock& block) {
 }
 
 bool StreamCaches::take_spill(int device, CachedBlock* out) {
-  const CacheHolder& holder = t_holder;
-  if (holder.cache == nullptr || holder.owner != this) return false;
-  ThreadCache& c = *holder.cache;
+  const CacheSlot& slot = t_slot;
+  if (slot.cache == nullptr || slot.owner != this) return false;
+  ThreadCache& c = *slot.cache;
   std::lock_guard<SpinLock> lock(c.lock);
   if (c.spill == 0) return false;
   const int i = __builtin_ctzll(c.spill);
@@ -271,7 +294,7 @@ void StreamCaches::thread_exiting(ThreadCache* cache) {
 void StreamCaches::disable_after_fork() {
   forked_ = true;
   enabled_.store(false);
-  t_holder.cache = nullptr;  // the parent thread's cache stays with the parent's pools
+  t_slot.cache = nullptr;  // the parent thread's cache stays with the parent's pools
 }
 
 }  // namespace gpupool::shim

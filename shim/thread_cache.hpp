@@ -200,7 +200,9 @@ class StreamCaches {
   void thread_exiting(ThreadCache* cache);  // the owner's thread ends
 
  private:
-  ThreadCache& mine();
+  // The calling thread's cache, made on first use; null once the thread has
+  // handed it back (it is ending).
+  ThreadCache* mine();
   template <typename Keep>
   void flush_if(Keep&& keep);
 

@@ -759,6 +759,17 @@ class Lifecycle(ShimTest):
         self.assertSucceeded(run)
         self.assertEqual(run.report()["devices"]["0"]["leaks"]["blocks"], 0)
 
+    def test_frees_in_thread_local_destructors_after_the_threads_cache_is_gone_reach_the_pool(self):
+        # The program's thread_local, made before the thread's first CUDA
+        # call, is destroyed after gpupool's cache holder: its frees found
+        # the deleted cache (a use after free under ASan; without it, the
+        # blocks were stranded and reported leaked).
+        run = self.run_program(["test-lifecycle", "thread-exit"])
+        self.assertSucceeded(run)
+        device = run.report()["devices"]["0"]
+        self.assertEqual(device["leaks"]["blocks"], 0)
+        self.assertEqual(device["stats"]["allocation.all.freed"], device["stats"]["allocation.all.allocated"])
+
     def test_forked_child_writes_no_report_of_its_parent(self):
         run = self.run_program(["test-lifecycle", "fork"], env=NO_LEAK_CHECK_AFTER_FORK)
         self.assertSucceeded(run)

@@ -27,6 +27,9 @@
 //              has it make 5 pairs of each kind and one block from the
 //              default memory pool, then allocates one block through the
 //              runtime
+//   thread-exit  with thread caches on, a thread frees blocks from the
+//              destructor of a thread_local made before its first CUDA call
+//              (so run after gpupool's own thread-exit cleanup)
 //   driver LIB none|stream|alloc [fork]
 //              loads LIB as the CUDA driver (as a program's own static
 //              runtime would), then makes no CUDA call, only stream calls, or
@@ -55,6 +58,18 @@ struct FreedAtExit {
   }
 };
 FreedAtExit g_static_block;
+
+// A thread's blocks, freed in their stream's order when the thread ends.
+struct FreedAtThreadExit {
+  std::vector<void*> blocks;
+  cudaStream_t stream = nullptr;
+  ~FreedAtThreadExit() {
+    for (void* p : blocks) {
+      if (cudaFreeAsync(p, stream) != cudaSuccess) std::abort();
+    }
+    if (cudaStreamSynchronize(stream) != cudaSuccess) std::abort();
+  }
+};
 
 }  // namespace
 
@@ -147,6 +162,26 @@ int main(int argc, char** argv) {
     }
     CHECK_CUDA(cudaStreamSynchronize(nullptr));
     std::printf("lifecycle: reset\n");
+    return 0;
+  }
+  if (mode == "thread-exit") {
+    testprog::turn_thread_caches_on();
+    cudaStream_t stream = nullptr;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    std::thread([stream] {
+      thread_local FreedAtThreadExit mine;  // made now, before this thread's first CUDA call
+      mine.stream = stream;
+      for (size_t size : {size_t{4096}, size_t{1} << 20}) {
+        void* p = nullptr;
+        CHECK_CUDA(cudaMallocAsync(&p, size, stream));
+        mine.blocks.push_back(p);
+      }
+      void* kept = nullptr;  // one block in this thread's cache when it ends
+      CHECK_CUDA(cudaMallocAsync(&kept, 8192, stream));
+      CHECK_CUDA(cudaFreeAsync(kept, stream));
+    }).join();
+    CHECK_CUDA(cudaStreamDestroy(stream));
+    std::printf("lifecycle: thread-exit\n");
     return 0;
   }
   if (mode == "trim") {
