@@ -11,7 +11,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <atomic>
 #include <barrier>
 #include <chrono>
 #include <cstdio>
@@ -51,7 +50,7 @@ int main(int argc, char** argv) {
   using Clock = std::chrono::steady_clock;
   std::vector<double> ns(static_cast<std::size_t>(threads));
   Clock::time_point start;
-  std::atomic<Clock::rep> last_end{0};
+  std::vector<Clock::time_point> ends(static_cast<std::size_t>(threads));
   std::barrier warmed(threads, [&]() noexcept { start = Clock::now(); });
   auto work = [&](int t) {
     cudaStream_t s = nullptr;
@@ -76,13 +75,10 @@ int main(int argc, char** argv) {
       pair(mine[i]);
       if (++i == mine.size()) i = 0;
     }
-    const Clock::time_point end = Clock::now();
+    ends[static_cast<std::size_t>(t)] = Clock::now();
     ns[static_cast<std::size_t>(t)] =
-        std::chrono::duration<double, std::nano>(end - start).count() / static_cast<double>(pairs);
-    Clock::rep seen = last_end.load();
-    while (seen < end.time_since_epoch().count() &&
-           !last_end.compare_exchange_weak(seen, end.time_since_epoch().count())) {
-    }
+        std::chrono::duration<double, std::nano>(ends[static_cast<std::size_t>(t)] - start).count() /
+        static_cast<double>(pairs);
     if (async) {
       cudaStreamSynchronize(s);
       cudaStreamDestroy(s);
@@ -91,8 +87,7 @@ int main(int argc, char** argv) {
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) pool.emplace_back(work, t);
   for (std::thread& th : pool) th.join();
-  const double seconds =
-      std::chrono::duration<double>(Clock::time_point(Clock::duration(last_end.load())) - start).count();
+  const double seconds = std::chrono::duration<double>(*std::max_element(ends.begin(), ends.end()) - start).count();
   for (cudaStream_t s : idle_streams) cudaStreamDestroy(s);
   double mean = 0;
   for (double v : ns) mean += v / threads;

@@ -102,8 +102,7 @@ void Runtime::at_exit() {
     DeviceState* d = existing(i);
     if (d == nullptr) continue;
     std::lock_guard<AdaptiveMutex> lock(d->mu);
-    for (const DeviceState::ForeignFree& f : d->foreign_frees) d->pool->deallocate(f.ptr, kAnyStream);
-    d->foreign_frees.clear();
+    settle_foreign_frees(*d, false);
   }
   write_report("exit");
   // A forked child's CUDA was its parent's, which speaks for it.

@@ -308,6 +308,14 @@ FreeResult Runtime::free_foreign(DeviceState& d, DevicePtr ptr, StreamId site, i
   return d.pool->deallocate(ptr, kAnyStream);
 }
 
+void Runtime::settle_foreign_frees(DeviceState& d, bool destroy_events) {
+  for (const DeviceState::ForeignFree& f : d.foreign_frees) {
+    d.pool->deallocate(f.ptr, kAnyStream);
+    if (destroy_events && f.event != 0) d.upstream.destroy_event(f.event);
+  }
+  d.foreign_frees.clear();
+}
+
 void Runtime::return_foreign_frees(DeviceState& d, bool wait, int reset_device) {
   std::size_t kept = 0;
   for (DeviceState::ForeignFree f : d.foreign_frees) {
@@ -471,13 +479,8 @@ void Runtime::device_reset(int dev) {
   {
     std::lock_guard<AdaptiveMutex> lock(d->mu);
     // Frees still waiting on another device's stream were the program's own
-    // (and traced when made): count them as frees, not as losses to the
-    // reset, as at exit. Their events are another device's.
-    for (const DeviceState::ForeignFree& f : d->foreign_frees) {
-      d->pool->deallocate(f.ptr, kAnyStream);
-      if (f.event != 0) d->upstream.destroy_event(f.event);
-    }
-    d->foreign_frees.clear();
+    // (and traced when made): frees, not losses to the reset.
+    settle_foreign_frees(*d, true);
     if (trace_) {
       // The reset frees what the program still holds here: traced as frees,
       // so that the trace stays a history gpupool-replay can follow.

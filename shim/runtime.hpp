@@ -174,6 +174,11 @@ class Runtime {
   // `reset_device`, only those whose event is that device's, which its reset
   // is about to destroy: each is waited for, and no longer queried after.
   void return_foreign_frees(DeviceState& d, bool wait, int reset_device = -1);
+  // Counts d's frees still waiting on another device's stream as freed, and
+  // forgets them: the memory goes with a reset or the process, so they are
+  // not waited for (d.mu held). destroy_events: the device that recorded the
+  // events is still there to take them back (not at exit).
+  void settle_foreign_frees(DeviceState& d, bool destroy_events);
   static void give_back_cached(const CachedBlock& block);
 
   config::Config config_;
