@@ -133,6 +133,7 @@ void Runtime::at_exit() {
 // sites' (a report names the sites of leaks with it held) and the trace's
 // (a free is traced with it held).
 void Runtime::before_fork() {
+  inherited_.reserve(inherited_.size() + kMaxDevices);  // the child's handler must not allocate
   devices_mu_.lock();
   streams_mu_.lock();
   for (int i = 0; i < kMaxDevices; ++i) {
@@ -152,31 +153,22 @@ void Runtime::after_fork_parent() {
   devices_mu_.unlock();
 }
 
+// The parent's pools, streams and buffered trace lines are the parent's. The
+// child starts empty and reports only what it does itself. Nothing here
+// allocates or frees: another thread of the parent may have held an
+// allocator's lock (ASan's, say) at the fork, and only the allocator's own
+// handlers know to reset it.
 void Runtime::after_fork_child() {
-  after_fork_parent();
-  // The parent's pools, streams and buffered trace lines are the parent's. The
-  // child starts empty and reports only what it does itself.
   for (int i = 0; i < kMaxDevices; ++i) {
-    if (DeviceState* d = devices_[i].exchange(nullptr)) inherited_.push_back(d);  // kept, never used
+    if (DeviceState* d = devices_[i].exchange(nullptr)) inherited_.push_back(d);  // room made before the fork
   }
-  stream_devices_.clear();
+  parents_streams_ = true;
   streams_generation_.fetch_add(1);
   caches_.disable_after_fork();
   used_.store(false);
   forked_child_ = true;
-  if (trace_) {
-    // A child traces to its own file when the template names one (%p);
-    // otherwise it would write into the parent's, so it does not trace.
-    trace_->forget_buffer();
-    const std::string path = expand_path_template(config_.trace);
-    auto child_trace = std::make_unique<TraceWriter>();
-    if (path != trace_path_ && child_trace->open(config_.trace)) {
-      trace_ = std::move(child_trace);
-      trace_path_ = path;
-    } else {
-      (void)trace_.release();  // the parent's file stays the parent's
-    }
-  }
+  if (trace_) trace_->after_fork_child();
+  after_fork_parent();
 }
 
 }  // namespace gpupool::shim

@@ -112,14 +112,19 @@ std::string expand_path_template(const std::string& pattern, int device) {
   return out;
 }
 
-bool names_device(const std::string& pattern) {
+namespace {
+bool names_field(const std::string& pattern, char field) {
   for (std::size_t i = 0; i + 1 < pattern.size(); ++i) {
     if (pattern[i] != '%') continue;
-    if (pattern[i + 1] == 'd') return true;
+    if (pattern[i + 1] == field) return true;
     ++i;  // %% and the other fields
   }
   return false;
 }
+}  // namespace
+
+bool names_device(const std::string& pattern) { return names_field(pattern, 'd'); }
+bool names_process(const std::string& pattern) { return names_field(pattern, 'p'); }
 
 void write_report_file(const config::Config& config, const std::vector<config::Problem>& problems,
                        const std::vector<std::string>& notes, const std::vector<DeviceState*>& devices, CallSites& call_sites, StreamCaches& caches,

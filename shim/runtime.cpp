@@ -62,7 +62,6 @@ Runtime::Runtime() {
     auto trace = std::make_unique<TraceWriter>();
     if (trace->open(config_.trace)) {
       trace_ = std::move(trace);
-      trace_path_ = expand_path_template(config_.trace);
     } else {
       message(config::LogLevel::Error, "gpupool: GPUPOOL_TRACE: cannot write '" +
                                            expand_path_template(config_.trace) + "'; not tracing");
@@ -99,11 +98,12 @@ int Runtime::current_device() const {
   return dev >= 0 && dev < kMaxDevices ? dev : 0;
 }
 
-int Runtime::device_of(StreamId stream) const {
+int Runtime::device_of(StreamId stream) {
   if (stream != kLegacyStream && !is_per_thread_id(stream)) {
     std::lock_guard<std::mutex> lock(streams_mu_);
-    auto it = stream_devices_.find(stream);
-    if (it != stream_devices_.end()) return it->second;
+    const auto& streams = streams_locked();
+    auto it = streams.find(stream);
+    if (it != streams.end()) return it->second;
   }
   return current_device();
 }
@@ -351,12 +351,20 @@ void Runtime::warn_oom(const DeviceState& d) {
 
 // ---------------------------------------------------------------- streams
 
+std::unordered_map<StreamId, int>& Runtime::streams_locked() {
+  if (parents_streams_) {
+    stream_devices_.clear();
+    parents_streams_ = false;
+  }
+  return stream_devices_;
+}
+
 void Runtime::stream_created(cudaStream_t stream, unsigned flags) {
   const StreamId id = reinterpret_cast<StreamId>(stream);
   const int dev = current_device();
   {
     std::lock_guard<std::mutex> lock(streams_mu_);
-    stream_devices_[id] = dev;
+    streams_locked()[id] = dev;
   }
   streams_generation_.fetch_add(1, std::memory_order_acq_rel);
   DeviceState& d = device(dev);
@@ -378,8 +386,9 @@ void Runtime::ensure_known(StreamId stream, int dev) {
   }
   {
     std::lock_guard<std::mutex> lock(streams_mu_);
-    if (stream_devices_.count(stream) != 0) return;
-    stream_devices_[stream] = dev;
+    auto& streams = streams_locked();
+    if (streams.count(stream) != 0) return;
+    streams[stream] = dev;
   }
   // A stream created where gpupool could not see it: ask its kind.
   unsigned flags = cudaStreamNonBlocking;
@@ -398,10 +407,11 @@ void Runtime::stream_destroying(cudaStream_t stream) {
   int dev = -1;
   {
     std::lock_guard<std::mutex> lock(streams_mu_);
-    auto it = stream_devices_.find(id);
-    if (it == stream_devices_.end()) return;
+    auto& streams = streams_locked();
+    auto it = streams.find(id);
+    if (it == streams.end()) return;
     dev = it->second;
-    stream_devices_.erase(it);
+    streams.erase(it);
   }
   streams_generation_.fetch_add(1, std::memory_order_acq_rel);
   // Blocks threads keep for this stream go back first: once it is gone, its

@@ -89,7 +89,7 @@ class Runtime {
   cudaError_t synchronize_device(int device);
 
   int current_device() const;
-  int device_of(StreamId stream) const;
+  int device_of(StreamId stream);
   void stream_created(cudaStream_t stream, unsigned flags);
   void stream_destroying(cudaStream_t stream);
   // The device of a stream a call names, after registering the stream with
@@ -190,15 +190,21 @@ class Runtime {
   bool forked_child_ = false;       // CUDA was the parent's to use
   std::atomic<DeviceState*> devices_[kMaxDevices] = {};
   std::mutex devices_mu_;  // creation of device states
-  std::vector<DeviceState*> inherited_;  // a forked child's copies of the parent's pools
+  // A forked child's copies of the parent's pools, kept and never used.
+  // Room for one more fork's is made before it: the child's handler must not
+  // allocate (another thread may have held an allocator's lock at the fork).
+  std::vector<DeviceState*> inherited_;
   std::vector<std::pair<int, int>> peer_grants_;  // (accessor, owner), also for pools made later
-  mutable std::mutex streams_mu_;
+  // stream_devices_ with streams_mu_ held: in a forked child, the parent's
+  // streams are dropped at the child's first use, not in its fork handler.
+  std::unordered_map<StreamId, int>& streams_locked();
+  std::mutex streams_mu_;
   std::unordered_map<StreamId, int> stream_devices_;
+  bool parents_streams_ = false;  // guarded by streams_mu_
   std::atomic<std::uint64_t> streams_generation_{1};  // bumped when streams come or go
   SteadyClock clock_;  // from gpupool's start: the report's times and its run length
   CallSites call_sites_;
   std::unique_ptr<TraceWriter> trace_;
-  std::string trace_path_;
   std::atomic<int> oom_warnings_{0};
   std::atomic<int> captures_active_{0};  // per-thread caches stand aside while any capture runs
   std::atomic<bool> own_pool_current_[kMaxDevices] = {};  // see current_pool_set

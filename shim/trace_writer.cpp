@@ -106,15 +106,15 @@ bool TraceWriter::open_output(Output& out, const std::string& path) {
 
 TraceWriter::Output& TraceWriter::output_for(int device) {
   if (device >= 0 && device < 64) devices_seen_ |= std::uint64_t{1} << device;
-  if (!per_device_) return outputs_[0];
-  const auto index = static_cast<std::size_t>(std::max(device, 0));
+  const auto index = per_device_ ? static_cast<std::size_t>(std::max(device, 0)) : 0;
   if (outputs_.size() <= index) outputs_.resize(index + 1);
   Output& out = outputs_[index];
   if (!out.tried) {
     const std::string path = expand_path_template(template_, device);
     if (!open_output(out, path)) {
-      message(config::LogLevel::Error, "gpupool: GPUPOOL_TRACE: cannot write '" + path + "'; device " +
-                                           std::to_string(device) + " not traced");
+      message(config::LogLevel::Error, "gpupool: GPUPOOL_TRACE: cannot write '" + path + "'; " +
+                                           (per_device_ ? "device " + std::to_string(device) : std::string("it is")) +
+                                           " not traced");
     }
   }
   return out;
@@ -193,9 +193,16 @@ void TraceWriter::flush_output(Output& out) {
   out.buffer.clear();
 }
 
-void TraceWriter::forget_buffer() {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (Output& o : outputs_) o.buffer.clear();
+void TraceWriter::after_fork_child() {
+  for (Output& o : outputs_) {
+    if (o.fd >= 0) ::close(o.fd);  // the child's copy
+    o.fd = -1;
+    o.tried = false;
+    o.buffer.clear();  // keeps its storage
+  }
+  devices_seen_ = 0;
+  unwritten_full_.store(false, std::memory_order_relaxed);
+  if (!names_process(template_)) opened_ = false;
 }
 
 int TraceWriter::devices_in_one_file() const {

@@ -29,8 +29,11 @@ class TraceWriter {
   void record(Action action, DevicePtr ptr, std::size_t size, StreamId stream, int device, bool may_write = true);
   void write_full_buffers();
   void flush();
-  // In a forked child: the parent's buffered lines are the parent's to write.
-  void forget_buffer();
+  // In a forked child, before any other call (allocates nothing): the
+  // parent's files and buffered lines are the parent's. The child traces to
+  // its own files, opened at its first record, when the template names the
+  // process (%p); otherwise it would write into the parent's, so it does not.
+  void after_fork_child();
   // Devices recorded into one file (a template without %d), and that file.
   int devices_in_one_file() const;
   std::string one_file() const;
@@ -44,7 +47,7 @@ class TraceWriter {
     bool tried = false;  // opened, or failed to: not tried again
     std::string buffer;
   };
-  Output& output_for(int device);  // with mu_ held
+  Output& output_for(int device);  // with mu_ held; opens the output at its first use
   bool open_output(Output& out, const std::string& path);
   static void flush_output(Output& out);
 

@@ -1,6 +1,8 @@
 """The shim under real programs: data integrity, reuse, fidelity with the
 runtime, the exported interface, process lifecycle."""
+import csv
 import glob
+import json
 import os
 import platform
 import re
@@ -784,6 +786,47 @@ class Lifecycle(ShimTest):
                                         GPUPOOL_LOG=os.path.join(self.workdir, "report.json"),
                                         GPUPOOL_TRACE=os.path.join(self.workdir, "trace.csv")))
         self.assertSucceeded(run)
+
+    def test_fork_handlers_in_the_child_touch_no_heap(self):
+        # Another thread may hold an allocator's lock at the fork (ASan's
+        # stack depot, say): a heap call in the child's handler could wait
+        # for it for good. The trace, call sites and thread caches are on.
+        run = self.run_program(["test-fork", "handlers"], env=dict(
+            NO_LEAK_CHECK_AFTER_FORK, GPUPOOL_BACKTRACE="1",
+            GPUPOOL_TRACE=os.path.join(self.workdir, "trace-%p.csv")))
+        self.assertSucceeded(run)
+        result = run.output_json()
+        if result.get("skipped"):
+            self.assertIsNotNone(sanitizer_runtime())  # a sanitizer's allocator cannot be wrapped
+            return
+        self.assertEqual(result, {"child_heap_calls": 0})
+
+    def test_a_forked_child_traces_and_reports_only_its_own_calls(self):
+        # The parent: 1 MiB plain, 3 MiB stream-ordered; the child: 2 and 4 MiB.
+        parent, child = {1 << 20, 3 << 20}, {2 << 20, 4 << 20}
+        for template, processes in (("trace-%p.csv", 2), ("trace.csv", 1)):
+            with self.subTest(template=template):
+                for path in glob.glob(os.path.join(self.workdir, "*")):
+                    os.remove(path)
+                run = self.run_program(["test-fork", "child-uses-cuda"], env=dict(
+                    NO_LEAK_CHECK_AFTER_FORK, GPUPOOL_TRACE=os.path.join(self.workdir, template)))
+                self.assertSucceeded(run)
+                traced = []
+                for path in sorted(glob.glob(os.path.join(self.workdir, "trace*.csv"))):
+                    with open(path) as f:
+                        rows = list(csv.reader(f))
+                    self.assertEqual(rows[0], ["Thread", "Time", "Action", "Pointer", "Size", "Stream"])
+                    sizes = sorted(int(r[4]) for r in rows[1:])
+                    self.assertEqual(sorted(r[2] for r in rows[1:]), ["allocate"] * 2 + ["free"] * 2, path)
+                    traced.append(set(sizes))
+                # Without %p the child would write into the parent's file: it does not trace.
+                self.assertCountEqual(traced, [parent, child][:processes])
+                reported = []
+                for path in run.reports():
+                    with open(path) as f:
+                        stats = json.load(f)["devices"]["0"]["stats"]
+                    reported.append(stats["allocation.all.allocated"])
+                self.assertEqual(reported, [2, 2])  # each process its own two
 
     def test_nothing_from_before_a_device_reset_is_handed_out_after_it(self):
         # Blocks kept in a thread's cache when the device is reset are gone

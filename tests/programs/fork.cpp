@@ -1,0 +1,139 @@
+// A CUDA program that forks, one mode per run:
+//   handlers   uses CUDA (plain and stream-ordered calls, a stream of its
+//              own, thread caches on), then forks; prints as JSON how many
+//              heap calls (malloc, free and kin) the child made before fork()
+//              returned in it, that is in the fork handlers. Another thread
+//              may hold an allocator's lock at the fork, so they must make
+//              none. Under a sanitizer, whose allocator this program cannot
+//              wrap, prints {"skipped": true}.
+//   child-uses-cuda  makes a plain pair of 1 MiB and a stream-ordered pair
+//              of 3 MiB, forks a child that makes a plain pair of 2 MiB and a
+//              stream-ordered pair of 4 MiB on the parent's stream (the
+//              simulated runtime lets it), and waits for it
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <string>
+
+#include "common.hpp"
+
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define COUNTS_HEAP_CALLS 1
+// This program's heap calls, glibc's underneath: each counts while armed in
+// a process other than the one that armed it (the child, until fork returns).
+extern "C" {
+void* __libc_malloc(size_t);
+void* __libc_calloc(size_t, size_t);
+void* __libc_realloc(void*, size_t);
+void* __libc_memalign(size_t, size_t);
+void __libc_free(void*);
+}
+
+namespace {
+std::atomic<long> g_armed_by{0};  // the pid that armed the count; 0: off
+std::atomic<int> g_child_heap_calls{0};
+
+void count_heap_call() {
+  const long armed_by = g_armed_by.load(std::memory_order_relaxed);
+  if (armed_by != 0 && syscall(SYS_getpid) != armed_by) g_child_heap_calls.fetch_add(1);
+}
+}  // namespace
+
+extern "C" {
+void* malloc(size_t n) {
+  count_heap_call();
+  return __libc_malloc(n);
+}
+void* calloc(size_t n, size_t size) {
+  count_heap_call();
+  return __libc_calloc(n, size);
+}
+void* realloc(void* p, size_t n) {
+  count_heap_call();
+  return __libc_realloc(p, n);
+}
+void free(void* p) {
+  if (p != nullptr) count_heap_call();
+  __libc_free(p);
+}
+void* memalign(size_t alignment, size_t n) {
+  count_heap_call();
+  return __libc_memalign(alignment, n);
+}
+void* aligned_alloc(size_t alignment, size_t n) {
+  count_heap_call();
+  return __libc_memalign(alignment, n);
+}
+int posix_memalign(void** out, size_t alignment, size_t n) {
+  count_heap_call();
+  void* p = __libc_memalign(alignment, n);
+  if (p == nullptr) return ENOMEM;
+  *out = p;
+  return 0;
+}
+}
+#endif
+
+namespace {
+
+void use_cuda(size_t plain_bytes, size_t ordered_bytes, cudaStream_t stream) {
+  void* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, plain_bytes));
+  CHECK_CUDA(cudaFree(p));
+  CHECK_CUDA(cudaMallocAsync(&p, ordered_bytes, stream));
+  CHECK_CUDA(cudaFreeAsync(p, stream));
+}
+
+int wait_for(pid_t child) {
+  int status = 0;
+  if (waitpid(child, &status, 0) != child || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "handlers") {
+#ifdef COUNTS_HEAP_CALLS
+    testprog::turn_thread_caches_on();
+    cudaStream_t stream = nullptr;
+    CHECK_CUDA(cudaStreamCreate(&stream));
+    use_cuda(1 << 20, 3 << 20, stream);
+    use_cuda(1 << 20, 3 << 20, cudaStreamPerThread);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    g_armed_by.store(syscall(SYS_getpid));
+    const pid_t child = fork();
+    if (child == 0) {
+      const int calls = g_child_heap_calls.load();
+      g_armed_by.store(0);
+      _exit(calls < 100 ? calls : 100);
+    }
+    g_armed_by.store(0);
+    std::printf("{\"child_heap_calls\": %d}\n", wait_for(child));
+    CHECK_CUDA(cudaStreamDestroy(stream));
+#else
+    std::printf("{\"skipped\": true}\n");
+#endif
+    return 0;
+  }
+  if (mode == "child-uses-cuda") {
+    cudaStream_t stream = nullptr;
+    CHECK_CUDA(cudaStreamCreate(&stream));
+    use_cuda(1 << 20, 3 << 20, stream);
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    const pid_t child = fork();
+    if (child == 0) {
+      use_cuda(2 << 20, 4 << 20, stream);
+      std::exit(0);  // runs the child's exit handlers: its trace and report
+    }
+    EXPECT(wait_for(child) == 0);
+    CHECK_CUDA(cudaStreamDestroy(stream));
+    return 0;
+  }
+  std::fprintf(stderr, "usage: fork handlers|child-uses-cuda\n");
+  return 64;
+}
