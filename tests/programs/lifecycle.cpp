@@ -29,7 +29,8 @@
 //              runtime
 //   thread-exit  with thread caches on, a thread frees blocks from the
 //              destructor of a thread_local made before its first CUDA call
-//              (so run after gpupool's own thread-exit cleanup)
+//              (so run after gpupool's own thread-exit cleanup), then
+//              allocates, fills, checks and frees one more there
 //   driver LIB none|stream|alloc [fork]
 //              loads LIB as the CUDA driver (as a program's own static
 //              runtime would), then makes no CUDA call, only stream calls, or
@@ -59,7 +60,8 @@ struct FreedAtExit {
 };
 FreedAtExit g_static_block;
 
-// A thread's blocks, freed in their stream's order when the thread ends.
+// A thread's blocks, freed in their stream's order when the thread ends;
+// then one more block is allocated, filled and freed there.
 struct FreedAtThreadExit {
   std::vector<void*> blocks;
   cudaStream_t stream = nullptr;
@@ -67,6 +69,12 @@ struct FreedAtThreadExit {
     for (void* p : blocks) {
       if (cudaFreeAsync(p, stream) != cudaSuccess) std::abort();
     }
+    void* late = nullptr;
+    if (cudaMallocAsync(&late, 8192, stream) != cudaSuccess) std::abort();
+    if (cudaMemsetAsync(late, 0x5a, 8192, stream) != cudaSuccess) std::abort();
+    if (cudaStreamSynchronize(stream) != cudaSuccess) std::abort();
+    if (!testprog::holds(late, 8192, 0x5a)) std::abort();
+    if (cudaFreeAsync(late, stream) != cudaSuccess) std::abort();
     if (cudaStreamSynchronize(stream) != cudaSuccess) std::abort();
   }
 };
