@@ -159,6 +159,7 @@ void Runtime::after_fork_parent() {
 // allocator's lock (ASan's, say) at the fork, and only the allocator's own
 // handlers know to reset it.
 void Runtime::after_fork_child() {
+  after_fork_parent();  // the child is this one thread now
   for (int i = 0; i < kMaxDevices; ++i) {
     if (DeviceState* d = devices_[i].exchange(nullptr)) inherited_.push_back(d);  // room made before the fork
   }
@@ -168,7 +169,6 @@ void Runtime::after_fork_child() {
   used_.store(false);
   forked_child_ = true;
   if (trace_) trace_->after_fork_child();
-  after_fork_parent();
 }
 
 }  // namespace gpupool::shim
