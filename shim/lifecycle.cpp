@@ -129,16 +129,20 @@ void Runtime::at_exit() {
   }
 }
 
-// In the order the other paths nest them: a pool's lock before the call
-// sites' (a report names the sites of leaks with it held) and the trace's
-// (a free is traced with it held).
+// In the order the other paths nest them: the caches' flush lock before a
+// pool's (a flush gives blocks back to it), and a pool's before the caches'
+// registry and the call sites' (a report reads the caches' traffic and names
+// the sites of leaks with it held) and the trace's (a free is traced with it
+// held).
 void Runtime::before_fork() {
   inherited_.reserve(inherited_.size() + kMaxDevices);  // the child's handler must not allocate
+  caches_.flush_mutex().lock();
   devices_mu_.lock();
   streams_mu_.lock();
   for (int i = 0; i < kMaxDevices; ++i) {
     if (DeviceState* d = existing(i)) d->mu.lock();
   }
+  caches_.registry_mutex().lock();
   call_sites_.mutex().lock();
   if (trace_) trace_->mutex().lock();
 }
@@ -146,11 +150,13 @@ void Runtime::before_fork() {
 void Runtime::after_fork_parent() {
   if (trace_) trace_->mutex().unlock();
   call_sites_.mutex().unlock();
+  caches_.registry_mutex().unlock();
   for (int i = kMaxDevices - 1; i >= 0; --i) {
     if (DeviceState* d = existing(i)) d->mu.unlock();
   }
   streams_mu_.unlock();
   devices_mu_.unlock();
+  caches_.flush_mutex().unlock();
 }
 
 // The parent's pools, streams and buffered trace lines are the parent's. The

@@ -271,6 +271,7 @@ void StreamCaches::flush_stream(StreamId stream) {
 }
 
 void StreamCaches::forget_device(int device) {
+  if (forked_) return;  // the live table is the parent's, and the child caches nothing
   flush_if([device](const CachedBlock& b) { return b.block.device != device; });
   live_.forget_device(device);
 }
@@ -295,6 +296,9 @@ void StreamCaches::disable_after_fork() {
   forked_ = true;
   enabled_.store(false);
   t_slot.cache = nullptr;  // the parent thread's cache stays with the parent's pools
+  // A forked process makes no cache, so a grandchild finds none here.
+  if (parents_caches_.empty()) parents_caches_.swap(caches_);
+  for (CacheTraffic& t : ended_) t = CacheTraffic{};
 }
 
 }  // namespace gpupool::shim

@@ -192,8 +192,15 @@ class StreamCaches {
   // to the pool (which then holds as allocated only what the program does,
   // and forgets it all), and no live entry of it is kept.
   void forget_device(int device);
-  // In a forked child: the parent's caches belong to pools the child does not
-  // use; they are left alone (their locks may be held) and caching stays off.
+  // Held across fork() so that the child never inherits them locked: the
+  // flush lock before any pool's, the registry's after them (a report reads
+  // the caches' traffic with a pool's lock held).
+  std::mutex& flush_mutex() { return flush_mu_; }
+  std::mutex& registry_mutex() { return registry_mu_; }
+  // In a forked child (allocates nothing): the parent's caches, their
+  // traffic and its live blocks belong to pools the child does not use. The
+  // caches are set aside untouched (another thread may have held their
+  // locks), the traffic forgotten, and caching stays off.
   void disable_after_fork();
 
   LiveTable& live() { return live_; }
@@ -219,6 +226,7 @@ class StreamCaches {
   std::mutex flush_mu_;
   std::mutex registry_mu_;
   std::vector<ThreadCache*> caches_;
+  std::vector<ThreadCache*> parents_caches_;  // in a forked child: kept, never used
   std::vector<CacheTraffic> ended_;  // by device, of threads that have ended
   LiveTable live_;
 };

@@ -1,5 +1,6 @@
 """The shim under real programs: data integrity, reuse, fidelity with the
 runtime, the exported interface, process lifecycle."""
+import collections
 import csv
 import glob
 import json
@@ -806,8 +807,11 @@ class Lifecycle(ShimTest):
         self.assertEqual(result, {"child_heap_calls": 0})
 
     def test_a_forked_child_traces_and_reports_only_its_own_calls(self):
-        # The parent: 1 MiB plain, 3 MiB stream-ordered; the child: 2 and 4 MiB.
-        parent, child = {1 << 20, 3 << 20}, {2 << 20, 4 << 20}
+        # The parent: a second thread's 512 bytes (thread caches on), then
+        # 1 MiB plain and 3 MiB stream-ordered twice (the second 3 MiB a
+        # hit in its thread's cache); the child: 2 MiB and 4 MiB.
+        parent = {512: 1, 1 << 20: 2, 3 << 20: 2}
+        child = {2 << 20: 1, 4 << 20: 1}
         for template, processes in (("trace-%p.csv", 2), ("trace.csv", 1)):
             with self.subTest(template=template):
                 for path in glob.glob(os.path.join(self.workdir, "*")):
@@ -820,17 +824,20 @@ class Lifecycle(ShimTest):
                     with open(path) as f:
                         rows = list(csv.reader(f))
                     self.assertEqual(rows[0], ["Thread", "Time", "Action", "Pointer", "Size", "Stream"])
-                    sizes = sorted(int(r[4]) for r in rows[1:])
-                    self.assertEqual(sorted(r[2] for r in rows[1:]), ["allocate"] * 2 + ["free"] * 2, path)
-                    traced.append(set(sizes))
+                    allocated = collections.Counter(int(r[4]) for r in rows[1:] if r[2] == "allocate")
+                    freed = collections.Counter(int(r[4]) for r in rows[1:] if r[2] == "free")
+                    self.assertEqual(allocated, freed, path)
+                    traced.append(dict(allocated))
                 # Without %p the child would write into the parent's file: it does not trace.
                 self.assertCountEqual(traced, [parent, child][:processes])
                 reported = []
                 for path in run.reports():
                     with open(path) as f:
-                        stats = json.load(f)["devices"]["0"]["stats"]
-                    reported.append(stats["allocation.all.allocated"])
-                self.assertEqual(reported, [2, 2])  # each process its own two
+                        device = json.load(f)["devices"]["0"]
+                    self.assertEqual(device["leaks"]["blocks"], 0, path)
+                    reported.append((device["stats"]["allocation.all.allocated"],
+                                     device["stats"]["allocation.all.freed"]))
+                self.assertCountEqual(reported, [(5, 5), (2, 2)])
 
     def test_nothing_from_before_a_device_reset_is_handed_out_after_it(self):
         # Blocks kept in a thread's cache when the device is reset are gone

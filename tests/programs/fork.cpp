@@ -6,8 +6,9 @@
 //              may hold an allocator's lock at the fork, so they must make
 //              none. Under a sanitizer, whose allocator this program cannot
 //              wrap, prints {"skipped": true}.
-//   child-uses-cuda  makes a plain pair of 1 MiB and a stream-ordered pair
-//              of 3 MiB, forks a child that makes a plain pair of 2 MiB and a
+//   child-uses-cuda  with thread caches on (a second thread's pair of 512
+//              bytes), makes a plain pair of 1 MiB and a stream-ordered pair
+//              of 3 MiB twice, forks a child that makes a plain pair of 2 MiB and a
 //              stream-ordered pair of 4 MiB on the parent's stream (the
 //              simulated runtime lets it), and waits for it
 #include <sys/syscall.h>
@@ -121,9 +122,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "child-uses-cuda") {
+    testprog::turn_thread_caches_on();  // the parent's blocks and counts in threads' caches are the parent's
     cudaStream_t stream = nullptr;
     CHECK_CUDA(cudaStreamCreate(&stream));
-    use_cuda(1 << 20, 3 << 20, stream);
+    for (int i = 0; i < 2; ++i) use_cuda(1 << 20, 3 << 20, stream);  // the second pairs are cache hits
     CHECK_CUDA(cudaStreamSynchronize(stream));
     const pid_t child = fork();
     if (child == 0) {
