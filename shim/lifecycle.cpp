@@ -133,7 +133,7 @@ void Runtime::at_exit() {
 // pool's (a flush gives blocks back to it), and a pool's before the caches'
 // registry and the call sites' (a report reads the caches' traffic and names
 // the sites of leaks with it held) and the trace's (a free is traced with it
-// held).
+// held); the messages' lock last.
 void Runtime::before_fork() {
   inherited_.reserve(inherited_.size() + kMaxDevices);  // the child's handler must not allocate
   caches_.flush_mutex().lock();
@@ -145,9 +145,11 @@ void Runtime::before_fork() {
   caches_.registry_mutex().lock();
   call_sites_.mutex().lock();
   if (trace_) trace_->mutex().lock();
+  messages_mutex().lock();
 }
 
 void Runtime::after_fork_parent() {
+  messages_mutex().unlock();
   if (trace_) trace_->mutex().unlock();
   call_sites_.mutex().unlock();
   caches_.registry_mutex().unlock();

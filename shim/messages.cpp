@@ -5,18 +5,21 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 
 namespace gpupool::shim {
 
 namespace {
 
 std::atomic<config::LogLevel> g_level{config::LogLevel::Info};
+// Ours, not spdlog's console lock: fork's handlers hold it (see messages.hpp).
+std::mutex g_write_mu;
 
 // Not registered with spdlog's global registry: the host program may use spdlog
 // itself, and ours must never collide with or outlive its loggers.
 spdlog::logger& stderr_logger() {
   static spdlog::logger* logger = [] {
-    auto* l = new spdlog::logger("gpupool", std::make_shared<spdlog::sinks::stderr_sink_mt>());
+    auto* l = new spdlog::logger("gpupool", std::make_shared<spdlog::sinks::stderr_sink_st>());
     l->set_pattern("%v");
     l->set_level(spdlog::level::trace);
     return l;
@@ -30,8 +33,11 @@ void set_log_level(config::LogLevel level) { g_level.store(level); }
 
 void message(config::LogLevel level, const std::string& line) {
   if (level == config::LogLevel::Off || static_cast<int>(level) > static_cast<int>(g_level.load())) return;
+  std::lock_guard<std::mutex> lock(g_write_mu);
   stderr_logger().info(line);
   stderr_logger().flush();
 }
+
+std::mutex& messages_mutex() { return g_write_mu; }
 
 }  // namespace gpupool::shim

@@ -2,6 +2,7 @@
 // where a report went), filtered by GPUPOOL_LOG_LEVEL, written through spdlog.
 #pragma once
 
+#include <mutex>
 #include <string>
 
 #include "config/config.hpp"
@@ -10,5 +11,8 @@ namespace gpupool::shim {
 
 void set_log_level(config::LogLevel level);
 void message(config::LogLevel level, const std::string& line);
+// Held while a line is written, and across fork() (taken last: lines are
+// written with other locks held) so that a child never inherits it locked.
+std::mutex& messages_mutex();
 
 }  // namespace gpupool::shim

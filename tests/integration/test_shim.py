@@ -806,6 +806,14 @@ class Lifecycle(ShimTest):
             return
         self.assertEqual(result, {"child_heap_calls": 0})
 
+    def test_a_forked_child_writes_its_lines_while_another_thread_was_writing_one_at_the_fork(self):
+        # The thread is held inside gpupool's line (stderr a full pipe) when
+        # the program forks; the child's own line waited for good on the
+        # lock that thread held.
+        run = self.run_program(["test-fork", "message-at-fork"], env=NO_LEAK_CHECK_AFTER_FORK)
+        self.assertSucceeded(run)
+        self.assertEqual(run.output_json(), {"child_finished": True}, run.stderr)
+
     def test_a_forked_child_traces_and_reports_only_its_own_calls(self):
         # The parent: a second thread's 512 bytes (thread caches on), then
         # 1 MiB plain and 3 MiB stream-ordered twice (the second 3 MiB a

@@ -11,13 +11,22 @@
 //              of 3 MiB twice, forks a child that makes a plain pair of 2 MiB and a
 //              stream-ordered pair of 4 MiB on the parent's stream (the
 //              simulated runtime lets it), and waits for it
+//   message-at-fork  forks while another thread is held inside a line
+//              gpupool writes (stderr is a full pipe, drained only from
+//              300 ms on); the child has gpupool write a line too, which
+//              must not wait for good (the child is given 10 s)
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <string>
+#include <thread>
 
 #include "common.hpp"
 
@@ -94,6 +103,62 @@ int wait_for(pid_t child) {
   return WEXITSTATUS(status);
 }
 
+// A second cudaFree of a block: gpupool says so in a line on stderr, with
+// none of its other locks held.
+void free_twice() {
+  void* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, 4096));
+  CHECK_CUDA(cudaFree(p));
+  if (cudaFree(p) == cudaSuccess) std::_Exit(3);
+}
+
+int message_at_fork() {
+  const int saved_stderr = dup(2);
+  int pipe_fds[2];
+  if (saved_stderr < 0 || pipe(pipe_fds) != 0) return 1;
+  const auto say = [saved_stderr](const char* line) { (void)!write(saved_stderr, line, std::strlen(line)); };
+  // Fill the pipe: the next line written to stderr waits for a reader.
+  fcntl(pipe_fds[1], F_SETFL, O_NONBLOCK);
+  static char filler[4096];
+  std::memset(filler, '.', sizeof filler);
+  while (write(pipe_fds[1], filler, sizeof filler) > 0) {
+  }
+  fcntl(pipe_fds[1], F_SETFL, 0);
+  CHECK_CUDA(cudaFree(nullptr));  // gpupool and the device start before stderr is the pipe
+  dup2(pipe_fds[1], 2);
+  std::thread writer(free_twice);  // held in gpupool's line
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  std::thread drainer([fd = pipe_fds[0]] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    char buffer[4096];
+    while (read(fd, buffer, sizeof buffer) > 0) {
+    }
+  });
+  const pid_t child = fork();
+  if (child == 0) {
+    free_twice();
+    _exit(0);
+  }
+  int status = -1;
+  for (int waited_ms = 0; waited_ms < 10000; waited_ms += 10) {
+    if (waitpid(child, &status, WNOHANG) == child) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const bool hung = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  if (hung) {
+    kill(child, SIGKILL);
+    waitpid(child, &status, 0);
+  }
+  writer.join();
+  dup2(saved_stderr, 2);
+  close(pipe_fds[1]);
+  drainer.join();
+  close(pipe_fds[0]);
+  if (hung) say("fork: the child did not finish writing its line\n");
+  std::printf("{\"child_finished\": %s}\n", hung ? "false" : "true");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -136,6 +201,7 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaStreamDestroy(stream));
     return 0;
   }
-  std::fprintf(stderr, "usage: fork handlers|child-uses-cuda\n");
+  if (mode == "message-at-fork") return message_at_fork();
+  std::fprintf(stderr, "usage: fork handlers|child-uses-cuda|message-at-fork\n");
   return 64;
 }
