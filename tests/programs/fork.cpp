@@ -89,6 +89,11 @@ int posix_memalign(void** out, size_t alignment, size_t n) {
 
 namespace {
 
+// A child may use the simulated runtime only if none of its stream threads
+// held its lock at the fork (it has no fork handlers; real CUDA cannot be
+// used in such a child at all). Waiting for the device leaves them idle.
+void idle_streams_before_fork() { CHECK_CUDA(cudaDeviceSynchronize()); }
+
 void use_cuda(size_t plain_bytes, size_t ordered_bytes, cudaStream_t stream) {
   void* p = nullptr;
   CHECK_CUDA(cudaMalloc(&p, plain_bytes));
@@ -128,6 +133,7 @@ int message_at_fork() {
   dup2(pipe_fds[1], 2);
   std::thread writer(free_twice);  // held in gpupool's line
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  idle_streams_before_fork();
   std::thread drainer([fd = pipe_fds[0]] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     char buffer[4096];
@@ -191,7 +197,7 @@ int main(int argc, char** argv) {
     cudaStream_t stream = nullptr;
     CHECK_CUDA(cudaStreamCreate(&stream));
     for (int i = 0; i < 2; ++i) use_cuda(1 << 20, 3 << 20, stream);  // the second pairs are cache hits
-    CHECK_CUDA(cudaStreamSynchronize(stream));
+    idle_streams_before_fork();
     const pid_t child = fork();
     if (child == 0) {
       use_cuda(2 << 20, 4 << 20, stream);
