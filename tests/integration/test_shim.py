@@ -795,10 +795,11 @@ class Lifecycle(ShimTest):
     def test_fork_handlers_in_the_child_touch_no_heap(self):
         # Another thread may hold an allocator's lock at the fork (ASan's
         # stack depot, say): a heap call in the child's handler could wait
-        # for it for good. The trace, call sites and thread caches are on.
+        # for it for good. The trace, call sites and thread caches are on,
+        # on two devices.
         run = self.run_program(["test-fork", "handlers"], env=dict(
-            NO_LEAK_CHECK_AFTER_FORK, GPUPOOL_BACKTRACE="1",
-            GPUPOOL_TRACE=os.path.join(self.workdir, "trace-%p.csv")))
+            NO_LEAK_CHECK_AFTER_FORK, GPUPOOL_BACKTRACE="1", SIMCUDA_DEVICES="2",
+            GPUPOOL_TRACE=os.path.join(self.workdir, "trace-%p-dev%d.csv")))
         self.assertSucceeded(run)
         result = run.output_json()
         if result.get("skipped"):

@@ -1,6 +1,6 @@
 // A CUDA program that forks, one mode per run:
 //   handlers   uses CUDA (plain and stream-ordered calls, a stream of its
-//              own, thread caches on), then forks; prints as JSON how many
+//              own, thread caches on, every device), then forks; prints as JSON how many
 //              heap calls (malloc, free and kin) the child made before fork()
 //              returned in it, that is in the fork handlers. Another thread
 //              may hold an allocator's lock at the fork, so they must make
@@ -177,6 +177,14 @@ int main(int argc, char** argv) {
     use_cuda(1 << 20, 3 << 20, stream);
     use_cuda(1 << 20, 3 << 20, cudaStreamPerThread);
     CHECK_CUDA(cudaDeviceSynchronize());
+    int devices = 0;
+    CHECK_CUDA(cudaGetDeviceCount(&devices));
+    for (int device = 1; device < devices; ++device) {  // a pool on each device for the child to set aside
+      CHECK_CUDA(cudaSetDevice(device));
+      use_cuda(1 << 20, 3 << 20, cudaStreamPerThread);
+      CHECK_CUDA(cudaDeviceSynchronize());
+    }
+    CHECK_CUDA(cudaSetDevice(0));
     g_armed_by.store(syscall(SYS_getpid));
     const pid_t child = fork();
     if (child == 0) {
