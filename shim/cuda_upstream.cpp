@@ -270,4 +270,6 @@ SteadyClock::SteadyClock() : origin_(monotonic_ns()) {}
 
 std::uint64_t SteadyClock::now_ns() { return monotonic_ns() - origin_; }
 
+void SteadyClock::restart() { origin_ = monotonic_ns(); }
+
 }  // namespace gpupool::shim

@@ -73,6 +73,7 @@ class SteadyClock final : public Clock {
  public:
   SteadyClock();
   std::uint64_t now_ns() override;
+  void restart();  // now reads 0 again (a forked child's clock starts at the fork)
 
  private:
   std::uint64_t origin_;

@@ -176,6 +176,7 @@ void Runtime::after_fork_child() {
   caches_.disable_after_fork();
   used_.store(false);
   forked_child_ = true;
+  clock_.restart();  // the report's run length is the child's own
   if (trace_) trace_->after_fork_child();
 }
 

@@ -839,14 +839,18 @@ class Lifecycle(ShimTest):
                     traced.append(dict(allocated))
                 # Without %p the child would write into the parent's file: it does not trace.
                 self.assertCountEqual(traced, [parent, child][:processes])
-                reported = []
+                reported = {}
                 for path in run.reports():
                     with open(path) as f:
-                        device = json.load(f)["devices"]["0"]
+                        report = json.load(f)
+                    device = report["devices"]["0"]
                     self.assertEqual(device["leaks"]["blocks"], 0, path)
-                    reported.append((device["stats"]["allocation.all.allocated"],
-                                     device["stats"]["allocation.all.freed"]))
+                    allocated = device["stats"]["allocation.all.allocated"]
+                    reported[allocated, device["stats"]["allocation.all.freed"]] = report["wall_seconds"]
                 self.assertCountEqual(reported, [(5, 5), (2, 2)])
+                # The parent waited 1.5 s before the fork, then for the child,
+                # whose run starts at the fork.
+                self.assertGreaterEqual(reported[5, 5] - reported[2, 2], 1.4)
 
     def test_nothing_from_before_a_device_reset_is_handed_out_after_it(self):
         # Blocks kept in a thread's cache when the device is reset are gone

@@ -8,7 +8,7 @@
 //              wrap, prints {"skipped": true}.
 //   child-uses-cuda  with thread caches on (a second thread's pair of 512
 //              bytes), makes a plain pair of 1 MiB and a stream-ordered pair
-//              of 3 MiB twice, forks a child that makes a plain pair of 2 MiB and a
+//              of 3 MiB twice, waits 1.5 s, forks a child that makes a plain pair of 2 MiB and a
 //              stream-ordered pair of 4 MiB on the parent's stream (the
 //              simulated runtime lets it), and waits for it
 //   message-at-fork  forks while another thread is held inside a line
@@ -206,6 +206,7 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaStreamCreate(&stream));
     for (int i = 0; i < 2; ++i) use_cuda(1 << 20, 3 << 20, stream);  // the second pairs are cache hits
     idle_streams_before_fork();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the parent's run is 1.5 s longer
     const pid_t child = fork();
     if (child == 0) {
       use_cuda(2 << 20, 4 << 20, stream);
