@@ -90,8 +90,8 @@ int posix_memalign(void** out, size_t alignment, size_t n) {
 namespace {
 
 // A child may use the simulated runtime only if none of its stream threads
-// held its lock at the fork (it has no fork handlers; real CUDA cannot be
-// used in such a child at all). Waiting for the device leaves them idle.
+// held its lock at the fork (it has no fork handlers; on real CUDA any use
+// in such a child is undefined). Waiting for the device leaves them idle.
 void idle_streams_before_fork() { CHECK_CUDA(cudaDeviceSynchronize()); }
 
 void use_cuda(size_t plain_bytes, size_t ordered_bytes, cudaStream_t stream) {
