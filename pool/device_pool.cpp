@@ -134,7 +134,10 @@ Allocation DevicePool::allocate_unsampled(std::size_t size, StreamId consumer,
   increase(stats_.active_bytes, kind, static_cast<std::int64_t>(b->size));
   increase(stats_.requested_bytes, kind, static_cast<std::int64_t>(size));
   if (b->size >= options_.max_split_size) stats_.oversize_allocations.increase(1);
-  raise_high(stats_.allocated_high, stats_.allocated_bytes);
+  if (consumer != kAnyStream) {
+    stats_.stream_ordered_bytes.increase(static_cast<std::int64_t>(b->size));
+    stats_.stream_ordered_high = std::max(stats_.stream_ordered_high, stats_.stream_ordered_bytes.current);
+  }
 
   const std::int64_t peak = stats_.reserved_bytes[kAll].peak;
   const bool new_peak = peak > reserved_peak_before;
@@ -390,6 +393,7 @@ FreeResult DevicePool::deallocate_unsampled(DevicePtr ptr, StreamId site) {
   decrease(stats_.active_bytes, kind, static_cast<std::int64_t>(b->size));
   decrease(stats_.requested_bytes, kind, static_cast<std::int64_t>(b->requested));
   if (b->size >= options_.max_split_size) stats_.oversize_allocations.decrease(1);
+  if (b->stream != kAnyStream) stats_.stream_ordered_bytes.decrease(static_cast<std::int64_t>(b->size));
   b->allocated = false;
   b->requested = 0;
 

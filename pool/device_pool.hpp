@@ -54,10 +54,10 @@ class DevicePool {
   std::size_t release_cached();
   // Restarts a high watermark of the bytes allocated or reserved from what is
   // held now: a program reset its memory pool's (cudaMemPoolSetAttribute).
-  enum class Watermark { Allocated, Reserved };
+  enum class Watermark { StreamOrdered, Reserved };
   void reset_high(Watermark which) {
-    if (which == Watermark::Allocated) {
-      stats_.allocated_high = stats_.allocated_bytes[kAll].current;
+    if (which == Watermark::StreamOrdered) {
+      stats_.stream_ordered_high = stats_.stream_ordered_bytes.current;
     } else {
       stats_.reserved_high = stats_.reserved_bytes[kAll].current;
     }

@@ -98,6 +98,7 @@ bool DevicePool::validate(std::string* error) const {
   std::size_t free_seen[kPoolKinds] = {0, 0};
   std::size_t holes_seen[kPoolKinds] = {0, 0};
   std::size_t allocated_seen = 0;
+  std::int64_t stream_ordered_bytes = 0;  // of blocks allocated by stream-ordered calls
   std::int64_t regular_segments = 0;
   DevicePtr previous_end = 0;
   const std::size_t page = upstream_.page_size();
@@ -173,6 +174,7 @@ bool DevicePool::validate(std::string* error) const {
         add(rc.active_bytes, seg->kind, static_cast<std::int64_t>(b->size));
         add(rc.requested_bytes, seg->kind, static_cast<std::int64_t>(b->requested));
         if (b->size >= options_.max_split_size) ++rc.oversize_allocations;
+        if (b->stream != kAnyStream) stream_ordered_bytes += static_cast<std::int64_t>(b->size);
       } else if (b->is_free_mapped()) {
         ++free_seen[static_cast<int>(seg->kind)];
         if (b->hot_begin != b->hot_end &&
@@ -230,7 +232,12 @@ bool DevicePool::validate(std::string* error) const {
                   why) &&
       check_array("requested_bytes", stats_.requested_bytes, rc.requested_bytes, why);
   if (!stats_ok) return fail();
-  for (const auto& [name, high, stat] : {std::tuple("allocated", stats_.allocated_high, &stats_.allocated_bytes[kAll]),
+  if (stats_.stream_ordered_bytes.current != stream_ordered_bytes) {
+    why << "stream-ordered bytes " << stats_.stream_ordered_bytes.current << " but recount gives "
+        << stream_ordered_bytes;
+    return fail();
+  }
+  for (const auto& [name, high, stat] : {std::tuple("stream-ordered", stats_.stream_ordered_high, &stats_.stream_ordered_bytes),
                                          std::tuple("reserved", stats_.reserved_high, &stats_.reserved_bytes[kAll])}) {
     if (high < stat->current || high > stat->peak) {
       why << name << " high watermark " << high << " is not within current " << stat->current << " and peak "

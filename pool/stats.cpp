@@ -25,6 +25,7 @@ void end_current_figures(MemoryStats& s) {
         for (Stat& st : a) end(st);
       },
       [&](const char*, Stat& st) { end(st); });
+  end(s.stream_ordered_bytes);
 }
 
 bool SizeHistogram::empty() const {

@@ -88,11 +88,15 @@ struct MemoryStats {
   std::uint64_t pool_ns_sampled = 0;   // time inside the pool, 1 op in kTimingSample
   std::uint64_t pool_ops_sampled = 0;
   std::uint64_t pool_ops = 0;          // allocations + frees served by the pool
-  // The most bytes allocated and reserved (all pools) since a program reset
-  // its memory pool's high watermarks (cudaMemPoolAttrUsedMemHigh, ...); at
-  // most the peaks, which no reset touches. Only these two are ever reset, so
-  // they are not a field of every Stat.
-  std::int64_t allocated_high = 0;
+  // Bytes of blocks allocated by stream-ordered calls (cudaMallocAsync): what
+  // the runtime's default memory pool counts in use, which plain cudaMalloc
+  // memory is not (cudaMemPoolAttrUsedMemCurrent).
+  Stat stream_ordered_bytes;
+  // The most bytes so allocated, and reserved (all pools), since a program
+  // reset its memory pool's high watermarks (cudaMemPoolAttrUsedMemHigh,
+  // ...); at most the peaks, which no reset touches. Only these two are ever
+  // reset, so they are not a field of every Stat.
+  std::int64_t stream_ordered_high = 0;
   std::int64_t reserved_high = 0;
 };
 

@@ -190,7 +190,11 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
       last_try = attempt == 1 || (!caches_.enabled() && d.foreign_frees.empty());
       a = d.pool->allocate(size, consumer, site, last_try);
       grew = d.pool->stats().reserved_bytes[kAll].current > reserved_before;
-      if (a.ok && a.ptr != 0 && caches_.enabled()) block_size = d.pool->find_allocated(a.ptr)->size;
+      // Only stream-ordered blocks may go into a cache, so only they are
+      // tracked there (the pool counts them apart: see add_pool_figure).
+      if (a.ok && a.ptr != 0 && consumer != kAnyStream && caches_.enabled()) {
+        block_size = d.pool->find_allocated(a.ptr)->size;
+      }
       if (a.device_error) error = d.upstream.last_error();
       if (!a.ok && !a.device_error && last_try) warn_oom(d);
     }
@@ -584,8 +588,8 @@ void Runtime::add_pool_figure(cudaMemPool_t pool, cudaMemPoolAttr attr, void* va
     const std::int64_t kept = used && !high ? kept_by_threads(d.device) : 0;
     std::lock_guard<AdaptiveMutex> lock(d.mu);
     const MemoryStats& s = d.pool->stats();
-    const std::int64_t figure = high ? (used ? s.allocated_high : s.reserved_high)
-                                     : (used ? s.allocated_bytes : s.reserved_bytes)[kAll].current - kept;
+    const std::int64_t figure = high ? (used ? s.stream_ordered_high : s.reserved_high)
+                                     : (used ? s.stream_ordered_bytes.current : s.reserved_bytes[kAll].current) - kept;
     if (figure > 0) added += static_cast<std::uint64_t>(figure);
   });
   *static_cast<std::uint64_t*>(value) += added;
@@ -594,7 +598,7 @@ void Runtime::add_pool_figure(cudaMemPool_t pool, cudaMemPoolAttr attr, void* va
 void Runtime::reset_pool_high(cudaMemPool_t pool, cudaMemPoolAttr attr) {
   if (attr != cudaMemPoolAttrUsedMemHigh && attr != cudaMemPoolAttrReservedMemHigh) return;
   const auto which =
-      attr == cudaMemPoolAttrUsedMemHigh ? DevicePool::Watermark::Allocated : DevicePool::Watermark::Reserved;
+      attr == cudaMemPoolAttrUsedMemHigh ? DevicePool::Watermark::StreamOrdered : DevicePool::Watermark::Reserved;
   bool flushed = false;
   for_each_device_of_pool(pool, [&](DeviceState& d) {
     // Blocks threads keep go back first, so that the watermark starts from

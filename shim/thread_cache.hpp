@@ -24,9 +24,11 @@
 // two.
 //
 // To free without the device lock, the shim keeps its own table of live
-// allocations (address -> size, device) in stripes with their own locks. A
-// block waiting in a thread cache stays in it, marked parked, so that freeing
-// it again is caught as the double free it is.
+// stream-ordered allocations (address -> size, device) in stripes with their
+// own locks. Plain cudaMalloc blocks are not in it, so none is ever kept: a
+// kept block is one the pool counts as stream-ordered. A block waiting in a
+// thread cache stays in it, marked parked, so that freeing it again is
+// caught as the double free it is.
 #pragma once
 
 #include <algorithm>

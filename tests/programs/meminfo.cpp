@@ -8,7 +8,8 @@
 //   meminfo pool [threads]
 //                  reads its device's default memory pool's figures
 //                  (cudaMemPoolGetAttribute) around stream-ordered allocations,
-//                  frees, a reset of the high watermarks and a trim, checks
+//                  frees, a reset of the high watermarks and a trim, with a
+//                  plain cudaMalloc block held (never in use there), checks
 //                  what any pool must show, and prints the figures as JSON;
 //                  with threads, after a second thread's stream-ordered calls
 //                  (under gpupool, threads then keep the blocks they free)
@@ -68,8 +69,15 @@ int pool_figures(bool threads) {
   const Figures start = figures(pool);
   print("start", start);
 
-  // 8 blocks of 1 to 8 MiB (36 MiB), in use on the stream.
+  // A plain cudaMalloc block, held throughout: not the pool's, so never in
+  // its "in use" figure (gpupool serves it from the same memory).
   constexpr size_t kMiB = size_t{1} << 20;
+  constexpr size_t kPlain = 16 * kMiB;
+  void* plain = nullptr;
+  CHECK_CUDA(cudaMalloc(&plain, kPlain));
+  CHECK_CUDA(cudaMemset(plain, 0x5a, kPlain));
+
+  // 8 blocks of 1 to 8 MiB (36 MiB), in use on the stream.
   constexpr size_t kTotal = 36 * kMiB;
   void* blocks[8];
   for (int i = 0; i < 8; ++i) {
@@ -80,7 +88,9 @@ int pool_figures(bool threads) {
   const Figures held = figures(pool);
   print("held", held);
   EXPECT(held.used >= start.used + kTotal);
+  EXPECT(held.used < start.used + kTotal + kPlain);
   EXPECT(held.used_high >= start.used + kTotal);
+  EXPECT(held.used_high < start.used_high + kTotal + kPlain);
 
   // The larger half freed (26 MiB): no longer in use.
   for (int i = 4; i < 8; ++i) CHECK_CUDA(cudaFreeAsync(blocks[i], stream));
@@ -120,6 +130,8 @@ int pool_figures(bool threads) {
     CHECK_CUDA(cudaFreeAsync(blocks[i], stream));
   }
   CHECK_CUDA(cudaStreamSynchronize(stream));
+  EXPECT(testprog::holds_sampled(plain, kPlain, 0x5a));
+  CHECK_CUDA(cudaFree(plain));
   const Figures end = figures(pool);
   print("end", end, true);
   EXPECT(end.used == start.used);

@@ -310,26 +310,53 @@ TEST_CASE_METHOD(PoolFixture, "statistics match a hand count") {
   CHECK(pool->fragmentation().rounding_waste == 72 + 0);  // 3072 - 3000; 5 MiB exact
 }
 
+TEST_CASE_METHOD(PoolFixture, "stream-ordered bytes count only blocks cudaMallocAsync made, whoever frees them") {
+  // What a memory pool's "in use" figure reads: plain cudaMalloc blocks share
+  // the segments but are not the default pool's.
+  make();
+  constexpr StreamId kStream = 0x1000;
+  const MemoryStats& s = pool->stats();
+  const DevicePtr plain = alloc(6 * kMiB);
+  const DevicePtr ordered = alloc(4 * kMiB, kStream);
+  const DevicePtr small = alloc(1000, kStream);
+  CHECK(s.stream_ordered_bytes.current == static_cast<std::int64_t>(4 * kMiB + 1024));
+  CHECK(s.allocated_bytes[kAll].current == static_cast<std::int64_t>(10 * kMiB + 1024));
+  release(ordered);  // by a plain cudaFree: still a stream-ordered block
+  release(plain, kStream);  // by cudaFreeAsync: still a plain one
+  CHECK(s.stream_ordered_bytes.current == 1024);
+  // Reused by the other kind of call, the same memory counts as that kind.
+  const DevicePtr reused = alloc(4 * kMiB);
+  CHECK(s.stream_ordered_bytes.current == 1024);
+  release(reused);
+  CHECK(s.stream_ordered_bytes.peak == static_cast<std::int64_t>(4 * kMiB + 1024));
+  release(small, kStream);
+  CHECK(s.stream_ordered_bytes.current == 0);
+  CHECK(s.stream_ordered_bytes.freed == s.stream_ordered_bytes.allocated);
+}
+
 TEST_CASE_METHOD(PoolFixture, "a reset high watermark starts from what is held then, and the peak stays") {
   make();
+  constexpr StreamId kStream = 0x1000;
   const MemoryStats& s = pool->stats();
-  const DevicePtr big = alloc(30 * kMiB);
-  const DevicePtr small = alloc(1000);
-  release(big);
-  const std::int64_t peak_allocated = static_cast<std::int64_t>(30 * kMiB + 1024);
-  CHECK(s.allocated_high == peak_allocated);
-  pool->reset_high(DevicePool::Watermark::Allocated);
-  CHECK(s.allocated_high == 1024);
-  CHECK(s.allocated_bytes[kAll].peak == peak_allocated);
+  const DevicePtr big = alloc(30 * kMiB, kStream);
+  const DevicePtr small = alloc(1000, kStream);
+  const DevicePtr plain = alloc(8 * kMiB);  // in no stream-ordered figure
+  release(big, kStream);
+  const std::int64_t peak_ordered = static_cast<std::int64_t>(30 * kMiB + 1024);
+  CHECK(s.stream_ordered_high == peak_ordered);
+  pool->reset_high(DevicePool::Watermark::StreamOrdered);
+  CHECK(s.stream_ordered_high == 1024);
+  CHECK(s.stream_ordered_bytes.peak == peak_ordered);
   CHECK(s.reserved_high == s.reserved_bytes[kAll].peak);  // the other one is left alone
-  const DevicePtr medium = alloc(4 * kMiB);
-  CHECK(s.allocated_high == static_cast<std::int64_t>(4 * kMiB + 1024));
-  release(medium);
+  const DevicePtr medium = alloc(4 * kMiB, kStream);
+  CHECK(s.stream_ordered_high == static_cast<std::int64_t>(4 * kMiB + 1024));
+  release(medium, kStream);
+  release(plain);
   CHECK(pool->release_cached() > 0);
   pool->reset_high(DevicePool::Watermark::Reserved);
   CHECK(s.reserved_high == s.reserved_bytes[kAll].current);
   CHECK(s.reserved_high < s.reserved_bytes[kAll].peak);
-  release(small);
+  release(small, kStream);
   check();
 }
 
