@@ -1,6 +1,7 @@
 // The runtime's part in the process's life after the lazy start
 // (Runtime::get): a report on a signal or on request, the report at exit
-// (no CUDA call from then on), and fork (no lock held across it; the child
+// (no CUDA call from then on), and fork (the handlers hold every lock the
+// child could take, so it inherits none held by another thread; the child
 // starts with empty pools and traces to its own file or not at all).
 #include <link.h>
 #include <signal.h>
