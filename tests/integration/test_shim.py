@@ -815,6 +815,16 @@ class Lifecycle(ShimTest):
         self.assertSucceeded(run)
         self.assertEqual(run.output_json(), {"child_finished": True}, run.stderr)
 
+    def test_a_forked_child_flushes_caches_while_another_thread_was_flushing_them_at_the_fork(self):
+        # One thread flushes the threads' caches (a trim) and waits, with the
+        # caches' flush lock, for a pool lock that another thread holds in
+        # its out-of-memory line (stderr a full pipe) when the program forks.
+        # The child's report at exit flushes the caches too: it waited for
+        # good when the fork came between the two locks.
+        run = self.run_program(["test-fork", "flush-at-fork"], env=NO_LEAK_CHECK_AFTER_FORK)
+        self.assertSucceeded(run)
+        self.assertEqual(run.output_json(), {"child_finished": True}, run.stderr)
+
     def test_a_forked_child_traces_and_reports_only_its_own_calls(self):
         # The parent: a second thread's 512 bytes (thread caches on), then
         # 1 MiB plain and 3 MiB stream-ordered twice (the second 3 MiB a

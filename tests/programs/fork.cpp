@@ -15,6 +15,11 @@
 //              gpupool writes (stderr is a full pipe, drained only from
 //              300 ms on); the child has gpupool write a line too, which
 //              must not wait for good (the child is given 10 s)
+//   flush-at-fork  forks while a thread holds device 0's pool lock inside
+//              its out-of-memory line (stderr as above), and a thread
+//              flushing the threads' caches (a trim) comes to wait for that
+//              lock after fork's handler; the child's report at exit
+//              flushes the caches too, and must not wait for good
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/syscall.h>
@@ -27,6 +32,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common.hpp"
 
@@ -117,7 +123,12 @@ void free_twice() {
   if (cudaFree(p) == cudaSuccess) std::_Exit(3);
 }
 
-int message_at_fork() {
+// Forks while threads that `hold` starts are kept waiting inside gpupool
+// behind a line it writes: stderr is a full pipe until 300 ms after the fork
+// began. The child runs `in_child` (which ends it) and must finish within
+// 10 s; prints {"child_finished": ...}.
+template <typename Hold, typename InChild>
+int fork_while_held(Hold&& hold, InChild&& in_child) {
   const int saved_stderr = dup(2);
   int pipe_fds[2];
   if (saved_stderr < 0 || pipe(pipe_fds) != 0) return 1;
@@ -130,10 +141,9 @@ int message_at_fork() {
   }
   fcntl(pipe_fds[1], F_SETFL, 0);
   CHECK_CUDA(cudaFree(nullptr));  // gpupool and the device start before stderr is the pipe
-  dup2(pipe_fds[1], 2);
-  std::thread writer(free_twice);  // held in gpupool's line
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   idle_streams_before_fork();
+  dup2(pipe_fds[1], 2);
+  std::vector<std::thread> held = hold();
   std::thread drainer([fd = pipe_fds[0]] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     char buffer[4096];
@@ -141,10 +151,7 @@ int message_at_fork() {
     }
   });
   const pid_t child = fork();
-  if (child == 0) {
-    free_twice();
-    _exit(0);
-  }
+  if (child == 0) in_child();
   int status = -1;
   for (int waited_ms = 0; waited_ms < 10000; waited_ms += 10) {
     if (waitpid(child, &status, WNOHANG) == child) break;
@@ -155,14 +162,67 @@ int message_at_fork() {
     kill(child, SIGKILL);
     waitpid(child, &status, 0);
   }
-  writer.join();
+  for (std::thread& t : held) t.join();
   dup2(saved_stderr, 2);
   close(pipe_fds[1]);
   drainer.join();
   close(pipe_fds[0]);
-  if (hung) say("fork: the child did not finish writing its line\n");
+  if (hung) say("fork: the child did not finish\n");
   std::printf("{\"child_finished\": %s}\n", hung ? "false" : "true");
   return 0;
+}
+
+int message_at_fork() {
+  return fork_while_held(
+      [] {
+        std::vector<std::thread> held;
+        held.emplace_back(free_twice);  // held in gpupool's line
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        return held;
+      },
+      [] {
+        free_twice();
+        _exit(0);
+      });
+}
+
+int flush_at_fork() {
+  testprog::turn_thread_caches_on();
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaMemPool_t pool = nullptr;
+  CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, 0));
+  CHECK_CUDA(cudaMemPoolTrimTo(pool, 0));  // gpupool learns which pool is the default one
+  void* block = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&block, 1 << 20, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  return fork_while_held(
+      [&] {
+        std::vector<std::thread> held;
+        // Held in its out-of-memory line with device 0's pool lock.
+        held.emplace_back([] {
+          void* p = nullptr;
+          if (cudaMallocAsync(&p, size_t{1} << 50, cudaStreamPerThread) == cudaSuccess) std::_Exit(3);
+          cudaGetLastError();
+        });
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        // Keeps the block in its thread's cache now; 100 ms into the fork,
+        // once fork's handler waits for that pool lock, trims: the flush of
+        // the caches takes their flush lock, then waits for the pool lock
+        // behind the handler, which gets it first.
+        held.emplace_back([&] {
+          CHECK_CUDA(cudaFreeAsync(block, stream));
+          std::this_thread::sleep_for(std::chrono::milliseconds(150));
+          CHECK_CUDA(cudaMemPoolTrimTo(pool, 0));
+        });
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        return held;
+      },
+      [] {
+        // Its report at exit flushes the caches (none in the child).
+        use_cuda(2 << 20, 4 << 20, cudaStreamPerThread);
+        std::exit(0);
+      });
 }
 
 }  // namespace
@@ -217,6 +277,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "message-at-fork") return message_at_fork();
-  std::fprintf(stderr, "usage: fork handlers|child-uses-cuda|message-at-fork\n");
+  if (mode == "flush-at-fork") return flush_at_fork();
+  std::fprintf(stderr, "usage: fork handlers|child-uses-cuda|message-at-fork|flush-at-fork\n");
   return 64;
 }
