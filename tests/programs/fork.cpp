@@ -20,6 +20,11 @@
 //              flushing the threads' caches (a trim) comes to wait for that
 //              lock after fork's handler; the child's report at exit
 //              flushes the caches too, and must not wait for good
+//   reset-in-child  forks 40 times while another thread's stream-ordered
+//              pairs are served by its thread's cache; each child allocates
+//              and resets the device (cudaDeviceReset), which must not wait
+//              for a lock of gpupool's table of live blocks (each child is
+//              given 10 s)
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/syscall.h>
@@ -225,6 +230,56 @@ int flush_at_fork() {
       });
 }
 
+// Forks 40 times while another thread makes stream-ordered pairs served by
+// its thread's cache (each takes and gives back a lock of gpupool's table of
+// live blocks); each child allocates and resets the device, which must not
+// wait for a lock of that table. Prints how many children finished in 10 s.
+int reset_in_child() {
+  testprog::turn_thread_caches_on();
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::atomic<bool> stop{false};
+  std::atomic<bool> warm{false};
+  std::thread pairs([&] {
+    void* p = nullptr;
+    for (long i = 0; !stop.load(std::memory_order_relaxed); ++i) {
+      CHECK_CUDA(cudaMallocAsync(&p, 4096 << (i % 4), stream));
+      CHECK_CUDA(cudaFreeAsync(p, stream));
+      if (i == 16) warm.store(true);
+    }
+  });
+  while (!warm.load()) std::this_thread::yield();
+  int finished = 0;
+  for (int i = 0; i < 40; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const pid_t child = fork();
+    if (child == 0) {
+      void* p = nullptr;
+      CHECK_CUDA(cudaMalloc(&p, 1 << 20));
+      CHECK_CUDA(cudaFree(p));
+      CHECK_CUDA(cudaDeviceReset());
+      _exit(0);
+    }
+    int status = -1;
+    for (int waited_ms = 0; waited_ms < 10000; waited_ms += 5) {
+      if (waitpid(child, &status, WNOHANG) == child) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+      ++finished;
+    } else {
+      kill(child, SIGKILL);
+      waitpid(child, &status, 0);
+    }
+  }
+  stop.store(true);
+  pairs.join();
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  std::printf("{\"children_finished\": %d}\n", finished);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -278,6 +333,7 @@ int main(int argc, char** argv) {
   }
   if (mode == "message-at-fork") return message_at_fork();
   if (mode == "flush-at-fork") return flush_at_fork();
-  std::fprintf(stderr, "usage: fork handlers|child-uses-cuda|message-at-fork|flush-at-fork\n");
+  if (mode == "reset-in-child") return reset_in_child();
+  std::fprintf(stderr, "usage: fork handlers|child-uses-cuda|message-at-fork|flush-at-fork|reset-in-child\n");
   return 64;
 }
