@@ -68,8 +68,6 @@ struct ParsedConfig {
   // Valid settings that another setting makes ineffective: one line each,
   // told but never a problem (GPUPOOL_STRICT ignores them).
   std::vector<std::string> notes;
-  std::vector<std::string> explicitly_set;  // keys set by the environment
-  bool is_set(std::string_view key) const;
 };
 
 using Environment = std::vector<std::pair<std::string, std::string>>;

@@ -100,10 +100,6 @@ class DevicePool {
   void for_each_allocated(F&& f) const {
     allocated_.for_each([&](DevicePtr, Block* b) { f(*b); });
   }
-  template <typename F>
-  void for_each_segment(F&& f) const {
-    for (const auto& [base, seg] : segments_) f(*seg);
-  }
 
   // Checks every invariant; on failure describes the first broken one.
   bool validate(std::string* error = nullptr) const;

@@ -150,6 +150,8 @@ void run(const Config& c, int operations) {
   // Fixed segments all go back; expandable ones keep only partial pages.
   if (!c.options.expandable_segments) REQUIRE(upstream.in_use() == 0);
   REQUIRE(upstream.in_use() == static_cast<std::size_t>(pool.stats().reserved_bytes[kAll].current));
+  // The reserved peak the report gives is the most the device ever lent.
+  REQUIRE(upstream.peak_in_use() == static_cast<std::size_t>(pool.stats().reserved_bytes[kAll].peak));
   REQUIRE(pool.stats().num_ooms == failures);
 }
 
