@@ -96,8 +96,6 @@ class Engine {
   // global-mode capture they invalidate it.
   cudaError_t check_unsafe_call();
 
-  std::uint64_t delay_us() const { return delay_us_; }
-
  private:
   Engine();
   void start_worker(Stream* s);
