@@ -37,10 +37,6 @@ def sh(cmd, env=None):
     return subprocess.run(cmd, capture_output=True, text=True, env=e, check=True).stdout
 
 
-def rel(path):
-    return os.path.relpath(path, ROOT)
-
-
 def machine():
     cpu = "unknown CPU"
     try:
