@@ -91,8 +91,11 @@ int main(int argc, char** argv) {
   for (cudaStream_t s : idle_streams) cudaStreamDestroy(s);
   double mean = 0;
   for (double v : ns) mean += v / threads;
+  // traces: how many trace files the sizes came from (0: the fixed mix).
   std::printf(
-      "{\"mode\": \"%s\", \"threads\": %d, \"idle_streams\": %zu, \"ns_per_pair\": %.1f, \"pairs_per_second\": %.0f}\n",
-      async ? "async" : "plain", threads, idle_streams.size(), mean, static_cast<double>(pairs) * threads / seconds);
+      "{\"mode\": \"%s\", \"threads\": %d, \"idle_streams\": %zu, \"ns_per_pair\": %.1f, "
+      "\"pairs_per_second\": %.0f, \"traces\": %zu}\n",
+      async ? "async" : "plain", threads, idle_streams.size(), mean, static_cast<double>(pairs) * threads / seconds,
+      gpupool::bench::trace_paths().size());
   return 0;
 }

@@ -108,4 +108,10 @@ BENCHMARK(BM_PoolPair_Stream)->Arg(0)->Arg(1)->ArgName("expandable");
 BENCHMARK(BM_PoolPair_Plain)->Arg(0)->Arg(1)->ArgName("expandable");
 BENCHMARK(BM_PoolPairWithLive)->Arg(1000)->Arg(100000)->Arg(1000000)->ArgName("live");
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  benchmark::AddCustomContext("sizes", gpupool::bench::size_source());
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

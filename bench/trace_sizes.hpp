@@ -3,6 +3,7 @@
 // trace order; a fixed mix when no trace is there.
 #pragma once
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -25,6 +26,15 @@ inline std::vector<std::string> trace_paths() {
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+// Where the sizes come from, for a benchmark's output: runs compared side by
+// side must have read the same ones (a checkout elsewhere finds no traces
+// beside it and falls back to the fixed mix).
+inline std::string size_source() {
+  const std::size_t traces = trace_paths().size();
+  return traces > 0 ? std::to_string(traces) + " traces in " + traces_dir()
+                    : "a fixed mix (no trace in " + traces_dir() + ")";
 }
 
 inline std::vector<std::size_t> trace_sizes() {
