@@ -86,6 +86,16 @@ void Runtime::write_requested_report() {
 void Runtime::write_report(const char* reason) {
   if (disabled_ || !config_.report || !used_.load()) return;
   if (trace_) trace_->flush();
+  // Blocks freed on another device's stream whose work is done are the
+  // pool's again, not the program's: a mid-run report shows them freed. (At
+  // exit none is left, and no CUDA call is made; a query during a capture
+  // could invalidate it.)
+  for (int i = 0; i < kMaxDevices && !any_capture(); ++i) {
+    DeviceState* d = existing(i);
+    if (d == nullptr) continue;
+    std::lock_guard<AdaptiveMutex> lock(d->mu);
+    if (!d->foreign_frees.empty()) return_foreign_frees(*d, false);
+  }
   caches_.flush_all();  // so that the pools' current figures are the program's
   std::vector<DeviceState*> states;
   for (int i = 0; i < kMaxDevices; ++i) {

@@ -190,6 +190,21 @@ class Devices(ShimTest):
             self.assertEqual(zero["stats"]["allocation.all.current"], 0)
         self.in_both_segment_modes(["foreign-reset"], dict(self.ENV, SIMCUDA_OP_DELAY_US="200000"), check)
 
+    def test_a_report_mid_run_shows_a_free_on_another_devices_stream_as_freed_once_done(self):
+        # Device 1's stream has passed the free when the program asks for a
+        # report (SIGUSR1): the block is no longer the program's. It read as
+        # allocated until the report looked at the waiting frees.
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                target = os.path.join(self.workdir, f"report-signal-{expandable}.json")
+                run = self.run_program(["test-devices", "foreign-signal", target], env={
+                    "SIMCUDA_DEVICES": "2", "GPUPOOL_LOG": target, "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                self.assertSucceeded(run)
+                during = json.loads(run.stdout)
+                self.assertEqual(during["reason"], "signal")
+                zero = during["devices"]["0"]["stats"]
+                self.assertEqual((zero["allocation.all.allocated"], zero["allocation.all.current"]), (1, 0))
+
     def test_a_reset_counts_a_free_waiting_on_another_devices_stream_as_the_programs(self):
         # The program freed device 0's block on device 1's stream; device 0's
         # pool has not looked at that stream's event yet when device 0 is

@@ -19,6 +19,9 @@
 //                              the reset ends that work, so device 0 gets the
 //                              block back (run with a limit that leaves room
 //                              for one block, and SIMCUDA_OP_DELAY_US)
+//   devices foreign-signal REPORT  such a free, its work done, then a report
+//                              asked for with SIGUSR1 (written to REPORT):
+//                              prints the report
 //   devices owner-reset        such a free, its work done but not yet seen
 //                              by gpupool, when device 0 (the block's own) is
 //                              reset
@@ -27,6 +30,10 @@
 //                              grant and after it, and pages of a device whose
 //                              pool did not exist yet (checked on the
 //                              simulated runtime, which can say)
+#include <signal.h>
+
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "common.hpp"
@@ -237,6 +244,26 @@ int foreign_reset() {
   return 0;
 }
 
+// A report asked for (SIGUSR1) once device 1 has done the work the free
+// waited for: printed as it was written.
+int foreign_signal(const char* report) {
+  cudaStream_t one = nullptr;
+  if (!peer_stream_of_device_one(&one)) return 0;
+  free_on_device_one(one);
+  CHECK_CUDA(cudaStreamSynchronize(one));
+  raise(SIGUSR1);
+  CHECK_CUDA(cudaFree(nullptr));  // the next intercepted call writes the report
+  std::ifstream in(report);
+  if (!in) {
+    std::fprintf(stderr, "devices: no report at %s after SIGUSR1\n", report);
+    return 1;
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  std::fputs(text.str().c_str(), stdout);
+  return 0;
+}
+
 int owner_reset() {
   cudaStream_t one = nullptr;
   if (!peer_stream_of_device_one(&one)) return 0;
@@ -255,6 +282,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "foreign-capture") == 0) return foreign_capture();
   if (argc > 1 && std::strcmp(argv[1], "foreign-reset") == 0) return foreign_reset();
   if (argc > 1 && std::strcmp(argv[1], "owner-reset") == 0) return owner_reset();
+  if (argc > 2 && std::strcmp(argv[1], "foreign-signal") == 0) return foreign_signal(argv[2]);
   if (argc > 1 && std::strcmp(argv[1], "foreign") == 0) return foreign(argc > 2 ? std::atoi(argv[2]) : 20);
   const bool threads = argc > 1 && std::strcmp(argv[1], "threads") == 0;
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 20;
