@@ -9,7 +9,8 @@
 //                  reads its device's default memory pool's figures
 //                  (cudaMemPoolGetAttribute) around stream-ordered allocations,
 //                  frees, a reset of the high watermarks and a trim, with a
-//                  plain cudaMalloc block held (never in use there), checks
+//                  plain cudaMalloc block held (never in use there, nor
+//                  once freed with cudaFreeAsync), checks
 //                  what any pool must show, and prints the figures as JSON;
 //                  with threads, after a second thread's stream-ordered calls
 //                  (under gpupool, threads then keep the blocks they free)
@@ -132,6 +133,19 @@ int pool_figures(bool threads) {
   CHECK_CUDA(cudaStreamSynchronize(stream));
   EXPECT(testprog::holds_sampled(plain, kPlain, 0x5a));
   CHECK_CUDA(cudaFree(plain));
+  // A plain block (made with thread caches on, where there are any) freed in
+  // stream order is not the pool's either; its memory taken back by a
+  // stream-ordered request of its size (from the thread's cache, where there
+  // is one) is the pool's, in use.
+  const std::uint64_t before = figures(pool).used;
+  CHECK_CUDA(cudaMalloc(&plain, kPlain));
+  CHECK_CUDA(cudaFreeAsync(plain, stream));
+  EXPECT(figures(pool).used == before);
+  void* again = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&again, kPlain, stream));
+  EXPECT(figures(pool).used >= before + kPlain);
+  CHECK_CUDA(cudaFreeAsync(again, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
   const Figures end = figures(pool);
   print("end", end, true);
   EXPECT(end.used == start.used);
