@@ -30,10 +30,6 @@
 //                              grant and after it, and pages of a device whose
 //                              pool did not exist yet (checked on the
 //                              simulated runtime, which can say)
-#include <signal.h>
-
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "common.hpp"
@@ -251,17 +247,7 @@ int foreign_signal(const char* report) {
   if (!peer_stream_of_device_one(&one)) return 0;
   free_on_device_one(one);
   CHECK_CUDA(cudaStreamSynchronize(one));
-  raise(SIGUSR1);
-  CHECK_CUDA(cudaFree(nullptr));  // the next intercepted call writes the report
-  std::ifstream in(report);
-  if (!in) {
-    std::fprintf(stderr, "devices: no report at %s after SIGUSR1\n", report);
-    return 1;
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  std::fputs(text.str().c_str(), stdout);
-  return 0;
+  return testprog::print_requested_report(report);
 }
 
 int owner_reset() {

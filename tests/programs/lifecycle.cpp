@@ -42,8 +42,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -135,18 +133,10 @@ int main(int argc, char** argv) {
   }
   if (mode == "signal" && argc > 2) {
     void* p = nullptr;
-    CHECK_CUDA(cudaMalloc(&p, 1 << 20));
-    raise(SIGUSR1);
-    CHECK_CUDA(cudaFree(p));  // the next intercepted call writes the report
-    std::ifstream in(argv[2]);
-    if (!in) {
-      std::fprintf(stderr, "lifecycle: no report at %s after SIGUSR1\n", argv[2]);
-      return 1;
-    }
-    std::stringstream text;
-    text << in.rdbuf();
-    std::fputs(text.str().c_str(), stdout);
-    return 0;
+    CHECK_CUDA(cudaMalloc(&p, 1 << 20));  // held while the report is written
+    const int printed = testprog::print_requested_report(argv[2]);
+    CHECK_CUDA(cudaFree(p));
+    return printed;
   }
   if (mode == "reset") {
     testprog::turn_thread_caches_on();
