@@ -197,6 +197,12 @@ std::string to_json(const Report& r) {
   w.key("config_notes").begin_array();
   for (const std::string& n : r.config_notes) w.value(n);
   w.end_array();
+  if (!r.stepped_aside_call.empty()) {
+    w.key("stepped_aside").begin_object();
+    w.field("call", r.stepped_aside_call);
+    w.field("reason", r.stepped_aside_reason);
+    w.end_object();
+  }
   w.key("devices").begin_object();
   for (const DeviceReport& d : r.devices) {
     w.key(std::to_string(d.device));

@@ -23,6 +23,12 @@ std::string rule(char c) { return "|" + std::string(kWidth - 2, c) + "|\n"; }
 
 std::string bytes(std::int64_t b) { return human_bytes(static_cast<double>(b)); }
 
+std::string stepped_aside_line(const Report& r) {
+  return "gpupool stepped aside at " + r.stepped_aside_call + ": " + r.stepped_aside_reason +
+         ". From then on the CUDA runtime served every allocation, the memory gpupool had lent stayed held until "
+         "exit, and the figures below stop there.";
+}
+
 // A stream that reused nothing, waited for no other stream and holds no
 // cache: PyTorch makes dozens of them (its stream pool), and they differ only
 // in the barrier waits they were made to do. Shown as one row.
@@ -252,6 +258,9 @@ std::string to_text(const Report& r) {
   }
   for (const std::string& p : r.config_problems) out += "  problem: " + p + "\n";
   for (const std::string& n : r.config_notes) out += "  note: " + n + "\n";
+  if (!r.stepped_aside_call.empty()) {
+    out += "\n" + stepped_aside_line(r) + "\n";
+  }
   if (r.devices.empty()) out += "\nNo device memory went through gpupool.\n";
   for (const DeviceReport& d : r.devices) device_section(out, d);
   return out;

@@ -79,6 +79,9 @@ struct Report {
   std::vector<ConfigRow> config;
   std::vector<std::string> config_problems;
   std::vector<std::string> config_notes;  // valid settings another setting makes ineffective
+  // The call at which gpupool stepped aside and why; empty if it did not.
+  std::string stepped_aside_call;
+  std::string stepped_aside_reason;
   std::vector<DeviceReport> devices;
 };
 

@@ -22,6 +22,7 @@
 #include "shim/ptsz.h"
 #include "shim/real_cuda.hpp"
 #include "shim/runtime.hpp"
+#include "shim/guard.hpp"
 
 namespace gpupool::shim {
 
@@ -117,30 +118,45 @@ F* real_of(const std::atomic<void*>& slot, F*) {
 // cudaMallocPitch and cudaMalloc3D of the static runtime: pooled as the shared
 // runtime's are. Another element size is the driver's error to give.
 CUresult mem_alloc_pitch(CUdeviceptr* p, size_t* pitch, size_t width, size_t height, unsigned int element_bytes) {
-  cudaError_t err = cudaSuccess;
-  const bool valid = element_bytes == 4 || element_bytes == 8 || element_bytes == 16;
-  if (valid && allocate_pitched(out(p), pitch, width, height, &err)) return cu(err);
-  return real_of(real_mem_alloc_pitch, &mem_alloc_pitch)(p, pitch, width, height, element_bytes);
+  // This one and the next reach Runtime directly, so each runs under the
+  // guard itself (the others call an entry point that does).
+  return cu(guarded("cuMemAllocPitch", [&] {
+    cudaError_t err = cudaSuccess;
+    const bool valid = element_bytes == 4 || element_bytes == 8 || element_bytes == 16;
+    if (valid && allocate_pitched(out(p), pitch, width, height, &err)) return err;
+    return static_cast<cudaError_t>(
+        real_of(real_mem_alloc_pitch, &mem_alloc_pitch)(p, pitch, width, height, element_bytes));
+  }));
 }
 
 // cudaDeviceReset of the static runtime: the pool forgets the device's memory
 // first, as for the shared runtime's (both versions of the reset take the device).
 CUresult primary_ctx_reset(CUdevice device) {
-  Runtime& runtime = Runtime::get();
-  if (!runtime.bypass() && device >= 0 && device < kMaxDevices) runtime.device_reset(device);
-  return real_of(real_primary_ctx_reset, &primary_ctx_reset)(device);
+  return cu(guarded("cuDevicePrimaryCtxReset", [&] {
+    Runtime& runtime = Runtime::get();
+    if (device >= 0 && device < kMaxDevices) {
+      if (!runtime.bypass()) {
+        runtime.device_reset(device);
+      } else if (stepped_aside()) {
+        runtime.device_reset_after_stepping_aside(device);
+      }
+    }
+    return static_cast<cudaError_t>(real_of(real_primary_ctx_reset, &primary_ctx_reset)(device));
+  }));
 }
 
 // cudaDeviceEnablePeerAccess of the static runtime: the current device may now
 // reach the peer's memory, pooled pages too (as for the shared runtime's).
 CUresult ctx_enable_peer_access(CUcontext peer, unsigned int flags) {
   const CUresult r = real_of(real_enable_peer_access, &ctx_enable_peer_access)(peer, flags);
-  Runtime& runtime = Runtime::get();
-  if (r == CUDA_SUCCESS && !runtime.bypass()) {
-    if (const int owner = device_of_context(peer); owner >= 0) {
-      runtime.peer_access_enabled(runtime.current_device(), owner);
+  keep_books("cuCtxEnablePeerAccess", [&] {
+    Runtime& runtime = Runtime::get();
+    if (r == CUDA_SUCCESS && !runtime.bypass()) {
+      if (const int owner = device_of_context(peer); owner >= 0) {
+        runtime.peer_access_enabled(runtime.current_device(), owner);
+      }
     }
-  }
+  });
   return r;
 }
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "shim/core_interface.h"
+#include "shim/guard.hpp"
 #include "shim/messages.hpp"
 #include "shim/ptsz.h"
 #include "shim/real_cuda.hpp"
@@ -51,6 +52,8 @@ bool allocate_pitched(void** ptr, size_t* pitch, size_t width, size_t rows, cuda
 using gpupool::shim::allocate_pitched;
 using gpupool::shim::explain_nothing_pooled;
 using gpupool::shim::fail;
+using gpupool::shim::guarded;
+using gpupool::shim::keep_books;
 using gpupool::shim::real;
 using gpupool::shim::Runtime;
 using gpupool::shim::stream_id;
@@ -144,31 +147,35 @@ cudaError_t begin_capture(cudaStream_t stream, bool per_thread, Begin&& begin) {
   const StreamId id = stream_id(stream, per_thread);
   if (tell) rt.capture_began(id);
   const cudaError_t err = begin();
-  if (err != cudaSuccess && tell) rt.capture_ended(id);
+  if (err != cudaSuccess && tell) keep_books("cudaStreamBeginCapture", [&] { rt.capture_ended(id); });
   return err;
 }
 
 cudaError_t end_capture(cudaStream_t stream, bool per_thread, cudaError_t err) {
   // The capture is over whatever the result (an invalidated one ends too).
-  if (!Runtime::get().bypass()) Runtime::get().capture_ended(stream_id(stream, per_thread));
+  Runtime& rt = Runtime::get();
+  if (!rt.bypass()) keep_books("cudaStreamEndCapture", [&] { rt.capture_ended(stream_id(stream, per_thread)); });
   return err;
 }
 
 // ---------------------------------------------------------------- lifecycle
 
 void at_exit() {
-  if (Runtime* rt = Runtime::if_started()) {
-    rt->at_exit();
-    return;
-  }
-  // No call reached gpupool, yet CUDA may have been used all the same.
-  if (!cuda_driver_loaded()) return;
-  const gpupool::config::Config c =
-      gpupool::config::parse_config(gpupool::config::process_environment()).config;
-  gpupool::shim::set_log_level(c.log_level);
-  if (!c.disable) explain_nothing_pooled(c.static_runtime);
+  keep_books("at exit", [] {
+    if (Runtime* rt = Runtime::if_started()) {
+      rt->at_exit();
+      return;
+    }
+    // No call reached gpupool, yet CUDA may have been used all the same.
+    if (!cuda_driver_loaded()) return;
+    const gpupool::config::Config c =
+        gpupool::config::parse_config(gpupool::config::process_environment()).config;
+    gpupool::shim::set_log_level(c.log_level);
+    if (!c.disable) explain_nothing_pooled(c.static_runtime);
+  });
 }
 
+// Neither handler of the fork allocates or throws (see Runtime::before_fork).
 void prepare_fork() {
   if (Runtime* rt = Runtime::if_started()) rt->before_fork();
 }
@@ -179,11 +186,32 @@ void child_after_fork() {
   if (Runtime* rt = Runtime::if_started()) rt->after_fork_child();
 }
 
+// The driver's entry points are fetched through these (preload.c): should
+// gpupool fail there, the program gets the driver's own function.
+void* guarded_driver_entry(const char* symbol, int version, unsigned long long flags, void* real_fn,
+                   gpupool_driver_lookup_fn lookup) {
+  void* given = real_fn;
+  keep_books("cuGetProcAddress", [&] { given = gpupool::shim::driver_entry(symbol, version, flags, real_fn, lookup); });
+  return given;
+}
+int guarded_driver_library_accepted(const char* path, const char* symbol) {
+  int accepted = 0;
+  keep_books("dlsym", [&] { accepted = gpupool::shim::driver_library_accepted(path, symbol); });
+  return accepted;
+}
+void* guarded_driver_symbol(const char* exported, void* real_fn, gpupool_driver_lookup_fn lookup) {
+  void* given = real_fn;
+  keep_books("dlsym", [&] { given = gpupool::shim::driver_symbol(exported, real_fn, lookup); });
+  return given;
+}
+
 }  // namespace
+
+namespace serve {
 
 // ---------------------------------------------------------------- memory
 
-GPUPOOL_EXPORT cudaError_t cudaMalloc(void** ptr, size_t size) {
+cudaError_t cudaMalloc(void** ptr, size_t size) {
   Runtime& rt = enter();
   if (rt.bypass()) return real().cudaMalloc(ptr, size);
   if (ptr == nullptr) return fail(cudaErrorInvalidValue);
@@ -194,7 +222,7 @@ GPUPOOL_EXPORT cudaError_t cudaMalloc(void** ptr, size_t size) {
   return rt.allocate(ptr, size, gpupool::kAnyStream, rt.current_device());
 }
 
-GPUPOOL_EXPORT cudaError_t cudaFree(void* ptr) {
+cudaError_t cudaFree(void* ptr) {
   Runtime& rt = enter();
   // cudaFree(NULL) is how programs create the CUDA context (before OptiX or
   // the driver API, or to keep it out of a timing): it reaches the runtime.
@@ -208,18 +236,18 @@ GPUPOOL_EXPORT cudaError_t cudaFree(void* ptr) {
   // already orders its reuse). Not during a capture, which a synchronization
   // would break. An error it reports (an earlier kernel's) is cudaFree's to
   // return, as the runtime's would.
-  if (rt.config().free_synchronizes && !rt.bypass() && !rt.any_capture()) return rt.synchronize_device(owner);
+  if (rt.config().free_synchronizes && !rt.exiting() && !rt.any_capture()) return rt.synchronize_device(owner);
   return cudaSuccess;
 }
 
-GPUPOOL_EXPORT cudaError_t cudaMallocPitch(void** ptr, size_t* pitch, size_t width, size_t height) {
+cudaError_t cudaMallocPitch(void** ptr, size_t* pitch, size_t width, size_t height) {
   enter();
   cudaError_t err = cudaSuccess;
   if (allocate_pitched(ptr, pitch, width, height, &err)) return err;
   return real().cudaMallocPitch != nullptr ? real().cudaMallocPitch(ptr, pitch, width, height) : missing();
 }
 
-GPUPOOL_EXPORT cudaError_t cudaMalloc3D(cudaPitchedPtr* pitched, cudaExtent extent) {
+cudaError_t cudaMalloc3D(cudaPitchedPtr* pitched, cudaExtent extent) {
   enter();
   const bool fits = extent.depth == 0 || extent.height <= SIZE_MAX / extent.depth;
   void* ptr = nullptr;
@@ -232,62 +260,70 @@ GPUPOOL_EXPORT cudaError_t cudaMalloc3D(cudaPitchedPtr* pitched, cudaExtent exte
   return real().cudaMalloc3D != nullptr ? real().cudaMalloc3D(pitched, extent) : missing();
 }
 
-GPUPOOL_EXPORT cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t stream) {
+cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t stream) {
   return malloc_on(ptr, size, stream, false);
 }
-GPUPOOL_EXPORT cudaError_t cudaMallocAsync_ptsz(void** ptr, size_t size, cudaStream_t stream) {
+cudaError_t cudaMallocAsync_ptsz(void** ptr, size_t size, cudaStream_t stream) {
   return malloc_on(ptr, size, stream, true);
 }
-GPUPOOL_EXPORT cudaError_t cudaMallocFromPoolAsync(void** ptr, size_t size, cudaMemPool_t pool, cudaStream_t stream) {
+cudaError_t cudaMallocFromPoolAsync(void** ptr, size_t size, cudaMemPool_t pool, cudaStream_t stream) {
   return malloc_from_pool(ptr, size, pool, stream, false);
 }
-GPUPOOL_EXPORT cudaError_t cudaMallocFromPoolAsync_ptsz(void** ptr, size_t size, cudaMemPool_t pool,
+cudaError_t cudaMallocFromPoolAsync_ptsz(void** ptr, size_t size, cudaMemPool_t pool,
                                                         cudaStream_t stream) {
   return malloc_from_pool(ptr, size, pool, stream, true);
 }
-GPUPOOL_EXPORT cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) { return free_on(ptr, stream, false); }
-GPUPOOL_EXPORT cudaError_t cudaFreeAsync_ptsz(void* ptr, cudaStream_t stream) { return free_on(ptr, stream, true); }
+cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) { return free_on(ptr, stream, false); }
+cudaError_t cudaFreeAsync_ptsz(void* ptr, cudaStream_t stream) { return free_on(ptr, stream, true); }
 
-GPUPOOL_EXPORT cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   Runtime& rt = enter();
   const cudaError_t err = real().cudaMemGetInfo(free_bytes, total_bytes);
-  if (err == cudaSuccess && !rt.bypass()) rt.adjust_mem_get_info(free_bytes, total_bytes);
+  if (err == cudaSuccess && !rt.bypass()) {
+    keep_books("cudaMemGetInfo", [&] { rt.adjust_mem_get_info(free_bytes, total_bytes); });
+  }
   return err;
 }
 
-GPUPOOL_EXPORT cudaError_t cudaDeviceReset(void) {
+cudaError_t cudaDeviceReset(void) {
   Runtime& rt = enter();
-  if (!rt.bypass()) rt.device_reset(rt.current_device());
+  if (!rt.bypass()) {
+    rt.device_reset(rt.current_device());
+  } else if (gpupool::shim::stepped_aside()) {
+    rt.device_reset_after_stepping_aside(rt.current_device());
+  }
   return real().cudaDeviceReset != nullptr ? real().cudaDeviceReset() : missing();
 }
 
 // Trimming a device's default memory pool (PyTorch's cudaMallocAsync backend
 // and CuPy free their caches so) gives back gpupool's cache for that device
 // too: the program's stream-ordered memory is gpupool's.
-GPUPOOL_EXPORT cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t min_bytes_to_keep) {
+cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t min_bytes_to_keep) {
   Runtime& rt = enter();
   if (real().cudaMemPoolTrimTo == nullptr) return missing();
   const cudaError_t err = real().cudaMemPoolTrimTo(pool, min_bytes_to_keep);
-  if (err == cudaSuccess && !rt.bypass()) rt.trim(pool, min_bytes_to_keep);
+  if (err == cudaSuccess && !rt.bypass()) keep_books("cudaMemPoolTrimTo", [&] { rt.trim(pool, min_bytes_to_keep); });
   return err;
 }
 
 // A pool the program made, made current, takes over its stream-ordered
 // allocations on that device from gpupool (cudaMallocAsync draws from it).
-GPUPOOL_EXPORT cudaError_t cudaDeviceSetMemPool(int device, cudaMemPool_t pool) {
+cudaError_t cudaDeviceSetMemPool(int device, cudaMemPool_t pool) {
   Runtime& rt = enter();
   if (real().cudaDeviceSetMemPool == nullptr) return missing();
   const cudaError_t err = real().cudaDeviceSetMemPool(device, pool);
-  if (err == cudaSuccess && !rt.disabled()) rt.current_pool_set(device, pool);
+  if (err == cudaSuccess && !rt.disabled()) {
+    keep_books("cudaDeviceSetMemPool", [&] { rt.current_pool_set(device, pool); });
+  }
   return err;
 }
 
 // Destroying a device's current pool makes its default pool current again.
-GPUPOOL_EXPORT cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool) {
+cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool) {
   Runtime& rt = enter();
   if (real().cudaMemPoolDestroy == nullptr) return missing();
   const cudaError_t err = real().cudaMemPoolDestroy(pool);
-  if (err == cudaSuccess && !rt.disabled()) rt.pool_destroyed();
+  if (err == cudaSuccess && !rt.disabled()) keep_books("cudaMemPoolDestroy", [&] { rt.pool_destroyed(); });
   return err;
 }
 
@@ -295,41 +331,46 @@ GPUPOOL_EXPORT cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool) {
 // cudaMallocAsync backend reports memory_allocated() and memory_reserved()
 // from them, CuPy its async pool's used and total bytes), and the resets of
 // their high watermarks.
-GPUPOOL_EXPORT cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
+cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
   Runtime& rt = enter();
   if (real().cudaMemPoolGetAttribute == nullptr) return missing();
   const cudaError_t err = real().cudaMemPoolGetAttribute(pool, attr, value);
-  if (err == cudaSuccess && !rt.bypass()) rt.add_pool_figure(pool, attr, value);
+  if (err == cudaSuccess && !rt.bypass()) {
+    keep_books("cudaMemPoolGetAttribute", [&] { rt.add_pool_figure(pool, attr, value); });
+  }
   return err;
 }
 
-GPUPOOL_EXPORT cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
   Runtime& rt = enter();
   if (real().cudaMemPoolSetAttribute == nullptr) return missing();
   const cudaError_t err = real().cudaMemPoolSetAttribute(pool, attr, value);
-  if (err == cudaSuccess && !rt.bypass()) rt.reset_pool_high(pool, attr);
+  if (err == cudaSuccess && !rt.bypass()) keep_books("cudaMemPoolSetAttribute", [&] { rt.reset_pool_high(pool, attr); });
   return err;
 }
 
-GPUPOOL_EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
   Runtime& rt = enter();
   if (real().cudaDeviceEnablePeerAccess == nullptr) return missing();
   const cudaError_t err = real().cudaDeviceEnablePeerAccess(peer, flags);
   // The current device may now access the peer's memory: pooled pages too.
-  if (err == cudaSuccess && !rt.bypass()) rt.peer_access_enabled(rt.current_device(), peer);
+  if (err == cudaSuccess && !rt.bypass()) {
+    keep_books("cudaDeviceEnablePeerAccess", [&] { rt.peer_access_enabled(rt.current_device(), peer); });
+  }
   return err;
 }
 
-GPUPOOL_EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
   Runtime& rt = enter();
-  // A handle naming other memory than the block would corrupt silently.
-  if (!rt.bypass() && !rt.ipc_exportable(ptr)) return fail(cudaErrorInvalidValue);
+  // A handle naming other memory than the block would corrupt silently (also
+  // once gpupool has stepped aside: the blocks it lent are still in use).
+  if (!rt.disabled() && !rt.ipc_exportable(ptr)) return fail(cudaErrorInvalidValue);
   return real().cudaIpcGetMemHandle != nullptr ? real().cudaIpcGetMemHandle(handle, ptr) : missing();
 }
 
 // ---------------------------------------------------------------- errors
 
-GPUPOOL_EXPORT cudaError_t cudaGetLastError(void) {
+cudaError_t cudaGetLastError(void) {
   const cudaError_t runtime_error = real().cudaGetLastError();
   cudaError_t& ours = gpupool::shim::thread_error();
   if (ours == cudaSuccess) return runtime_error;
@@ -338,50 +379,56 @@ GPUPOOL_EXPORT cudaError_t cudaGetLastError(void) {
   return e;
 }
 
-GPUPOOL_EXPORT cudaError_t cudaPeekAtLastError(void) {
+cudaError_t cudaPeekAtLastError(void) {
   const cudaError_t ours = gpupool::shim::thread_error();
   return ours != cudaSuccess ? ours : real().cudaPeekAtLastError();
 }
 
 // ---------------------------------------------------------------- streams
 
-GPUPOOL_EXPORT cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+cudaError_t cudaStreamCreate(cudaStream_t* stream) {
   Runtime& rt = enter();
   const cudaError_t err = real().cudaStreamCreate(stream);
-  if (err == cudaSuccess && !rt.bypass()) rt.stream_created(*stream, cudaStreamDefault);
+  if (err == cudaSuccess && !rt.bypass()) {
+    keep_books("cudaStreamCreate", [&] { rt.stream_created(*stream, cudaStreamDefault); });
+  }
   return err;
 }
 
-GPUPOOL_EXPORT cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
   Runtime& rt = enter();
   const cudaError_t err = real().cudaStreamCreateWithFlags(stream, flags);
-  if (err == cudaSuccess && !rt.bypass()) rt.stream_created(*stream, flags);
+  if (err == cudaSuccess && !rt.bypass()) {
+    keep_books("cudaStreamCreateWithFlags", [&] { rt.stream_created(*stream, flags); });
+  }
   return err;
 }
 
-GPUPOOL_EXPORT cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags, int priority) {
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags, int priority) {
   Runtime& rt = enter();
   const cudaError_t err = real().cudaStreamCreateWithPriority(stream, flags, priority);
-  if (err == cudaSuccess && !rt.bypass()) rt.stream_created(*stream, flags);
+  if (err == cudaSuccess && !rt.bypass()) {
+    keep_books("cudaStreamCreateWithPriority", [&] { rt.stream_created(*stream, flags); });
+  }
   return err;
 }
 
-GPUPOOL_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   Runtime& rt = enter();
   if (!rt.bypass() && stream != nullptr) rt.stream_destroying(stream);
   return real().cudaStreamDestroy(stream);
 }
 
-GPUPOOL_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
   enter();
   return begin_capture(stream, false, [&] { return real().cudaStreamBeginCapture(stream, mode); });
 }
-GPUPOOL_EXPORT cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, cudaStreamCaptureMode mode) {
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, cudaStreamCaptureMode mode) {
   enter();
   if (real().cudaStreamBeginCapture_ptsz == nullptr) return missing();
   return begin_capture(stream, true, [&] { return real().cudaStreamBeginCapture_ptsz(stream, mode); });
 }
-GPUPOOL_EXPORT cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t stream, cudaGraph_t graph,
+cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t stream, cudaGraph_t graph,
                                                          const cudaGraphNode_t* deps, const cudaGraphEdgeData* data,
                                                          size_t count, cudaStreamCaptureMode mode) {
   enter();
@@ -389,7 +436,7 @@ GPUPOOL_EXPORT cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t stream, cu
   return begin_capture(stream, false,
                        [&] { return real().cudaStreamBeginCaptureToGraph(stream, graph, deps, data, count, mode); });
 }
-GPUPOOL_EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t stream, cudaGraph_t graph,
+cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t stream, cudaGraph_t graph,
                                                               const cudaGraphNode_t* deps,
                                                               const cudaGraphEdgeData* data, size_t count,
                                                               cudaStreamCaptureMode mode) {
@@ -398,15 +445,26 @@ GPUPOOL_EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t strea
   return begin_capture(
       stream, true, [&] { return real().cudaStreamBeginCaptureToGraph_ptsz(stream, graph, deps, data, count, mode); });
 }
-GPUPOOL_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
   enter();
   return end_capture(stream, false, real().cudaStreamEndCapture(stream, graph));
 }
-GPUPOOL_EXPORT cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t* graph) {
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t* graph) {
   enter();
   if (real().cudaStreamEndCapture_ptsz == nullptr) return missing();
   return end_capture(stream, true, real().cudaStreamEndCapture_ptsz(stream, graph));
 }
+
+}  // namespace serve
+
+// ---------------------------------------------------------------- the guard
+
+// What the program calls: each entry point's work under the guard, so that no
+// exception ever reaches the program's frames (see step_aside.hpp).
+#define GPUPOOL_ENTRY(name, params, args) \
+  GPUPOOL_EXPORT cudaError_t name params { return guarded(#name, [&] { return serve::name args; }); }
+#include "shim/entry_points.def"
+#undef GPUPOOL_ENTRY
 
 // ---------------------------------------------------------------- the table
 
@@ -423,9 +481,9 @@ extern "C" __attribute__((visibility("default"))) const gpupool_core* gpupool_co
       &prepare_fork,
       &parent_after_fork,
       &child_after_fork,
-      &gpupool::shim::driver_entry,
-      &gpupool::shim::driver_library_accepted,
-      &gpupool::shim::driver_symbol,
+      &guarded_driver_entry,
+      &guarded_driver_library_accepted,
+      &guarded_driver_symbol,
   };
   return &table;
 }

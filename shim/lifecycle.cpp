@@ -6,11 +6,14 @@
 #include <link.h>
 #include <signal.h>
 
+#include <cstdio>
 #include <cstring>
+#include <new>
 
 #include "shim/messages.hpp"
 #include "shim/report_file.hpp"
 #include "shim/runtime.hpp"
+#include "shim/step_aside.hpp"
 
 namespace gpupool::shim {
 
@@ -86,6 +89,24 @@ void Runtime::write_requested_report() {
 void Runtime::write_report(const char* reason) {
   if (disabled_ || !config_.report || !used_.load()) return;
   if (trace_) trace_->flush();
+  // Once stepped aside, the pools are left as they were (see step_aside.hpp).
+  if (!stepped_aside()) return_held_blocks();
+  const double seconds = static_cast<double>(clock_.now_ns()) / 1e9;
+  try {
+    std::vector<DeviceState*> states;
+    for (int i = 0; i < kMaxDevices; ++i) {
+      if (DeviceState* d = existing(i)) states.push_back(d);
+    }
+    write_report_file(config_, problems_, config_notes_, states, call_sites_, caches_, reason, seconds);
+  } catch (const std::exception& e) {
+    // Nothing in the pools changes while a report is made: only the report is lost.
+    char line[200];
+    std::snprintf(line, sizeof line, "gpupool: cannot make the report: %s", e.what());
+    message(config::LogLevel::Error, line);
+  }
+}
+
+void Runtime::return_held_blocks() {
   // Blocks freed on another device's stream whose work is done are the
   // pool's again, not the program's: a mid-run report shows them freed. (At
   // exit none is left, and no CUDA call is made; a query during a capture
@@ -97,19 +118,13 @@ void Runtime::write_report(const char* reason) {
     if (!d->foreign_frees.empty()) return_foreign_frees(*d, false);
   }
   caches_.flush_all();  // so that the pools' current figures are the program's
-  std::vector<DeviceState*> states;
-  for (int i = 0; i < kMaxDevices; ++i) {
-    if (DeviceState* d = existing(i)) states.push_back(d);
-  }
-  const double seconds = static_cast<double>(clock_.now_ns()) / 1e9;
-  write_report_file(config_, problems_, config_notes_, states, call_sites_, caches_, reason, seconds);
 }
 
 void Runtime::at_exit() {
   if (exiting_.exchange(true)) return;
   // Frees still waiting on another device's stream were the program's frees:
   // count them so (no CUDA call: the device may be gone; events are leaked).
-  for (int i = 0; i < kMaxDevices; ++i) {
+  for (int i = 0; i < kMaxDevices && !stepped_aside(); ++i) {
     DeviceState* d = existing(i);
     if (d == nullptr) continue;
     std::lock_guard<AdaptiveMutex> lock(d->mu);
@@ -146,7 +161,13 @@ void Runtime::at_exit() {
 // the sites of leaks with it held) and the trace's (a free is traced with it
 // held); the messages' lock last.
 void Runtime::before_fork() {
-  inherited_.reserve(inherited_.size() + kMaxDevices);  // the child's handler must not allocate
+  // The child's handler must not allocate: room for the parent's pools is
+  // made now. Should there be none, the child loses track of them (they are
+  // never used there either way).
+  try {
+    inherited_.reserve(inherited_.size() + kMaxDevices);
+  } catch (const std::bad_alloc&) {
+  }
   caches_.flush_mutex().lock();
   devices_mu_.lock();
   streams_mu_.lock();
@@ -180,7 +201,8 @@ void Runtime::after_fork_parent() {
 void Runtime::after_fork_child() {
   after_fork_parent();  // the child is this one thread now
   for (int i = 0; i < kMaxDevices; ++i) {
-    if (DeviceState* d = devices_[i].exchange(nullptr)) inherited_.push_back(d);  // room made before the fork
+    DeviceState* d = devices_[i].exchange(nullptr);
+    if (d != nullptr && inherited_.size() < inherited_.capacity()) inherited_.push_back(d);  // room made before
   }
   parents_streams_ = true;
   streams_generation_.fetch_add(1);

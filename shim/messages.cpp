@@ -4,6 +4,7 @@
 #include <spdlog/sinks/stdout_sinks.h>
 
 #include <atomic>
+#include <cstdio>
 #include <memory>
 #include <mutex>
 
@@ -14,6 +15,7 @@ namespace {
 std::atomic<config::LogLevel> g_level{config::LogLevel::Info};
 // Ours, not spdlog's console lock: fork's handlers hold it (see messages.hpp).
 std::mutex g_write_mu;
+bool g_line_failed = false;  // spdlog could not write the line (g_write_mu held)
 
 // Not registered with spdlog's global registry: the host program may use spdlog
 // itself, and ours must never collide with or outlive its loggers.
@@ -22,6 +24,8 @@ spdlog::logger& stderr_logger() {
     auto* l = new spdlog::logger("gpupool", std::make_shared<spdlog::sinks::stderr_sink_st>());
     l->set_pattern("%v");
     l->set_level(spdlog::level::trace);
+    // spdlog reports its own failures here instead of throwing.
+    l->set_error_handler([](const std::string&) { g_line_failed = true; });
     return l;
   }();
   return *logger;
@@ -31,11 +35,18 @@ spdlog::logger& stderr_logger() {
 
 void set_log_level(config::LogLevel level) { g_level.store(level); }
 
-void message(config::LogLevel level, const std::string& line) {
+void message(config::LogLevel level, std::string_view line) {
   if (level == config::LogLevel::Off || static_cast<int>(level) > static_cast<int>(g_level.load())) return;
   std::lock_guard<std::mutex> lock(g_write_mu);
-  stderr_logger().info(line);
-  stderr_logger().flush();
+  g_line_failed = false;
+  try {
+    stderr_logger().info(line);
+    stderr_logger().flush();
+  } catch (...) {
+    g_line_failed = true;
+  }
+  // Out of host memory, the line still goes out, unformatted.
+  if (g_line_failed) std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
 }
 
 std::mutex& messages_mutex() { return g_write_mu; }

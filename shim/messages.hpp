@@ -4,13 +4,14 @@
 
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include "config/config.hpp"
 
 namespace gpupool::shim {
 
 void set_log_level(config::LogLevel level);
-void message(config::LogLevel level, const std::string& line);
+void message(config::LogLevel level, std::string_view line);
 // Held while a line is written, and across fork() (taken last: lines are
 // written with other locks held) so that a child never inherits it locked.
 std::mutex& messages_mutex();

@@ -14,6 +14,7 @@
 #include "report/format.hpp"
 #include "shim/messages.hpp"
 #include "shim/runtime.hpp"
+#include "shim/step_aside.hpp"
 
 namespace gpupool::shim {
 
@@ -139,6 +140,8 @@ void write_report_file(const config::Config& config, const std::vector<config::P
   }
   for (const config::Problem& p : problems) r.config_problems.push_back(p.line());
   r.config_notes = notes;
+  r.stepped_aside_call = stepped_aside_call();
+  r.stepped_aside_reason = stepped_aside_reason();
   for (DeviceState* d : devices) {
     std::lock_guard<AdaptiveMutex> lock(d->mu);
     report::DeviceReport dr = report::collect(*d->pool, d->device);
@@ -157,14 +160,20 @@ void write_report_file(const config::Config& config, const std::vector<config::P
   const std::string path =
       expand_path_template(config.log.empty() ? default_path(config.log_format) : config.log);
   const std::string text = config.log_format == config::LogFormat::Json ? report::to_json(r) : report::to_text(r);
+  std::string failure;
   try {
     // Synchronous, not registered globally, truncating: one file per report.
     spdlog::logger file("gpupool-report", std::make_shared<spdlog::sinks::basic_file_sink_st>(path, true));
     file.set_pattern("%v");
+    // spdlog reports a failure to write here instead of throwing.
+    file.set_error_handler([&failure](const std::string& what) { failure = what; });
     file.info(text.substr(0, text.empty() ? 0 : text.size() - 1));  // the sink adds the newline
     file.flush();
   } catch (const std::exception& e) {
-    message(config::LogLevel::Error, "gpupool: GPUPOOL_LOG: cannot write the report to '" + path + "': " + e.what());
+    failure = e.what();
+  }
+  if (!failure.empty()) {
+    message(config::LogLevel::Error, "gpupool: GPUPOOL_LOG: cannot write the report to '" + path + "': " + failure);
     return;
   }
   message(config::LogLevel::Info, "gpupool: report written to " + path);

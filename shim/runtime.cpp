@@ -137,14 +137,18 @@ bool Runtime::take_cached(void** out, std::size_t size, StreamId consumer, int d
   return true;
 }
 
+// Never throws: it also runs as a thread ends.
 void Runtime::give_back_cached(const CachedBlock& block) {
-  Runtime& rt = get();
-  DeviceState* d = rt.existing(block.block.device);
-  if (d == nullptr) return;
-  LiveBlock parked{};
-  rt.caches_.live().take(block.ptr, &parked);  // the pool's again: a later free is the pool's to judge
-  std::lock_guard<AdaptiveMutex> lock(d->mu);
-  d->pool->deallocate(block.ptr, block.stream);
+  if (stepped_aside()) return;  // kept (see keep_after_stepping_aside)
+  keep_books("a thread cache's flush", [&] {
+    Runtime& rt = get();
+    DeviceState* d = rt.existing(block.block.device);
+    if (d == nullptr) return;
+    LiveBlock parked{};
+    rt.caches_.live().take(block.ptr, &parked);  // the pool's again: a later free is the pool's to judge
+    std::lock_guard<AdaptiveMutex> lock(d->mu);
+    d->pool->deallocate(block.ptr, block.stream);
+  });
 }
 
 cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, int dev, bool* runtime_serves,
@@ -218,6 +222,7 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
 
 FreeResult Runtime::deallocate(void* ptr, StreamId site, int site_device, int* owner) {
   const auto p = reinterpret_cast<DevicePtr>(ptr);
+  if (stepped_aside()) return keep_after_stepping_aside(p, owner);
   // The freeing stream's device state, made now if it is new (free_foreign
   // needs it): never while a pool's lock is held, which would invert the
   // order fork's handler takes the locks in.
@@ -283,6 +288,24 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site, int site_device, int* o
     return r;
   }
   return FreeResult::NotOwned;
+}
+
+FreeResult Runtime::keep_after_stepping_aside(DevicePtr ptr, int* owner) {
+  // Never lent again, so never lent twice, whatever the failure left half
+  // done: only the segment map is read, which an exception leaves whole.
+  for (int i = 0; i < kMaxDevices; ++i) {
+    DeviceState* d = existing(i);
+    if (d == nullptr || d->reset_after_stepping_aside.load()) continue;
+    std::lock_guard<AdaptiveMutex> lock(d->mu);
+    if (!d->pool->owns(ptr)) continue;
+    if (owner != nullptr) *owner = i;
+    return FreeResult::Freed;
+  }
+  return FreeResult::NotOwned;
+}
+
+void Runtime::device_reset_after_stepping_aside(int dev) {
+  if (DeviceState* d = existing(dev)) d->reset_after_stepping_aside.store(true);
 }
 
 cudaError_t Runtime::synchronize_device(int dev) {

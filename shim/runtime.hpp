@@ -19,6 +19,7 @@
 #include "shim/call_sites.hpp"
 #include "shim/cuda_upstream.hpp"
 #include "shim/locks.hpp"
+#include "shim/step_aside.hpp"
 #include "shim/thread_cache.hpp"
 #include "shim/trace_writer.hpp"
 
@@ -43,6 +44,9 @@ struct DeviceState {
     int event_device;  // the freeing stream's device
   };
   std::vector<ForeignFree> foreign_frees;
+  // Reset after gpupool stepped aside: the runtime freed its memory, so the
+  // pool no longer says which pointers are gpupool's.
+  std::atomic<bool> reset_after_stepping_aside{false};
 };
 
 // True when the process has loaded the CUDA driver (libcuda): it used CUDA.
@@ -64,10 +68,12 @@ class Runtime {
   // The runtime if some intercepted call has started it, else null.
   static Runtime* if_started() { return started_.load(std::memory_order_acquire); }
 
-  // True when calls go straight to the runtime: GPUPOOL_DISABLE=1, or the
-  // process is exiting (nothing may call into CUDA for the pool then).
-  bool bypass() const { return disabled_ || exiting_.load(std::memory_order_relaxed); }
+  // True when calls go straight to the runtime: GPUPOOL_DISABLE=1, the
+  // process is exiting (nothing may call into CUDA for the pool then), or
+  // gpupool stepped aside (step_aside.hpp).
+  bool bypass() const { return disabled_ || exiting_.load(std::memory_order_relaxed) || stepped_aside(); }
   bool disabled() const { return disabled_; }
+  bool exiting() const { return exiting_.load(std::memory_order_relaxed); }
   const config::Config& config() const { return config_; }
 
   // With `runtime_serves` (a stream-ordered call): nothing is allocated and
@@ -81,6 +87,7 @@ class Runtime {
                        bool named_default_pool = false);
   // Freed: done. NotOwned: the caller passes the pointer to the runtime.
   // NotAllocated: a pointer inside the pool that is not live (double free).
+  // Once gpupool has stepped aside, a pointer into the pool is Freed and kept.
   // site_device: the device of the stream `site` (a stream-ordered free).
   // Freed, *owner (if given) is the device whose memory it was.
   FreeResult deallocate(void* ptr, StreamId site, int site_device = -1, int* owner = nullptr);
@@ -102,6 +109,9 @@ class Runtime {
   bool any_capture() const { return captures_active_.load(std::memory_order_relaxed) > 0; }
   void adjust_mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
   void device_reset(int device);
+  // The same, once gpupool has stepped aside: the device's pool is left as
+  // it was, and pointers into it are no longer taken as gpupool's.
+  void device_reset_after_stepping_aside(int device);
   // cudaMemPoolTrimTo(pool, keep): each device whose default pool that is
   // gives back its idle memory (threads' caches first), unless it reserves
   // no more than `keep`.
@@ -152,6 +162,9 @@ class Runtime {
   DeviceState* existing(int index) const { return devices_[index].load(std::memory_order_acquire); }
   void install_report_signal();
   void write_requested_report();
+  // Before a report: the blocks held outside the pools (threads' caches,
+  // frees whose work on another device is done) go back to them.
+  void return_held_blocks();
   void warn_oom(const DeviceState& d);
   // Bytes of `device`'s blocks that threads keep for reuse: the program freed
   // them, the pool counts them allocated. Takes the caches' locks, so call it
@@ -167,6 +180,8 @@ class Runtime {
     if (!used_.load(std::memory_order_relaxed)) used_.store(true, std::memory_order_relaxed);
   }
   bool take_cached(void** out, std::size_t size, StreamId consumer, int device);
+  // deallocate once gpupool has stepped aside.
+  FreeResult keep_after_stepping_aside(DevicePtr ptr, int* owner);
   // A block of d freed on a stream of another device (d.mu held).
   FreeResult free_foreign(DeviceState& d, DevicePtr ptr, StreamId site, int site_device);
   // Gives back to d's pool the foreign frees whose event has completed; with

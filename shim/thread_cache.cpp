@@ -1,6 +1,7 @@
 #include "shim/thread_cache.hpp"
 
 #include <algorithm>
+#include <new>
 
 namespace gpupool::shim {
 
@@ -281,10 +282,15 @@ void StreamCaches::thread_exiting(ThreadCache* cache) {
   {
     std::lock_guard<std::mutex> registry(registry_mu_);
     caches_.erase(std::remove(caches_.begin(), caches_.end(), cache), caches_.end());
-    if (ended_.size() < cache->traffic.size()) ended_.resize(cache->traffic.size());
-    for (std::size_t d = 0; d < cache->traffic.size(); ++d) {
-      cache->traffic[d].kept_bytes = 0;  // all given back below
-      ended_[d].add(cache->traffic[d]);
+    // Nothing may throw out of a thread's exit: with no room for its figures,
+    // the report leaves them out.
+    try {
+      if (ended_.size() < cache->traffic.size()) ended_.resize(cache->traffic.size());
+      for (std::size_t d = 0; d < cache->traffic.size(); ++d) {
+        cache->traffic[d].kept_bytes = 0;  // all given back below
+        ended_[d].add(cache->traffic[d]);
+      }
+    } catch (const std::bad_alloc&) {
     }
   }
   // The thread is ending: nothing else can use this cache any more.
