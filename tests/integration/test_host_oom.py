@@ -1,0 +1,108 @@
+"""gpupool's own host allocations failing inside a program (std::bad_alloc,
+the host out of memory): the program must never notice."""
+import collections
+import concurrent.futures
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+from harness import BUILD, LIBRARY, SOURCE, ShimTest, main, sanitizer_runtime
+
+
+class HostMemoryFailure(ShimTest):
+    # test-host-oom with libtest-failing-malloc.so ahead of gpupool: the
+    # core's N-th host allocation after the program's start fails (std::bad_alloc
+    # inside gpupool, as when the host is out of memory), or that one and every
+    # later one. The program exits 1 unless every CUDA call it makes succeeds,
+    # no two live blocks overlap and each keeps its bytes.
+    FAULTS = os.path.join(BUILD, "tests", "libtest-failing-malloc.so")
+    CONFIGS = {"default": {},
+               "traced": {"GPUPOOL_TRACE": "trace.csv", "GPUPOOL_BACKTRACE": "1", "GPUPOOL_EXPANDABLE_SEGMENTS": "0"}}
+
+    def run_failing(self, first, every, env, fmt="json"):
+        workdir = tempfile.mkdtemp(dir=self.workdir)
+        e = {k: os.path.join(workdir, v) if k == "GPUPOOL_TRACE" else v for k, v in env.items()}
+        e["GPUPOOL_LOG"] = os.path.join(workdir, "report-%p." + fmt)
+        e["SIMCUDA_COUNTERS_FILE"] = os.path.join(workdir, "counters.json")
+        run = self.run_program(["test-host-oom", str(first), str(every)], env=e, fmt=fmt,
+                               library=f"{self.FAULTS}:{LIBRARY}")
+        reports = glob.glob(os.path.join(workdir, "report-*"))
+        report = None
+        if len(reports) == 1:
+            with open(reports[0]) as f:
+                report = json.load(f) if fmt == "json" else f.read()
+        return run, report
+
+    def check(self, run, report, first, every):
+        where = f"failing from the core's allocation {first}{' on' if every else ''}"
+        self.assertEqual(run.code, 0, f"{where}: exit {run.code}\n{run.stdout}\n{run.stderr}")
+        failures = run.output_json()["failures"]
+        aside = re.findall(r"^gpupool: (\S+) failed inside gpupool: ", run.stderr, re.M)
+        lost_report = re.search(r"^gpupool: (GPUPOOL_LOG: )?cannot (make|write) the report.*: std::bad_alloc$",
+                                run.stderr, re.M) is not None
+        self.assertLessEqual(len(aside), 1, f"{where}:\n{run.stderr}")
+        # Told only when it happened. (A failure may also go untold: one that
+        # made a line on stderr go out unformatted.)
+        self.assertTrue(failures > 0 or not (aside or lost_report), f"{where}:\n{run.stderr}")
+        self.assertIsNotNone(report, f"{where}: no report at exit\n{run.stderr}")  # written once disarmed
+        if aside:
+            self.assertEqual(report["stepped_aside"], {"call": aside[0], "reason": "out of host memory (std::bad_alloc)"})
+        else:
+            # Nothing was left half done: the program freed all it allocated.
+            self.assertNotIn("stepped_aside", report)
+            stats = report["devices"]["0"]["stats"]
+            self.assertEqual(stats["allocation.all.current"], 0, where)
+            self.assertEqual(stats["allocated_bytes.all.current"], 0, where)
+        return "aside" if aside else "report" if lost_report else "none"
+
+    def test_failing_host_allocations_never_reach_the_program(self):
+        if sanitizer_runtime():
+            self.skipTest("a sanitizer's runtime owns malloc")
+        outcomes = collections.Counter()
+        for name, env in self.CONFIGS.items():
+            run, report = self.run_failing(0, 0, env)
+            self.check(run, report, 0, 0)
+            total = run.output_json()["core_allocations"]
+            self.assertGreater(total, 100, name)
+            # Each of the first allocations, then a spread over the rest (the
+            # report asked for by signal makes most of them).
+            firsts = sorted(set(range(1, 11)) | {11 + (total - 11) * i // 16 for i in range(17)})
+            cases = [(n, 0) for n in firsts] + [(n, 1) for n in firsts[::3]]
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                runs = list(pool.map(lambda case: (case, self.run_failing(*case, env)), cases))
+            for (first, every), (run, report) in runs:
+                with self.subTest(config=name, first=first, every=every):
+                    outcomes[self.check(run, report, first, every)] += 1
+        # Both ways a failure can end were seen.
+        self.assertGreater(outcomes["aside"], 0, outcomes)
+        self.assertGreater(outcomes["report"], 0, outcomes)
+
+    def test_every_form_of_the_report_says_where_gpupool_stepped_aside(self):
+        if sanitizer_runtime():
+            self.skipTest("a sanitizer's runtime owns malloc")
+        import jsonschema
+        run, report = self.run_failing(1, 0, {})
+        self.assertSucceeded(run)
+        call = re.search(r"^gpupool: (\S+) failed inside gpupool: ", run.stderr, re.M).group(1)
+        with open(os.path.join(SOURCE, "docs", "report.schema.json")) as f:
+            jsonschema.validate(report, json.load(f))
+        self.assertEqual(report["stepped_aside"]["call"], call)
+        told = f"gpupool stepped aside at {call}: out of host memory (std::bad_alloc)"
+        path = os.path.join(self.workdir, "report.json")
+        with open(path, "w") as f:
+            json.dump(report, f)
+        viewer = subprocess.run([sys.executable, os.path.join(SOURCE, "scripts", "gpupool"), "report", path],
+                                capture_output=True, text=True, timeout=60)
+        self.assertEqual(viewer.returncode, 0, viewer.stderr)
+        self.assertIn(told, viewer.stdout)
+        run, text = self.run_failing(1, 0, {}, fmt="text")
+        self.assertSucceeded(run)
+        self.assertIn(told, text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+// A program that goes on using the GPU while gpupool's own host allocations
+// fail (run with libtest-failing-malloc.so preloaded ahead of libgpupool.so).
+//   host-oom FIRST ALL
+//     arms the failures at the core's FIRST-th allocation from now on (0:
+//     none, only counted; ALL=1: that one and every later one), then
+//     allocates, tags, checks and frees blocks of many sizes with cudaMalloc
+//     and cudaMallocAsync on three streams, from two threads, asks for a
+//     report by signal, reads the memory figures and trims; every CUDA call
+//     must succeed, no two live blocks may overlap and each must hold its tag.
+//     Prints {"core_allocations": N, "failures": F} (counted while armed).
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+
+#include "common.hpp"
+
+namespace {
+
+struct Live {
+  char* ptr;
+  size_t size;
+  unsigned char tag;
+  cudaStream_t freed_on;  // cudaFreeAsync on this stream; nullptr: cudaFree
+};
+
+const size_t kSizes[] = {512, 1000, 4096, 70000, 300000, 1 << 20, 2 << 20, 3 << 20};
+
+void check_all(std::vector<Live>& live) {
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::sort(live.begin(), live.end(), [](const Live& a, const Live& b) { return a.ptr < b.ptr; });
+  for (size_t i = 0; i < live.size(); ++i) {
+    EXPECT(i == 0 || live[i - 1].ptr + live[i - 1].size <= live[i].ptr);
+    EXPECT(testprog::holds_sampled(live[i].ptr, live[i].size, live[i].tag));
+  }
+}
+
+void free_block(const Live& b) {
+  if (b.freed_on == nullptr) {
+    CHECK_CUDA(cudaFree(b.ptr));
+  } else {
+    CHECK_CUDA(cudaFreeAsync(b.ptr, b.freed_on));
+  }
+}
+
+// Stream-ordered pairs on this thread's default stream, each block checked.
+void pairs_on_another_thread() {
+  std::thread([] {
+    for (int i = 0; i < 64; ++i) {
+      const size_t size = kSizes[i % 6];
+      void* p = nullptr;
+      CHECK_CUDA(cudaMallocAsync(&p, size, cudaStreamPerThread));
+      const auto tag = static_cast<unsigned char>(0x80 | i);
+      CHECK_CUDA(cudaMemsetAsync(p, tag, size, cudaStreamPerThread));
+      CHECK_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
+      EXPECT(testprog::holds_sampled(p, size, tag));
+      CHECK_CUDA(cudaFreeAsync(p, cudaStreamPerThread));
+    }
+    CHECK_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
+  }).join();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: host-oom FIRST ALL\n");
+    return 2;
+  }
+  auto arm = reinterpret_cast<int (*)(long, int)>(dlsym(RTLD_DEFAULT, "failing_malloc_arm"));
+  auto disarm = reinterpret_cast<long (*)(long*)>(dlsym(RTLD_DEFAULT, "failing_malloc_disarm"));
+  EXPECT(arm != nullptr && disarm != nullptr);
+  CHECK_CUDA(cudaFree(nullptr));  // loads gpupool's core
+  void* first = nullptr;
+  CHECK_CUDA(cudaMalloc(&first, 512));  // and starts device 0's pool
+  CHECK_CUDA(cudaFree(first));
+  EXPECT(arm(std::atol(argv[1]), std::atoi(argv[2])) == 1);
+
+  cudaStream_t streams[3] = {cudaStreamLegacy, nullptr, nullptr};
+  CHECK_CUDA(cudaStreamCreateWithFlags(&streams[1], cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreate(&streams[2]));
+  std::vector<Live> live;
+  unsigned char next_tag = 1;
+  auto allocate = [&](int i) {
+    const size_t size = kSizes[i % 8] + static_cast<size_t>(i) * 512;
+    Live b{nullptr, size, next_tag++, nullptr};
+    if (next_tag == 0x80) next_tag = 1;
+    if (i % 3 == 0) {
+      CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&b.ptr), size));
+      CHECK_CUDA(cudaMemset(b.ptr, b.tag, size));
+      if (i % 2 == 0) b.freed_on = streams[1];  // a cudaMalloc block freed stream-ordered
+    } else {
+      cudaStream_t s = streams[i % 3];
+      CHECK_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&b.ptr), size, s));
+      CHECK_CUDA(cudaMemsetAsync(b.ptr, b.tag, size, s));
+      b.freed_on = i % 4 == 1 ? nullptr : streams[(i + 1) % 3];
+    }
+    live.push_back(b);
+  };
+
+  for (int round = 0; round < 4; ++round) {
+    for (int i = 0; i < 24; ++i) allocate(round * 24 + i);
+    check_all(live);
+    std::vector<Live> kept;
+    for (size_t i = 0; i < live.size(); ++i) {
+      if (i % 2 == 0) {
+        free_block(live[i]);
+      } else {
+        kept.push_back(live[i]);
+      }
+    }
+    live.swap(kept);
+    for (int i = 0; i < 12; ++i) allocate(round * 24 + i * 2);
+    check_all(live);
+    if (round == 1) {
+      raise(SIGUSR1);  // the next call writes a report
+      pairs_on_another_thread();
+    }
+    if (round == 2) {
+      size_t free_bytes = 0;
+      size_t total = 0;
+      CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
+      cudaMemPool_t pool = nullptr;
+      CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, 0));
+      std::uint64_t used = 0;
+      CHECK_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+      CHECK_CUDA(cudaMemPoolTrimTo(pool, 0));
+    }
+  }
+  for (const Live& b : live) free_block(b);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_CUDA(cudaStreamDestroy(streams[1]));
+  CHECK_CUDA(cudaStreamDestroy(streams[2]));
+  long failures = 0;
+  const long counted = disarm(&failures);
+  std::printf("{\"core_allocations\": %ld, \"failures\": %ld}\n", counted, failures);
+  return 0;
+}
