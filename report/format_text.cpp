@@ -259,7 +259,9 @@ std::string to_text(const Report& r) {
   for (const std::string& p : r.config_problems) out += "  problem: " + p + "\n";
   for (const std::string& n : r.config_notes) out += "  note: " + n + "\n";
   if (!r.stepped_aside_call.empty()) {
-    out += "\n" + stepped_aside_line(r) + "\n";
+    out += '\n';
+    out += stepped_aside_line(r);
+    out += '\n';
   }
   if (r.devices.empty()) out += "\nNo device memory went through gpupool.\n";
   for (const DeviceReport& d : r.devices) device_section(out, d);

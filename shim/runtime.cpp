@@ -613,6 +613,8 @@ void Runtime::add_pool_figure(cudaMemPool_t pool, cudaMemPoolAttr attr, void* va
     const MemoryStats& s = d.pool->stats();
     const std::int64_t figure = high ? (used ? s.stream_ordered_high : s.reserved_high)
                                      : (used ? s.stream_ordered_bytes.current : s.reserved_bytes[kAll].current) - kept;
+    // `kept` was read before this lock: a thread may have taken a kept block
+    // back since, so the figure can read low, even below 0.
     if (figure > 0) added += static_cast<std::uint64_t>(figure);
   });
   *static_cast<std::uint64_t*>(value) += added;
