@@ -81,6 +81,25 @@ class HostMemoryFailure(ShimTest):
         self.assertGreater(outcomes["aside"], 0, outcomes)
         self.assertGreater(outcomes["report"], 0, outcomes)
 
+    def test_once_stepped_aside_the_runtime_memory_is_never_taken_for_gpupools(self):
+        # test-host-oom after-reset: gpupool's blocks are kept, not exported
+        # over IPC, and after a device reset the runtime's memory at the
+        # addresses of gpupool's old segment is freed by the runtime (the
+        # program checks that the device ends with all its memory free).
+        if sanitizer_runtime():
+            self.skipTest("a sanitizer's runtime owns malloc")
+        for expandable in ("0", "1"):
+            with self.subTest(expandable_segments=expandable):
+                run = self.run_program(["test-host-oom", "after-reset"], library=f"{self.FAULTS}:{LIBRARY}",
+                                       env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                self.assertSucceeded(run)
+                self.assertIn("gpupool steps aside", run.stderr)
+                if expandable == "0":
+                    # The case is there: the runtime's blocks landed in the old segment.
+                    self.assertGreater(run.output_json()["in_old_segment"], 0)
+                for path in run.reports():
+                    os.remove(path)
+
     def test_every_form_of_the_report_says_where_gpupool_stepped_aside(self):
         if sanitizer_runtime():
             self.skipTest("a sanitizer's runtime owns malloc")

@@ -8,6 +8,14 @@
 //     report by signal, reads the memory figures and trims; every CUDA call
 //     must succeed, no two live blocks may overlap and each must hold its tag.
 //     Prints {"core_allocations": N, "failures": F} (counted while armed).
+//   host-oom after-reset
+//     holds two blocks of one fixed segment, has gpupool step aside at its
+//     next allocation (a stream's state), frees one, asks for an IPC handle
+//     of the other (not the segment's start: refused), resets the device,
+//     then makes 40 pairs of 3 MiB, each checked: all the runtime's now, some
+//     at addresses the reset freed from gpupool; at the end the device must
+//     have all its memory free (no free of the runtime's memory was taken for
+//     gpupool's). Prints {"in_old_segment": K} (pairs that landed there).
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -61,14 +69,51 @@ void pairs_on_another_thread() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: host-oom FIRST ALL\n");
-    return 2;
+int after_reset(int (*arm)(long, int)) {
+  constexpr size_t kBlock = 3 << 20;
+  char* first = nullptr;
+  char* second = nullptr;
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&first), kBlock));
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&second), kBlock));
+  EXPECT(arm(1, 0) == 1);
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaFree(first));
+  cudaIpcMemHandle_t handle;
+  EXPECT(cudaIpcGetMemHandle(&handle, second) == cudaErrorInvalidValue);
+  EXPECT(cudaGetLastError() == cudaErrorInvalidValue);
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  CHECK_CUDA(cudaDeviceReset());
+  int in_old_segment = 0;
+  for (int i = 0; i < 40; ++i) {
+    char* p = nullptr;
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&p), kBlock));
+    in_old_segment += p >= first && p < first + (20 << 20);  // a fixed segment of 20 MiB
+    const auto tag = static_cast<unsigned char>(i + 1);
+    CHECK_CUDA(cudaMemset(p, tag, kBlock));
+    EXPECT(testprog::holds_sampled(p, kBlock, tag));
+    CHECK_CUDA(cudaFree(p));
   }
+  size_t free_bytes = 0;
+  size_t total = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
+  EXPECT(free_bytes == total);
+  std::printf("{\"in_old_segment\": %d}\n", in_old_segment);
+  return 0;
+}
+
+int main(int argc, char** argv) {
   auto arm = reinterpret_cast<int (*)(long, int)>(dlsym(RTLD_DEFAULT, "failing_malloc_arm"));
   auto disarm = reinterpret_cast<long (*)(long*)>(dlsym(RTLD_DEFAULT, "failing_malloc_disarm"));
   EXPECT(arm != nullptr && disarm != nullptr);
+  if (argc == 2 && std::strcmp(argv[1], "after-reset") == 0) {
+    CHECK_CUDA(cudaFree(nullptr));  // loads gpupool's core
+    return after_reset(arm);
+  }
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: host-oom FIRST ALL | host-oom after-reset\n");
+    return 2;
+  }
   CHECK_CUDA(cudaFree(nullptr));  // loads gpupool's core
   void* first = nullptr;
   CHECK_CUDA(cudaMalloc(&first, 512));  // and starts device 0's pool
