@@ -205,6 +205,17 @@ if [ ! -f "$repeat_log" ] || grep -q "needs the driver's virtual memory calls" "
 else
   record "expandable segments on this driver" PASS ""
 fi
+
+echo "== gpupool's own host allocations failing (std::bad_alloc inside it): the program never notices"
+cc -O2 -shared -fPIC -o "$out/libtest-failing-malloc.so" tests/programs/failing_malloc.c ||
+  { echo "gpu-check: cc failed (failing_malloc.c)"; exit 1; }
+faults=(LD_PRELOAD="$out/libtest-failing-malloc.so:$lib")  # ahead of gpupool
+for first in 1 40 300; do
+  run "gpupool's host allocation $first failing" 0 "${pool[@]}" "${faults[@]}" -- build/bin/test-host-oom "$first" 0
+done
+run "gpupool's host allocations failing from the 20th on" 0 "${pool[@]}" "${faults[@]}" -- build/bin/test-host-oom 20 1
+run "once stepped aside: blocks kept, IPC refused, a reset" 0 "${pool[@]}" "${faults[@]}" GPUPOOL_EXPANDABLE_SEGMENTS=0 \
+  -- build/bin/test-host-oom after-reset
 run "memory pool figures, the runtime's alone (no gpupool)" 0 -- build/bin/test-meminfo pool
 run "a pool of the program's own made current (no gpupool)" 0 -- build/bin/test-meminfo own-pool
 run "unchanged nvcc -cudart shared program" 0 "${pool[@]}" -- "$out/user_program"
