@@ -1,5 +1,8 @@
 #include "pool/ordering.hpp"
 
+#include <algorithm>
+#include <new>
+
 namespace gpupool {
 
 namespace {
@@ -27,6 +30,7 @@ StreamOrdering::StreamOrdering(Upstream& upstream, const PoolOptions& options)
     : upstream_(upstream), options_(options) {
   device_.id = kAnyStream;
   device_.kind = StreamKind::Legacy;
+  destroyed_.reserve(kDestroyedStreamsReported);  // so that report_destroyed never allocates
 }
 
 StreamState& StreamOrdering::lookup(StreamId id) {
@@ -42,12 +46,12 @@ StreamState& StreamOrdering::lookup(StreamId id) {
 void StreamOrdering::stream_created(StreamId id, StreamKind kind) {
   StreamState& s = stream(id);
   // A handle seen before belonged to a stream destroyed behind our back: keep
-  // its fences until they complete, start afresh.
+  // its fences until they complete, start afresh. Nothing may fail once the
+  // first event is retired, or it would stay pending too: room comes first.
+  retired_.reserve(retired_.size() + s.pending.size());
   for (const Fence& f : s.pending) retired_.push_back(f.event);
   captures_active_ -= s.captures;
-  s = StreamState{};
-  s.id = id;
-  s.kind = kind;
+  s.restart(id, kind);
   // A non-blocking stream ignores the legacy stream, so it would not be ordered
   // after barriers recorded before it existed: make it wait for the latest.
   if (kind == StreamKind::NonBlocking && last_barrier_.epoch > device_.completed_epoch &&
@@ -60,6 +64,7 @@ void StreamOrdering::stream_destroying(StreamId id) {
   auto it = streams_.find(id);
   if (it == streams_.end()) return;
   StreamState& s = it->second;
+  retired_.reserve(retired_.size() + s.pending.size() + 1);  // as in stream_created
   // Work queued on s may still run after the destroy returns. Keep an event at
   // its end: barriers make the legacy stream wait for it until it completes.
   if (!options_.unsafe_skip_ordering && addressable(s)) {
@@ -150,7 +155,14 @@ EventHandle StreamOrdering::take_event() {
   return upstream_.create_event();
 }
 
-void StreamOrdering::give_back_event(EventHandle event) { spare_events_.push_back(event); }
+void StreamOrdering::give_back_event(EventHandle event) {
+  // Out of host memory, the event is dropped (leaked): the callers go on to
+  // forget where they held it, and must not be cut short in between.
+  try {
+    spare_events_.push_back(event);
+  } catch (const std::bad_alloc&) {
+  }
+}
 
 void StreamOrdering::refill_spare_events() {
   if (!spare_events_.empty()) return;
@@ -451,6 +463,21 @@ void StreamOrdering::fence_frees() {
   if (options_.unsafe_skip_ordering) return;
   if (unfenced_frees_ && !capture_active()) record_completion_fence();
   poll();
+}
+
+bool StreamOrdering::events_held_once() const {
+  std::vector<EventHandle> held(spare_events_.begin(), spare_events_.end());
+  held.insert(held.end(), retired_.begin(), retired_.end());
+  auto add_fences = [&](const StreamState& s) {
+    for (const Fence& f : s.pending) {
+      held.push_back(f.event);
+      held.insert(held.end(), f.more.begin(), f.more.end());
+    }
+  };
+  add_fences(device_);
+  for (const auto& [id, s] : streams_) add_fences(s);
+  std::sort(held.begin(), held.end());
+  return std::adjacent_find(held.begin(), held.end()) == held.end();
 }
 
 std::vector<StreamReport> StreamOrdering::stream_reports() const {

@@ -39,9 +39,10 @@ struct Fence {
 };
 
 struct StreamState {
+  static constexpr std::uint64_t kFirstEpoch = 1;
   StreamId id = 0;
   StreamKind kind = StreamKind::Blocking;
-  std::uint64_t free_epoch = 1;       // stamped on frees until the next fence
+  std::uint64_t free_epoch = kFirstEpoch;  // stamped on frees until the next fence
   std::uint64_t fenced_epoch = 0;     // frees stamped <= this are fenced
   std::uint64_t completed_epoch = 0;  // frees stamped <= this are complete
   std::deque<Fence> pending;          // recorded, not yet seen complete
@@ -50,6 +51,20 @@ struct StreamState {
   // whether it is idle (see seen_idle).
   std::uint8_t idle_checks_skipped = 0;
   StreamCounters counters;
+
+  // Starts afresh as a new stream. Allocates nothing: the fences' storage is
+  // kept (a new deque allocates). The caller has taken the pending fences.
+  void restart(StreamId new_id, StreamKind new_kind) {
+    pending.clear();
+    id = new_id;
+    kind = new_kind;
+    free_epoch = kFirstEpoch;
+    fenced_epoch = 0;
+    completed_epoch = 0;
+    captures = 0;
+    idle_checks_skipped = 0;
+    counters = StreamCounters{};
+  }
 };
 
 class StreamOrdering {
@@ -126,13 +141,20 @@ class StreamOrdering {
 
   std::vector<StreamReport> stream_reports() const;  // cached_* left for the pool
 
+  // False when an event is held in two places (spare, retired, or a pending
+  // fence): it could be recorded for two fences, and the first be seen
+  // complete by the second's work. For validate(). (A host allocation that
+  // fails partway through an operation leaves none held twice; it may leave
+  // one held nowhere, which only leaks it.)
+  bool events_held_once() const;
+
  private:
   StreamState& lookup(StreamId id);
   void report_destroyed(const StreamState& s);
   bool capturing(StreamId id) const;
   EventHandle take_event();
   void refill_spare_events();  // before a barrier
-  void give_back_event(EventHandle event);
+  void give_back_event(EventHandle event);  // never throws
   // True when all work queued on s so far has completed (for a barrier).
   // Asked of the device for a stream found idle at its last check, and for
   // one found busy only every kBusyCheckInterval-th time: a busy stream tends

@@ -259,6 +259,10 @@ bool DevicePool::validate(std::string* error) const {
         << regular_segments << ")";
     return fail();
   }
+  if (!ordering_.events_held_once()) {
+    why << "an event is held twice by the stream ordering";
+    return fail();
+  }
   return true;
 }
 
