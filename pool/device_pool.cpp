@@ -1,6 +1,7 @@
 #include "pool/device_pool.hpp"
 
 #include <algorithm>
+#include <memory>
 #include <new>
 
 #include "pool/size_rules.hpp"
@@ -22,6 +23,7 @@ DevicePool::DevicePool(Upstream& upstream, const PoolOptions& options,
       device_capacity_(device_capacity),
       clock_(clock),
       ordering_(upstream, options_) {
+  ooms_.reserve(kOomRecordsKept);
   // options() says what the pool runs with. Expandable segments need an
   // upstream with virtual memory.
   options_.expandable_segments = options_.expandable_segments && upstream_.page_size() != 0;
@@ -100,6 +102,11 @@ Allocation DevicePool::allocate_unsampled(std::size_t size, StreamId consumer,
   const std::size_t rounded = round_size(size, options_.roundup_divisions);
   const PoolKind kind = pool_kind(rounded);
   const std::int64_t reserved_peak_before = stats_.reserved_bytes[kAll].peak;
+  // What the allocation may need from the host, had before anything changes:
+  // should the host be out of memory, it fails here and leaves the pool as it
+  // was (a block out of every list would be merged as free later).
+  reserve_blocks(kMostNewBlocks);
+  allocated_.reserve_one();
 
   // Cached blocks first, but none that would make this stream wait for work
   // of another; then new memory; under pressure, blocks whose reuse makes this
@@ -282,7 +289,7 @@ Block* DevicePool::grow(PoolKind kind, std::size_t rounded, StreamId consumer, b
 }
 
 Block* DevicePool::add_segment(PoolKind kind, DevicePtr base, std::size_t bytes, bool expandable) {
-  auto* seg = new Segment();
+  auto seg = std::make_unique<Segment>();
   seg->base = base;
   seg->size = bytes;
   seg->kind = kind;
@@ -290,9 +297,15 @@ Block* DevicePool::add_segment(PoolKind kind, DevicePtr base, std::size_t bytes,
   Block* b = new_block();
   b->addr = base;
   b->size = bytes;
-  b->segment = seg;
+  b->segment = seg.get();
   seg->head = b;
-  segments_.emplace(base, seg);
+  try {
+    segments_.emplace(base, seg.get());
+  } catch (...) {
+    delete_block(b);
+    throw;
+  }
+  seg.release();  // owned by segments_ (see ~DevicePool)
   increase(stats_.segment, kind, 1);
   return b;
 }
@@ -314,8 +327,14 @@ Block* DevicePool::new_segment(PoolKind kind, std::size_t bytes, StreamId consum
     ++stats_.num_device_alloc_failures;
     return nullptr;
   }
+  Block* b = nullptr;
+  try {
+    b = add_segment(kind, base, bytes, false);
+  } catch (...) {
+    upstream_.release_segment(base, bytes);  // no room to keep track of it
+    throw;
+  }
   ++stats_.num_device_alloc;
-  Block* b = add_segment(kind, base, bytes, false);
   b->stream = consumer;  // a fresh block carries no history: epochs stay 0
   increase(stats_.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
   raise_high(stats_.reserved_high, stats_.reserved_bytes);
@@ -385,6 +404,9 @@ FreeResult DevicePool::deallocate(DevicePtr ptr, StreamId site) {
 FreeResult DevicePool::deallocate_unsampled(DevicePtr ptr, StreamId site) {
   Block* b = allocated_.find(ptr);
   if (b == nullptr) return owns(ptr) ? FreeResult::NotAllocated : FreeResult::NotOwned;
+  // Stamped before anything changes: the stream's first free makes its state.
+  const bool captured = site != kAnyStream && ordering_.is_capturing(site);
+  const StreamOrdering::FreeStamp stamp = captured ? StreamOrdering::FreeStamp{} : ordering_.stamp_free(site);
   allocated_.erase(ptr);
   const PoolKind kind = b->segment->kind;
   decrease(stats_.allocation, kind, 1);
@@ -397,14 +419,13 @@ FreeResult DevicePool::deallocate_unsampled(DevicePtr ptr, StreamId site) {
   b->allocated = false;
   b->requested = 0;
 
-  if (site != kAnyStream && ordering_.is_capturing(site)) {
+  if (captured) {
     // A stream-ordered free inside a capture happens when the graph runs.
     b->quarantined = true;
     quarantined_bytes_ += b->size;
     observe(false);
     return FreeResult::Freed;
   }
-  const StreamOrdering::FreeStamp stamp = ordering_.stamp_free(site);
   b->stream = site;
   b->stream_epoch = stamp.stream_epoch;
   b->device_epoch = stamp.device_epoch;
@@ -500,16 +521,14 @@ void DevicePool::stream_destroying(StreamId id) {
   // retired fence feeds) orders their reuse. A new stream may get the same
   // handle, so none may stay keyed to it.
   for (BlockPool& pool : pools_) {
+    // Found before any is taken out (the lists may allocate).
     std::vector<Block*> keyed;
-    for (Block* b = pool.best_fit(id, 0); b != nullptr && b->stream == id;
-         b = pool.best_fit(id, 0)) {
-      remove_free(b);
-      keyed.push_back(b);
-    }
+    for (Block* b = pool.best_fit(id, 0); b != nullptr && b->stream == id; b = pool.next(b)) keyed.push_back(b);
     // Re-keyed, a block may now merge with a neighbour it was kept apart from
     // (see mergeable): in address order, each joins the block before it.
     std::sort(keyed.begin(), keyed.end(), [](const Block* a, const Block* b) { return a->addr < b->addr; });
     std::unordered_set<const Block*> waiting(keyed.begin(), keyed.end());
+    for (Block* b : keyed) remove_free(b);
     for (Block* b : keyed) {
       waiting.erase(b);
       b->stream = kAnyStream;

@@ -107,6 +107,11 @@ class DevicePool {
  private:
   BlockPool& pool_of(PoolKind kind) { return pools_[static_cast<int>(kind)]; }
   const BlockPool& pool_of(PoolKind kind) const { return pools_[static_cast<int>(kind)]; }
+  // Makes the next `n` new_block calls allocate nothing (see NodeRecycler).
+  void reserve_blocks(std::size_t n) { block_nodes_.reserve(n, sizeof(Block)); }
+  // The most blocks one allocation makes: a new expandable segment's, the
+  // split of the pages it maps, and carve's remainder.
+  static constexpr std::size_t kMostNewBlocks = 3;
   Block* new_block();
   // A free block with `like`'s segment, state and history. Copied, not
   // built fresh: GCC zeroes a fresh Block with `rep stos`, whose start-up

@@ -120,6 +120,7 @@ Block* DevicePool::grow_expandable(PoolKind kind, std::size_t rounded, StreamId 
       g = plan_growth(kind, rounded, consumer);  // the pages given back may have opened a better hole
     }
   }
+  reserve_blocks(kMostNewBlocks);  // the recycling may have used those allocate() reserved
   Block* best_hole = g.hole;
   Block* grown = g.grown;
   std::size_t best_pages = g.pages;
@@ -184,6 +185,7 @@ std::size_t DevicePool::unmap_free_pages(bool wait, std::size_t budget, std::uin
     DevicePtr first = round_up(b->addr, page);
     const std::size_t remaining = budget - released;
     if (last - first > remaining) first = last - round_up(remaining, page);
+    reserve_blocks(2);  // for the splits below: b must not be left out of every list
     remove_free(b);
     Block* hole = b;
     if (first > b->addr) {

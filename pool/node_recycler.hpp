@@ -25,7 +25,16 @@ class NodeRecycler {
     if (free_ == nullptr) grow();
     FreeNode* node = free_;
     free_ = node->next;
+    --free_count_;
     return node;
+  }
+
+  // Makes sure the next `nodes` takes of `bytes` allocate nothing, so none of
+  // them can throw: an operation that may need them reserves them before it
+  // changes anything.
+  void reserve(std::size_t nodes, std::size_t bytes) {
+    if (node_size_ == 0) node_size_ = bytes < sizeof(FreeNode) ? sizeof(FreeNode) : bytes;
+    while (free_count_ < nodes) grow();
   }
 
   void give_back(void* p, std::size_t bytes) {
@@ -36,6 +45,7 @@ class NodeRecycler {
     auto* node = static_cast<FreeNode*>(p);
     node->next = free_;
     free_ = node;
+    ++free_count_;
   }
 
  private:
@@ -48,17 +58,24 @@ class NodeRecycler {
     const std::size_t stride = (node_size_ + alignof(std::max_align_t) - 1) /
                                alignof(std::max_align_t) * alignof(std::max_align_t);
     char* chunk = static_cast<char*>(::operator new(stride * kNodesPerChunk));
-    chunks_.push_back(chunk);
+    try {
+      chunks_.push_back(chunk);
+    } catch (...) {
+      ::operator delete(chunk);
+      throw;
+    }
     for (std::size_t i = 0; i < kNodesPerChunk; ++i) {
       auto* node = reinterpret_cast<FreeNode*>(chunk + i * stride);
       node->next = free_;
       free_ = node;
     }
+    free_count_ += kNodesPerChunk;
     node_size_ = stride;
   }
 
   std::size_t node_size_ = 0;
   FreeNode* free_ = nullptr;
+  std::size_t free_count_ = 0;
   std::vector<void*> chunks_;
 };
 

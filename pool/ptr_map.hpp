@@ -32,8 +32,13 @@ class AddressMap {
 
   // Inserts or replaces.
   void insert(DevicePtr key, const Value& value) {
-    if ((size_ + 1) * 4 > slots_.size() * 3) grow();
+    reserve_one();
     place(key, value);
+  }
+
+  // Room for one more key: the next insert allocates nothing (and cannot throw).
+  void reserve_one() {
+    if ((size_ + 1) * 4 > slots_.size() * 3) grow();
   }
 
   bool erase(DevicePtr key) {
