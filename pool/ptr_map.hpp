@@ -100,7 +100,7 @@ class AddressMap {
     }
   }
 
-  void grow() {
+  [[gnu::noinline, gnu::cold]] void grow() {  // rare: kept off the insert path
     std::vector<Slot> old(slots_.size() * 2);
     old.swap(slots_);
     size_ = 0;
