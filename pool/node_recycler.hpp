@@ -33,8 +33,7 @@ class NodeRecycler {
   // them can throw: an operation that may need them reserves them before it
   // changes anything.
   void reserve(std::size_t nodes, std::size_t bytes) {
-    if (node_size_ == 0) node_size_ = bytes < sizeof(FreeNode) ? sizeof(FreeNode) : bytes;
-    while (free_count_ < nodes) grow();
+    if (free_count_ < nodes) grow_to(nodes, bytes);
   }
 
   void give_back(void* p, std::size_t bytes) {
@@ -56,6 +55,11 @@ class NodeRecycler {
 
   // Out of line: reserve() runs on every allocation, and only its check
   // belongs on that path.
+  [[gnu::noinline, gnu::cold]] void grow_to(std::size_t nodes, std::size_t bytes) {
+    if (node_size_ == 0) node_size_ = bytes < sizeof(FreeNode) ? sizeof(FreeNode) : bytes;
+    while (free_count_ < nodes) grow();
+  }
+
   [[gnu::noinline, gnu::cold]] void grow() {
     const std::size_t stride = (node_size_ + alignof(std::max_align_t) - 1) /
                                alignof(std::max_align_t) * alignof(std::max_align_t);

@@ -16,7 +16,7 @@ namespace gpupool {
 template <typename Value>
 class AddressMap {
  public:
-  explicit AddressMap(std::size_t capacity = kInitialCapacity) : slots_(capacity) {}
+  explicit AddressMap(std::size_t capacity = kInitialCapacity) : slots_(capacity), most_(capacity * 3 / 4) {}
 
   // The value stored for `key`, or null.
   const Value* find(DevicePtr key) const {
@@ -38,7 +38,7 @@ class AddressMap {
 
   // Room for one more key: the next insert allocates nothing (and cannot throw).
   void reserve_one() {
-    if ((size_ + 1) * 4 > slots_.size() * 3) grow();
+    if (size_ >= most_) grow();
   }
 
   bool erase(DevicePtr key) {
@@ -103,6 +103,7 @@ class AddressMap {
   [[gnu::noinline, gnu::cold]] void grow() {  // rare: kept off the insert path
     std::vector<Slot> old(slots_.size() * 2);
     old.swap(slots_);
+    most_ = slots_.size() * 3 / 4;
     size_ = 0;
     for (const Slot& s : old) {
       if (s.key != 0) place(s.key, s.value);
@@ -110,6 +111,7 @@ class AddressMap {
   }
 
   std::vector<Slot> slots_;
+  std::size_t most_;  // keys before the table grows: at most 3/4 of the slots in use
   std::size_t size_ = 0;
 };
 
