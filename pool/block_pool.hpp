@@ -5,6 +5,8 @@
 // search.
 #pragma once
 
+#include <iterator>
+
 #include <boost/intrusive/set.hpp>
 
 #include "pool/block.hpp"
@@ -78,7 +80,44 @@ class BlockPool {
   }
 
   void insert(Block* block) { blocks_.insert(*block); }
+  // Unlinks by position: no comparison, so `block`'s key may be stale.
   void erase(Block* block) { blocks_.erase(blocks_.iterator_to(*block)); }
+
+  // A block split or joined at its far end usually still sorts between its
+  // neighbours, and so keeps its place: no search, no rebalancing. A cache-hit
+  // pair on a stream then makes no insert or erase; a plain one, whose
+  // allocation splits twice (plain_reuse.cpp), makes one of each.
+  //
+  // `block` (in the pool) changed its key in place: keeps it ordered.
+  void rekeyed(Block* block) {
+    const auto it = blocks_.iterator_to(*block);
+    if (sorts_at(it, *block)) return;
+    blocks_.erase(it);
+    blocks_.insert(*block);
+  }
+  // `with` (in no pool) replaces `old` (in this one), which leaves the pool.
+  void replace(Block* old, Block* with) {
+    const auto it = blocks_.iterator_to(*old);
+    if (sorts_at(it, *with)) {
+      blocks_.replace_node(it, *with);
+      return;
+    }
+    blocks_.erase(it);
+    blocks_.insert(*with);
+  }
+  // `with` (in no pool) takes `old`'s place whatever its key: the caller
+  // calls rekeyed(with) before anything else looks into the pool.
+  void take_place(Block* old, Block* with) { blocks_.replace_node(blocks_.iterator_to(*old), *with); }
+
+  // Whether every block sorts strictly after the one before it (validate()).
+  bool ordered() const {
+    const Block* before = nullptr;
+    for (const Block& b : blocks_) {
+      if (before != nullptr && !BlockOrder()(*before, b)) return false;
+      before = &b;
+    }
+    return true;
+  }
   bool contains(const Block* block) const {
     auto it = blocks_.find(*block);
     return it != blocks_.end() && &*it == block;
@@ -87,6 +126,13 @@ class BlockPool {
   Range blocks() const { return Range(blocks_); }
 
  private:
+  // Whether `key` sorts strictly between the neighbours of the block at `it`.
+  bool sorts_at(Set::const_iterator it, const Block& key) const {
+    if (it != blocks_.begin() && !BlockOrder()(*std::prev(it), key)) return false;
+    const auto after = std::next(it);
+    return after == blocks_.end() || BlockOrder()(key, *after);
+  }
+
   PoolKind kind_;
   Set blocks_;
 };

@@ -111,24 +111,25 @@ Allocation DevicePool::allocate_unsampled(std::size_t size, StreamId consumer,
   // Cached blocks first, but none that would make this stream wait for work
   // of another; then new memory; under pressure, blocks whose reuse makes this
   // stream wait on the device for the other stream's work (never the host).
-  Block* b = take_cached(kind, rounded, consumer, false);
-  if (b != nullptr) {
+  Taken taken = take_cached(kind, rounded, consumer, false);
+  if (taken.block != nullptr) {
     ++stats_.cache_hits;
   } else {
     Fragmentation before;
     bool limit_reached = false;
-    b = grow(kind, rounded, consumer, last_try, &limit_reached, &before);
-    if (b == nullptr && !limit_reached && !upstream_.failed_for_memory()) {
+    taken.block = grow(kind, rounded, consumer, last_try, &limit_reached, &before);
+    if (taken.block == nullptr && !limit_reached && !upstream_.failed_for_memory()) {
       return Allocation{0, false, true};  // not an out-of-memory: no diagnosis of one
     }
-    if (b == nullptr) {
+    if (taken.block == nullptr) {
       if (last_try) {
         record_oom(size, rounded, kind, consumer, segment_size(rounded, options_), limit_reached, before);
       }
       return Allocation{};
     }
   }
-  carve(b, rounded, consumer);
+  carve(taken, rounded, consumer);
+  Block* b = taken.block;
 
   b->allocated = true;
   b->requested = size;
@@ -190,7 +191,8 @@ bool DevicePool::ready_for(Block* b, StreamId consumer, bool allow_wait) {
   return ordering_.stream_ready(b->stream, b->stream_epoch, b->device_epoch, consumer, may_wait);
 }
 
-Block* DevicePool::take_cached(PoolKind kind, std::size_t rounded, StreamId consumer, bool allow_wait) {
+DevicePool::Taken DevicePool::take_cached(PoolKind kind, std::size_t rounded, StreamId consumer,
+                                          bool allow_wait) {
   BlockPool& pool = pool_of(kind);
   ++reuse_attempts_;
   StreamCounters& counters =
@@ -213,17 +215,16 @@ Block* DevicePool::take_cached(PoolKind kind, std::size_t rounded, StreamId cons
   const bool own_fits = own != nullptr && fits_size_rules(own, rounded);
   if (own_fits && consumer == kAnyStream && !ordering_.device_ordered(own->device_epoch)) {
     // Or the part of it that the last barrier covers.
-    if (Block* part = take_covered_part(own, rounded); part != nullptr) {
+    if (const Taken part = take_covered_part(own, rounded); part.block != nullptr) {
       ++counters.same_stream_reuses;
       return part;
     }
   }
   if (own_fits && ready_for(own, consumer, true)) {
-    remove_free(own);
     ++counters.same_stream_reuses;
-    return own;
+    return Taken{own, true};
   }
-  if (options_.cross_stream_reuse == CrossStreamReuse::Never) return nullptr;
+  if (options_.cross_stream_reuse == CrossStreamReuse::Never) return Taken{};
 
   // Then the best fit of every other stream's blocks, smallest first.
   Block* candidates[64];
@@ -239,12 +240,11 @@ Block* DevicePool::take_cached(PoolKind kind, std::size_t rounded, StreamId cons
   });
   for (int i = 0; i < found; ++i) {
     if (ready_for(candidates[i], consumer, allow_wait)) {
-      remove_free(candidates[i]);
       ++counters.cross_stream_reuses;
-      return candidates[i];
+      return Taken{candidates[i], true};
     }
   }
-  return nullptr;
+  return Taken{};
 }
 
 Block* DevicePool::grow(PoolKind kind, std::size_t rounded, StreamId consumer, bool last_try,
@@ -270,10 +270,10 @@ Block* DevicePool::grow(PoolKind kind, std::size_t rounded, StreamId consumer, b
   // Another stream's block after a device-side wait: allowed during a capture
   // too, between streams that are not capturing (the ordering checks each).
   if (options_.cross_stream_reuse == CrossStreamReuse::Auto) {
-    b = take_cached(kind, rounded, consumer, true);
-    if (b != nullptr) {
+    if (const Taken t = take_cached(kind, rounded, consumer, true); t.block != nullptr) {
+      if (t.listed) remove_free(t.block);
       ++stats_.cache_hits;
-      return b;
+      return t.block;
     }
   }
   if (ordering_.capture_active()) return b;  // cudaFree and host waits would break it
@@ -342,7 +342,8 @@ Block* DevicePool::new_segment(PoolKind kind, std::size_t bytes, StreamId consum
   return b;
 }
 
-void DevicePool::carve(Block* b, std::size_t rounded, StreamId consumer) {
+void DevicePool::carve(Taken t, std::size_t rounded, StreamId consumer) {
+  Block* b = t.block;
   const PoolKind kind = b->segment->kind;
   // In an expandable segment a small remainder is not stranded: it joins its
   // neighbours once they are free and can grow into the pages after it. So a
@@ -355,7 +356,11 @@ void DevicePool::carve(Block* b, std::size_t rounded, StreamId consumer) {
   // 1.0354x at 40, with about 25 page mappings and unmappings a pass, where
   // whole remainders hold 1.0283x with 14 in all after the second pass.
   const bool fine_remainders = expandable() && consumer != kAnyStream;
-  if (!should_split(b->size, rounded, kind, options_, fine_remainders)) return;
+  if (!should_split(b->size, rounded, kind, options_, fine_remainders)) {
+    if (t.listed) remove_free(b);
+    return;
+  }
+  if (t.listed) uncount_listed(b);  // before its size changes
   // The remainder was part of the same freed block: same history.
   Block* rest = split_off(b, rounded);
   // Its pages were not needed now: recycling may take them at once (keeping
@@ -368,19 +373,32 @@ void DevicePool::carve(Block* b, std::size_t rounded, StreamId consumer) {
     remove_free(rest->next);
     absorb_next(rest);
   }
-  add_free(rest);
+  if (t.listed) {
+    pool_of(kind).replace(b, rest);  // (erasing rest->next above compared no keys)
+    count_listed(rest);
+  } else {
+    add_free(rest);
+  }
 }
 
 void DevicePool::add_free(Block* b) {
   pool_of(b->segment->kind).insert(b);
+  count_listed(b);
+}
+
+void DevicePool::remove_free(Block* b) {
+  pool_of(b->segment->kind).erase(b);
+  uncount_listed(b);
+}
+
+void DevicePool::count_listed(const Block* b) {
   if (b->is_split()) {
     increase(stats_.inactive_split, b->segment->kind, 1);
     increase(stats_.inactive_split_bytes, b->segment->kind, static_cast<std::int64_t>(b->size));
   }
 }
 
-void DevicePool::remove_free(Block* b) {
-  pool_of(b->segment->kind).erase(b);
+void DevicePool::uncount_listed(const Block* b) {
   if (b->is_split()) {
     decrease(stats_.inactive_split, b->segment->kind, 1);
     decrease(stats_.inactive_split_bytes, b->segment->kind, static_cast<std::int64_t>(b->size));
@@ -434,8 +452,7 @@ FreeResult DevicePool::deallocate_unsampled(DevicePtr ptr, StreamId site) {
   b->hot_end = b->addr + b->size;
   b->cold_epoch = 0;
 
-  b = merge_neighbours(b);
-  add_free(b);
+  b = merge_and_list(b);
   if (!b->is_split()) b->segment->idle_since = reuse_attempts_;
   observe(false);
   return FreeResult::Freed;
@@ -456,26 +473,45 @@ bool DevicePool::mergeable(const Block* low, const Block* high) {
 
 // Merges b (not in a free list) with its free neighbours while they are
 // mergeable: a merge can change b's history so that a neighbour kept apart so
-// far joins too. Neighbours in `skip` are left alone. Returns the merged block.
-Block* DevicePool::merge_neighbours(Block* b, const std::unordered_set<const Block*>* skip) {
+// far joins too. Neighbours in `skip` are left alone. The merged block takes
+// the place in the free list of the first neighbour it absorbs (usually still
+// in order: see BlockPool::rekeyed). Returns the merged block, listed.
+Block* DevicePool::merge_and_list(Block* b, const std::unordered_set<const Block*>* skip) {
+  BlockPool& pool = pool_of(b->segment->kind);
   auto joins = [&](const Block* n) {
     return n != nullptr && n->is_free_mapped() && (skip == nullptr || skip->count(n) == 0);
   };
+  bool listed = false;  // b holds a place in the list; its key is settled at the end
   for (bool merged = true; merged;) {
     merged = false;
     if (joins(b->prev) && mergeable(b->prev, b)) {
-      Block* prev = b->prev;
-      remove_free(prev);
+      Block* prev = b->prev;  // listed: it keeps its place
+      uncount_listed(prev);
+      if (listed) pool.erase(b);
       absorb_next(prev);
       b = prev;
+      listed = true;
       merged = true;
     }
     if (joins(b->next) && mergeable(b, b->next)) {
-      remove_free(b->next);
+      Block* next = b->next;
+      uncount_listed(next);
+      if (listed) {
+        pool.erase(next);
+      } else {
+        pool.take_place(next, b);
+        listed = true;
+      }
       absorb_next(b);
       merged = true;
     }
   }
+  if (listed) {
+    pool.rekeyed(b);
+  } else {
+    pool.insert(b);
+  }
+  count_listed(b);
   return b;
 }
 
@@ -533,7 +569,7 @@ void DevicePool::stream_destroying(StreamId id) {
       waiting.erase(b);
       b->stream = kAnyStream;
       b->stream_epoch = 0;
-      add_free(merge_neighbours(b, &waiting));
+      merge_and_list(b, &waiting);
     }
   }
 }
@@ -571,9 +607,6 @@ void DevicePool::record_oom(std::size_t size, std::size_t rounded, PoolKind kind
   ooms_.push_back(r);
 }
 
-void DevicePool::observe(bool new_peak) {
-  if (!timeline_.wants(stats_.pool_ops, new_peak)) return;
-  timeline_.record(stats_.pool_ops, now(), stats_);
-}
+void DevicePool::record_sample() { timeline_.record(stats_.pool_ops, now(), stats_); }
 
 }  // namespace gpupool

@@ -125,7 +125,13 @@ class DevicePool {
   // Whether b can serve `consumer` now, recording the ordering it needs.
   // Without allow_wait, another stream's block only if its use is complete.
   bool ready_for(Block* b, StreamId consumer, bool allow_wait);
-  Block* take_cached(PoolKind kind, std::size_t rounded, StreamId consumer, bool allow_wait);
+  // A free block chosen to serve a request. Still listed: it is in its free
+  // list yet, and carve() gives its place there to the remainder.
+  struct Taken {
+    Block* block = nullptr;
+    bool listed = false;
+  };
+  Taken take_cached(PoolKind kind, std::size_t rounded, StreamId consumer, bool allow_wait);
   // Plain reuse without a new barrier (plain_reuse.cpp). Which bytes of a
   // free block a barrier already covers: those outside [hot_begin, hot_end).
   struct Cover {
@@ -140,12 +146,14 @@ class DevicePool {
   static void clip_hot(Block* b);
   // From a free block of the plain pool that a barrier does not cover, the
   // part a plain request of `rounded` bytes can use without a new one: the
-  // block itself or its upper part, out of the pool. Null if none.
-  Block* take_covered_part(Block* b, std::size_t rounded);
+  // block itself, or its upper part (the lower part staying listed). None if
+  // neither.
+  Taken take_covered_part(Block* b, std::size_t rounded);
   bool mergeable(const Block* low, const Block* high);
   // Whether `bytes` more may be reserved under memory_limit.
   bool within_limit(std::size_t bytes) const;
-  Block* merge_neighbours(Block* b, const std::unordered_set<const Block*>* skip = nullptr);
+  // Merges free b (in no list) with its free neighbours, and lists the result.
+  Block* merge_and_list(Block* b, const std::unordered_set<const Block*>* skip = nullptr);
   static bool entirely_free(const Segment* seg);
   // Merges free neighbours kept apart whose work is now known done (a walk
   // over the free blocks: for the release paths only). all_done: a host wait
@@ -182,16 +190,25 @@ class DevicePool {
   Block* new_segment(PoolKind kind, std::size_t bytes, StreamId consumer, bool* limit_reached);
   // Registers [base, base+bytes) as a segment of one block (returned, in no pool yet).
   Block* add_segment(PoolKind kind, DevicePtr base, std::size_t bytes, bool expandable);
-  void carve(Block* b, std::size_t rounded, StreamId consumer);
+  // Takes t.block out of the free lists, splitting off what the request
+  // does not need.
+  void carve(Taken t, std::size_t rounded, StreamId consumer);
   void add_free(Block* b);
   void remove_free(Block* b);
+  // The inactive-split statistics of a free block entering or leaving a list.
+  void count_listed(const Block* b);
+  void uncount_listed(const Block* b);
   void absorb_next(Block* low);
   void release_segment(Segment* seg);
   bool release_oversize_for(std::size_t rounded);
   void garbage_collect();
   void record_oom(std::size_t size, std::size_t rounded, PoolKind kind, StreamId stream,
                   std::size_t segment_asked, bool limit_reached, const Fragmentation& before);
-  void observe(bool new_peak);
+  // A timeline sample when one is due (on every operation: the check inline).
+  void observe(bool new_peak) {
+    if (timeline_.wants(stats_.pool_ops, new_peak)) record_sample();
+  }
+  [[gnu::noinline]] void record_sample();
   std::uint64_t now() { return clock_ != nullptr ? clock_->now_ns() : 0; }
 
   Upstream& upstream_;

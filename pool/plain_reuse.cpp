@@ -53,9 +53,9 @@ void DevicePool::clip_hot(Block* b) {
   b->hot_end = std::min(b->hot_end, end);
 }
 
-Block* DevicePool::take_covered_part(Block* b, std::size_t rounded) {
+DevicePool::Taken DevicePool::take_covered_part(Block* b, std::size_t rounded) {
   constexpr std::size_t kLargestSkipping = 64 * kMiB;
-  if (options_.unsafe_skip_ordering) return nullptr;
+  if (options_.unsafe_skip_ordering) return Taken{};
   const Cover cover = cover_of(b);
   const std::size_t hot = cover.hot_end - cover.hot_begin;
   const PoolKind kind = b->segment->kind;
@@ -74,14 +74,15 @@ Block* DevicePool::take_covered_part(Block* b, std::size_t rounded) {
     // The part below stays a free block: a remainder the size rules allow.
     start = cover.hot_end;
   } else {
-    return nullptr;
+    return Taken{};
   }
-  if (!ordering_.device_ready(cover.cold_epoch)) return nullptr;
-  remove_free(b);
-  if (start == b->addr) return b;
+  if (!ordering_.device_ready(cover.cold_epoch)) return Taken{};
+  if (start == b->addr) return Taken{b, true};
+  uncount_listed(b);  // b keeps the lower part, and its place in the list
   Block* upper = split_off(b, start - b->addr);
-  add_free(b);
-  return upper;
+  pool_of(kind).rekeyed(b);
+  count_listed(b);
+  return Taken{upper, false};
 }
 
 }  // namespace gpupool

@@ -102,6 +102,13 @@ bool DevicePool::validate(std::string* error) const {
   std::int64_t regular_segments = 0;
   DevicePtr previous_end = 0;
   const std::size_t page = upstream_.page_size();
+  // First: the lookups below rely on the order.
+  for (int k = 0; k < kPoolKinds; ++k) {
+    if (!pools_[k].ordered() || !holes_[k].ordered()) {
+      why << "the free or unmapped blocks of pool " << k << " are out of order";
+      return fail();
+    }
+  }
 
   for (const auto& [base, seg] : segments_) {
     if (seg->base != base || base % kMinBlockSize != 0) {

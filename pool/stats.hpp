@@ -40,11 +40,13 @@ inline int stat_index(PoolKind kind) {
 }
 
 // Adds to `all` and to the pool's own entry.
-inline void increase(StatArray& stat, PoolKind kind, std::int64_t amount) {
+// Always inlined: a cache-hit pair makes ten of these, and GCC left them as
+// calls (a tenth of the pair's instructions).
+[[gnu::always_inline]] inline void increase(StatArray& stat, PoolKind kind, std::int64_t amount) {
   stat[kAll].increase(amount);
   stat[stat_index(kind)].increase(amount);
 }
-inline void decrease(StatArray& stat, PoolKind kind, std::int64_t amount) {
+[[gnu::always_inline]] inline void decrease(StatArray& stat, PoolKind kind, std::int64_t amount) {
   stat[kAll].decrease(amount);
   stat[stat_index(kind)].decrease(amount);
 }
