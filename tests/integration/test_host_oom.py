@@ -100,6 +100,27 @@ class HostMemoryFailure(ShimTest):
                 for path in run.reports():
                     os.remove(path)
 
+    def test_a_fork_whose_handlers_cannot_allocate_leaves_parent_and_child_whole(self):
+        # test-host-oom fork: every host allocation of gpupool's fails from the
+        # fork handler's on (in the child until it exits); the parent disarms
+        # after fork() and goes on with its pools.
+        if sanitizer_runtime():
+            self.skipTest("a sanitizer's runtime owns malloc")
+        for expandable in ("0", "1"):
+            with self.subTest(expandable_segments=expandable):
+                run = self.run_program(["test-host-oom", "fork"], library=f"{self.FAULTS}:{LIBRARY}",
+                                       env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                self.assertSucceeded(run)
+                out = run.output_json()
+                self.assertEqual(out["child_exit"], 0, run.stderr)
+                self.assertGreater(out["parent_failures"], 0)  # the case is there
+                self.assertNotIn("steps aside", run.stderr)  # nothing failed that the parent needed
+                report = run.report()  # the parent's: the child used no CUDA
+                self.assertNotIn("stepped_aside", report)
+                self.assertEqual(report["devices"]["0"]["stats"]["allocation.all.current"], 0)
+                for path in run.reports():
+                    os.remove(path)
+
     def test_every_form_of_the_report_says_where_gpupool_stepped_aside(self):
         if sanitizer_runtime():
             self.skipTest("a sanitizer's runtime owns malloc")

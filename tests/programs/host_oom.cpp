@@ -17,6 +17,16 @@
 //     have as much memory free as after the first (no free of the runtime's
 //     memory was taken for gpupool's). Prints {"in_old_segment": K} (pairs
 //     that landed in gpupool's old fixed segment of 20 MiB).
+//   host-oom fork
+//     holds blocks, makes every core allocation fail from the next one on (the
+//     fork handler's room for the parent's pools the first), forks, and
+//     disarms in the parent. The child, failing every one, exits at once; the
+//     parent checks its blocks, makes checked pairs and frees everything. Prints {"child_exit": S,
+//     "parent_failures": F} (S: the child's exit status, -1 if it did not
+//     exit; F: the failures the parent saw, the fork handler's).
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -68,7 +78,53 @@ void pairs_on_another_thread() {
   }).join();
 }
 
+// Plain pairs of every size, each block checked.
+void checked_pairs() {
+  for (int i = 0; i < 16; ++i) {
+    const size_t size = kSizes[i % 8];
+    void* p = nullptr;
+    CHECK_CUDA(cudaMalloc(&p, size));
+    const auto tag = static_cast<unsigned char>(0x40 + i);
+    CHECK_CUDA(cudaMemset(p, tag, size));
+    EXPECT(testprog::holds_sampled(p, size, tag));
+    CHECK_CUDA(cudaFree(p));
+  }
+}
+
 }  // namespace
+
+int after_fork(int (*arm)(long, int), long (*disarm)(long*)) {
+  std::vector<Live> live;
+  for (int i = 0; i < 8; ++i) {
+    Live b{nullptr, kSizes[i], static_cast<unsigned char>(i + 1), i % 2 == 0 ? nullptr : cudaStreamLegacy};
+    if (b.freed_on == nullptr) {
+      CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&b.ptr), b.size));
+    } else {
+      CHECK_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&b.ptr), b.size, cudaStreamLegacy));
+    }
+    CHECK_CUDA(cudaMemset(b.ptr, b.tag, b.size));
+    live.push_back(b);
+  }
+  check_all(live);
+  EXPECT(arm(1, 1) == 1);
+  std::fflush(nullptr);
+  const pid_t child = fork();
+  EXPECT(child >= 0);
+  // The child uses no CUDA (CUDA does not survive a fork): it leaves through
+  // gpupool's exit handler, which cannot allocate either.
+  if (child == 0) std::exit(0);
+  long failures = 0;
+  disarm(&failures);
+  int status = 0;
+  EXPECT(waitpid(child, &status, 0) == child);
+  check_all(live);
+  checked_pairs();
+  for (const Live& b : live) free_block(b);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::printf("{\"child_exit\": %d, \"parent_failures\": %ld}\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+              failures);
+  return 0;
+}
 
 int after_reset(int (*arm)(long, int)) {
   constexpr size_t kBlock = 3 << 20;
@@ -114,8 +170,12 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaFree(nullptr));  // loads gpupool's core
     return after_reset(arm);
   }
+  if (argc == 2 && std::strcmp(argv[1], "fork") == 0) {
+    CHECK_CUDA(cudaFree(nullptr));
+    return after_fork(arm, disarm);
+  }
   if (argc != 3) {
-    std::fprintf(stderr, "usage: host-oom FIRST ALL | host-oom after-reset\n");
+    std::fprintf(stderr, "usage: host-oom FIRST ALL | host-oom after-reset | host-oom fork\n");
     return 2;
   }
   CHECK_CUDA(cudaFree(nullptr));  // loads gpupool's core
