@@ -216,6 +216,7 @@ done
 run "gpupool's host allocations failing from the 20th on" 0 "${pool[@]}" "${faults[@]}" -- build/bin/test-host-oom 20 1
 run "once stepped aside: blocks kept, IPC refused, a reset" 0 "${pool[@]}" "${faults[@]}" GPUPOOL_EXPANDABLE_SEGMENTS=0 \
   -- build/bin/test-host-oom after-reset
+run "gpupool's host allocations failing from a fork on" 0 "${pool[@]}" "${faults[@]}" -- build/bin/test-host-oom fork
 run "memory pool figures, the runtime's alone (no gpupool)" 0 -- build/bin/test-meminfo pool
 run "a pool of the program's own made current (no gpupool)" 0 -- build/bin/test-meminfo own-pool
 run "unchanged nvcc -cudart shared program" 0 "${pool[@]}" -- "$out/user_program"

@@ -21,9 +21,10 @@
 //     holds blocks, makes every core allocation fail from the next one on (the
 //     fork handler's room for the parent's pools the first), forks, and
 //     disarms in the parent. The child, failing every one, exits at once; the
-//     parent checks its blocks, makes checked pairs and frees everything. Prints {"child_exit": S,
-//     "parent_failures": F} (S: the child's exit status, -1 if it did not
-//     exit; F: the failures the parent saw, the fork handler's).
+//     parent checks its blocks, makes checked pairs and frees everything.
+//     Prints {"child_exit": S, "parent_failures": F} (S: the child's exit
+//     status, -1 if it did not exit; F: the failures the parent saw, the fork
+//     handler's); exits 1 unless the child exited 0.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -123,7 +124,7 @@ int after_fork(int (*arm)(long, int), long (*disarm)(long*)) {
   CHECK_CUDA(cudaDeviceSynchronize());
   std::printf("{\"child_exit\": %d, \"parent_failures\": %ld}\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1,
               failures);
-  return 0;
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }
 
 int after_reset(int (*arm)(long, int)) {
