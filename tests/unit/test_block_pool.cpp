@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <initializer_list>
 #include <random>
 #include <vector>
 
@@ -30,6 +31,17 @@ struct Fixture {
     return &b;
   }
 
+  // Blocks of stream 1 of these sizes, listed.
+  std::vector<Block*> list(std::initializer_list<std::size_t> sizes) {
+    std::vector<Block*> out;
+    for (std::size_t size : sizes) {
+      out.push_back(make(1, size));
+      pool.insert(out.back());
+      listed.push_back(out.back());
+    }
+    return out;
+  }
+
   void check() const {
     REQUIRE(pool.ordered());
     std::vector<Block*> expected = listed;
@@ -45,16 +57,12 @@ struct Fixture {
 
 TEST_CASE("a free block that shrinks or grows in place keeps its place or moves, and the pool stays ordered") {
   Fixture f;
-  Block* small = f.make(1, 1024);
-  Block* middle = f.make(1, 4096);
-  Block* large = f.make(1, 65536);
-  for (Block* b : {small, middle, large}) {
-    f.pool.insert(b);
-    f.listed.push_back(b);
-  }
+  const std::vector<Block*> blocks = f.list({1024, 4096, 65536});
+  Block* small = blocks[0];
+  Block* middle = blocks[1];
   f.check();
 
-  middle->size = 2048;  // still between its neighbours
+  middle->size = 8192;  // grown, still between its neighbours
   f.pool.rekeyed(middle);
   f.check();
   middle->size = 512;  // now below `small`: it must move
@@ -70,19 +78,13 @@ TEST_CASE("a free block that shrinks or grows in place keeps its place or moves,
 
 TEST_CASE("a block replacing another takes its place when it sorts there, else is filed where it sorts") {
   Fixture f;
-  Block* a = f.make(1, 1024);
-  Block* b = f.make(1, 8192);
-  Block* c = f.make(1, 65536);
-  for (Block* x : {a, b, c}) {
-    f.pool.insert(x);
-    f.listed.push_back(x);
-  }
+  Block* b = f.list({1024, 8192, 65536})[1];
   Block* fits = f.make(1, 4096);
   f.pool.replace(b, fits);
   std::replace(f.listed.begin(), f.listed.end(), b, fits);
   f.check();
   REQUIRE_FALSE(f.pool.contains(b));
-  Block* past = f.make(1, 1 << 20);  // past `c`
+  Block* past = f.make(1, 1 << 20);  // past the largest
   f.pool.replace(fits, past);
   std::replace(f.listed.begin(), f.listed.end(), fits, past);
   f.check();
