@@ -95,18 +95,9 @@ class BlockPool {
     blocks_.erase(it);
     blocks_.insert(*block);
   }
-  // `with` (in no pool) replaces `old` (in this one), which leaves the pool.
-  void replace(Block* old, Block* with) {
-    const auto it = blocks_.iterator_to(*old);
-    if (sorts_at(it, *with)) {
-      blocks_.replace_node(it, *with);
-      return;
-    }
-    blocks_.erase(it);
-    blocks_.insert(*with);
-  }
-  // `with` (in no pool) takes `old`'s place whatever its key: the caller
-  // calls rekeyed(with) before anything else looks into the pool.
+  // `with` (in no pool) takes `old`'s place whatever its key, and `old`
+  // leaves the pool: the caller calls rekeyed(with) before anything else
+  // looks into the pool (erase() may come in between).
   void take_place(Block* old, Block* with) { blocks_.replace_node(blocks_.iterator_to(*old), *with); }
 
   // Whether every block sorts strictly after the one before it (validate()).

@@ -374,7 +374,9 @@ void DevicePool::carve(Taken t, std::size_t rounded, StreamId consumer) {
     absorb_next(rest);
   }
   if (t.listed) {
-    pool_of(kind).replace(b, rest);  // (erasing rest->next above compared no keys)
+    BlockPool& pool = pool_of(kind);
+    pool.take_place(b, rest);  // (erasing rest->next above compared no keys)
+    pool.rekeyed(rest);
     count_listed(rest);
   } else {
     add_free(rest);
