@@ -71,6 +71,35 @@ class Integrity(ShimTest):
         self.assertSucceeded(run)
         self.assertIn("not a live allocation", run.stderr)
 
+    def test_blocks_past_a_thread_caches_limit_go_back_to_the_pool_whole(self):
+        # An 8 MiB cache: one spill given back and made a plain block, then 16
+        # sizes of 1-2 MiB cycled, about half of whose frees leave a spill
+        # that the next allocation gives back under the device's lock. Every
+        # pattern holds and every free succeeds (checked by the program), and
+        # nothing stays allocated.
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                run = self.run_program(["test-parked", "spill"],
+                                       env={"GPUPOOL_THREAD_CACHE_SIZE": "8M",
+                                            "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                self.assertSucceeded(run)
+                device = run.report()["devices"]["0"]
+                os.remove(run.reports()[0])
+                did = run.output_json()
+                stats = device["stats"]
+                self.assertEqual(stats["allocation.all.allocated"], did["allocations"])
+                self.assertEqual(stats["allocation.all.current"], 0)
+                self.assertEqual(stats["allocated_bytes.all.current"], 0)
+                # The cache reached its limit; the spill is the only block past it.
+                kept = device["thread_cache_kept_peak_bytes"]
+                self.assertGreater(kept, 6 << 20)
+                self.assertLessEqual(kept, (8 << 20) + (2 << 20))
+                # Pages mapped as needed leave the spill the only free block
+                # of its size: the plain block was made from it. (Fixed
+                # segments give the plain requests a segment of their own.)
+                if expandable == "1":
+                    self.assertTrue(did["plain_reused_spill"])
+
     def test_without_thread_caches_the_peaks_are_exact(self):
         run = self.run_program(["test-parked", "16", "8"], env={"GPUPOOL_THREAD_CACHE_SIZE": "0"})
         self.assertSucceeded(run)

@@ -6,6 +6,14 @@
 //   parked double-free    a block freed twice while it waits in a thread's
 //                         cache: the second free is refused, and the block is
 //                         handed out once, not twice
+//   parked spill [ROUNDS] a thread cycling through more than its cache holds
+//                         (run with GPUPOOL_THREAD_CACHE_SIZE=8M): each block
+//                         past the limit waits as the spill until the thread's
+//                         next allocation the cache cannot serve gives it back
+//                         to the pool. First one spill, then a plain block made
+//                         from it, which must free normally; then ROUNDS of
+//                         the cycle, every block keeping its pattern. Prints
+//                         {"allocations": N, "plain_reused_spill": B}
 #include <future>
 #include <thread>
 
@@ -34,11 +42,78 @@ int double_free(cudaStream_t first, cudaStream_t second) {
   return 0;
 }
 
+// One spill given back, then taken by a plain cudaMalloc: the block must be
+// the pool's again, not still marked as waiting in a cache (its plain free
+// would be refused as a second free). The spill lies below a block kept
+// live, so that it stays a block of its own when the others come back to the
+// pool. A plain request takes a stream's block only once its last use is
+// known complete: the first one records the fence that shows it (and takes
+// other memory), the second, after a device synchronization, can take the
+// spill. True when one of them did.
+bool plain_block_from_a_spill(cudaStream_t stream, long* allocations) {
+  constexpr size_t kTwo = 2 << 20;
+  void* spilled = nullptr;
+  void* above = nullptr;
+  void* kept[4];
+  CHECK_CUDA(cudaMallocAsync(&spilled, kTwo, stream));
+  CHECK_CUDA(cudaMallocAsync(&above, kTwo, stream));
+  for (void*& p : kept) CHECK_CUDA(cudaMallocAsync(&p, kTwo, stream));
+  for (void* p : kept) CHECK_CUDA(cudaFreeAsync(p, stream));  // 8 MiB: the cache is full
+  CHECK_CUDA(cudaFreeAsync(spilled, stream));                 // past the limit: the spill
+  void* larger = nullptr;  // the cache cannot serve it: the spill goes back to the pool
+  CHECK_CUDA(cudaMallocAsync(&larger, 3 << 20, stream));
+  void* plain[2] = {};
+  for (void*& p : plain) {
+    CHECK_CUDA(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaMalloc(&p, kTwo));
+    CHECK_CUDA(cudaMemset(p, 0x5a, kTwo));
+  }
+  for (void* p : plain) {
+    EXPECT(testprog::holds_sampled(p, kTwo, 0x5a));
+    CHECK_CUDA(cudaFree(p));
+  }
+  CHECK_CUDA(cudaFreeAsync(larger, stream));
+  CHECK_CUDA(cudaFreeAsync(above, stream));
+  *allocations += 9;
+  return plain[0] == spilled || plain[1] == spilled;
+}
+
+// Sizes 1 MiB to 1.94 MiB, 23.5 MiB together: about three times the 8 MiB
+// cache, each at most the quarter of it a spill may be.
+size_t spill_size(int i) { return (size_t{1} << 20) + static_cast<size_t>(i) * (64 << 10); }
+constexpr int kSpillSizes = 16;
+
+int spill(cudaStream_t stream, int rounds) {
+  long allocations = 1;  // the first thread's
+  bool reused = false;
+  std::thread([&] {  // a second thread making stream-ordered calls: caches on
+    reused = plain_block_from_a_spill(stream, &allocations);
+    for (int round = 0; round < rounds; ++round) {
+      for (int i = 0; i < kSpillSizes; ++i) {
+        const size_t size = spill_size(i);
+        const auto tag = static_cast<unsigned char>(1 + (round * kSpillSizes + i) % 250);
+        void* p = nullptr;
+        CHECK_CUDA(cudaMallocAsync(&p, size, stream));
+        CHECK_CUDA(cudaMemsetAsync(p, tag, size, stream));
+        CHECK_CUDA(cudaStreamSynchronize(stream));
+        EXPECT(testprog::holds_sampled(p, size, tag));
+        CHECK_CUDA(cudaFreeAsync(p, stream));
+        ++allocations;
+      }
+    }
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+  }).join();
+  std::printf("{\"allocations\": %ld, \"plain_reused_spill\": %s}\n", allocations, reused ? "true" : "false");
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const bool twice = argc > 1 && std::strcmp(argv[1], "double-free") == 0;
-  const int blocks = argc > 1 && !twice ? std::atoi(argv[1]) : 16;
+  const bool spills = argc > 1 && std::strcmp(argv[1], "spill") == 0;
+  const int blocks = argc > 1 && !twice && !spills ? std::atoi(argv[1]) : 16;
   const size_t bytes = static_cast<size_t>(argc > 2 ? std::atoi(argv[2]) : 8) << 20;
   cudaStream_t first = nullptr;
   cudaStream_t second = nullptr;
@@ -48,6 +123,10 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaMallocAsync(&warm, 512, first));
   CHECK_CUDA(cudaFreeAsync(warm, first));
   if (twice) return double_free(first, second);
+  if (spills) {
+    CHECK_CUDA(cudaStreamDestroy(first));
+    return spill(second, argc > 2 ? std::atoi(argv[2]) : 20);
+  }
   auto use = [&](cudaStream_t stream, unsigned char tag) {
     std::vector<void*> held(static_cast<size_t>(blocks));
     for (void*& p : held) {
