@@ -464,13 +464,6 @@ void Runtime::capture_ended(StreamId stream) {
   d.pool->capture_ended(stream);
 }
 
-bool Runtime::is_capturing(StreamId stream) {
-  DeviceState* d = existing(device_of(stream));
-  if (d == nullptr) return false;
-  std::lock_guard<AdaptiveMutex> lock(d->mu);
-  return d->pool->is_capturing(stream);
-}
-
 // ---------------------------------------------------------------- queries
 
 void Runtime::adjust_mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {

@@ -105,7 +105,6 @@ class Runtime {
   void note_stream_ordered_call() { caches_.note_caller(); }
   void capture_began(StreamId stream);
   void capture_ended(StreamId stream);
-  bool is_capturing(StreamId stream);
   bool any_capture() const { return captures_active_.load(std::memory_order_relaxed) > 0; }
   void adjust_mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
   void device_reset(int device);

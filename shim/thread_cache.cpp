@@ -87,13 +87,6 @@ LiveTable::Freed LiveTable::release(DevicePtr ptr, int park_device, LiveBlock* o
   return Freed::Live;
 }
 
-void LiveTable::clear() {
-  for (Stripe& s : stripes_) {
-    std::lock_guard<SpinLock> lock(s.lock);
-    s.map = AddressMap<LiveBlock>(kSlotsPerStripe);
-  }
-}
-
 void LiveTable::forget_device(int device) {
   for (Stripe& s : stripes_) {
     std::lock_guard<SpinLock> lock(s.lock);

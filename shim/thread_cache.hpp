@@ -63,7 +63,6 @@ class LiveTable {
   // says so) or removed. A parked entry is left as it is. -1 parks nothing.
   enum class Freed { Unknown, Live, AlreadyParked };
   Freed release(DevicePtr ptr, int park_device, LiveBlock* out);
-  void clear();
   // Drops every entry of the device (its memory is gone: cudaDeviceReset).
   void forget_device(int device);
 
