@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "shim/messages.hpp"
 #include "shim/report_file.hpp"
@@ -80,6 +82,18 @@ LineStart& line_start() {
   }
   return start;
 }
+
+// Missing folders are made, as spdlog makes the report's: GPUPOOL_LOG and
+// GPUPOOL_TRACE may name the same new folder (runs/%p/...).
+int open_making_folders(const std::string& path) {
+  constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+  const int fd = ::open(path.c_str(), kFlags, 0644);
+  if (fd >= 0 || errno != ENOENT) return fd;
+  std::error_code ec;
+  const std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  if (folder.empty() || !std::filesystem::create_directories(folder, ec)) return -1;
+  return ::open(path.c_str(), kFlags, 0644);
+}
 }  // namespace
 
 bool TraceWriter::open(const std::string& path_template) {
@@ -97,7 +111,7 @@ bool TraceWriter::open(const std::string& path_template) {
 
 bool TraceWriter::open_output(Output& out, const std::string& path) {
   out.tried = true;
-  out.fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  out.fd = open_making_folders(path);
   if (out.fd < 0) return false;
   out.buffer.reserve(kFlushBytes + 256);
   out.buffer = "Thread,Time,Action,Pointer,Size,Stream\n";

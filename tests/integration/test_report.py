@@ -244,6 +244,37 @@ class Paths(ShimTest):
                 self.assertTrue(os.path.exists(os.path.join(self.workdir, f"rank-{value}-test-repeat.json")),
                                 os.listdir(self.workdir))
 
+    def test_report_and_trace_make_the_folders_their_paths_name(self):
+        folder = os.path.join(self.workdir, "runs", "%p")
+        run = self.run_program(["test-repeat", "2"], env={"GPUPOOL_LOG": os.path.join(folder, "report.json"),
+                                                          "GPUPOOL_TRACE": os.path.join(folder, "trace.csv")})
+        self.assertSucceeded(run)
+        made = glob.glob(os.path.join(self.workdir, "runs", "*"))
+        self.assertEqual(len(made), 1, made)
+        with open(os.path.join(made[0], "trace.csv")) as f:
+            lines = f.read().splitlines()
+        self.assertEqual(lines[0], "Thread,Time,Action,Pointer,Size,Stream")
+        self.assertEqual(len(lines), 1 + 2 * run.output_json()["allocations"])
+        with open(os.path.join(made[0], "report.json")) as f:
+            self.assertEqual(json.load(f)["reason"], "exit")
+
+    def test_paths_that_cannot_be_written_are_told_and_the_program_runs_on(self):
+        # A file where a folder should be: one line names the variable and
+        # the path; the program's own work and exit code are untouched.
+        blocker = os.path.join(self.workdir, "a-file")
+        with open(blocker, "w") as f:
+            f.write("not a folder\n")
+        report = os.path.join(blocker, "report.json")
+        trace = os.path.join(blocker, "trace.csv")
+        run = self.run_program(["test-repeat", "2"], env={"GPUPOOL_LOG": report, "GPUPOOL_TRACE": trace})
+        self.assertSucceeded(run)
+        self.assertEqual(run.output_json()["allocations"], 20)
+        lines = run.stderr.splitlines()
+        self.assertIn(f"gpupool: GPUPOOL_TRACE: cannot write '{trace}'; not tracing", lines)
+        told = [line for line in lines if line.startswith(f"gpupool: GPUPOOL_LOG: cannot write the report to '{report}': ")]
+        self.assertEqual(len(told), 1, run.stderr)
+        self.assertNotIn("report written", run.stderr)
+
     def test_sigusr1_writes_a_report_without_exiting(self):
         target = os.path.join(self.workdir, "report-signal.json")
         run = self.run_program(["test-lifecycle", "signal", target], env={"GPUPOOL_LOG": target})

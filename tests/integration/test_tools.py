@@ -128,7 +128,10 @@ class Recording(ShimTest):
         self.assertNotIn("mixes", run.stderr)
 
     def test_a_device_trace_that_cannot_be_written_is_said_once_and_the_program_runs_on(self):
-        env = {"SIMCUDA_DEVICES": "2", "GPUPOOL_TRACE": os.path.join(self.workdir, "missing", "t-%d.csv")}
+        blocker = os.path.join(self.workdir, "a-file")  # where the folder should be
+        with open(blocker, "w") as f:
+            f.write("not a folder\n")
+        env = {"SIMCUDA_DEVICES": "2", "GPUPOOL_TRACE": os.path.join(blocker, "t-%d.csv")}
         run = self.run_program(["test-devices", "threads", "5"], env=env)
         self.assertSucceeded(run)
         for device in (0, 1):
