@@ -928,6 +928,22 @@ class Lifecycle(ShimTest):
                 for path in run.reports():
                     os.remove(path)
 
+    def test_a_stream_ordered_block_live_at_a_reset_cannot_be_freed_into_a_cache_after_it(self):
+        # The reset freed it: its free is refused (the runtime judges a
+        # pointer gpupool does not know), as without gpupool, and the next
+        # request of its size gets new memory.
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                run = self.run_program(["test-lifecycle", "reset-live"],
+                                       env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                self.assertSucceeded(run)
+                self.assertIn("lifecycle: reset-live", run.stdout)
+                report = run.report()
+                os.remove(run.reports()[0])
+                dev = report["devices"]["0"]
+                self.assertEqual(dev["device_resets"]["blocks_freed_by_reset"], 1)
+                self.assertEqual(dev["stats"]["allocation.all.current"], 0)
+
     def test_the_report_covers_the_run_across_a_device_reset(self):
         # One 512-byte block on another thread (to turn the thread caches on),
         # two blocks freed into this thread's cache and one never freed before

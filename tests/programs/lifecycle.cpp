@@ -13,6 +13,10 @@
 //              caches on), frees a block on the legacy stream, resets the
 //              device, and allocates there again: nothing from before the
 //              reset may come back
+//   reset-live with thread caches on, resets the device while a stream-ordered
+//              block is live, then frees that block stream-ordered: refused,
+//              as the reset freed it (were it taken into a thread cache, the
+//              next allocation would get memory the reset took)
 //   trim [KEEP] with thread caches on, frees 8 blocks of 8 MiB on the legacy
 //              stream, then, given KEEP, trims the device's default pool to
 //              KEEP bytes; then allocates and uses a block
@@ -162,6 +166,25 @@ int main(int argc, char** argv) {
     std::printf("lifecycle: reset\n");
     return 0;
   }
+  if (mode == "reset-live") {
+    testprog::turn_thread_caches_on();
+    constexpr size_t kSize = size_t{4} << 20;
+    void* held = nullptr;  // live at the reset, which frees it
+    CHECK_CUDA(cudaMallocAsync(&held, kSize, nullptr));
+    CHECK_CUDA(cudaStreamSynchronize(nullptr));
+    CHECK_CUDA(cudaDeviceReset());
+    EXPECT(cudaFreeAsync(held, nullptr) == cudaErrorInvalidValue);
+    EXPECT(cudaGetLastError() == cudaErrorInvalidValue);
+    void* p = nullptr;
+    CHECK_CUDA(cudaMallocAsync(&p, kSize, nullptr));
+    CHECK_CUDA(cudaMemsetAsync(p, 7, kSize, nullptr));  // fails on memory the reset took
+    CHECK_CUDA(cudaStreamSynchronize(nullptr));
+    EXPECT(testprog::holds_sampled(p, kSize, 7));
+    CHECK_CUDA(cudaFreeAsync(p, nullptr));
+    CHECK_CUDA(cudaStreamSynchronize(nullptr));
+    std::printf("lifecycle: reset-live\n");
+    return 0;
+  }
   if (mode == "thread-exit") {
     testprog::turn_thread_caches_on();
     cudaStream_t stream = nullptr;
@@ -287,6 +310,6 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  std::fprintf(stderr, "usage: lifecycle leak|static|fork|reset|chdir|ipc|signal REPORT|driver LIB USE [fork]\n");
+  std::fprintf(stderr, "usage: lifecycle leak|static|fork|reset|reset-live|chdir|ipc|signal REPORT|driver LIB USE [fork]\n");
   return 64;
 }
