@@ -219,6 +219,17 @@ class Devices(ShimTest):
             self.assertEqual(zero["stats"]["allocation.all.current"], 0)
         self.in_both_segment_modes(["foreign-reset"], dict(self.ENV, SIMCUDA_OP_DELAY_US="200000"), check)
 
+    def test_a_second_free_while_the_first_waits_on_another_devices_stream_is_refused(self):
+        # Accepted, the block would go back to the pool now and again when
+        # the first free's wait ends: handed out twice. Room for one block on
+        # device 0: two requests after it are served, so it came back once.
+        def check(report):
+            zero = report["devices"]["0"]
+            self.assertEqual(zero["stats"]["num_ooms"], 0)
+            self.assertEqual(zero["stats"]["allocation.all.allocated"], 3)
+            self.assertEqual(zero["stats"]["allocation.all.current"], 0)
+        self.in_both_segment_modes(["foreign-twice"], dict(self.ENV, SIMCUDA_OP_DELAY_US="200000"), check)
+
     def test_a_report_mid_run_shows_a_free_on_another_devices_stream_as_freed_once_done(self):
         # Device 1's stream has passed the free when the program asks for a
         # report (SIGUSR1): the block is no longer the program's. It read as

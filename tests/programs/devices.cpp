@@ -22,6 +22,10 @@
 //   devices foreign-signal REPORT  such a free, its work done, then a report
 //                              asked for with SIGUSR1 (written to REPORT):
 //                              prints the report
+//   devices foreign-twice      such a free, then the same block freed again
+//                              while the first free still waits: refused, and
+//                              device 0 gets the block back once (run as for
+//                              foreign-reset)
 //   devices owner-reset        such a free, its work done but not yet seen
 //                              by gpupool, when device 0 (the block's own) is
 //                              reset
@@ -212,7 +216,7 @@ int foreign_capture() {
 
 // Device 0's block, last written by device 1's stream `one` (still queued)
 // and freed in that stream's order; device 1 is current after.
-void free_on_device_one(cudaStream_t one) {
+void* free_on_device_one(cudaStream_t one) {
   CHECK_CUDA(cudaSetDevice(0));
   void* p = nullptr;
   CHECK_CUDA(cudaMalloc(&p, kBytes));
@@ -220,6 +224,7 @@ void free_on_device_one(cudaStream_t one) {
   CHECK_CUDA(cudaSetDevice(1));
   CHECK_CUDA(cudaMemsetAsync(p, 0xEE, kBytes, one));
   CHECK_CUDA(cudaFreeAsync(p, one));
+  return p;
 }
 
 // A block of device 0's, freed when device 0 is current.
@@ -250,6 +255,20 @@ int foreign_signal(const char* report) {
   return testprog::print_requested_report(report);
 }
 
+int foreign_twice() {
+  cudaStream_t one = nullptr;
+  if (!peer_stream_of_device_one(&one)) return 0;
+  void* p = free_on_device_one(one);
+  EXPECT(cudaFreeAsync(p, one) == cudaErrorInvalidValue);  // the first free still waits
+  EXPECT(cudaGetLastError() == cudaErrorInvalidValue);
+  use_device_zero();
+  use_device_zero();  // the block came back once: it serves request after request
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaStreamSynchronize(one));
+  CHECK_CUDA(cudaStreamDestroy(one));
+  return 0;
+}
+
 int owner_reset() {
   cudaStream_t one = nullptr;
   if (!peer_stream_of_device_one(&one)) return 0;
@@ -268,6 +287,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "foreign-capture") == 0) return foreign_capture();
   if (argc > 1 && std::strcmp(argv[1], "foreign-reset") == 0) return foreign_reset();
   if (argc > 1 && std::strcmp(argv[1], "owner-reset") == 0) return owner_reset();
+  if (argc > 1 && std::strcmp(argv[1], "foreign-twice") == 0) return foreign_twice();
   if (argc > 2 && std::strcmp(argv[1], "foreign-signal") == 0) return foreign_signal(argv[2]);
   if (argc > 1 && std::strcmp(argv[1], "foreign") == 0) return foreign(argc > 2 ? std::atoi(argv[2]) : 20);
   const bool threads = argc > 1 && std::strcmp(argv[1], "threads") == 0;
