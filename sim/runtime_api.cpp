@@ -4,12 +4,15 @@
 // either runs against either.
 #include <cuda_runtime_api.h>
 
+#include <dlfcn.h>
+
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <random>
 #include <unordered_set>
 
 #include "sim/counters.hpp"
@@ -75,6 +78,25 @@ cudaError_t fault_of(int device) {
 cudaError_t checked(int device, cudaError_t err) {
   const cudaError_t fault = fault_of(device);
   return result(fault != cudaSuccess ? fault : err);
+}
+
+// SIMCUDA_EVENT_FAIL_RATE (seeded by SIMCUDA_FAIL_SEED): the chance that an
+// event creation, record or stream wait made by gpupool's core fails, as with
+// a runtime short of resources. The program's own event calls never fail, so
+// that a test program's ordering of its own work stays as it wrote it.
+bool injected_event_failure(const void* caller) {
+  static const double rate = std::getenv("SIMCUDA_EVENT_FAIL_RATE") ? std::atof(std::getenv("SIMCUDA_EVENT_FAIL_RATE")) : 0;
+  if (rate <= 0) return false;
+  Dl_info info;
+  if (dladdr(caller, &info) == 0 || info.dli_fname == nullptr || std::strstr(info.dli_fname, "/libgpupool-core.so") == nullptr) {
+    return false;
+  }
+  static std::mutex mu;
+  static std::mt19937_64 rng(std::getenv("SIMCUDA_FAIL_SEED") ? std::strtoull(std::getenv("SIMCUDA_FAIL_SEED"), nullptr, 10) : 1);
+  std::lock_guard<std::mutex> lock(mu);
+  if (std::uniform_real_distribution<double>(0.0, 1.0)(rng) >= rate) return false;
+  counters().event_failures++;
+  return true;
 }
 
 Stream* stream_of(cudaStream_t s, bool per_thread) { return Engine::instance().resolve(s, per_thread, t_device); }
@@ -170,7 +192,8 @@ void write_counters_at_exit() {
                "\"event_queries\": %llu, \"event_syncs\": %llu, \"stream_syncs\": %llu, "
                "\"device_syncs\": %llu, \"legacy_ops\": %llu, \"captures_begun\": %llu, "
                "\"captures_invalidated\": %llu, \"kernel_launches\": %llu, \"vmm_maps\": %llu, "
-               "\"vmm_unmaps\": %llu, \"stale_event_uses\": %llu, \"null_free_calls\": %llu}\n",
+               "\"vmm_unmaps\": %llu, \"stale_event_uses\": %llu, \"null_free_calls\": %llu, "
+               "\"event_failures\": %llu}\n",
                (unsigned long long)c.malloc_calls, (unsigned long long)c.malloc_failures,
                (unsigned long long)c.free_calls, (unsigned long long)c.malloc_async_calls,
                (unsigned long long)c.free_async_calls, (unsigned long long)c.bytes_in_use,
@@ -181,7 +204,7 @@ void write_counters_at_exit() {
                (unsigned long long)c.captures_begun, (unsigned long long)c.captures_invalidated,
                (unsigned long long)c.kernel_launches, (unsigned long long)c.vmm_maps,
                (unsigned long long)c.vmm_unmaps, (unsigned long long)c.stale_event_uses,
-               (unsigned long long)c.null_free_calls);
+               (unsigned long long)c.null_free_calls, (unsigned long long)c.event_failures);
   std::fclose(f);
 }
 
@@ -547,11 +570,13 @@ cudaError_t cudaStreamQuery_ptsz(cudaStream_t s) { return Engine::instance().que
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
   simcuda::Event* ev = usable_event(e);
   if (ev == nullptr) return result(cudaErrorInvalidResourceHandle);
+  if (injected_event_failure(__builtin_return_address(0))) return result(cudaErrorLaunchOutOfResources);
   return result(Engine::instance().wait(stream_of(s, false), ev));
 }
 cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t s, cudaEvent_t e, unsigned int) {
   simcuda::Event* ev = usable_event(e);
   if (ev == nullptr) return result(cudaErrorInvalidResourceHandle);
+  if (injected_event_failure(__builtin_return_address(0))) return result(cudaErrorLaunchOutOfResources);
   return result(Engine::instance().wait(stream_of(s, true), ev));
 }
 
@@ -603,6 +628,7 @@ cudaError_t cudaGraphDestroy(cudaGraph_t g) {
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
   if (e == nullptr) return result(cudaErrorInvalidValue);
+  if (injected_event_failure(__builtin_return_address(0))) return result(cudaErrorMemoryAllocation);
   auto* ev = new simcuda::Event();
   ev->flags = flags;
   ev->device = t_device;
@@ -634,12 +660,14 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   simcuda::Event* ev = usable_event(e);
   if (ev == nullptr) return result(cudaErrorInvalidResourceHandle);
+  if (injected_event_failure(__builtin_return_address(0))) return result(cudaErrorLaunchOutOfResources);
   if (const cudaError_t fault = fault_of(ev->device); fault != cudaSuccess) return result(fault);
   return result(Engine::instance().record(ev, stream_of(s, false)));
 }
 cudaError_t cudaEventRecord_ptsz(cudaEvent_t e, cudaStream_t s) {
   simcuda::Event* ev = usable_event(e);
   if (ev == nullptr) return result(cudaErrorInvalidResourceHandle);
+  if (injected_event_failure(__builtin_return_address(0))) return result(cudaErrorLaunchOutOfResources);
   return result(Engine::instance().record(ev, stream_of(s, true)));
 }
 
@@ -731,6 +759,7 @@ int simcuda_accessible(const void* ptr, int device) { return Memory::instance().
 
 void simcuda_get_counters(struct simcuda_counters* out) {
   const simcuda::Counters& c = counters();
+  out->event_failures = c.event_failures;
   out->malloc_calls = c.malloc_calls;
   out->malloc_failures = c.malloc_failures;
   out->free_calls = c.free_calls;

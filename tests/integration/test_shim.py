@@ -318,6 +318,24 @@ class Stress(ShimTest):
                 self.assertEqual(sum(d["stats"]["allocation.all.current"] for d in devices), 0)
                 os.remove(run.reports()[0])
 
+    def test_random_event_failures_damage_nothing(self):
+        # Three in ten of gpupool's event calls (create, record, wait) fail:
+        # reuse that needed them waits or takes other memory, and every
+        # pattern and count still holds.
+        for seed, expandable in (("9", "1"), ("10", "0")):
+            with self.subTest(seed=seed, expandable_segments=expandable):
+                run = self.run_program(["test-stress", "3", "10", "200", seed],
+                                       env=dict(self.ENV, GPUPOOL_EXPANDABLE_SEGMENTS=expandable,
+                                                SIMCUDA_EVENT_FAIL_RATE="0.3", SIMCUDA_FAIL_SEED=seed))
+                self.assertSucceeded(run)
+                self.assertGreater(run.counters()["event_failures"], 100)
+                did = run.output_json()
+                devices = run.report()["devices"].values()
+                self.assertEqual(sum(d["stats"]["allocation.all.allocated"] for d in devices), did["allocations"])
+                self.assertEqual(sum(d["stats"]["allocation.all.current"] for d in devices), 0)
+                self.assertLess(did["refused"] * 20, did["allocations"])
+                os.remove(run.reports()[0])
+
     def test_without_ordering_the_stress_breaks_patterns(self):
         # The control: the program does catch a pool that reuses too early
         # (slower device work, a shorter run; under TSan the races this makes
