@@ -449,12 +449,24 @@ bool StreamOrdering::stream_ready(StreamId from, std::uint64_t stream_epoch,
 
 bool StreamOrdering::wait_for_frees() {
   if (options_.unsafe_skip_ordering) return true;
-  if (capture_active() || !record_barrier()) return false;
+  if (capture_active()) return false;
+  // No barrier to wait for (an event could not be made or recorded): the
+  // whole device, then. Before an out-of-memory, a longer wait beats failing.
+  if (!record_barrier()) return synchronize_device();
   if (device_.completed_epoch >= device_.fenced_epoch) return true;  // it found the device caught up
   const Fence newest = device_.pending.back();  // the barrier just recorded
   if (!upstream_.synchronize_event(newest.event)) return false;
   ++device_.counters.host_syncs;
   device_.completed_epoch = newest.epoch;
+  poll();
+  return true;
+}
+
+bool StreamOrdering::synchronize_device() {
+  if (!upstream_.synchronize_device()) return false;
+  ++device_.counters.host_syncs;
+  device_.fenced_epoch = device_.completed_epoch = device_.free_epoch++;
+  unfenced_frees_ = false;
   poll();
   return true;
 }

@@ -131,8 +131,9 @@ class StreamOrdering {
   void poll();
 
   // Blocks the host until everything queued before now, on every stream, has
-  // completed (a barrier and a wait on it). Off the fast path: used before
-  // device memory is given back page by page.
+  // completed (a barrier and a wait on it; with no event to record one, a
+  // wait for the whole device). Off the fast path: used before device memory
+  // is given back page by page.
   bool wait_for_frees();
   // Records a completion fence (an event on every stream, no waits) if frees
   // happened since the last fence, so that they can be seen complete later;
@@ -162,6 +163,9 @@ class StreamOrdering {
   bool seen_idle(StreamState& s);
   bool record_fence(StreamState& s);  // one event on s covering its frees so far
   bool record_barrier();
+  // A host wait for the whole device, with no event: every free so far is
+  // then complete.
+  bool synchronize_device();
   bool record_completion_fence();
   void poll(StreamState& s);
   bool addressable(const StreamState& s) const { return s.kind != StreamKind::PerThread; }

@@ -45,6 +45,9 @@ class Upstream {
   virtual EventStatus query_stream(StreamId stream) = 0;
   virtual bool synchronize_event(EventHandle event) = 0;
   virtual bool synchronize_stream(StreamId stream) = 0;
+  // All work queued on the device so far, on every stream (cudaDeviceSynchronize).
+  // Needs no event: the pool's wait when its events cannot be made or recorded.
+  virtual bool synchronize_device() = 0;
 
   // The stream that is a barrier for all blocking streams.
   virtual StreamId legacy_stream() const = 0;

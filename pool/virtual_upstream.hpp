@@ -30,6 +30,7 @@ class VirtualUpstream final : public Upstream {
   EventStatus query_stream(StreamId stream) override;
   bool synchronize_event(EventHandle event) override;
   bool synchronize_stream(StreamId stream) override;
+  bool synchronize_device() override;
   StreamId legacy_stream() const override { return kLegacy; }
   bool memory_info(std::size_t* free_bytes, std::size_t* total_bytes) override;
   bool failed_for_memory() const override { return !last_failed_by_injection_ || !device_errors_; }
@@ -65,7 +66,7 @@ class VirtualUpstream final : public Upstream {
 
   // --- observation ---
   struct Call {
-    enum Kind { Record, Wait, SyncEvent, SyncStream } kind;
+    enum Kind { Record, Wait, SyncEvent, SyncStream, SyncDevice } kind;
     EventHandle event;
     StreamId stream;
   };
@@ -85,6 +86,7 @@ class VirtualUpstream final : public Upstream {
   std::uint64_t event_records() const { return event_records_; }
   std::uint64_t event_queries() const { return event_queries_; }
   std::uint64_t stream_queries() const { return stream_queries_; }
+  std::uint64_t device_syncs() const { return device_syncs_; }
   std::uint64_t stream_waits() const { return stream_waits_; }
   // True when [ptr, ptr+bytes) lies inside one live segment, or entirely on
   // mapped pages of reserved address space.
@@ -116,6 +118,7 @@ class VirtualUpstream final : public Upstream {
   std::uint64_t stream_waits_ = 0;
   std::uint64_t event_queries_ = 0;
   std::uint64_t stream_queries_ = 0;
+  std::uint64_t device_syncs_ = 0;
   StreamId failing_record_stream_ = 0;
   bool event_creation_fails_ = false;
   std::vector<Call> calls_;

@@ -154,7 +154,13 @@ bool CudaUpstream::synchronize_stream(StreamId stream) {
          }) == cudaSuccess;
 }
 
-cudaError_t CudaUpstream::synchronize_device() {
+bool CudaUpstream::synchronize_device() {
+  return on_device(device_, [] {
+           return internal([](const RealCuda& r) { return r.cudaDeviceSynchronize(); });
+         }) == cudaSuccess;
+}
+
+cudaError_t CudaUpstream::synchronize_for_free() {
   return on_device(device_, [] { return real().cudaDeviceSynchronize(); });
 }
 

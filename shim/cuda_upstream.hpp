@@ -34,10 +34,11 @@ class CudaUpstream final : public Upstream {
   EventStatus query_stream(StreamId stream) override;
   bool synchronize_event(EventHandle event) override;
   bool synchronize_stream(StreamId stream) override;
+  bool synchronize_device() override;
   // The program's cudaFree with free_synchronizes:1: waits for all work on
   // this device (the runtime's cudaFree waits for the memory's own device).
   // The error is the program's to see (an earlier kernel's), not internal.
-  cudaError_t synchronize_device();
+  cudaError_t synchronize_for_free();
   // Whether the runtime says the stream is capturing now (false if it cannot say).
   bool capturing(StreamId stream);
   StreamId legacy_stream() const override;

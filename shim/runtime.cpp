@@ -310,7 +310,7 @@ void Runtime::device_reset_after_stepping_aside(int dev) {
 
 cudaError_t Runtime::synchronize_device(int dev) {
   DeviceState* d = dev >= 0 ? existing(dev) : nullptr;
-  return d != nullptr ? d->upstream.synchronize_device() : real().cudaDeviceSynchronize();
+  return d != nullptr ? d->upstream.synchronize_for_free() : real().cudaDeviceSynchronize();
 }
 
 FreeResult Runtime::free_foreign(DeviceState& d, DevicePtr ptr, StreamId site, int site_device) {

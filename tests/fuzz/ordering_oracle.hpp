@@ -110,11 +110,7 @@ class OrderingOracle final : public Upstream {
   // --- Upstream ---
   DevicePtr allocate_segment(std::size_t bytes) override { return device_.allocate_segment(bytes); }
   void release_segment(DevicePtr base, std::size_t bytes) override {
-    // cudaFree waits for the device: everything queued so far is done.
-    for (const auto& [handle, s] : streams_) {
-      merge(completed_, effective(handle));
-      completed_[s.identity] = std::max(completed_[s.identity], position_[s.identity]);
-    }
+    all_done();  // cudaFree waits for the device
     forget(base, base + bytes);
     device_.release_segment(base, bytes);
   }
@@ -157,6 +153,11 @@ class OrderingOracle final : public Upstream {
   bool synchronize_stream(StreamId stream) override {
     if (!device_.synchronize_stream(stream)) return false;
     stream_done(stream);
+    return true;
+  }
+  bool synchronize_device() override {
+    if (!device_.synchronize_device()) return false;
+    all_done();
     return true;
   }
   StreamId legacy_stream() const override { return device_.legacy_stream(); }
@@ -284,6 +285,11 @@ class OrderingOracle final : public Upstream {
     merge(completed_, effective(handle));
     const std::uint32_t id = identity(handle);
     completed_[id] = std::max(completed_[id], position_[id]);
+  }
+  // The host waited for the whole device: everything queued so far is done,
+  // on every stream, destroyed ones too.
+  void all_done() {
+    for (const auto& [id, at] : position_) completed_[id] = std::max(completed_[id], at);
   }
   void check_not_capturing(StreamId handle, const char* call) {
     if (!violation_.empty()) return;

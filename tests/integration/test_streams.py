@@ -80,6 +80,35 @@ class Hazards(ShimTest):
         expected = (1, 66) if "tsan" in (sanitizer_runtime() or "") else (1,)
         self.assertIn(default.code, expected, default.stdout)  # the host read early
 
+    def test_with_event_calls_failing_no_case_reuses_early_or_runs_out(self):
+        # The runtime refuses every event gpupool asks for (create, record,
+        # wait), or half of them, the program's own calls aside: a fence or
+        # barrier may not be had, or be had half-way (an event made but not
+        # recorded: a query of it would say "done"). The one block's room is
+        # then had by waiting for the whole device on the host: the request
+        # is served (exit 0, or 2 when it got memory given back and mapped
+        # again elsewhere), never early (1) and never refused for want of
+        # memory (3).
+        failed = {}
+        for rate, seeds in (("1", ["1"]), ("0.5", ["1", "2", "3", "4", "5"])):
+            for expandable in ("1", "0"):
+                for case, has_step in CASES.items():
+                    if not has_step:
+                        continue
+                    for seed in seeds:
+                        with self.subTest(rate=rate, seed=seed, case=case, expandable_segments=expandable):
+                            run = self.run_program(["test-hazards", case],
+                                                   env=dict(PRESSURE, GPUPOOL_EXPANDABLE_SEGMENTS=expandable,
+                                                            SIMCUDA_EVENT_FAIL_RATE=rate, SIMCUDA_FAIL_SEED=seed))
+                            self.assertIn(run.code, (0, 2), run.stdout + run.stderr)
+                            failures = run.counters()["event_failures"]
+                            if rate == "1":
+                                self.assertGreater(failures, 0)
+                            failed[rate] = failed.get(rate, 0) + failures
+                            for path in run.reports():
+                                os.remove(path)
+        self.assertGreater(failed["0.5"], 0)
+
     def test_per_thread_default_stream_build(self):
         # Built with CUDA_API_PER_THREAD_DEFAULT_STREAM: the _ptsz entry points.
         self.check("test-hazards-ptds", "per-thread", True)

@@ -345,3 +345,22 @@ TEST_CASE_METHOD(ExpandableFixture, "the report tells when recycling remaps page
   maps_cycling_sizes(*this, 200);
   CHECK(advises_keeping_pages(*pool) == (options.recycle_idle_allocations == 0));
 }
+
+TEST_CASE_METHOD(ExpandableFixture, "with no event to be made, a full pool waits for the whole device rather than fail") {
+  // The device is full; the only memory left is another stream's block whose
+  // work is still queued. Ordering it needs an event (a fence, or the barrier
+  // before its pages go back); with none to be had, the pool waits for the
+  // whole device on the host and serves the request.
+  make(4 * kMiB);
+  pool->stream_created(0x1000, StreamKind::NonBlocking);
+  pool->stream_created(0x2000, StreamKind::NonBlocking);
+  upstream.set_events_complete_at_once(false);
+  const DevicePtr p = alloc(4 * kMiB, 0x1000);
+  release(p, 0x1000);
+  upstream.set_event_creation_fails(true);
+  const Allocation a = pool->allocate(3 * kMiB, 0x2000);
+  REQUIRE(a.ok);
+  check_mapping();
+  CHECK(upstream.device_syncs() == 1);
+  CHECK(pool->stats().num_ooms == 0);
+}
