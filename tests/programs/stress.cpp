@@ -5,7 +5,8 @@
 // the first write by an event), so that work is still queued when the free
 // returns (run with SIMCUDA_OP_DELAY_US). Some frees go on the other device's
 // stream, some with plain cudaFree; non-blocking streams are destroyed and
-// made anew; now and then a stream captures while the other threads go on. A
+// made anew (half with a priority, as PyTorch makes its side streams); now
+// and then a stream captures while the other threads go on. A
 // pool that hands a block out before its last use is done, or
 // overlaps two blocks, or gives a device another's memory, breaks a pattern
 // or a check: every live block is read back whenever the threads meet.
@@ -208,7 +209,12 @@ class Worker {
       if (b.writer == old) b.writer = blocking_[d];  // its writes so far are now before blocking_'s next
     }
     CHECK_CUDA(cudaStreamDestroy(old));
-    CHECK_CUDA(cudaStreamCreateWithFlags(&nonblocking_[d], cudaStreamNonBlocking));
+    // Half made as PyTorch makes its side streams: with a priority.
+    if (rng_() % 2 == 0) {
+      CHECK_CUDA(cudaStreamCreateWithFlags(&nonblocking_[d], cudaStreamNonBlocking));
+    } else {
+      CHECK_CUDA(cudaStreamCreateWithPriority(&nonblocking_[d], cudaStreamNonBlocking, -1));
+    }
   }
 
   int index_;
