@@ -636,6 +636,23 @@ class StaticRuntime(ShimTest):
         self.assertEqual(run.output_json()["reused"], 1)
         self.assert_breaks_without_ordering(["test-static-runtime", "destroyed"], pressure)
 
+    def test_another_devices_block_is_reused_in_its_order_while_this_device_is_current(self):
+        # Device 1's block, freed on one of its streams under a slower write,
+        # asked for on another of its streams while device 0's context is
+        # current: gpupool makes device 1 current for its own calls (the
+        # primary context, as the static runtime does) and back again.
+        pressure = {**self.ON, "GPUPOOL_MEMORY_LIMIT": "20M", "SIMCUDA_DEVICES": "2"}
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                env = {**pressure, "GPUPOOL_EXPANDABLE_SEGMENTS": expandable}
+                run = self.run_program(["test-static-runtime", "cross-device"], env=env)
+                self.assertSucceeded(run)
+                self.assertEqual(run.output_json()["reused"], 1)
+                self.assertEqual(run.counters()["stale_event_uses"], 0)
+                self.assert_breaks_without_ordering(["test-static-runtime", "cross-device"], env)
+                for path in run.reports():
+                    os.remove(path)
+
     def test_calls_during_a_capture_leave_it_valid(self):
         run = self.run_program(["test-static-runtime", "capture"], env=self.ON)
         self.assertSucceeded(run)

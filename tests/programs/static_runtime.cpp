@@ -25,6 +25,9 @@
 //   static_runtime lookups        where dlsym's answers come from (program, library, RTLD_NEXT)
 //   static_runtime threads T N    T threads at once, each opening the driver and making N pairs
 //   static_runtime peer           two devices: pooled memory reachable once peer access is enabled
+//   static_runtime cross-device [MS]  a block of device 1 freed on one of its streams under a slower write,
+//                                 then asked for on another of its streams while device 0 is current:
+//                                 gpupool orders the reuse on device 1 from device 0's thread
 //   static_runtime library LIB N  LIB (a library that reaches the driver itself) makes N pairs
 //   static_runtime library-by-name LIB N
 //                                 LIB fetches each driver function with dlsym by its exported name and
@@ -479,6 +482,38 @@ int peer() {
   return 0;
 }
 
+int cross_device() {
+  constexpr size_t kSize = 16 << 20;  // with GPUPOOL_MEMORY_LIMIT=20M: reused, not new
+  use_device(1);
+  CUstream slow = nullptr, other = nullptr;
+  check(d.stream_create(&slow, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  check(d.stream_create(&other, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  CUdeviceptr a = 0;
+  check(d.mem_alloc_async(&a, kSize, slow), "cuMemAllocAsync");
+  LateWrite w{a, kSize};
+  check(d.launch_host_func(slow, late_write, &w), "cuLaunchHostFunc");
+  check(d.mem_free_async(a, slow), "cuMemFreeAsync");
+  use_device(0);  // the streams name device 1: its pool serves, its events order
+  CUdeviceptr b = 0;
+  check(d.mem_alloc_async(&b, kSize, other), "cuMemAllocAsync");
+  std::vector<unsigned char> pattern(kSize, 0x55), back(kSize);
+  check(d.memcpy_htod_async(b, pattern.data(), kSize, other), "cuMemcpyHtoDAsync");
+  check(d.stream_synchronize(other), "cuStreamSynchronize");
+  check(d.stream_synchronize(slow), "cuStreamSynchronize");
+  check(d.memcpy_dtoh(back.data(), b, kSize), "cuMemcpyDtoH");
+  if (back != pattern) {
+    std::fprintf(stderr, "static_runtime: the reused block was overwritten by work queued before its free\n");
+    return 1;
+  }
+  check(d.mem_free_async(b, other), "cuMemFreeAsync");
+  check(d.stream_synchronize(other), "cuStreamSynchronize");
+  use_device(1);
+  check(d.stream_destroy(slow), "cuStreamDestroy");
+  check(d.stream_destroy(other), "cuStreamDestroy");
+  std::printf("{\"reused\": %d}\n", a == b ? 1 : 0);
+  return 0;
+}
+
 std::string object_of(void* fn) {
   Dl_info info{};
   if (fn == nullptr || dladdr(fn, &info) == 0 || info.dli_fname == nullptr) return "none";
@@ -532,15 +567,19 @@ int main(int argc, char** argv) {
   if (mode == "pitched") return pitched(n);
   if (mode == "trim") return trim(argc > 2 ? argv[2] : nullptr);
   if (mode == "own-pool") return own_pool();
-  if ((mode == "hazard" || mode == "destroyed") && argc > 2) g_late_write_ms = static_cast<unsigned>(n);
+  if ((mode == "hazard" || mode == "destroyed" || mode == "cross-device") && argc > 2) {
+    g_late_write_ms = static_cast<unsigned>(n);
+  }
   if (mode == "hazard") return hazard();
   if (mode == "capture") return capture();
   if (mode == "destroyed") return destroyed();
   if (mode == "ipc") return ipc();
   if (mode == "reset") return reset();
   if (mode == "peer") return peer();
+  if (mode == "cross-device") return cross_device();
   std::fprintf(stderr,
-               "usage: static_runtime pairs|pitched|trim|own-pool|async|hazard|destroyed|capture|ipc|reset|peer [N] | lookups LIBRARY | "
+               "usage: static_runtime pairs|pitched|trim|own-pool|async|hazard|destroyed|capture|ipc|reset|peer|cross-device [N] | "
+               "lookups LIBRARY | "
                "threads T N | "
                "library|library-by-name LIBRARY N | library-reset LIBRARY NAME\n");
   return 2;
