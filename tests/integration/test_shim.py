@@ -466,6 +466,24 @@ class StaticRuntime(ShimTest):
         self.assertEqual(len(off.reports()), reports)
         self.assertEqual(off.stderr.count("GPUPOOL_STATIC_RUNTIME=1"), 1, off.stderr)
 
+    def test_a_cuda_11_static_runtime_is_pooled_too(self):
+        # CUDA 11.3-11.8 static runtimes fetch cuGetProcAddress in its first
+        # form (no status argument) and every entry point through it.
+        run = self.run_program(["test-static-runtime", "--cuda11", "pairs", "60"], env=self.ON)
+        self.assertSucceeded(run)
+        stats = run.report()["devices"]["0"]["stats"]
+        self.assertEqual(stats["allocation.all.allocated"], 60)
+        self.assertEqual(run.counters()["malloc_calls"], 0)
+        self.assertLess(run.counters()["vmm_maps"], 10)
+        for path in run.reports():
+            os.remove(path)
+        hazard = self.run_program(["test-static-runtime", "--cuda11", "hazard"], env=self.ON)
+        self.assertSucceeded(hazard)
+        self.assertEqual(hazard.output_json()["reused"], 1)
+        off = self.run_program(["test-static-runtime", "--cuda11", "pairs", "60"])
+        self.assertSucceeded(off)
+        self.assertEqual(off.counters()["malloc_calls"], 60)
+
     def test_asked_for_but_not_reached_is_told_so(self):
         # A driver loaded without a static runtime asking for cuGetProcAddress.
         driver = os.path.join(BUILD, "tests", "fake-driver", "libcuda.so.1")

@@ -3,7 +3,10 @@
 // libcuda.so.1 (RTLD_NOW, local), asks dlsym for cuGetProcAddress_v2, fetches
 // cuGetProcAddress itself through it and every other entry point through
 // that copy, at the versions CUDA 13's static runtime asks for. Each mode
-// prints one JSON line; a broken byte or a failed call exits 1.
+// prints one JSON line; a broken byte or a failed call exits 1. With
+// --cuda11 first, it plays a CUDA 11 static runtime instead: dlsym of
+// cuGetProcAddress (the first form, without the status argument), versions
+// up to 11080.
 //
 //   static_runtime pairs N        N cuMemAlloc/cuMemFree pairs of mixed sizes, each block checked
 //   static_runtime pitched N      N cuMemAllocPitch/cuMemFree pairs of mixed shapes, as the static
@@ -49,14 +52,20 @@
 namespace {
 
 using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+using GetProcAddressV1 = CUresult (*)(const char*, void**, int, cuuint64_t);  // CUDA 11.3 to 11.8
 // Per thread: each thread of the threads mode opens the driver itself.
 thread_local GetProcAddress get_proc_address = nullptr;
+thread_local GetProcAddressV1 get_proc_address_v1 = nullptr;
+// --cuda11: as a CUDA 11 static runtime, through cuGetProcAddress's first form.
+bool g_cuda11 = false;
 
 template <typename F>
 F fetch(const char* name, int version, cuuint64_t flags = CU_GET_PROC_ADDRESS_DEFAULT) {
   void* fn = nullptr;
   CUdriverProcAddressQueryResult status{};
-  if (get_proc_address(name, &fn, version, flags, &status) != CUDA_SUCCESS || fn == nullptr) {
+  const CUresult r = g_cuda11 ? get_proc_address_v1(name, &fn, version < 11080 ? version : 11080, flags)
+                              : get_proc_address(name, &fn, version, flags, &status);
+  if (r != CUDA_SUCCESS || fn == nullptr) {
     std::fprintf(stderr, "static_runtime: no %s at %d\n", name, version);
     std::exit(1);
   }
@@ -106,10 +115,16 @@ void open_driver() {
     std::fprintf(stderr, "static_runtime: %s\n", dlerror());
     std::exit(1);
   }
-  get_proc_address = reinterpret_cast<GetProcAddress>(dlsym(driver_library, "cuGetProcAddress_v2"));
-  if (get_proc_address == nullptr) std::exit(1);
-  // As the static runtime does: later lookups through the fetched copy.
-  get_proc_address = fetch<GetProcAddress>("cuGetProcAddress", 12000);
+  if (g_cuda11) {
+    get_proc_address_v1 = reinterpret_cast<GetProcAddressV1>(dlsym(driver_library, "cuGetProcAddress"));
+    if (get_proc_address_v1 == nullptr) std::exit(1);
+    get_proc_address_v1 = fetch<GetProcAddressV1>("cuGetProcAddress", 11030);
+  } else {
+    get_proc_address = reinterpret_cast<GetProcAddress>(dlsym(driver_library, "cuGetProcAddress_v2"));
+    if (get_proc_address == nullptr) std::exit(1);
+    // As the static runtime does: later lookups through the fetched copy.
+    get_proc_address = fetch<GetProcAddress>("cuGetProcAddress", 12000);
+  }
   d.init = fetch<decltype(d.init)>("cuInit", 2000);
   d.mem_alloc = fetch<decltype(d.mem_alloc)>("cuMemAlloc", 3020);
   d.mem_free = fetch<decltype(d.mem_free)>("cuMemFree", 3020);
@@ -541,6 +556,11 @@ int lookups(const char* library) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--cuda11") == 0) {
+    g_cuda11 = true;
+    --argc;
+    ++argv;
+  }
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "lookups" && argc > 2) return lookups(argv[2]);
   if (mode == "threads" && argc > 3) return threads(std::atoi(argv[2]), std::atoi(argv[3]));
