@@ -300,23 +300,30 @@ class Stress(ShimTest):
         # to 0.6%, and 3.1% to 4.1% with GPUPOOL_CROSS_STREAM_REUSE=never.
         self.assertLess(refused * 50, allocations)
 
+    def stress_with(self, seed, expandable, failures):
+        """Runs the stress program with the simulated runtime's `failures`
+        and checks that every pattern and count holds; returns the run, what
+        the program did and the report's devices."""
+        run = self.run_program(["test-stress", "3", "10", "200", seed],
+                               env=dict(self.ENV, GPUPOOL_EXPANDABLE_SEGMENTS=expandable, SIMCUDA_FAIL_SEED=seed,
+                                        **failures))
+        self.assertSucceeded(run)
+        did = run.output_json()
+        devices = list(run.report()["devices"].values())
+        self.assertEqual(sum(d["stats"]["allocation.all.allocated"] for d in devices), did["allocations"])
+        self.assertEqual(sum(d["stats"]["allocation.all.current"] for d in devices), 0)
+        os.remove(run.reports()[0])
+        return run, did, devices
+
     def test_random_device_failures_are_refusals_and_damage_nothing(self):
         # One in five of the device's allocations (cudaMalloc, or a page's
         # cuMemCreate) fails: the program sees out-of-memory errors, each one
         # reported, and every pattern and count still holds.
         for seed, expandable in (("7", "1"), ("8", "0")):
             with self.subTest(seed=seed, expandable_segments=expandable):
-                run = self.run_program(["test-stress", "3", "10", "200", seed],
-                                       env=dict(self.ENV, GPUPOOL_EXPANDABLE_SEGMENTS=expandable,
-                                                SIMCUDA_FAIL_RATE="0.2", SIMCUDA_FAIL_SEED=seed))
-                self.assertSucceeded(run)
-                did = run.output_json()
-                devices = run.report()["devices"].values()
+                _, did, devices = self.stress_with(seed, expandable, {"SIMCUDA_FAIL_RATE": "0.2"})
                 self.assertGreater(did["refused"], 0)
                 self.assertEqual(sum(d["stats"]["num_ooms"] for d in devices), did["refused"])
-                self.assertEqual(sum(d["stats"]["allocation.all.allocated"] for d in devices), did["allocations"])
-                self.assertEqual(sum(d["stats"]["allocation.all.current"] for d in devices), 0)
-                os.remove(run.reports()[0])
 
     def test_random_event_failures_damage_nothing(self):
         # Three in ten of gpupool's event calls (create, record, wait) fail:
@@ -324,17 +331,9 @@ class Stress(ShimTest):
         # pattern and count still holds.
         for seed, expandable in (("9", "1"), ("10", "0")):
             with self.subTest(seed=seed, expandable_segments=expandable):
-                run = self.run_program(["test-stress", "3", "10", "200", seed],
-                                       env=dict(self.ENV, GPUPOOL_EXPANDABLE_SEGMENTS=expandable,
-                                                SIMCUDA_EVENT_FAIL_RATE="0.3", SIMCUDA_FAIL_SEED=seed))
-                self.assertSucceeded(run)
+                run, did, _ = self.stress_with(seed, expandable, {"SIMCUDA_EVENT_FAIL_RATE": "0.3"})
                 self.assertGreater(run.counters()["event_failures"], 100)
-                did = run.output_json()
-                devices = run.report()["devices"].values()
-                self.assertEqual(sum(d["stats"]["allocation.all.allocated"] for d in devices), did["allocations"])
-                self.assertEqual(sum(d["stats"]["allocation.all.current"] for d in devices), 0)
                 self.assertLess(did["refused"] * 20, did["allocations"])
-                os.remove(run.reports()[0])
 
     def test_without_ordering_the_stress_breaks_patterns(self):
         # The control: the program does catch a pool that reuses too early

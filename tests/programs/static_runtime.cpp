@@ -386,10 +386,24 @@ int hazard() {
   return 0;
 }
 
-// The freeing stream is destroyed with the late write still queued on it;
-// the block is then asked for on another stream.
-int destroyed() {
-  constexpr size_t kSize = 16 << 20;  // with GPUPOOL_MEMORY_LIMIT=20M: reused, not new
+// As cudaSetDevice of the static runtime: the device's primary context.
+CUcontext use_device(int device) {
+  CUcontext ctx = nullptr;
+  check(d.primary_ctx_retain(&ctx, device), "cuDevicePrimaryCtxRetain");
+  check(d.ctx_set_current(ctx), "cuCtxSetCurrent");
+  return ctx;
+}
+
+// A block freed on a stream under a slower write, then asked for on another
+// stream (with GPUPOOL_MEMORY_LIMIT=20M: reused, not new). Destroyed: the
+// freeing stream is destroyed with the late write still queued on it.
+// CrossDevice: both streams are device 1's, and device 0 is current for the
+// request: gpupool orders the reuse on device 1 from device 0's thread.
+enum class LateReuse { Destroyed, CrossDevice };
+int reuse_after_late_write(LateReuse how) {
+  constexpr size_t kSize = 16 << 20;
+  const bool cross = how == LateReuse::CrossDevice;
+  if (cross) use_device(1);
   CUstream slow = nullptr, other = nullptr;
   check(d.stream_create(&slow, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
   check(d.stream_create(&other, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
@@ -398,12 +412,21 @@ int destroyed() {
   LateWrite w{a, kSize};
   check(d.launch_host_func(slow, late_write, &w), "cuLaunchHostFunc");
   check(d.mem_free_async(a, slow), "cuMemFreeAsync");
-  check(d.stream_destroy(slow), "cuStreamDestroy");
+  if (cross) {
+    use_device(0);  // the streams name device 1: its pool serves, its events order
+  } else {
+    check(d.stream_destroy(slow), "cuStreamDestroy");
+  }
   CUdeviceptr b = 0;
   check(d.mem_alloc_async(&b, kSize, other), "cuMemAllocAsync");
   std::vector<unsigned char> pattern(kSize, 0x55), back(kSize);
   check(d.memcpy_htod_async(b, pattern.data(), kSize, other), "cuMemcpyHtoDAsync");
-  check(d.ctx_synchronize(), "cuCtxSynchronize");
+  if (cross) {
+    check(d.stream_synchronize(other), "cuStreamSynchronize");
+    check(d.stream_synchronize(slow), "cuStreamSynchronize");
+  } else {
+    check(d.ctx_synchronize(), "cuCtxSynchronize");  // the destroyed stream's write too
+  }
   check(d.memcpy_dtoh(back.data(), b, kSize), "cuMemcpyDtoH");
   if (back != pattern) {
     std::fprintf(stderr, "static_runtime: the reused block was overwritten by work queued before its free\n");
@@ -411,6 +434,10 @@ int destroyed() {
   }
   check(d.mem_free_async(b, other), "cuMemFreeAsync");
   check(d.stream_synchronize(other), "cuStreamSynchronize");
+  if (cross) {
+    use_device(1);
+    check(d.stream_destroy(slow), "cuStreamDestroy");
+  }
   check(d.stream_destroy(other), "cuStreamDestroy");
   std::printf("{\"reused\": %d}\n", a == b ? 1 : 0);
   return 0;
@@ -463,14 +490,6 @@ int reset() {
   return 0;
 }
 
-// As cudaSetDevice of the static runtime: the device's primary context.
-CUcontext use_device(int device) {
-  CUcontext ctx = nullptr;
-  check(d.primary_ctx_retain(&ctx, device), "cuDevicePrimaryCtxRetain");
-  check(d.ctx_set_current(ctx), "cuCtxSetCurrent");
-  return ctx;
-}
-
 int peer() {
   using Accessible = int (*)(const void*, int);
   auto accessible = reinterpret_cast<Accessible>(dlsym(driver_library, "simcuda_accessible"));
@@ -494,38 +513,6 @@ int peer() {
               reachable(before, 0) ? 1 : 0, reachable(after, 0) ? 1 : 0);
   check(d.mem_free(before), "cuMemFree");
   check(d.mem_free(after), "cuMemFree");
-  return 0;
-}
-
-int cross_device() {
-  constexpr size_t kSize = 16 << 20;  // with GPUPOOL_MEMORY_LIMIT=20M: reused, not new
-  use_device(1);
-  CUstream slow = nullptr, other = nullptr;
-  check(d.stream_create(&slow, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-  check(d.stream_create(&other, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-  CUdeviceptr a = 0;
-  check(d.mem_alloc_async(&a, kSize, slow), "cuMemAllocAsync");
-  LateWrite w{a, kSize};
-  check(d.launch_host_func(slow, late_write, &w), "cuLaunchHostFunc");
-  check(d.mem_free_async(a, slow), "cuMemFreeAsync");
-  use_device(0);  // the streams name device 1: its pool serves, its events order
-  CUdeviceptr b = 0;
-  check(d.mem_alloc_async(&b, kSize, other), "cuMemAllocAsync");
-  std::vector<unsigned char> pattern(kSize, 0x55), back(kSize);
-  check(d.memcpy_htod_async(b, pattern.data(), kSize, other), "cuMemcpyHtoDAsync");
-  check(d.stream_synchronize(other), "cuStreamSynchronize");
-  check(d.stream_synchronize(slow), "cuStreamSynchronize");
-  check(d.memcpy_dtoh(back.data(), b, kSize), "cuMemcpyDtoH");
-  if (back != pattern) {
-    std::fprintf(stderr, "static_runtime: the reused block was overwritten by work queued before its free\n");
-    return 1;
-  }
-  check(d.mem_free_async(b, other), "cuMemFreeAsync");
-  check(d.stream_synchronize(other), "cuStreamSynchronize");
-  use_device(1);
-  check(d.stream_destroy(slow), "cuStreamDestroy");
-  check(d.stream_destroy(other), "cuStreamDestroy");
-  std::printf("{\"reused\": %d}\n", a == b ? 1 : 0);
   return 0;
 }
 
@@ -592,11 +579,11 @@ int main(int argc, char** argv) {
   }
   if (mode == "hazard") return hazard();
   if (mode == "capture") return capture();
-  if (mode == "destroyed") return destroyed();
+  if (mode == "destroyed") return reuse_after_late_write(LateReuse::Destroyed);
   if (mode == "ipc") return ipc();
   if (mode == "reset") return reset();
   if (mode == "peer") return peer();
-  if (mode == "cross-device") return cross_device();
+  if (mode == "cross-device") return reuse_after_late_write(LateReuse::CrossDevice);
   std::fprintf(stderr,
                "usage: static_runtime pairs|pitched|trim|own-pool|async|hazard|destroyed|capture|ipc|reset|peer|cross-device [N] | "
                "lookups LIBRARY | "
