@@ -21,6 +21,9 @@ std::string format(const char* fmt, auto... args) {
 
 std::string bytes(std::size_t b) { return human_bytes(static_cast<double>(b)); }
 
+// A size as a setting takes it: whole MiB as "256M".
+std::string size_setting(std::size_t b) { return b % kMiB == 0 ? std::to_string(b / kMiB) + "M" : std::to_string(b); }
+
 constexpr std::size_t kNoticeable = 64 * kMiB;  // waste below this is not worth a line
 
 // The setting that would have left a piece large enough. `options` as the
@@ -197,6 +200,19 @@ std::vector<std::string> advice(const DeviceReport& dev) {
     add(format("garbage collection returned %lld segments that later had to be allocated again: "
                "raise GPUPOOL_GARBAGE_COLLECTION_THRESHOLD",
                static_cast<long long>(s.num_gc_releases)));
+  }
+  // Each free that finds its thread's cache full costs a trip through the
+  // device's lock, which every thread shares.
+  const std::int64_t keeps = dev.thread_cache_keeps;
+  const std::int64_t keeps_full = dev.thread_cache_keeps_full;
+  if (keeps >= 1000 && keeps_full * 100 > keeps) {
+    add(format("%lld of %lld stream-ordered frees (%.0f%%) found their thread's cache full "
+               "(GPUPOOL_THREAD_CACHE_SIZE=%s): those blocks went back to the pool under the device's lock, which "
+               "all threads share. A larger GPUPOOL_THREAD_CACHE_SIZE keeps more of each thread's blocks; the caches "
+               "go back to the pool whenever it has to grow, so they cause no out-of-memory",
+               static_cast<long long>(keeps_full), static_cast<long long>(keeps),
+               100.0 * static_cast<double>(keeps_full) / static_cast<double>(keeps),
+               size_setting(dev.thread_cache_size).c_str()));
   }
   if (dev.leaks.blocks > 0 && dev.leaks.sites.empty()) {
     add(format("%llu blocks (%s) were still allocated at exit: GPUPOOL_BACKTRACE=1 lists where they "

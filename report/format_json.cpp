@@ -150,6 +150,8 @@ void device(JsonWriter& w, const DeviceReport& d) {
   w.end_object();
   w.field("quarantined_bytes", d.quarantined_bytes);
   w.field("thread_cache_kept_peak_bytes", d.thread_cache_kept_peak);
+  w.field("thread_cache_frees", d.thread_cache_keeps);
+  w.field("thread_cache_frees_found_full", d.thread_cache_keeps_full);
 
   w.key("timeline").begin_object();
   w.field("stride_operations", d.timeline_stride);

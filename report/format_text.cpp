@@ -228,6 +228,10 @@ void device_section(std::string& out, const DeviceReport& d) {
             "each thread kept, summed over threads). GPUPOOL_THREAD_CACHE_SIZE=0 gives exact peaks\n",
             human_bytes(static_cast<double>(d.thread_cache_kept_peak)).c_str());
   }
+  if (d.thread_cache_keeps > 0) {
+    appendf(out, "Per-thread caches took %lld stream-ordered frees; %lld found the cache full\n",
+            static_cast<long long>(d.thread_cache_keeps), static_cast<long long>(d.thread_cache_keeps_full));
+  }
 
   const std::vector<std::string> lines = advice(d);
   if (!lines.empty()) {

@@ -150,6 +150,9 @@ void write_report_file(const config::Config& config, const std::vector<config::P
     // Never more than the allocated peak it is part of (the sum of each
     // thread's most can be, when the threads' peaks came at different times).
     dr.thread_cache_kept_peak = std::min(traffic.kept_bytes_peak, dr.stats.allocated_bytes[kAll].peak);
+    dr.thread_cache_size = caches.max_bytes();
+    dr.thread_cache_keeps = traffic.keeps;
+    dr.thread_cache_keeps_full = traffic.keeps_full;
     if (call_sites.enabled()) {
       dr.leaks.sites = leak_sites(*d->pool, call_sites);
       dr.resets.sites = reset_sites(*d->pool, call_sites);

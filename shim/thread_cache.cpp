@@ -54,6 +54,8 @@ void CacheTraffic::add(const CacheTraffic& o) {
   }
   kept_bytes += o.kept_bytes;
   kept_bytes_peak += o.kept_bytes_peak;
+  keeps += o.keeps;
+  keeps_full += o.keeps_full;
 }
 
 void LiveTable::insert(DevicePtr ptr, const LiveBlock& block) {
@@ -186,6 +188,9 @@ void StreamCaches::keep(const CachedBlock& block) {
     const std::uint32_t now = ++c.ops;
     const std::size_t size = block.block.size;
     auto full = [&] { return c.count == ThreadCache::kCapacity || c.bytes - c.spill_bytes() + size > max_bytes_; };
+    CacheTraffic& t = c.traffic_of(block.block.device);
+    ++t.keeps;
+    t.keeps_full += full() ? 1 : 0;
     // Blocks unused for kStaleOps calls go first, the oldest first; then
     // larger blocks make way for a smaller one, the largest first.
     while (size <= max_bytes_ && full()) {

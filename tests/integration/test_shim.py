@@ -94,11 +94,33 @@ class Integrity(ShimTest):
                 kept = device["thread_cache_kept_peak_bytes"]
                 self.assertGreater(kept, 6 << 20)
                 self.assertLessEqual(kept, (8 << 20) + (2 << 20))
+                # Every stream-ordered free of the second thread went to its
+                # cache (the first thread's went to the pool: caches were off).
+                self.assertEqual(device["thread_cache_frees"], did["allocations"] - 1 - 2)
+                self.assertGreater(device["thread_cache_frees_found_full"], 20 * 16 // 4)
                 # Pages mapped as needed leave the spill the only free block
                 # of its size: the plain block was made from it. (Fixed
                 # segments give the plain requests a segment of their own.)
                 if expandable == "1":
                     self.assertTrue(did["plain_reused_spill"])
+
+    def test_a_cache_too_small_for_a_threads_blocks_is_advised_larger(self):
+        # 80 rounds of 16 sizes, 23.5 MiB together: an 8 MiB cache is found
+        # full by about half the frees, a 64 MiB one by none.
+        for size, full in (("8M", True), ("64M", False)):
+            with self.subTest(thread_cache_size=size):
+                run = self.run_program(["test-parked", "spill", "80"], env={"GPUPOOL_THREAD_CACHE_SIZE": size})
+                self.assertSucceeded(run)
+                device = run.report()["devices"]["0"]
+                os.remove(run.reports()[0])
+                advised = [line for line in device["advice"] if "found their thread's cache full" in line]
+                if full:
+                    self.assertGreater(device["thread_cache_frees_found_full"] * 4, device["thread_cache_frees"])
+                    self.assertEqual(len(advised), 1, device["advice"])
+                    self.assertIn("(GPUPOOL_THREAD_CACHE_SIZE=8M)", advised[0])
+                else:
+                    self.assertEqual(device["thread_cache_frees_found_full"], 0)
+                    self.assertEqual(advised, [])
 
     def test_without_thread_caches_the_peaks_are_exact(self):
         run = self.run_program(["test-parked", "16", "8"], env={"GPUPOOL_THREAD_CACHE_SIZE": "0"})

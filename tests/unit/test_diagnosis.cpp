@@ -69,3 +69,23 @@ TEST_CASE("retries are advised on only when flushing the cache served them") {
   d.options.garbage_collection_threshold = 0.8;  // already returning idle segments early
   CHECK(report::advice(d).front().find("GARBAGE_COLLECTION") == std::string::npos);
 }
+
+TEST_CASE("threads' caches are advised larger only when more than 1 in 100 frees found them full") {
+  auto cache_line = [](const report::DeviceReport& d) {
+    for (const std::string& l : report::advice(d)) {
+      if (l.find("found their thread's cache full") != std::string::npos) return l;
+    }
+    return std::string();
+  };
+  report::DeviceReport d;
+  d.thread_cache_size = 256 * kMiB;
+  d.thread_cache_keeps = 10000;
+  d.thread_cache_keeps_full = 100;  // 1 in 100: a lock trip now and then
+  CHECK(cache_line(d).empty());
+  d.thread_cache_keeps_full = 101;
+  CHECK(cache_line(d).find("101 of 10000 stream-ordered frees (1%)") == 0);
+  CHECK(cache_line(d).find("(GPUPOOL_THREAD_CACHE_SIZE=256M)") != std::string::npos);
+  d.thread_cache_keeps = 999;  // too few to judge
+  d.thread_cache_keeps_full = 999;
+  CHECK(cache_line(d).empty());
+}
