@@ -85,14 +85,17 @@ cudaError_t checked(int device, cudaError_t err) {
 // a runtime short of resources. The program's own event calls never fail, so
 // that a test program's ordering of its own work stays as it wrote it.
 bool injected_event_failure(const void* caller) {
-  static const double rate = std::getenv("SIMCUDA_EVENT_FAIL_RATE") ? std::atof(std::getenv("SIMCUDA_EVENT_FAIL_RATE")) : 0;
+  static const char* const rate_text = std::getenv("SIMCUDA_EVENT_FAIL_RATE");
+  static const double rate = rate_text != nullptr ? std::atof(rate_text) : 0;
   if (rate <= 0) return false;
   Dl_info info;
-  if (dladdr(caller, &info) == 0 || info.dli_fname == nullptr || std::strstr(info.dli_fname, "/libgpupool-core.so") == nullptr) {
+  if (dladdr(caller, &info) == 0 || info.dli_fname == nullptr ||
+      std::strstr(info.dli_fname, "/libgpupool-core.so") == nullptr) {
     return false;
   }
   static std::mutex mu;
-  static std::mt19937_64 rng(std::getenv("SIMCUDA_FAIL_SEED") ? std::strtoull(std::getenv("SIMCUDA_FAIL_SEED"), nullptr, 10) : 1);
+  static const char* const seed = std::getenv("SIMCUDA_FAIL_SEED");
+  static std::mt19937_64 rng(seed != nullptr ? std::strtoull(seed, nullptr, 10) : 1);
   std::lock_guard<std::mutex> lock(mu);
   if (std::uniform_real_distribution<double>(0.0, 1.0)(rng) >= rate) return false;
   counters().event_failures++;

@@ -271,7 +271,8 @@ class Paths(ShimTest):
         self.assertEqual(run.output_json()["allocations"], 20)
         lines = run.stderr.splitlines()
         self.assertIn(f"gpupool: GPUPOOL_TRACE: cannot write '{trace}'; not tracing", lines)
-        told = [line for line in lines if line.startswith(f"gpupool: GPUPOOL_LOG: cannot write the report to '{report}': ")]
+        prefix = f"gpupool: GPUPOOL_LOG: cannot write the report to '{report}': "
+        told = [line for line in lines if line.startswith(prefix)]
         self.assertEqual(len(told), 1, run.stderr)
         self.assertNotIn("report written", run.stderr)
 

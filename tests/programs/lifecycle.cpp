@@ -309,6 +309,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  std::fprintf(stderr, "usage: lifecycle leak|static|fork|reset|reset-live|chdir|ipc|signal REPORT|driver LIB USE [fork]\n");
+  std::fprintf(stderr,
+               "usage: lifecycle leak|static|fork|reset|reset-live|chdir|ipc|signal REPORT|driver LIB USE [fork]\n");
   return 64;
 }

@@ -585,7 +585,8 @@ int main(int argc, char** argv) {
   if (mode == "peer") return peer();
   if (mode == "cross-device") return reuse_after_late_write(LateReuse::CrossDevice);
   std::fprintf(stderr,
-               "usage: static_runtime pairs|pitched|trim|own-pool|async|hazard|destroyed|capture|ipc|reset|peer|cross-device [N] | "
+               "usage: static_runtime [--cuda11] "
+               "pairs|pitched|trim|own-pool|async|hazard|destroyed|capture|ipc|reset|peer|cross-device [N] | "
                "lookups LIBRARY | "
                "threads T N | "
                "library|library-by-name LIBRARY N | library-reset LIBRARY NAME\n");

@@ -346,7 +346,7 @@ TEST_CASE_METHOD(ExpandableFixture, "the report tells when recycling remaps page
   CHECK(advises_keeping_pages(*pool) == (options.recycle_idle_allocations == 0));
 }
 
-TEST_CASE_METHOD(ExpandableFixture, "with no event to be made, a full pool waits for the whole device rather than fail") {
+TEST_CASE_METHOD(ExpandableFixture, "with no event to be made, a full pool waits for the device rather than fail") {
   // The device is full; the only memory left is another stream's block whose
   // work is still queued. Ordering it needs an event (a fence, or the barrier
   // before its pages go back); with none to be had, the pool waits for the
