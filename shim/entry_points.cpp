@@ -236,7 +236,7 @@ cudaError_t cudaFree(void* ptr) {
   // already orders its reuse). Not during a capture, which a synchronization
   // would break. An error it reports (an earlier kernel's) is cudaFree's to
   // return, as the runtime's would.
-  if (rt.config().free_synchronizes && !rt.exiting() && !rt.any_capture()) return rt.synchronize_device(owner);
+  if (rt.config().free_synchronizes && !rt.exiting() && !rt.any_capture()) return rt.synchronize_for_free(owner);
   return cudaSuccess;
 }
 

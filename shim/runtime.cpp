@@ -308,7 +308,7 @@ void Runtime::device_reset_after_stepping_aside(int dev) {
   if (DeviceState* d = existing(dev)) d->reset_after_stepping_aside.store(true);
 }
 
-cudaError_t Runtime::synchronize_device(int dev) {
+cudaError_t Runtime::synchronize_for_free(int dev) {
   DeviceState* d = dev >= 0 ? existing(dev) : nullptr;
   return d != nullptr ? d->upstream.synchronize_for_free() : real().cudaDeviceSynchronize();
 }

@@ -93,7 +93,7 @@ class Runtime {
   FreeResult deallocate(void* ptr, StreamId site, int site_device = -1, int* owner = nullptr);
   // Waits for all work on `device`, as the runtime's cudaFree does for the
   // memory it frees (free_synchronizes:1); returns the error it reports.
-  cudaError_t synchronize_device(int device);
+  cudaError_t synchronize_for_free(int device);
 
   int current_device() const;
   int device_of(StreamId stream);

@@ -96,8 +96,9 @@ struct CacheTraffic {
   // bound what was ever kept at once.
   std::int64_t kept_bytes = 0;
   std::int64_t kept_bytes_peak = 0;
-  // Frees into the cache, and those that found it full (the block, or larger
-  // ones to make room, went back to the pool under the device's lock).
+  // Frees into the cache, and those that found it full: the block, or larger
+  // ones to make room, went back to the pool under the device's lock (at
+  // once, or as the spill at the thread's next allocation the cache missed).
   std::int64_t keeps = 0;
   std::int64_t keeps_full = 0;
   void add(const CacheTraffic& o);
