@@ -284,6 +284,16 @@ Block* DevicePool::grow(PoolKind kind, std::size_t rounded, StreamId consumer, b
   }
   ++stats_.num_alloc_retries;
   if (release_cached() > 0) b = new_memory();
+  if (b == nullptr) {
+    // The host waited for every free: a block that could not be ordered
+    // before (pending under the "completed" policy, or with no barrier to be
+    // had) may be taken now, though no segment was free to give back.
+    if (const Taken t = take_cached(kind, rounded, consumer, false); t.block != nullptr) {
+      if (t.listed) remove_free(t.block);
+      ++stats_.cache_hits;
+      b = t.block;
+    }
+  }
   if (b != nullptr) ++stats_.num_retries_served;
   return b;
 }

@@ -247,6 +247,22 @@ TEST_CASE_METHOD(PoolFixture, "completed: cross-stream reuse only once the fence
   CHECK(count(upstream.calls(), Call::Wait, kS2) == 0);
 }
 
+TEST_CASE_METHOD(PoolFixture, "completed: out of memory, another stream's pending block is had after the host wait") {
+  // Nothing to give back (a live block keeps the only segment), but the host
+  // waits all the same before failing: the pending block is complete then.
+  options.cross_stream_reuse = CrossStreamReuse::Completed;
+  make(2 * kMiB);
+  pool->stream_created(kS1, StreamKind::Blocking);
+  pool->stream_created(kS2, StreamKind::Blocking);
+  upstream.set_events_complete_at_once(false);
+  alloc(1000, kS2);
+  const DevicePtr a = alloc(1000, kS1);
+  release(a, kS1);
+  CHECK(alloc(1000, kS2) == a);
+  CHECK(count(upstream.calls(), Call::Wait, kS2) == 0);
+  CHECK(count(upstream.calls(), Call::SyncEvent, 0) == 1);
+}
+
 TEST_CASE_METHOD(PoolFixture, "never: each stream keeps its own cache") {
   options.cross_stream_reuse = CrossStreamReuse::Never;
   make();
