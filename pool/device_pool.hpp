@@ -74,7 +74,9 @@ class DevicePool {
   bool owns(DevicePtr ptr) const { return segment_of(ptr) != nullptr; }
   const Segment* segment_of(DevicePtr ptr) const;  // the segment holding ptr, or null
 
-  void stream_created(StreamId id, StreamKind kind) { ordering_.stream_created(id, kind); }
+  // False when the new stream could not be ordered after the latest barrier
+  // (see StreamOrdering::stream_created).
+  bool stream_created(StreamId id, StreamKind kind) { return ordering_.stream_created(id, kind); }
   void stream_destroying(StreamId id);
   void capture_began(StreamId id) { ordering_.capture_began(id); }
   void capture_ended(StreamId id) { ordering_.capture_ended(id); }

@@ -43,7 +43,7 @@ StreamState& StreamOrdering::lookup(StreamId id) {
   return it->second;
 }
 
-void StreamOrdering::stream_created(StreamId id, StreamKind kind) {
+bool StreamOrdering::stream_created(StreamId id, StreamKind kind) {
   StreamState& s = stream(id);
   // A handle seen before belonged to a stream destroyed behind our back: keep
   // its fences until they complete, start afresh. Nothing may fail once the
@@ -56,8 +56,29 @@ void StreamOrdering::stream_created(StreamId id, StreamKind kind) {
   // after barriers recorded before it existed: make it wait for the latest.
   if (kind == StreamKind::NonBlocking && last_barrier_.epoch > device_.completed_epoch &&
       !options_.unsafe_skip_ordering) {
-    if (upstream_.wait_event(id, last_barrier_.event)) ++s.counters.barrier_waits;
+    return order_after_last_barrier(s);
   }
+  return true;
+}
+
+bool StreamOrdering::order_after_last_barrier(StreamState& s) {
+  if (upstream_.wait_event(s.id, last_barrier_.event)) {
+    ++s.counters.barrier_waits;
+    return true;
+  }
+  // Refused. Plain allocations the barrier covered may be live, and the
+  // program may use them on the new stream at once: the host waits for the
+  // barrier instead. (Allowed during a capture: the event was recorded
+  // outside it, and is never recorded again while it is the latest barrier's.)
+  if (upstream_.synchronize_event(last_barrier_.event)) {
+    ++device_.counters.host_syncs;
+    device_.completed_epoch = std::max(device_.completed_epoch, last_barrier_.epoch);
+    return true;
+  }
+  // Not even that: the barriers so far no longer count for reuse. The next
+  // one makes this stream wait too, or fails.
+  device_.fenced_epoch = std::min(device_.fenced_epoch, device_.completed_epoch);
+  return false;
 }
 
 void StreamOrdering::stream_destroying(StreamId id) {
@@ -74,8 +95,13 @@ void StreamOrdering::stream_destroying(StreamId id) {
       ++s.counters.fences_recorded;
     } else {
       if (event != 0) give_back_event(event);
-      upstream_.synchronize_stream(id);
-      ++s.counters.host_syncs;
+      if (upstream_.synchronize_stream(id)) {
+        ++s.counters.host_syncs;
+      } else {
+        // Nothing covers that work now: no barrier or completion fence may
+        // claim to until the host has waited for the whole device.
+        destroyed_work_unordered_ = true;
+      }
     }
   }
   for (const Fence& f : s.pending) retired_.push_back(f.event);
@@ -220,7 +246,7 @@ bool StreamOrdering::record_fence(StreamState& s) {
 }
 
 bool StreamOrdering::record_barrier() {
-  if (capture_active()) return false;
+  if (capture_active() || destroyed_work_unordered_) return false;
   // Destroyed streams' events are dropped as soon as complete (the barrier
   // waits for each one still pending).
   if (!retired_.empty()) poll();
@@ -338,7 +364,7 @@ bool StreamOrdering::record_completion_fence() {
   // Work of destroyed streams still in flight is covered only by a barrier
   // (the legacy stream waits for their last events); rare, so take one then.
   poll();
-  if (!retired_.empty()) return record_barrier();
+  if (!retired_.empty() || destroyed_work_unordered_) return record_barrier();
   const StreamId legacy = upstream_.legacy_stream();
   Fence fence{device_.free_epoch, 0, {}};
   auto record_on = [&](StreamId stream) {
@@ -464,6 +490,7 @@ bool StreamOrdering::wait_for_frees() {
 
 bool StreamOrdering::synchronize_device() {
   if (!upstream_.synchronize_device()) return false;
+  destroyed_work_unordered_ = false;
   ++device_.counters.host_syncs;
   device_.fenced_epoch = device_.completed_epoch = device_.free_epoch++;
   unfenced_frees_ = false;

@@ -15,7 +15,8 @@
 //   the rest: a legacy action waits for all prior work of blocking streams, and
 //   later work of blocking streams waits for it. After one barrier, every
 //   stream's later work runs after every stream's earlier work, with no host
-//   wait. Non-blocking streams created later are made to wait for the latest L.
+//   wait. Non-blocking streams created later are made to wait for the latest L
+//   (where they cannot, the host waits for it).
 // Fences and barriers are recorded lazily, when a reuse needs them, so a burst
 // of frees costs one barrier. While any stream capture is active nothing is
 // recorded (it would invalidate the capture): only completed frees are reused.
@@ -77,7 +78,11 @@ class StreamOrdering {
   StreamOrdering& operator=(const StreamOrdering&) = delete;
 
   // --- stream life ---
-  void stream_created(StreamId id, StreamKind kind);
+  // A non-blocking stream is made to follow the latest barrier: plain
+  // allocations it covered may be live, and used on the stream at once.
+  // False when the runtime refused both the wait and a host wait for it: the
+  // stream is unordered after that barrier (which no longer counts for reuse).
+  bool stream_created(StreamId id, StreamKind kind);
   // Before the real destroy: fences the stream's queued work so that nothing it
   // used is reused early. The caller re-keys the stream's cached blocks.
   void stream_destroying(StreamId id);
@@ -161,6 +166,7 @@ class StreamOrdering {
   // one found busy only every kBusyCheckInterval-th time: a busy stream tends
   // to stay busy, and the query would be a wasted call.
   bool seen_idle(StreamState& s);
+  bool order_after_last_barrier(StreamState& s);  // see stream_created
   bool record_fence(StreamState& s);  // one event on s covering its frees so far
   bool record_barrier();
   // A host wait for the whole device, with no event: every free so far is
@@ -185,6 +191,8 @@ class StreamOrdering {
   std::vector<StreamReport> destroyed_;  // counters of destroyed streams, for the report
   int captures_active_ = 0;
   bool unfenced_frees_ = false;  // a free happened since the last device fence
+  // A destroyed stream's work that no event covers and no host wait saw done.
+  bool destroyed_work_unordered_ = false;
   Fence last_barrier_;           // for streams created after it
   StreamState* last_stream_ = nullptr;  // stream()'s one-entry cache
 };

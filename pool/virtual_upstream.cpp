@@ -97,7 +97,7 @@ bool VirtualUpstream::record_event(EventHandle event, StreamId stream) {
 }
 
 bool VirtualUpstream::wait_event(StreamId stream, EventHandle event) {
-  if (events_.count(event) == 0) return false;
+  if (events_.count(event) == 0 || (failing_wait_stream_ != 0 && stream == failing_wait_stream_)) return false;
   ++stream_waits_;
   if (calls_.size() < kMaxCallsKept) calls_.push_back(Call{Call::Wait, event, stream});
   return true;
@@ -117,18 +117,20 @@ EventStatus VirtualUpstream::query_stream(StreamId) {
 
 bool VirtualUpstream::synchronize_event(EventHandle event) {
   auto it = events_.find(event);
-  if (it == events_.end()) return false;
+  if (it == events_.end() || host_waits_fail_) return false;
   it->second = true;
   if (calls_.size() < kMaxCallsKept) calls_.push_back(Call{Call::SyncEvent, event, 0});
   return true;
 }
 
 bool VirtualUpstream::synchronize_stream(StreamId stream) {
+  if (host_waits_fail_) return false;
   if (calls_.size() < kMaxCallsKept) calls_.push_back(Call{Call::SyncStream, 0, stream});
   return true;
 }
 
 bool VirtualUpstream::synchronize_device() {
+  if (host_waits_fail_) return false;
   ++device_syncs_;
   complete_all();
   if (calls_.size() < kMaxCallsKept) calls_.push_back(Call{Call::SyncDevice, 0, 0});

@@ -61,8 +61,12 @@ class VirtualUpstream final : public Upstream {
   void set_virtual_memory(bool yes) { virtual_memory_ = yes; }
   // Event records on this stream fail (0: none do).
   void set_failing_record_stream(StreamId stream) { failing_record_stream_ = stream; }
+  // Waits on this stream fail (0: none do).
+  void set_failing_wait_stream(StreamId stream) { failing_wait_stream_ = stream; }
   // No event can be created (create_event returns 0).
   void set_event_creation_fails(bool yes) { event_creation_fails_ = yes; }
+  // Host waits (for an event, a stream, the device) fail and wait for nothing.
+  void set_host_waits_fail(bool yes) { host_waits_fail_ = yes; }
 
   // --- observation ---
   struct Call {
@@ -120,7 +124,9 @@ class VirtualUpstream final : public Upstream {
   std::uint64_t stream_queries_ = 0;
   std::uint64_t device_syncs_ = 0;
   StreamId failing_record_stream_ = 0;
+  StreamId failing_wait_stream_ = 0;
   bool event_creation_fails_ = false;
+  bool host_waits_fail_ = false;
   std::vector<Call> calls_;
 };
 

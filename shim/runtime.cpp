@@ -394,9 +394,23 @@ void Runtime::stream_created(cudaStream_t stream, unsigned flags) {
     streams_locked()[id] = dev;
   }
   streams_generation_.fetch_add(1, std::memory_order_acq_rel);
+  introduce_stream(dev, id, flags);
+}
+
+void Runtime::introduce_stream(int dev, StreamId id, unsigned flags) {
   DeviceState& d = device(dev);
-  std::lock_guard<AdaptiveMutex> lock(d.mu);
-  d.pool->stream_created(id, (flags & cudaStreamNonBlocking) != 0 ? StreamKind::NonBlocking : StreamKind::Blocking);
+  bool ordered = true;
+  {
+    std::lock_guard<AdaptiveMutex> lock(d.mu);
+    ordered = d.pool->stream_created(id, (flags & cudaStreamNonBlocking) != 0 ? StreamKind::NonBlocking
+                                                                               : StreamKind::Blocking);
+  }
+  if (!ordered) {
+    message(config::LogLevel::Warn, "gpupool: device " + std::to_string(dev) +
+                                        ": the runtime refused both cudaStreamWaitEvent and cudaEventSynchronize "
+                                        "for a new stream: memory that cudaFree released before may still be in "
+                                        "use by earlier work when used on it");
+  }
 }
 
 void Runtime::ensure_known(StreamId stream, int dev) {
@@ -424,9 +438,7 @@ void Runtime::ensure_known(StreamId stream, int dev) {
     real().cudaGetLastError();
     flags = cudaStreamNonBlocking;
   }
-  DeviceState& d = device(dev);
-  std::lock_guard<AdaptiveMutex> lock(d.mu);
-  d.pool->stream_created(stream, (flags & cudaStreamNonBlocking) != 0 ? StreamKind::NonBlocking : StreamKind::Blocking);
+  introduce_stream(dev, stream, flags);
 }
 
 void Runtime::stream_destroying(cudaStream_t stream) {

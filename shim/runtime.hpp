@@ -165,6 +165,8 @@ class Runtime {
   // frees whose work on another device is done) go back to them.
   void return_held_blocks();
   void warn_oom(const DeviceState& d);
+  // Tells the device's pool of a program's stream (flags as cudaStreamCreateWithFlags').
+  void introduce_stream(int dev, StreamId id, unsigned flags);
   // Bytes of `device`'s blocks that threads keep for reuse: the program freed
   // them, the pool counts them allocated. Takes the caches' locks, so call it
   // before the pool's.

@@ -105,7 +105,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   DevicePool pool(oracle, options, capacity == kUnlimited ? 80 * kGiB : capacity);
   auto begin_stream = [&](StreamId id, StreamKind kind) {
     oracle.stream_begins(id, kind);
-    pool.stream_created(id, kind);
+    // Unordered only when the device refused both a wait and a host wait,
+    // which the pool then says (a real device fails both only once a sticky
+    // error has stopped it running work).
+    if (!pool.stream_created(id, kind)) {
+      SAY("the new stream could not be ordered\n");
+      return;
+    }
     std::string why;
     if (!oracle.stream_ready_for_plain(id, &why)) {
       std::fprintf(stderr, "unordered reuse: %s\n", why.c_str());
@@ -202,23 +208,30 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         pool.stream_destroying(kNonBlocking);
         begin_stream(kNonBlocking, StreamKind::NonBlocking);
         break;
-      case 11:  // the device fails: allocations (for want of memory, or a device error), event records, events
+      case 11:  // the device fails: allocations (for want of memory, or a device error), records, waits, events
         switch (in.byte() % 3) {
           case 0:
             failures_left = in.byte() % 4;
             upstream.set_failures_are_device_errors(in.byte() % 2 == 0);
             SAY("next %d allocation attempts fail\n", failures_left);
             break;
-          case 1: {
-            const StreamId failing = in.pick(streams);
-            upstream.set_failing_record_stream(failing == kAnyStream ? 0 : failing);  // kAnyStream: none
-            SAY("records fail on %llx\n", static_cast<unsigned long long>(failing));
+          case 1: {  // the low bits pick the stream, the next ones what fails on it
+            const std::uint8_t b = in.byte();
+            const StreamId failing = streams[b % std::size(streams)];
+            const StreamId stream = failing == kAnyStream ? 0 : failing;  // kAnyStream: none
+            const std::size_t what = b / std::size(streams) % 3;  // 0 records, 1 waits, 2 both
+            upstream.set_failing_record_stream(what != 1 ? stream : 0);
+            upstream.set_failing_wait_stream(what != 0 ? stream : 0);
+            SAY("%s fail on %llx\n", what == 0 ? "records" : what == 1 ? "waits" : "records and waits",
+                static_cast<unsigned long long>(failing));
             break;
           }
           case 2: {
-            const bool yes = in.byte() % 2 == 0;
-            SAY("event creation fails: %d\n", yes);
-            upstream.set_event_creation_fails(yes);
+            const std::uint8_t b = in.byte();
+            const bool creation_fails = b % 2 == 0, host_waits_fail = b / 2 % 2 == 1;
+            SAY("event creation fails: %d, host waits fail: %d\n", creation_fails, host_waits_fail);
+            upstream.set_event_creation_fails(creation_fails);
+            upstream.set_host_waits_fail(host_waits_fail);
             break;
           }
         }
@@ -232,7 +245,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   upstream.set_failure(nullptr);
   upstream.set_failing_record_stream(0);
+  upstream.set_failing_wait_stream(0);
   upstream.set_event_creation_fails(false);
+  upstream.set_host_waits_fail(false);
   if (pool.is_capturing(kBlocking)) {
     pool.capture_ended(kBlocking);
     oracle.set_capturing(kBlocking, false);

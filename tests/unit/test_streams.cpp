@@ -184,6 +184,47 @@ TEST_CASE_METHOD(PoolFixture, "a non-blocking stream created after a pending bar
   }
 }
 
+TEST_CASE_METHOD(PoolFixture, "a new non-blocking stream that cannot wait for the pending barrier gets a host wait") {
+  // The plain allocation is live, its bytes covered by the barrier only: the
+  // program may use it on the new stream at once.
+  make();
+  upstream.set_events_complete_at_once(false);
+  release(alloc(1000));
+  alloc(1000);  // records the barrier, still pending
+  EventHandle barrier = 0;
+  for (const Call& c : upstream.calls()) {
+    if (c.kind == Call::Record && c.stream == kLegacy) barrier = c.event;
+  }
+  REQUIRE(barrier != 0);
+  upstream.set_failing_wait_stream(kNB);
+  upstream.clear_calls();
+  CHECK(pool->stream_created(kNB, StreamKind::NonBlocking));
+  REQUIRE(upstream.calls().size() == 1);
+  CHECK((upstream.calls()[0].kind == Call::SyncEvent && upstream.calls()[0].event == barrier));
+}
+
+TEST_CASE("a new non-blocking stream that cannot be ordered at all voids the barriers so far") {
+  // Neither a wait nor a host wait: the next reuse of what the barriers
+  // covered records a new one, which the new stream waits for.
+  VirtualUpstream upstream;
+  PoolOptions options;
+  StreamOrdering ordering(upstream, options);
+  upstream.set_events_complete_at_once(false);
+  constexpr StreamId kLater = 0x2000;
+  const std::uint64_t freed = ordering.stamp_free(kAnyStream).device_epoch;
+  REQUIRE(ordering.device_ready(freed));  // the barrier, pending
+  upstream.set_failing_wait_stream(kLater);
+  upstream.set_host_waits_fail(true);
+  CHECK_FALSE(ordering.stream_created(kLater, StreamKind::NonBlocking));
+  upstream.set_host_waits_fail(false);
+  CHECK_FALSE(ordering.device_ordered(freed));
+  CHECK_FALSE(ordering.device_ready(freed));  // the new barrier's wait on kLater fails too
+  upstream.set_failing_wait_stream(0);
+  upstream.clear_calls();
+  CHECK(ordering.device_ready(freed));
+  CHECK(count(upstream.calls(), Call::Wait, kLater) == 1);
+}
+
 TEST_CASE_METHOD(PoolFixture, "auto: with room to grow, another stream's pending block is left alone") {
   make_two_streams_with_pending_work();
   const DevicePtr a = alloc(12 * kMiB, kS1);
@@ -365,6 +406,39 @@ TEST_CASE_METHOD(PoolFixture, "a destroyed stream's blocks stay cached and are f
     legacy_waited |= c.kind == Call::Wait && c.stream == kLegacy && c.event == retired;
   }
   CHECK(legacy_waited);
+}
+
+TEST_CASE_METHOD(PoolFixture, "a destroyed stream's work that nothing covers blocks reuse until the device is waited for") {
+  // Its fence cannot be recorded and the host cannot wait for it: a barrier
+  // would not follow that work, and a completion fence would not see it done.
+  make(2 * kMiB);  // one segment, kept by a live block: no room, nothing to give back
+  pool->stream_created(kNB, StreamKind::NonBlocking);
+  upstream.set_events_complete_at_once(false);
+  alloc(1000);
+  const DevicePtr a = alloc(1000, kNB);
+  release(a, kNB);
+  upstream.set_failing_record_stream(kNB);
+  upstream.set_host_waits_fail(true);
+  pool->stream_destroying(kNB);
+  upstream.set_failing_record_stream(0);
+  // Events recorded now complete at once: none of them follows that work.
+  upstream.set_events_complete_at_once(true);
+  pool->stream_created(kS1, StreamKind::Blocking);
+  upstream.clear_calls();
+  CHECK_FALSE(pool->allocate(1000, kAnyStream).ok);  // no barrier
+  CHECK_FALSE(pool->allocate(1000, kS1).ok);          // no completion fence
+  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 0);
+  // Once the host can wait for the whole device, the block is had again.
+  upstream.set_host_waits_fail(false);
+  CHECK(pool->allocate(1000, kAnyStream).ptr == a);
+  CHECK(upstream.device_syncs() == 1);
+  check();
+  // And barriers order reuse again, with no more host waits.
+  release(a);
+  upstream.clear_calls();
+  CHECK(alloc(1000) == a);
+  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);
+  CHECK(upstream.device_syncs() == 1);
 }
 
 TEST_CASE_METHOD(PoolFixture, "another thread's per-thread stream is ordered through the barrier") {
