@@ -80,13 +80,10 @@ cudaError_t checked(int device, cudaError_t err) {
   return result(fault != cudaSuccess ? fault : err);
 }
 
-// SIMCUDA_EVENT_FAIL_RATE (seeded by SIMCUDA_FAIL_SEED): the chance that an
-// event creation, record or stream wait made by gpupool's core fails, as with
-// a runtime short of resources. The program's own event calls never fail, so
-// that a test program's ordering of its own work stays as it wrote it.
-bool injected_event_failure(const void* caller) {
-  static const char* const rate_text = std::getenv("SIMCUDA_EVENT_FAIL_RATE");
-  static const double rate = rate_text != nullptr ? std::atof(rate_text) : 0;
+// True, at `rate`, for a call made by gpupool's core (seeded by
+// SIMCUDA_FAIL_SEED). The program's own calls never fail, so that a test
+// program's ordering of its own work stays as it wrote it.
+bool injected_core_failure(const void* caller, double rate) {
   if (rate <= 0) return false;
   Dl_info info;
   if (dladdr(caller, &info) == 0 || info.dli_fname == nullptr ||
@@ -97,8 +94,31 @@ bool injected_event_failure(const void* caller) {
   static const char* const seed = std::getenv("SIMCUDA_FAIL_SEED");
   static std::mt19937_64 rng(seed != nullptr ? std::strtoull(seed, nullptr, 10) : 1);
   std::lock_guard<std::mutex> lock(mu);
-  if (std::uniform_real_distribution<double>(0.0, 1.0)(rng) >= rate) return false;
+  return std::uniform_real_distribution<double>(0.0, 1.0)(rng) < rate;
+}
+
+double rate_from(const char* variable) {
+  const char* text = std::getenv(variable);
+  return text != nullptr ? std::atof(text) : 0;
+}
+
+// SIMCUDA_EVENT_FAIL_RATE: the chance that an event creation, record or
+// stream wait made by gpupool's core fails, as with a runtime short of
+// resources.
+bool injected_event_failure(const void* caller) {
+  static const double rate = rate_from("SIMCUDA_EVENT_FAIL_RATE");
+  if (!injected_core_failure(caller, rate)) return false;
   counters().event_failures++;
+  return true;
+}
+
+// SIMCUDA_HOST_WAIT_FAIL_RATE: the chance that a host wait made by gpupool's
+// core (cudaEventSynchronize, cudaStreamSynchronize, cudaDeviceSynchronize)
+// fails, waiting for nothing.
+bool injected_host_wait_failure(const void* caller) {
+  static const double rate = rate_from("SIMCUDA_HOST_WAIT_FAIL_RATE");
+  if (!injected_core_failure(caller, rate)) return false;
+  counters().host_wait_failures++;
   return true;
 }
 
@@ -196,7 +216,7 @@ void write_counters_at_exit() {
                "\"device_syncs\": %llu, \"legacy_ops\": %llu, \"captures_begun\": %llu, "
                "\"captures_invalidated\": %llu, \"kernel_launches\": %llu, \"vmm_maps\": %llu, "
                "\"vmm_unmaps\": %llu, \"stale_event_uses\": %llu, \"null_free_calls\": %llu, "
-               "\"event_failures\": %llu}\n",
+               "\"event_failures\": %llu, \"host_wait_failures\": %llu}\n",
                (unsigned long long)c.malloc_calls, (unsigned long long)c.malloc_failures,
                (unsigned long long)c.free_calls, (unsigned long long)c.malloc_async_calls,
                (unsigned long long)c.free_async_calls, (unsigned long long)c.bytes_in_use,
@@ -207,7 +227,8 @@ void write_counters_at_exit() {
                (unsigned long long)c.captures_begun, (unsigned long long)c.captures_invalidated,
                (unsigned long long)c.kernel_launches, (unsigned long long)c.vmm_maps,
                (unsigned long long)c.vmm_unmaps, (unsigned long long)c.stale_event_uses,
-               (unsigned long long)c.null_free_calls, (unsigned long long)c.event_failures);
+               (unsigned long long)c.null_free_calls, (unsigned long long)c.event_failures,
+               (unsigned long long)c.host_wait_failures);
   std::fclose(f);
 }
 
@@ -331,6 +352,7 @@ cudaError_t cudaDeviceReset(void) {
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
+  if (injected_host_wait_failure(__builtin_return_address(0))) return result(cudaErrorUnknown);
   // Like the real runtime: not allowed while a stream captures (global mode).
   if (const cudaError_t e = Engine::instance().check_unsafe_call(); e != cudaSuccess) return result(e);
   Engine::instance().synchronize_device(t_device);  // the current device's work only, as a GPU's
@@ -565,8 +587,14 @@ cudaError_t stream_synchronize(cudaStream_t s, bool per_thread) {
   Stream* st = stream_of(s, per_thread);
   return checked(st->device, Engine::instance().synchronize(st));
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t s) { return stream_synchronize(s, false); }
-cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t s) { return stream_synchronize(s, true); }
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if (injected_host_wait_failure(__builtin_return_address(0))) return result(cudaErrorUnknown);
+  return stream_synchronize(s, false);
+}
+cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t s) {
+  if (injected_host_wait_failure(__builtin_return_address(0))) return result(cudaErrorUnknown);
+  return stream_synchronize(s, true);
+}
 cudaError_t cudaStreamQuery(cudaStream_t s) { return Engine::instance().query(stream_of(s, false)); }
 cudaError_t cudaStreamQuery_ptsz(cudaStream_t s) { return Engine::instance().query(stream_of(s, true)); }
 
@@ -683,6 +711,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (injected_host_wait_failure(__builtin_return_address(0))) return result(cudaErrorUnknown);
   simcuda::Event* ev = usable_event(e);
   if (ev == nullptr) return result(cudaErrorInvalidResourceHandle);
   return checked(ev->device, Engine::instance().synchronize(ev));
@@ -763,6 +792,7 @@ int simcuda_accessible(const void* ptr, int device) { return Memory::instance().
 void simcuda_get_counters(struct simcuda_counters* out) {
   const simcuda::Counters& c = counters();
   out->event_failures = c.event_failures;
+  out->host_wait_failures = c.host_wait_failures;
   out->malloc_calls = c.malloc_calls;
   out->malloc_failures = c.malloc_failures;
   out->free_calls = c.free_calls;
