@@ -331,8 +331,11 @@ FreeResult Runtime::free_foreign(DeviceState& d, DevicePtr ptr, StreamId site, i
   }
   // No event to be had (a failing runtime): wait for the stream instead.
   if (event != 0) there.destroy_event(event);
-  there.synchronize_stream(site);
-  return d.pool->deallocate(ptr, kAnyStream);
+  if (there.synchronize_stream(site)) return d.pool->deallocate(ptr, kAnyStream);
+  // Not even that: this device's barriers do not reach that stream's work,
+  // so the block waits here for good (event 0), never handed out.
+  d.foreign_frees.push_back(DeviceState::ForeignFree{ptr, 0, site_device});
+  return FreeResult::Freed;
 }
 
 void Runtime::settle_foreign_frees(DeviceState& d, bool destroy_events) {

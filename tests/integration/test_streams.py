@@ -109,6 +109,38 @@ class Hazards(ShimTest):
                                 os.remove(path)
         self.assertGreater(failed["0.5"], 0)
 
+    def test_with_host_waits_failing_too_no_case_reuses_early(self):
+        # Every host wait gpupool makes fails too (cudaEventSynchronize,
+        # cudaStreamSynchronize, cudaDeviceSynchronize), and some event calls.
+        # Out of memory (3) is then allowed, early reuse (1) never. These
+        # seeds reach two holes, each shown in several of the runs by taking
+        # its fix out: a destroyed stream whose fence and host wait both
+        # failed was covered by no barrier, and a block freed on another
+        # device's stream went to the pool when its host wait failed.
+        cases = [case for case, has_step in CASES.items() if has_step] + ["cross-device-free"]
+        host_wait_failures = 0
+        for rate, seeds in (("0.3", ["3", "12"]), ("0.05", ["5"])):
+            for expandable in ("1", "0"):
+                for case in cases:
+                    for seed in seeds:
+                        with self.subTest(rate=rate, seed=seed, case=case, expandable_segments=expandable):
+                            run = self.run_program(["test-hazards", case], env=dict(
+                                PRESSURE, GPUPOOL_EXPANDABLE_SEGMENTS=expandable, SIMCUDA_DEVICES="2",
+                                SIMCUDA_EVENT_FAIL_RATE=rate, SIMCUDA_HOST_WAIT_FAIL_RATE="1",
+                                SIMCUDA_FAIL_SEED=seed))
+                            self.assertIn(run.code, (0, 2, 3), run.stdout + run.stderr)
+                            host_wait_failures += run.counters()["host_wait_failures"]
+                            for path in run.reports():
+                                os.remove(path)
+        self.assertGreater(host_wait_failures, 0)
+
+    def test_a_block_freed_on_another_devices_stream_is_reused_after_that_work(self):
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                run = self.run_program(["test-hazards", "cross-device-free"], env=dict(
+                    PRESSURE, GPUPOOL_EXPANDABLE_SEGMENTS=expandable, SIMCUDA_DEVICES="2"))
+                self.assertSucceeded(run)
+
     def test_per_thread_default_stream_build(self):
         # Built with CUDA_API_PER_THREAD_DEFAULT_STREAM: the _ptsz entry points.
         self.check("test-hazards-ptds", "per-thread", True)

@@ -41,7 +41,9 @@ inline unsigned delay_ms = 100;  // how long the old owner's write waits
 void old_owner_writes(void* p, cudaStream_t stream, size_t bytes = kBytes);
 
 // The new owner's `bytes` at new_ptr, written on its stream, must survive.
-inline int verdict(void* old_ptr, void* new_ptr, cudaStream_t new_stream, size_t bytes = kBytes) {
+// The old owner's work ran on the current device, or on `old_device`.
+inline int verdict(void* old_ptr, void* new_ptr, cudaStream_t new_stream, size_t bytes = kBytes,
+                   int old_device = -1) {
   if (new_ptr != old_ptr) {
     std::printf("not reused: the pool handed out %p, not %p\n", new_ptr, old_ptr);
     HAZARD_CHECK(cudaDeviceSynchronize());
@@ -49,6 +51,13 @@ inline int verdict(void* old_ptr, void* new_ptr, cudaStream_t new_stream, size_t
   }
   HAZARD_CHECK(cudaMemsetAsync(new_ptr, kNew, bytes, new_stream));
   HAZARD_CHECK(cudaDeviceSynchronize());
+  if (old_device >= 0) {
+    int current = 0;
+    HAZARD_CHECK(cudaGetDevice(&current));
+    HAZARD_CHECK(cudaSetDevice(old_device));
+    HAZARD_CHECK(cudaDeviceSynchronize());
+    HAZARD_CHECK(cudaSetDevice(current));
+  }
   std::vector<unsigned char> host(bytes);
   HAZARD_CHECK(cudaMemcpy(host.data(), new_ptr, bytes, cudaMemcpyDeviceToHost));
   for (unsigned char c : host) {
@@ -151,6 +160,26 @@ inline int cross_stream(bool wait_first, bool destroy_first) {
   return verdict(p, q, s2);
 }
 
+// Device 0's block, last written on device 1's stream and freed in its
+// order: device 0's barriers do not reach that stream, so the block waits
+// until the free's point on it is known passed. Needs two devices.
+inline int cross_device_free() {
+  HAZARD_CHECK(cudaSetDevice(1));
+  HAZARD_CHECK(cudaDeviceEnablePeerAccess(0, 0));
+  cudaStream_t one = stream(cudaStreamNonBlocking);
+  HAZARD_CHECK(cudaSetDevice(0));
+  cudaStream_t zero = stream(cudaStreamNonBlocking);
+  void* p = nullptr;
+  void* rest = nullptr;  // the rest of p's segment, kept: p's room is the only room
+  HAZARD_CHECK(cudaMalloc(&p, kBytes));
+  HAZARD_CHECK(cudaMalloc(&rest, kBytes));
+  old_owner_writes(p, one);
+  HAZARD_CHECK(cudaFreeAsync(p, one));
+  void* q = nullptr;
+  HAZARD_CHECK(cudaMallocAsync(&q, kBytes, zero));
+  return verdict(p, q, zero, kBytes, 1);
+}
+
 // This thread's default stream: in a per-thread build (-DCUDA_API_PER_THREAD_DEFAULT_STREAM,
 // whose calls are the _ptsz entry points) stream 0 itself, otherwise cudaStreamPerThread.
 #ifdef CUDA_API_PER_THREAD_DEFAULT_STREAM
@@ -228,6 +257,7 @@ inline int run_case(const std::string& name) {
   if (name == "cross-stream-pending") return cross_stream(false, false);
   if (name == "destroyed-stream") return cross_stream(false, true);
   if (name == "per-thread") return per_thread_streams();
+  if (name == "cross-device-free") return cross_device_free();
   if (name == "cudafree-host-sync") return cudafree_host_sync(false);
   if (name == "cudafree-host-sync-other-device") return cudafree_host_sync(true);
   return -1;
