@@ -17,6 +17,7 @@ CASES = {
     "cudafree-blocking": True,      # cudaFree, cudaMalloc, blocking streams: the barrier
     "cudafree-nonblocking": True,   # cudaFree's promise on non-blocking streams
     "cudafree-idle-streams": True,  # idle streams are asked, not skipped, at each barrier
+    "new-stream-after-barrier": True,  # a non-blocking stream made later waits for the barrier
     "same-stream": False,           # stream order
     "cross-stream-completed": False,  # the old work is done before the reuse
     "cross-stream-pending": True,   # the new stream waits on the free's fence
@@ -109,6 +110,29 @@ class Hazards(ShimTest):
                                 os.remove(path)
         self.assertGreater(failed["0.5"], 0)
 
+    def test_a_new_stream_whose_wait_is_refused_is_ordered_by_a_host_wait(self):
+        # One in ten of gpupool's event calls fail. With these seeds the
+        # barrier is recorded and the new stream's wait for it is refused;
+        # without the host wait that then stands in, each run reuses early.
+        for expandable in ("1", "0"):
+            for seed in ("7", "9", "11"):
+                with self.subTest(seed=seed, expandable_segments=expandable):
+                    run = self.run_program(["test-hazards", "new-stream-after-barrier"], env=dict(
+                        PRESSURE, GPUPOOL_EXPANDABLE_SEGMENTS=expandable, SIMCUDA_EVENT_FAIL_RATE="0.1",
+                        SIMCUDA_FAIL_SEED=seed))
+                    self.assertIn(run.code, (0, 2), run.stdout + run.stderr)
+        # With every host wait failing too, nothing can order the new stream
+        # (a real device fails both only once broken): gpupool says so, once.
+        for expandable in ("1", "0"):
+            with self.subTest(host_waits="failing", expandable_segments=expandable):
+                run = self.run_program(["test-hazards", "new-stream-after-barrier"], env=dict(
+                    PRESSURE, GPUPOOL_EXPANDABLE_SEGMENTS=expandable, SIMCUDA_EVENT_FAIL_RATE="0.1",
+                    SIMCUDA_HOST_WAIT_FAIL_RATE="1", SIMCUDA_FAIL_SEED="7"))
+                said = [line for line in run.stderr.splitlines() if "refused both" in line]
+                self.assertEqual(len(said), 1, run.stderr)
+                self.assertIn("gpupool: device 0: the runtime refused both cudaStreamWaitEvent and "
+                              "cudaEventSynchronize for a new stream", said[0])
+
     def test_with_host_waits_failing_too_no_case_reuses_early(self):
         # Every host wait gpupool makes fails too (cudaEventSynchronize,
         # cudaStreamSynchronize, cudaDeviceSynchronize), and some event calls.
@@ -128,7 +152,13 @@ class Hazards(ShimTest):
                                 PRESSURE, GPUPOOL_EXPANDABLE_SEGMENTS=expandable, SIMCUDA_DEVICES="2",
                                 SIMCUDA_EVENT_FAIL_RATE=rate, SIMCUDA_HOST_WAIT_FAIL_RATE="1",
                                 SIMCUDA_FAIL_SEED=seed))
-                            self.assertIn(run.code, (0, 2, 3), run.stdout + run.stderr)
+                            # Early only where the new stream could be ordered neither way,
+                            # which gpupool says.
+                            if run.code == 1 and case == "new-stream-after-barrier":
+                                self.assertIn("refused both cudaStreamWaitEvent and cudaEventSynchronize",
+                                              run.stderr)
+                            else:
+                                self.assertIn(run.code, (0, 2, 3), run.stdout + run.stderr)
                             host_wait_failures += run.counters()["host_wait_failures"]
                             for path in run.reports():
                                 os.remove(path)

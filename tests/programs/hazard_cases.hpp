@@ -89,6 +89,23 @@ inline int cudafree_then_cudamalloc(unsigned old_flags, unsigned new_flags) {
   return verdict(p, q, s2);
 }
 
+// A non-blocking stream ignores the legacy stream: one made after the
+// barrier that ordered a live plain block must be made to wait for it, as
+// the program may use the block on it at once.
+inline int new_stream_after_barrier() {
+  cudaStream_t s1 = stream(cudaStreamNonBlocking);
+  void* p = nullptr;
+  void* rest = nullptr;  // the rest of p's segment, kept: p's room is the only room
+  HAZARD_CHECK(cudaMalloc(&p, kBytes));
+  HAZARD_CHECK(cudaMalloc(&rest, kBytes));
+  old_owner_writes(p, s1);
+  HAZARD_CHECK(cudaFree(p));
+  void* q = nullptr;
+  HAZARD_CHECK(cudaMalloc(&q, kBytes));  // after the barrier: s1's write, then the legacy stream's event
+  cudaStream_t s2 = stream(cudaStreamNonBlocking);
+  return verdict(p, q, s2);
+}
+
 // A plain cudaMalloc may take, with no barrier of its own, memory freed
 // before the last device barrier, past memory freed since then
 // (pool/plain_reuse.cpp): that earlier barrier must order the new owner after
@@ -251,6 +268,7 @@ inline int run_case(const std::string& name) {
   if (name == "cudafree-blocking") return cudafree_then_cudamalloc(cudaStreamDefault, cudaStreamDefault);
   if (name == "cudafree-nonblocking") return cudafree_then_cudamalloc(cudaStreamNonBlocking, cudaStreamNonBlocking);
   if (name == "cudafree-covered") return cudafree_covered();
+  if (name == "new-stream-after-barrier") return new_stream_after_barrier();
   if (name == "cudafree-idle-streams") return cudafree_idle_streams();
   if (name == "same-stream") return same_stream();
   if (name == "cross-stream-completed") return cross_stream(true, false);
