@@ -89,15 +89,22 @@ inline int cudafree_then_cudamalloc(unsigned old_flags, unsigned new_flags) {
   return verdict(p, q, s2);
 }
 
+// A block (cudaMalloc) whose segment's other block stays allocated: under
+// the tests' memory limit its room is the only room, once freed.
+inline void* only_room() {
+  void* p = nullptr;
+  void* rest = nullptr;
+  HAZARD_CHECK(cudaMalloc(&p, kBytes));
+  HAZARD_CHECK(cudaMalloc(&rest, kBytes));
+  return p;
+}
+
 // A non-blocking stream ignores the legacy stream: one made after the
 // barrier that ordered a live plain block must be made to wait for it, as
 // the program may use the block on it at once.
 inline int new_stream_after_barrier() {
   cudaStream_t s1 = stream(cudaStreamNonBlocking);
-  void* p = nullptr;
-  void* rest = nullptr;  // the rest of p's segment, kept: p's room is the only room
-  HAZARD_CHECK(cudaMalloc(&p, kBytes));
-  HAZARD_CHECK(cudaMalloc(&rest, kBytes));
+  void* p = only_room();
   old_owner_writes(p, s1);
   HAZARD_CHECK(cudaFree(p));
   void* q = nullptr;
@@ -186,10 +193,7 @@ inline int cross_device_free() {
   cudaStream_t one = stream(cudaStreamNonBlocking);
   HAZARD_CHECK(cudaSetDevice(0));
   cudaStream_t zero = stream(cudaStreamNonBlocking);
-  void* p = nullptr;
-  void* rest = nullptr;  // the rest of p's segment, kept: p's room is the only room
-  HAZARD_CHECK(cudaMalloc(&p, kBytes));
-  HAZARD_CHECK(cudaMalloc(&rest, kBytes));
+  void* p = only_room();
   old_owner_writes(p, one);
   HAZARD_CHECK(cudaFreeAsync(p, one));
   void* q = nullptr;
