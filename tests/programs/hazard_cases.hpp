@@ -90,7 +90,8 @@ inline int cudafree_then_cudamalloc(unsigned old_flags, unsigned new_flags) {
 }
 
 // A block (cudaMalloc) whose segment's other block stays allocated: under
-// the tests' memory limit its room is the only room, once freed.
+// the simulated device's hazard tests (1 MiB blocks, 2 MiB segments, a 2 MiB
+// limit) its room is the only room, once freed. Not for the GPU's sizes.
 inline void* only_room() {
   void* p = nullptr;
   void* rest = nullptr;
