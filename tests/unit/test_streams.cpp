@@ -408,7 +408,7 @@ TEST_CASE_METHOD(PoolFixture, "a destroyed stream's blocks stay cached and are f
   CHECK(legacy_waited);
 }
 
-TEST_CASE_METHOD(PoolFixture, "a destroyed stream's work that nothing covers blocks reuse until the device is waited for") {
+TEST_CASE_METHOD(PoolFixture, "a destroyed stream's work that nothing covers blocks reuse until a device wait") {
   // Its fence cannot be recorded and the host cannot wait for it: a barrier
   // would not follow that work, and a completion fence would not see it done.
   make(2 * kMiB);  // one segment, kept by a live block: no room, nothing to give back
