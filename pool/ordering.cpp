@@ -246,10 +246,11 @@ bool StreamOrdering::record_fence(StreamState& s) {
 }
 
 bool StreamOrdering::record_barrier() {
-  if (capture_active() || destroyed_work_unordered_) return false;
+  if (capture_active()) return false;
   // Destroyed streams' events are dropped as soon as complete (the barrier
   // waits for each one still pending).
   if (!retired_.empty()) poll();
+  if (destroyed_work_unordered_) return false;
   refill_spare_events();  // one is enough: the non-blocking streams' are given back at once
   const StreamId legacy = upstream_.legacy_stream();
   // 0. With many non-blocking streams, each costs a wait per barrier (step 3).
@@ -405,11 +406,15 @@ void StreamOrdering::poll() {
   for (auto& [id, s] : streams_) poll(s);
   std::size_t kept = 0;
   for (EventHandle event : retired_) {
-    if (upstream_.query_event(event) == EventStatus::Pending) {
+    const EventStatus status = upstream_.query_event(event);
+    if (status == EventStatus::Pending) {
       retired_[kept++] = event;
-    } else {
-      give_back_event(event);
+      continue;
     }
+    // An error tells nothing of the work the event covered: it is uncovered
+    // now, as when no event could be recorded (see stream_destroying).
+    if (status == EventStatus::Error) destroyed_work_unordered_ = true;
+    give_back_event(event);
   }
   retired_.resize(kept);
 }

@@ -191,7 +191,8 @@ class StreamOrdering {
   std::vector<StreamReport> destroyed_;  // counters of destroyed streams, for the report
   int captures_active_ = 0;
   bool unfenced_frees_ = false;  // a free happened since the last device fence
-  // A destroyed stream's work that no event covers and no host wait saw done.
+  // A destroyed stream's work that no event covers (none recorded, or its
+  // query failed) and no host wait saw done.
   bool destroyed_work_unordered_ = false;
   Fence last_barrier_;           // for streams created after it
   StreamState* last_stream_ = nullptr;  // stream()'s one-entry cache

@@ -106,12 +106,13 @@ bool VirtualUpstream::wait_event(StreamId stream, EventHandle event) {
 EventStatus VirtualUpstream::query_event(EventHandle event) {
   ++event_queries_;
   auto it = events_.find(event);
-  if (it == events_.end()) return EventStatus::Error;
+  if (it == events_.end() || queries_fail_) return EventStatus::Error;
   return it->second ? EventStatus::Complete : EventStatus::Pending;
 }
 
 EventStatus VirtualUpstream::query_stream(StreamId) {
   ++stream_queries_;
+  if (queries_fail_) return EventStatus::Error;
   return streams_idle_ ? EventStatus::Complete : EventStatus::Pending;
 }
 

@@ -67,6 +67,8 @@ class VirtualUpstream final : public Upstream {
   void set_event_creation_fails(bool yes) { event_creation_fails_ = yes; }
   // Host waits (for an event, a stream, the device) fail and wait for nothing.
   void set_host_waits_fail(bool yes) { host_waits_fail_ = yes; }
+  // Queries of events and streams answer with an error.
+  void set_queries_fail(bool yes) { queries_fail_ = yes; }
 
   // --- observation ---
   struct Call {
@@ -127,6 +129,7 @@ class VirtualUpstream final : public Upstream {
   StreamId failing_wait_stream_ = 0;
   bool event_creation_fails_ = false;
   bool host_waits_fail_ = false;
+  bool queries_fail_ = false;
   std::vector<Call> calls_;
 };
 

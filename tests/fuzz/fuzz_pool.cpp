@@ -228,10 +228,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           }
           case 2: {
             const std::uint8_t b = in.byte();
-            const bool creation_fails = b % 2 == 0, host_waits_fail = b / 2 % 2 == 1;
-            SAY("event creation fails: %d, host waits fail: %d\n", creation_fails, host_waits_fail);
+            const bool creation_fails = b % 2 == 0, host_waits_fail = b / 2 % 2 == 1, queries_fail = b / 4 % 2 == 1;
+            SAY("event creation fails: %d, host waits fail: %d, queries fail: %d\n", creation_fails, host_waits_fail,
+                queries_fail);
             upstream.set_event_creation_fails(creation_fails);
             upstream.set_host_waits_fail(host_waits_fail);
+            upstream.set_queries_fail(queries_fail);
             break;
           }
         }
@@ -248,6 +250,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   upstream.set_failing_wait_stream(0);
   upstream.set_event_creation_fails(false);
   upstream.set_host_waits_fail(false);
+  upstream.set_queries_fail(false);
   if (pool.is_capturing(kBlocking)) {
     pool.capture_ended(kBlocking);
     oracle.set_capturing(kBlocking, false);

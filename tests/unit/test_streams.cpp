@@ -441,6 +441,29 @@ TEST_CASE_METHOD(PoolFixture, "a destroyed stream's work that nothing covers blo
   CHECK(upstream.device_syncs() == 1);
 }
 
+TEST_CASE_METHOD(PoolFixture, "a destroyed stream's fence whose query fails no longer covers its work") {
+  // The error says nothing of that work: the barrier the query was made for
+  // must not go ahead without it.
+  make(2 * kMiB);  // one segment, kept by a live block
+  pool->stream_created(kNB, StreamKind::NonBlocking);
+  upstream.set_events_complete_at_once(false);
+  alloc(1000);
+  const DevicePtr a = alloc(1000, kNB);
+  release(a, kNB);
+  pool->stream_destroying(kNB);  // its fence is recorded
+  upstream.set_queries_fail(true);
+  upstream.set_events_complete_at_once(true);
+  upstream.set_host_waits_fail(true);
+  upstream.clear_calls();
+  CHECK_FALSE(pool->allocate(1000, kAnyStream).ok);
+  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 0);
+  upstream.set_queries_fail(false);
+  upstream.set_host_waits_fail(false);
+  CHECK(pool->allocate(1000, kAnyStream).ptr == a);  // after a device wait
+  CHECK(upstream.device_syncs() == 1);
+  check();
+}
+
 TEST_CASE_METHOD(PoolFixture, "another thread's per-thread stream is ordered through the barrier") {
   make(2 * kMiB);  // no room to grow: the cached block is the only way
   constexpr StreamId kPtdsA = 0x12;
