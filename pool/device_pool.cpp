@@ -257,6 +257,13 @@ Block* DevicePool::grow(PoolKind kind, std::size_t rounded, StreamId consumer, b
     if (b != nullptr) ++stats_.cache_misses;
     return b;
   };
+  auto cached = [&](bool allow_wait) -> Block* {
+    const Taken t = take_cached(kind, rounded, consumer, allow_wait);
+    if (t.block == nullptr) return nullptr;
+    if (t.listed) remove_free(t.block);
+    ++stats_.cache_hits;
+    return t.block;
+  };
   Block* b = new_memory();
   if (b != nullptr || (!*limit_reached && !upstream_.failed_for_memory())) return b;
   // The caller first takes back the blocks it keeps elsewhere (no device
@@ -270,11 +277,7 @@ Block* DevicePool::grow(PoolKind kind, std::size_t rounded, StreamId consumer, b
   // Another stream's block after a device-side wait: allowed during a capture
   // too, between streams that are not capturing (the ordering checks each).
   if (options_.cross_stream_reuse == CrossStreamReuse::Auto) {
-    if (const Taken t = take_cached(kind, rounded, consumer, true); t.block != nullptr) {
-      if (t.listed) remove_free(t.block);
-      ++stats_.cache_hits;
-      return t.block;
-    }
+    if (Block* taken = cached(true); taken != nullptr) return taken;
   }
   if (ordering_.capture_active()) return b;  // cudaFree and host waits would break it
   // Like PyTorch: release oversize blocks that could make room, then all cache.
@@ -284,16 +287,10 @@ Block* DevicePool::grow(PoolKind kind, std::size_t rounded, StreamId consumer, b
   }
   ++stats_.num_alloc_retries;
   if (release_cached() > 0) b = new_memory();
-  if (b == nullptr) {
-    // The host waited for every free: a block that could not be ordered
-    // before (pending under the "completed" policy, or with no barrier to be
-    // had) may be taken now, though no segment was free to give back.
-    if (const Taken t = take_cached(kind, rounded, consumer, false); t.block != nullptr) {
-      if (t.listed) remove_free(t.block);
-      ++stats_.cache_hits;
-      b = t.block;
-    }
-  }
+  // The host waited for every free: a block that could not be ordered before
+  // (pending under the "completed" policy, or with no barrier to be had) may
+  // be taken now, though no segment was free to give back.
+  if (b == nullptr) b = cached(false);
   if (b != nullptr) ++stats_.num_retries_served;
   return b;
 }
