@@ -1,6 +1,22 @@
 /* Control and observation of the simulated CUDA runtime (tests only). A program
  * linked against the real runtime does not have these: look them up with
- * dlsym(RTLD_DEFAULT, "simcuda_counters") when they are optional. */
+ * dlsym(RTLD_DEFAULT, "simcuda_counters") when they are optional.
+ *
+ * The environment sets the rest, read once (each where it is used):
+ *   SIMCUDA_DEVICES=N           devices (1)
+ *   SIMCUDA_MEMORY=SIZE         each device's capacity, bytes or with K, M, G (16G)
+ *   SIMCUDA_OP_DELAY_US=N       each queued operation first sleeps this long (0)
+ *   SIMCUDA_FAIL_AFTER=N        allocations that succeed before every later one fails
+ *   SIMCUDA_FAIL_RATE=P         the chance that an allocation fails
+ *   SIMCUDA_FAIL_ERROR=E        the error those fail with (2, out of memory)
+ *   SIMCUDA_EVENT_FAIL_RATE=P   the chance that gpupool's core has an event
+ *                               creation, record or stream wait fail
+ *   SIMCUDA_HOST_WAIT_FAIL_RATE=P  the same for its cudaEventSynchronize,
+ *                               cudaStreamSynchronize, cudaDeviceSynchronize
+ *   SIMCUDA_FAIL_SEED=N         seeds the three kinds of injected failure (1)
+ *   SIMCUDA_NO_VMM=1            no virtual memory calls (a driver without them)
+ *   SIMCUDA_POOLLESS_DEVICE=N   device N has no stream-ordered allocator
+ *   SIMCUDA_COUNTERS_FILE=PATH  the counters below, as JSON, written at exit */
 #ifndef SIMCUDA_H
 #define SIMCUDA_H
 
