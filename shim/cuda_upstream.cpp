@@ -27,6 +27,23 @@ cudaError_t on_device(int device, Call&& call) {
 
 cudaEvent_t as_event(EventHandle e) { return reinterpret_cast<cudaEvent_t>(e); }
 
+// Runs an allocation the pool makes for itself (a segment, address space,
+// pages) with this thread's capture mode relaxed. CUDA counts allocations as
+// unsafe while a global-mode capture runs, from any thread, and invalidates
+// the capture; yet new memory changes nothing a graph records (PyTorch's
+// allocator allocates so during its captures). A capture may begin on
+// another thread at any moment: done always, two calls beside an allocation.
+template <typename Call>
+auto relaxed(Call&& call) {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  const bool exchanged = real().cudaThreadExchangeStreamCaptureMode != nullptr &&
+                         internal([&](const RealCuda& r) { return r.cudaThreadExchangeStreamCaptureMode(&mode); }) ==
+                             cudaSuccess;
+  auto result = call();
+  if (exchanged) internal([&](const RealCuda& r) { return r.cudaThreadExchangeStreamCaptureMode(&mode); });
+  return result;
+}
+
 // The driver's virtual memory calls, or nulls where the runtime cannot give them.
 struct DriverVmm {
   decltype(&cuMemAddressReserve) reserve = nullptr;
@@ -81,8 +98,8 @@ CUmemAllocationProp device_memory(int device) {
 
 DevicePtr CudaUpstream::allocate_segment(std::size_t bytes) {
   void* p = nullptr;
-  const cudaError_t err = on_device(device_, [&] {
-    return internal([&](const RealCuda& r) { return r.cudaMalloc(&p, bytes); });
+  const cudaError_t err = relaxed([&] {
+    return on_device(device_, [&] { return internal([&](const RealCuda& r) { return r.cudaMalloc(&p, bytes); }); });
   });
   last_error_ = err;
   return err == cudaSuccess ? reinterpret_cast<DevicePtr>(p) : 0;
@@ -201,7 +218,8 @@ std::size_t CudaUpstream::page_size() const {
 DevicePtr CudaUpstream::reserve_address_space(std::size_t bytes) {
   if (page_size() == 0) return 0;
   CUdeviceptr base = 0;
-  return driver_vmm().reserve(&base, bytes, page_, 0, 0) == CUDA_SUCCESS ? static_cast<DevicePtr>(base) : 0;
+  const CUresult err = relaxed([&] { return driver_vmm().reserve(&base, bytes, page_, 0, 0); });
+  return err == CUDA_SUCCESS ? static_cast<DevicePtr>(base) : 0;
 }
 
 CUresult CudaUpstream::set_access(DevicePtr addr, std::size_t bytes, const std::vector<int>& devices) {
@@ -219,28 +237,31 @@ CUresult CudaUpstream::set_access(DevicePtr addr, std::size_t bytes, const std::
 bool CudaUpstream::map_pages(DevicePtr addr, std::size_t bytes) {
   const DriverVmm& vmm = driver_vmm();
   const CUmemAllocationProp prop = device_memory(device_);
-  std::size_t done = 0;
-  CUresult err = CUDA_SUCCESS;
-  for (; done < bytes; done += page_) {
-    CUmemGenericAllocationHandle handle = 0;
-    err = vmm.create(&handle, page_, &prop, 0);
-    if (err != CUDA_SUCCESS) break;
-    err = vmm.map(static_cast<CUdeviceptr>(addr + done), page_, 0, handle, 0);
-    if (err != CUDA_SUCCESS) {
-      vmm.release(handle);
-      break;
+  auto map_all = [&] {
+    std::size_t done = 0;
+    CUresult err = CUDA_SUCCESS;
+    for (; done < bytes; done += page_) {
+      CUmemGenericAllocationHandle handle = 0;
+      err = vmm.create(&handle, page_, &prop, 0);
+      if (err != CUDA_SUCCESS) break;
+      err = vmm.map(static_cast<CUdeviceptr>(addr + done), page_, 0, handle, 0);
+      if (err != CUDA_SUCCESS) {
+        vmm.release(handle);
+        break;
+      }
+      pages_[addr + done] = handle;
     }
-    pages_[addr + done] = handle;
-  }
-  std::vector<int> devices{device_};
-  devices.insert(devices.end(), accessors_.begin(), accessors_.end());
-  if (err == CUDA_SUCCESS) err = set_access(addr, bytes, devices);
+    std::vector<int> devices{device_};
+    devices.insert(devices.end(), accessors_.begin(), accessors_.end());
+    if (err == CUDA_SUCCESS) err = set_access(addr, bytes, devices);
+    if (err != CUDA_SUCCESS) unmap_pages(addr, done);  // undo what was mapped: new pages, no work on them
+    return err;
+  };
+  const CUresult err = relaxed(map_all);
   // The driver's error numbers and the runtime's agree for what these calls
   // return (out of memory 2, invalid value 1, illegal address 700, ...).
   last_error_ = static_cast<cudaError_t>(err);
-  if (err == CUDA_SUCCESS) return true;
-  unmap_pages(addr, done);  // undo what was mapped
-  return false;
+  return err == CUDA_SUCCESS;
 }
 
 void CudaUpstream::unmap_pages(DevicePtr addr, std::size_t bytes) {

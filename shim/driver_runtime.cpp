@@ -54,6 +54,7 @@ struct Driver {
   decltype(&cuStreamBeginCaptureToGraph) begin_capture_to_graph_ptsz = nullptr;
   decltype(&cuStreamEndCapture) end_capture = nullptr;
   decltype(&cuStreamEndCapture) end_capture_ptsz = nullptr;
+  decltype(&cuThreadExchangeStreamCaptureMode) exchange_capture_mode = nullptr;
   decltype(&cuIpcGetMemHandle) ipc_get_mem_handle = nullptr;
   decltype(&cuMemPoolTrimTo) mem_pool_trim_to = nullptr;
   decltype(&cuMemPoolGetAttribute) mem_pool_get_attribute = nullptr;
@@ -188,6 +189,9 @@ cudaError_t end_capture(cudaStream_t s, cudaGraph_t* g) {
 cudaError_t end_capture_ptsz(cudaStream_t s, cudaGraph_t* g) {
   return rt(d.end_capture_ptsz(cu(s), reinterpret_cast<CUgraph*>(g)));
 }
+cudaError_t exchange_capture_mode(cudaStreamCaptureMode* mode) {
+  return rt(d.exchange_capture_mode(reinterpret_cast<CUstreamCaptureMode*>(mode)));
+}
 cudaError_t ipc_get_mem_handle(cudaIpcMemHandle_t* handle, void* p) {
   static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(CUipcMemHandle));
   return rt(d.ipc_get_mem_handle(reinterpret_cast<CUipcMemHandle*>(handle), cu(p)));
@@ -259,6 +263,7 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   need(d.begin_capture_ptsz, "cuStreamBeginCapture", 10010, kPerThread);
   need(d.end_capture, "cuStreamEndCapture", 10000);
   need(d.end_capture_ptsz, "cuStreamEndCapture", 10000, kPerThread);
+  fetch(d.exchange_capture_mode, "cuThreadExchangeStreamCaptureMode", 10010);
   need(d.ipc_get_mem_handle, "cuIpcGetMemHandle", 4010);
   // Captures into an existing graph came with CUDA 12.3: optional.
   fetch(d.begin_capture_to_graph, "cuStreamBeginCaptureToGraph", 12030);
@@ -312,6 +317,7 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   table.cudaStreamBeginCaptureToGraph_ptsz = begin_capture_to_graph_ptsz;
   table.cudaStreamEndCapture = end_capture;
   table.cudaStreamEndCapture_ptsz = end_capture_ptsz;
+  table.cudaThreadExchangeStreamCaptureMode = d.exchange_capture_mode != nullptr ? exchange_capture_mode : nullptr;
   table.cudaIpcGetMemHandle = ipc_get_mem_handle;
   table.cudaDeviceEnablePeerAccess = nullptr;  // the program's own call reaches the driver
   table.cudaMallocPitch = nullptr;             // so does its cuMemAllocPitch, when gpupool declines it

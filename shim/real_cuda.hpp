@@ -61,6 +61,7 @@ namespace gpupool::shim {
                     const cudaGraphEdgeData*, size_t, cudaStreamCaptureMode))             \
   X(cudaStreamEndCapture, cudaError_t(cudaStream_t, cudaGraph_t*))                    \
   X(cudaStreamEndCapture_ptsz, cudaError_t(cudaStream_t, cudaGraph_t*))               \
+  X(cudaThreadExchangeStreamCaptureMode, cudaError_t(cudaStreamCaptureMode*))          \
   X(cudaIpcGetMemHandle, cudaError_t(cudaIpcMemHandle_t*, void*))                    \
   X(cudaDeviceEnablePeerAccess, cudaError_t(int, unsigned int))                        \
   X(cudaGetDriverEntryPointByVersion,                                                   \

@@ -178,6 +178,9 @@ CUresult end_capture(CUstream s, CUgraph* g) {
 CUresult end_capture_ptsz(CUstream s, CUgraph* g) {
   return cu(cudaStreamEndCapture_ptsz(rt(s), reinterpret_cast<cudaGraph_t*>(g)));
 }
+CUresult exchange_capture_mode(CUstreamCaptureMode* mode) {
+  return cu(cudaThreadExchangeStreamCaptureMode(reinterpret_cast<cudaStreamCaptureMode*>(mode)));
+}
 CUresult is_capturing(CUstream s, CUstreamCaptureStatus* status) {
   return cu(cudaStreamIsCapturing(rt(s), reinterpret_cast<cudaStreamCaptureStatus*>(status)));
 }
@@ -253,6 +256,7 @@ const Entry kEntries[] = {
     {"cuStreamBeginCapture", 10010, fn(begin_capture), fn(begin_capture_ptsz)},
     {"cuStreamEndCapture", 10000, fn(end_capture), fn(end_capture_ptsz)},
     {"cuStreamIsCapturing", 10000, fn(is_capturing), fn(is_capturing_ptsz)},
+    {"cuThreadExchangeStreamCaptureMode", 10010, fn(exchange_capture_mode), fn(exchange_capture_mode)},
     {"cuGraphDestroy", 10000, fn(graph_destroy), fn(graph_destroy)},
     {"cuEventCreate", 2000, fn(event_create), fn(event_create)},
     {"cuEventDestroy", 4000, fn(event_destroy), fn(event_destroy)},

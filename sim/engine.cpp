@@ -11,6 +11,7 @@ namespace simcuda {
 
 namespace {
 thread_local std::vector<Stream*> t_per_thread;  // per device
+thread_local cudaStreamCaptureMode t_capture_mode = cudaStreamCaptureModeGlobal;
 
 std::uint64_t env_u64(const char* name, std::uint64_t fallback) {
   const char* v = std::getenv(name);
@@ -254,6 +255,7 @@ cudaError_t Engine::begin_capture(Stream* s, cudaStreamCaptureMode mode) {
   s->capturing = true;
   s->invalidated = false;
   s->capture_mode = mode;
+  s->capture_thread = std::this_thread::get_id();
   s->captured_nodes = 0;
   counters().captures_begun++;
   return cudaSuccess;
@@ -275,15 +277,28 @@ cudaStreamCaptureStatus Engine::capture_status(Stream* s) {
 }
 
 cudaError_t Engine::check_unsafe_call() {
+  if (t_capture_mode == cudaStreamCaptureModeRelaxed) return cudaSuccess;
+  const std::thread::id self = std::this_thread::get_id();
   std::lock_guard<std::mutex> lock(mu_);
   bool any = false;
   for (Stream* s : streams_) {
-    if (s->capturing && s->capture_mode == cudaStreamCaptureModeGlobal) {
+    if (!s->capturing || s->capture_mode == cudaStreamCaptureModeRelaxed) continue;
+    if (s->capture_thread == self ||
+        (t_capture_mode == cudaStreamCaptureModeGlobal && s->capture_mode == cudaStreamCaptureModeGlobal)) {
       s->invalidated = true;
       any = true;
     }
   }
   return any ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
+
+cudaError_t Engine::exchange_capture_mode(cudaStreamCaptureMode* mode) {
+  if (mode == nullptr || (*mode != cudaStreamCaptureModeGlobal && *mode != cudaStreamCaptureModeThreadLocal &&
+                          *mode != cudaStreamCaptureModeRelaxed)) {
+    return cudaErrorInvalidValue;
+  }
+  std::swap(*mode, t_capture_mode);
+  return cudaSuccess;
 }
 
 }  // namespace simcuda

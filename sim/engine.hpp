@@ -16,6 +16,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 namespace simcuda {
@@ -48,6 +49,7 @@ struct Stream {
   bool capturing = false;
   bool invalidated = false;
   cudaStreamCaptureMode capture_mode = cudaStreamCaptureModeGlobal;
+  std::thread::id capture_thread;  // the thread that began it
   std::uint64_t captured_nodes = 0;
   bool blocking() const { return kind == StreamKind::Blocking || kind == StreamKind::PerThread; }
 };
@@ -92,9 +94,14 @@ class Engine {
   cudaError_t begin_capture(Stream* s, cudaStreamCaptureMode mode);
   cudaError_t end_capture(Stream* s, bool* valid);
   cudaStreamCaptureStatus capture_status(Stream* s);
-  // Calls CUDA calls "potentially unsafe" (cudaMalloc, cudaFree, ...): in a
-  // global-mode capture they invalidate it.
+  // Calls CUDA calls "potentially unsafe" (cudaMalloc, cudaFree, ...) are
+  // refused, and invalidate the capture that forbids them, by CUDA's rule:
+  // none is forbidden to a thread in the relaxed mode; otherwise the
+  // thread's own capture forbids them (unless begun relaxed), and in the
+  // global mode (the default) so does another thread's global-mode capture.
   cudaError_t check_unsafe_call();
+  // cudaThreadExchangeStreamCaptureMode: this thread's mode.
+  cudaError_t exchange_capture_mode(cudaStreamCaptureMode* mode);
 
  private:
   Engine();

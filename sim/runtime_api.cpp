@@ -639,6 +639,10 @@ static cudaError_t end_capture(Stream* s, cudaGraph_t* graph) {
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* g) { return end_capture(stream_of(s, false), g); }
 cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t s, cudaGraph_t* g) { return end_capture(stream_of(s, true), g); }
 
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
+  return result(Engine::instance().exchange_capture_mode(mode));
+}
+
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
   if (status == nullptr) return result(cudaErrorInvalidValue);
   *status = Engine::instance().capture_status(stream_of(s, false));

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "sim/engine.hpp"
 #include "sim/memory.hpp"
 
 namespace simcuda {
@@ -27,8 +28,11 @@ CUresult reserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr ad
 
 CUresult address_free(CUdeviceptr, size_t) { return CUDA_SUCCESS; }  // address space is kept
 
+// Memory made or given back outside any stream, as cudaMalloc and cudaFree:
+// the simulated device counts these as unsafe during a capture too.
 CUresult create(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
                 unsigned long long) {
+  if (Engine::instance().check_unsafe_call() != cudaSuccess) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   if (handle == nullptr || prop == nullptr || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
       prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id < 0 ||
       prop->location.id >= Memory::instance().devices()) {
@@ -66,6 +70,7 @@ CUresult set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, s
 }
 
 CUresult unmap(CUdeviceptr ptr, size_t size) {
+  if (Engine::instance().check_unsafe_call() != cudaSuccess) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   return Memory::instance().unmap(reinterpret_cast<void*>(ptr), size) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 

@@ -245,6 +245,13 @@ class Capture(ShimTest):
         self.assertEqual(device["stats"]["num_ooms"], 0)
         self.assertEqual(device["stats"]["reserved_bytes.all.peak"], 24 << 20)
 
+    def test_the_simulated_runtime_follows_cudas_capture_modes(self):
+        # What the tests above rely on: an unsafe call is refused when CUDA
+        # refuses it, and not otherwise.
+        run = self.run_program(["test-capture", "rules"], preload=False)
+        self.assertSucceeded(run)
+        self.assertEqual(run.counters()["captures_invalidated"], 3)
+
 
 if __name__ == "__main__":
     main()

@@ -2,12 +2,16 @@
 // capture go to the runtime (they become graph nodes), nothing gpupool does
 // invalidates the capture, and the pool serves the stream again afterwards.
 //   capture            allocations on the capturing stream
-//   capture others     while a blocking stream captures, another stream asks
-//                      for memory freed on the legacy stream, with plain
-//                      cudaFree and on a third stream, its work still queued
-//                      (run with SIMCUDA_OP_DELAY_US): gpupool must not touch
-//                      the legacy stream, which would break the capture; the
-//                      third stream's 16 MiB may serve after a device-side wait
+//   capture others     while a blocking stream captures (global mode), another
+//                      stream asks for memory freed on the legacy stream, with
+//                      plain cudaFree and on a third stream, its work still
+//                      queued (run with SIMCUDA_OP_DELAY_US): gpupool must not
+//                      touch the legacy stream, which would break the capture,
+//                      and may grow only as a capture allows; the third
+//                      stream's 16 MiB may serve after a device-side wait
+//   capture rules      without gpupool: the simulated runtime refuses an
+//                      unsafe call (cudaMalloc) during a capture, and
+//                      invalidates it, as CUDA's capture modes say
 //   capture plain      a plain cudaMalloc/cudaFree pair while a stream captures
 //                      in global mode: gpupool serves it from memory it maps
 //                      and calls nothing the capture forbids (so, with
@@ -47,7 +51,7 @@ int others() {
   CHECK_CUDA(cudaMemsetAsync(plain, 2, 4 << 20, nullptr));
   CHECK_CUDA(cudaFree(plain));
 
-  CHECK_CUDA(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeRelaxed));
+  CHECK_CUDA(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeGlobal));
   CHECK_CUDA(cudaLaunchHostFunc(capturing, noop, nullptr));
   void* got[4] = {};
   for (void*& p : got) {
@@ -63,6 +67,51 @@ int others() {
   std::printf("capture: valid while other streams allocated\n");
   return 0;
 }
+// A capture begun in `capture_mode`, and one cudaMalloc during it from a
+// thread in `caller_mode`: this thread or another. Whether the capture survives.
+bool survives(cudaStreamCaptureMode capture_mode, bool same_thread, cudaStreamCaptureMode caller_mode) {
+  cudaStream_t s = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamBeginCapture(s, capture_mode));
+  CHECK_CUDA(cudaLaunchHostFunc(s, noop, nullptr));
+  auto call = [caller_mode] {
+    cudaStreamCaptureMode mode = caller_mode;
+    CHECK_CUDA(cudaThreadExchangeStreamCaptureMode(&mode));
+    void* p = nullptr;
+    if (cudaMalloc(&p, 1 << 20) == cudaSuccess) {
+      CHECK_CUDA(cudaFree(p));
+    } else {
+      cudaGetLastError();
+    }
+    CHECK_CUDA(cudaThreadExchangeStreamCaptureMode(&mode));
+  };
+  if (same_thread) {
+    call();
+  } else {
+    std::thread(call).join();
+  }
+  cudaGraph_t graph = nullptr;
+  const bool valid = cudaStreamEndCapture(s, &graph) == cudaSuccess && graph != nullptr;
+  if (valid) CHECK_CUDA(cudaGraphDestroy(graph));
+  cudaGetLastError();
+  CHECK_CUDA(cudaStreamDestroy(s));
+  return valid;
+}
+
+int rules() {
+  const cudaStreamCaptureMode global = cudaStreamCaptureModeGlobal, local = cudaStreamCaptureModeThreadLocal,
+                              relaxed = cudaStreamCaptureModeRelaxed;
+  EXPECT(!survives(global, false, global));  // a global capture forbids every thread...
+  EXPECT(survives(global, false, relaxed));   // ...but one in the relaxed mode
+  EXPECT(survives(global, true, relaxed));
+  EXPECT(!survives(global, true, global));
+  EXPECT(survives(local, false, global));  // a thread-local capture forbids its own thread only
+  EXPECT(!survives(local, true, global));
+  EXPECT(survives(relaxed, true, global));  // a relaxed capture forbids nothing
+  std::printf("capture: the simulated runtime follows CUDA's capture modes\n");
+  return 0;
+}
+
 int plain() {
   cudaStream_t s;
   CHECK_CUDA(cudaStreamCreate(&s));
@@ -81,6 +130,7 @@ int plain() {
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "others") == 0) return others();
   if (argc > 1 && std::strcmp(argv[1], "plain") == 0) return plain();
+  if (argc > 1 && std::strcmp(argv[1], "rules") == 0) return rules();
   cudaStream_t s;
   CHECK_CUDA(cudaStreamCreate(&s));  // a blocking stream: legacy-stream work would break its capture
   // Warm the pool and leave frees that a barrier would normally cover.

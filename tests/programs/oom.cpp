@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaMalloc(&p, 48 << 20));
     CHECK_CUDA(cudaMemsetAsync(p, 1, 48 << 20, nullptr));  // still queued when the request comes
     CHECK_CUDA(cudaFree(p));
-    CHECK_CUDA(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeRelaxed));
+    CHECK_CUDA(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeGlobal));
     void* q = nullptr;
     const cudaError_t err = cudaMallocAsync(&q, 20 << 20, asking);
     if (err != cudaSuccess) EXPECT(cudaGetLastError() == err);

@@ -22,7 +22,7 @@
 //   static_runtime hazard [MS]    a block freed while a slower stream still writes it (MS ms later,
 //                                 default 100), then reused
 //   static_runtime destroyed [MS] a block freed on a stream destroyed while a slower write on it is queued
-//   static_runtime capture        plain and stream-ordered calls while a stream captures
+//   static_runtime capture        plain and stream-ordered calls while a stream captures (global mode)
 //   static_runtime ipc            a handle for a block inside a pooled segment
 //   static_runtime reset          allocations across cuDevicePrimaryCtxReset
 //   static_runtime lookups        where dlsym's answers come from (program, library, RTLD_NEXT)
@@ -444,23 +444,31 @@ int reuse_after_late_write(LateReuse how) {
 }
 
 int capture() {
-  CUstream s = nullptr;
+  CUstream s = nullptr, other = nullptr;
   check(d.stream_create(&s, 0), "cuStreamCreate");
+  check(d.stream_create(&other, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
   // Blocks to reuse while the capture runs: freed before it, plain and ordered.
   CUdeviceptr warm = 0;
   check(d.mem_alloc(&warm, 1 << 20), "cuMemAlloc");
   check(d.mem_free(warm), "cuMemFree");
-  check(d.begin_capture(s, CU_STREAM_CAPTURE_MODE_RELAXED), "cuStreamBeginCapture");
+  check(d.begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
   CUdeviceptr p = 0;
   check(d.mem_alloc_async(&p, 4096, s), "cuMemAllocAsync (captured)");
   check(d.mem_free_async(p, s), "cuMemFreeAsync (captured)");
   CUdeviceptr q = 0;
   check(d.mem_alloc(&q, 1 << 20), "cuMemAlloc during a capture");
   check(d.mem_free(q), "cuMemFree during a capture");
+  // On a stream that is not capturing: new memory, which the pool allocates
+  // as a capture allows.
+  CUdeviceptr grown = 0;
+  check(d.mem_alloc_async(&grown, 64 << 20, other), "cuMemAllocAsync during a capture");
+  check(d.mem_free_async(grown, other), "cuMemFreeAsync during a capture");
   CUgraph graph = nullptr;
   check(d.end_capture(s, &graph), "cuStreamEndCapture");
   if (graph == nullptr) return 1;
   check(d.graph_destroy(graph), "cuGraphDestroy");
+  check(d.stream_synchronize(other), "cuStreamSynchronize");
+  check(d.stream_destroy(other), "cuStreamDestroy");
   check(d.stream_destroy(s), "cuStreamDestroy");
   std::printf("{\"captured\": 1}\n");
   return 0;
