@@ -279,7 +279,7 @@ Block* DevicePool::grow(PoolKind kind, std::size_t rounded, StreamId consumer, b
   if (options_.cross_stream_reuse == CrossStreamReuse::Auto) {
     if (Block* taken = cached(true); taken != nullptr) return taken;
   }
-  if (ordering_.capture_active()) return b;  // cudaFree and host waits would break it
+  if (!ordering_.unsafe_calls_allowed()) return b;  // cudaFree would break a capture
   // Like PyTorch: release oversize blocks that could make room, then all cache.
   if (!expandable() && release_oversize_for(rounded)) {
     b = new_memory();
@@ -607,6 +607,7 @@ void DevicePool::record_oom(std::size_t size, std::size_t rounded, PoolKind kind
     }
   }
   r.during_capture = ordering_.capture_active();
+  r.cache_kept_for_capture = !ordering_.unsafe_calls_allowed();
   r.free_before_release = before.free_bytes;
   r.largest_free_before_release = before.largest_free_block;
   r.limit_reached = limit_reached;

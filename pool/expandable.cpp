@@ -152,7 +152,7 @@ Block* DevicePool::grow_expandable(PoolKind kind, std::size_t rounded, StreamId 
 }
 
 std::size_t DevicePool::unmap_free_pages(bool wait, std::size_t budget, std::uint64_t min_idle, const Block* keep) {
-  if (!expandable() || ordering_.capture_active()) return 0;
+  if (!expandable() || !ordering_.unsafe_calls_allowed()) return 0;
   const std::size_t page = upstream_.page_size();
   // Unmapping memory that queued work may still touch would fault. Either wait
   // until every free so far has completed (one host wait), or take only the

@@ -64,7 +64,7 @@ void DevicePool::coalesce_free(bool all_done) {
 }
 
 std::size_t DevicePool::release_cached() {
-  if (ordering_.capture_active()) return 0;  // cudaFree would break the capture
+  if (!ordering_.unsafe_calls_allowed()) return 0;  // cudaFree would break a capture
   // Everything freed so far done (one host wait, as cudaFree would make):
   // free neighbours kept apart join, and every free page may go back.
   const bool waited = ordering_.wait_for_frees();
@@ -112,7 +112,7 @@ bool DevicePool::release_oversize_for(std::size_t rounded) {
 
 void DevicePool::garbage_collect() {
   const std::size_t allowed = std::min(options_.memory_limit, device_capacity_);
-  if (allowed == kUnlimited || allowed == 0 || ordering_.capture_active()) return;
+  if (allowed == kUnlimited || allowed == 0 || !ordering_.unsafe_calls_allowed()) return;
   const auto threshold =
       static_cast<std::size_t>(options_.garbage_collection_threshold * static_cast<double>(allowed));
   const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);

@@ -211,6 +211,7 @@ struct OomRecord {
   // not reusable yet (the work queued before its free was not known done).
   std::size_t largest_fitting_block = 0;
   bool during_capture = false;         // a stream capture was under way
+  bool cache_kept_for_capture = false;  // a capture, on any device, kept the cache from going back
   std::size_t largest_free_before_release = 0;
   std::size_t free_before_release = 0;
   bool limit_reached = false;          // refused by memory_limit, not by the device

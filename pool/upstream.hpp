@@ -52,6 +52,13 @@ class Upstream {
   // The stream that is a barrier for all blocking streams.
   virtual StreamId legacy_stream() const = 0;
 
+  // Whether a stream capture may be under way anywhere in the process, on
+  // this device or another. CUDA counts cudaFree and cudaDeviceSynchronize as
+  // unsafe while a global-mode capture runs, from any thread on any device:
+  // such a call would invalidate it. The pool knows its own device's
+  // captures; this tells it of the others. Optional: a single device needs none.
+  virtual bool capture_under_way() const { return false; }
+
   // Virtual memory, for expandable segments. Optional: page_size() 0 means
   // unsupported. Address space is reserved once; pages of it are backed with
   // device memory (map) and given back (unmap) one page_size() at a time. The

@@ -70,6 +70,7 @@ const char* cause_name(OomCause cause) {
     case OomCause::TooLarge: return "too_large";
     case OomCause::LimitReached: return "limit_reached";
     case OomCause::PendingReuse: return "pending_reuse";
+    case OomCause::CaptureKeptCache: return "capture_kept_cache";
     case OomCause::Fragmentation: return "fragmentation";
     case OomCause::OtherUsers: return "other_users";
     case OomCause::DeviceRefused: return "device_refused";
@@ -98,6 +99,15 @@ OomDiagnosis diagnose(const OomRecord& oom, const PoolOptions& options) {
     } else if (options.cross_stream_reuse != CrossStreamReuse::Auto) {
       d.advice = "set GPUPOOL_CROSS_STREAM_REUSE=auto: another stream may then take it after a device-side wait";
     }
+    return d;
+  }
+  if (oom.cache_kept_for_capture && oom.free_in_pool > 0 && oom.free_in_pool + oom.device_free >= oom.rounded) {
+    d.cause = OomCause::CaptureKeptCache;
+    d.verdict = format("a stream capture was under way (on this device or another), and cudaFree would have "
+                       "made it invalid: the %s free in the pool could not be given back; asked %s",
+                       bytes(oom.free_in_pool).c_str(), bytes(asked).c_str());
+    d.advice = "give the cache back before the capture begins (cudaMemPoolTrimTo on the device's default pool), "
+               "or allocate what is needed during the capture before it";
     return d;
   }
   if (oom.free_in_pool >= oom.rounded) {

@@ -14,6 +14,7 @@ enum class OomCause {
   TooLarge,       // larger than any device could hold
   LimitReached,   // GPUPOOL_MEMORY_LIMIT refused it
   PendingReuse,   // a free block fit, but the work before its free was not known done
+  CaptureKeptCache,  // giving the cache back would have made room, but a capture forbade it
   Fragmentation,  // the pool held enough free bytes, but in pieces too small
   OtherUsers,     // the device's memory is taken by someone other than this pool
   DeviceRefused,  // the device said no though it reports room for the request

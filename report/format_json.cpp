@@ -117,6 +117,7 @@ void device(JsonWriter& w, const DeviceReport& d) {
     w.field("largest_free_block_bytes", o.largest_free_block);
     w.field("largest_fitting_free_block_bytes", o.largest_fitting_block);
     w.field("during_capture", o.during_capture);
+    w.field("cache_kept_for_capture", o.cache_kept_for_capture);
     w.field("device_free_bytes", o.device_free);
     w.field("device_total_bytes", o.device_total);
     w.field("limit_reached", o.limit_reached);

@@ -7,6 +7,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <unordered_map>
 #include <vector>
 
@@ -16,7 +17,8 @@ namespace gpupool::shim {
 
 class CudaUpstream final : public Upstream {
  public:
-  explicit CudaUpstream(int device) : device_(device) {}
+  // `captures`: the stream captures under way in the process, on every device.
+  CudaUpstream(int device, const std::atomic<int>& captures) : device_(device), captures_(captures) {}
 
   DevicePtr allocate_segment(std::size_t bytes) override;
   void release_segment(DevicePtr base, std::size_t bytes) override;
@@ -42,6 +44,7 @@ class CudaUpstream final : public Upstream {
   // Whether the runtime says the stream is capturing now (false if it cannot say).
   bool capturing(StreamId stream);
   StreamId legacy_stream() const override;
+  bool capture_under_way() const override { return captures_.load(std::memory_order_relaxed) > 0; }
   bool memory_info(std::size_t* free_bytes, std::size_t* total_bytes) override;
 
   // Virtual memory through the driver's cuMem* calls (found with
@@ -61,6 +64,7 @@ class CudaUpstream final : public Upstream {
   CUresult set_access(DevicePtr addr, std::size_t bytes, const std::vector<int>& devices);
 
   int device_;
+  const std::atomic<int>& captures_;
   cudaError_t last_error_ = cudaSuccess;
   mutable std::size_t page_ = 1;  // 1: not asked yet
   std::unordered_map<DevicePtr, unsigned long long> pages_;  // mapped page -> physical handle

@@ -28,7 +28,7 @@ namespace gpupool::shim {
 inline constexpr int kMaxDevices = 64;
 
 struct DeviceState {
-  explicit DeviceState(int index) : device(index), upstream(index) {}
+  DeviceState(int index, const std::atomic<int>& captures) : device(index), upstream(index, captures) {}
   int device;
   AdaptiveMutex mu;
   CudaUpstream upstream;

@@ -2,13 +2,14 @@
 // makes: allocations and frees on plain, legacy, blocking and non-blocking
 // streams (and three more non-blocking streams no block is freed on, as in a
 // stream pool, which make barriers check first whether the device has caught
-// up), cross-stream frees, captures, a stream destroyed and its handle
-// reused, device failures, a device that lags or keeps up, cache releases.
-// After every step every invariant of the pool holds; no allocation overlaps
-// a live one or leaves the device's memory, and none may race the work queued
-// before its bytes were last freed (ordering_oracle.hpp judges by CUDA's
-// rules), not even on a stream made while a plain allocation is live; no page
-// is unmapped under queued work; at the end the books balance.
+// up), cross-stream frees, captures (here and on another device), a stream
+// destroyed and its handle reused, device failures, a device that lags or
+// keeps up, cache releases. After every step every invariant of the pool
+// holds; no allocation overlaps a live one or leaves the device's memory, and
+// none may race the work queued before its bytes were last freed
+// (ordering_oracle.hpp judges by CUDA's rules), not even on a stream made
+// while a plain allocation is live; no page is unmapped under queued work;
+// nothing a capture forbids is called during one; at the end the books balance.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -226,14 +227,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                 static_cast<unsigned long long>(failing));
             break;
           }
-          case 2: {
+          case 2: {  // and, from the same byte: another device's stream captures
             const std::uint8_t b = in.byte();
             const bool creation_fails = b % 2 == 0, host_waits_fail = b / 2 % 2 == 1, queries_fail = b / 4 % 2 == 1;
-            SAY("event creation fails: %d, host waits fail: %d, queries fail: %d\n", creation_fails, host_waits_fail,
-                queries_fail);
+            const bool capture_elsewhere = b / 8 % 2 == 1;
+            SAY("event creation fails: %d, host waits fail: %d, queries fail: %d, capture elsewhere: %d\n",
+                creation_fails, host_waits_fail, queries_fail, capture_elsewhere);
             upstream.set_event_creation_fails(creation_fails);
             upstream.set_host_waits_fail(host_waits_fail);
             upstream.set_queries_fail(queries_fail);
+            oracle.set_capture_elsewhere(capture_elsewhere);
             break;
           }
         }
@@ -251,6 +254,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   upstream.set_event_creation_fails(false);
   upstream.set_host_waits_fail(false);
   upstream.set_queries_fail(false);
+  oracle.set_capture_elsewhere(false);
   if (pool.is_capturing(kBlocking)) {
     pool.capture_ended(kBlocking);
     oracle.set_capturing(kBlocking, false);

@@ -31,6 +31,8 @@ class OrderingOracle final : public Upstream {
     streams_[handle] = Stream{next_identity_++, kind, false};
   }
   void set_capturing(StreamId handle, bool capturing) { streams_.at(handle).capturing = capturing; }
+  // A stream of another device captures (in global mode: see check_no_capture).
+  void set_capture_elsewhere(bool yes) { capture_elsewhere_ = yes; }
   // The program freed [ptr, ptr+bytes): plainly (kAnyStream: its work may be
   // on any stream), or stream-ordered on `site`.
   void freed(DevicePtr ptr, std::size_t bytes, StreamId site) {
@@ -110,6 +112,7 @@ class OrderingOracle final : public Upstream {
   // --- Upstream ---
   DevicePtr allocate_segment(std::size_t bytes) override { return device_.allocate_segment(bytes); }
   void release_segment(DevicePtr base, std::size_t bytes) override {
+    check_no_capture("release_segment");
     all_done();  // cudaFree waits for the device
     forget(base, base + bytes);
     device_.release_segment(base, bytes);
@@ -156,11 +159,20 @@ class OrderingOracle final : public Upstream {
     return true;
   }
   bool synchronize_device() override {
+    check_no_capture("synchronize_device");
     if (!device_.synchronize_device()) return false;
     all_done();
     return true;
   }
   StreamId legacy_stream() const override { return device_.legacy_stream(); }
+  // As the shim counts them: this device's captures and any other's.
+  bool capture_under_way() const override {
+    if (capture_elsewhere_) return true;
+    for (const auto& [handle, s] : streams_) {
+      if (s.capturing) return true;
+    }
+    return false;
+  }
   bool memory_info(std::size_t* free_bytes, std::size_t* total_bytes) override {
     return device_.memory_info(free_bytes, total_bytes);
   }
@@ -168,6 +180,7 @@ class OrderingOracle final : public Upstream {
   DevicePtr reserve_address_space(std::size_t bytes) override { return device_.reserve_address_space(bytes); }
   bool map_pages(DevicePtr addr, std::size_t bytes) override { return device_.map_pages(addr, bytes); }
   void unmap_pages(DevicePtr addr, std::size_t bytes) override {
+    check_no_capture("unmap_pages");
     // No wait here: work still queued on these bytes would fault.
     for_each_freed(addr, addr + bytes, [&](const Freed& f) {
       for (const auto& [id, at] : f.requirement) {
@@ -301,6 +314,11 @@ class OrderingOracle final : public Upstream {
       }
     }
   }
+  // cudaFree, cudaDeviceSynchronize, cuMemUnmap: a global-mode capture,
+  // here or on another device, forbids them from every thread.
+  void check_no_capture(const char* call) {
+    if (violation_.empty() && capture_under_way()) violation_ = std::string(call) + " during a capture";
+  }
   template <typename F>
   void for_each_freed(DevicePtr begin, DevicePtr end, F&& f) {
     auto it = freed_.upper_bound(begin);
@@ -329,6 +347,7 @@ class OrderingOracle final : public Upstream {
 
   VirtualUpstream& device_;
   bool at_once_ = true;
+  bool capture_elsewhere_ = false;
   std::map<StreamId, Stream> streams_;
   std::uint32_t next_identity_ = kGraph + 1;
   std::map<std::uint32_t, std::uint64_t> position_;  // frees so far, per stream identity

@@ -252,6 +252,24 @@ class Capture(ShimTest):
         self.assertSucceeded(run)
         self.assertEqual(run.counters()["captures_invalidated"], 3)
 
+    def test_a_capture_on_another_device_keeps_the_cache_until_it_ends(self):
+        # cudaFree is unsafe during a global-mode capture, whichever device
+        # the memory is on: the request fails rather than give the cache back,
+        # and succeeds once the capture is over.
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                run = self.run_program(["test-capture", "other-device"],
+                                       env={"SIMCUDA_DEVICES": "2", "SIMCUDA_MEMORY": "64M",
+                                            "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                self.assertSucceeded(run)
+                self.assertEqual(run.counters()["captures_invalidated"], 0)
+                self.assertEqual(run.output_json(), {"during": "cudaErrorMemoryAllocation", "after": "cudaSuccess"})
+                oom = run.report()["devices"]["0"]["ooms"][0]
+                self.assertEqual(oom["cause"], "capture_kept_cache")
+                self.assertFalse(oom["during_capture"])  # not this device's: its streams may still be ordered
+                for path in run.reports():
+                    os.remove(path)
+
 
 if __name__ == "__main__":
     main()

@@ -9,6 +9,12 @@
 //                      touch the legacy stream, which would break the capture,
 //                      and may grow only as a capture allows; the third
 //                      stream's 16 MiB may serve after a device-side wait
+//   capture other-device  (2 devices, 64 MiB each) device 0's cache holds the
+//                      only room for a stream-ordered request made while a
+//                      stream of device 1 captures: gpupool must not give it
+//                      back (cudaFree is unsafe during a global-mode capture,
+//                      on any device) before the capture ends; prints the
+//                      request's result during and after the capture as JSON
 //   capture rules      without gpupool: the simulated runtime refuses an
 //                      unsafe call (cudaMalloc) during a capture, and
 //                      invalidates it, as CUDA's capture modes say
@@ -67,6 +73,40 @@ int others() {
   std::printf("capture: valid while other streams allocated\n");
   return 0;
 }
+int other_device() {
+  cudaStream_t capturing = nullptr, asking = nullptr;
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&capturing, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&asking, cudaStreamNonBlocking));
+  void* cached = nullptr;
+  void* live = nullptr;
+  CHECK_CUDA(cudaMalloc(&cached, 40 << 20));
+  CHECK_CUDA(cudaMalloc(&live, 12 << 20));
+  CHECK_CUDA(cudaFree(cached));
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeGlobal));
+  CHECK_CUDA(cudaLaunchHostFunc(capturing, noop, nullptr));
+  CHECK_CUDA(cudaSetDevice(0));
+  void* during = nullptr;
+  const cudaError_t err_during = cudaMallocAsync(&during, 48 << 20, asking);
+  if (err_during != cudaSuccess) EXPECT(cudaGetLastError() == err_during);
+  CHECK_CUDA(cudaSetDevice(1));
+  if (!ended_valid(capturing)) return 1;
+  CHECK_CUDA(cudaSetDevice(0));
+  void* after = nullptr;
+  const cudaError_t err_after = cudaMallocAsync(&after, 48 << 20, asking);
+  if (err_during == cudaSuccess) CHECK_CUDA(cudaFreeAsync(during, asking));
+  if (err_after == cudaSuccess) CHECK_CUDA(cudaFreeAsync(after, asking));
+  CHECK_CUDA(cudaFree(live));
+  CHECK_CUDA(cudaStreamSynchronize(asking));
+  CHECK_CUDA(cudaStreamDestroy(asking));
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaStreamDestroy(capturing));
+  std::printf("{\"during\": \"%s\", \"after\": \"%s\"}\n", cudaGetErrorName(err_during), cudaGetErrorName(err_after));
+  return 0;
+}
+
 // A capture begun in `capture_mode`, and one cudaMalloc during it from a
 // thread in `caller_mode`: this thread or another. Whether the capture survives.
 bool survives(cudaStreamCaptureMode capture_mode, bool same_thread, cudaStreamCaptureMode caller_mode) {
@@ -130,6 +170,7 @@ int plain() {
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "others") == 0) return others();
   if (argc > 1 && std::strcmp(argv[1], "plain") == 0) return plain();
+  if (argc > 1 && std::strcmp(argv[1], "other-device") == 0) return other_device();
   if (argc > 1 && std::strcmp(argv[1], "rules") == 0) return rules();
   cudaStream_t s;
   CHECK_CUDA(cudaStreamCreate(&s));  // a blocking stream: legacy-stream work would break its capture

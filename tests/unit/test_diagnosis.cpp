@@ -89,3 +89,23 @@ TEST_CASE("threads' caches are advised larger only when more than 1 in 100 frees
   d.thread_cache_keeps_full = 999;
   CHECK(cache_line(d).empty());
 }
+
+TEST_CASE("an out-of-memory that giving the cache back would have served, but for a capture, says so") {
+  OomRecord r;  // 40 MiB cached, 12 MiB live, 12 MiB left on a 64 MiB device; asked 48 MiB
+  r.requested = r.rounded = 48 * kMiB;
+  r.reserved = 52 * kMiB;
+  r.allocated = 12 * kMiB;
+  r.free_in_pool = r.largest_free_block = 40 * kMiB;
+  r.device_free = 12 * kMiB;
+  r.device_total = 64 * kMiB;
+  r.cache_kept_for_capture = true;
+  const report::OomDiagnosis d = report::diagnose(r, PoolOptions{});
+  CHECK(d.cause == report::OomCause::CaptureKeptCache);
+  CHECK(d.verdict.find("40.00 MiB free in the pool") != std::string::npos);
+  CHECK(d.advice.find("cudaMemPoolTrimTo") != std::string::npos);
+  r.device_free = 4 * kMiB;  // the cache and the device together hold too little
+  CHECK(report::diagnose(r, PoolOptions{}).cause == report::OomCause::DeviceFull);
+  r.device_free = 12 * kMiB;
+  r.cache_kept_for_capture = false;  // no capture: then the cache was given back, and it was not enough
+  CHECK(report::diagnose(r, PoolOptions{}).cause == report::OomCause::DeviceFull);
+}

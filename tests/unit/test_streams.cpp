@@ -372,6 +372,31 @@ TEST_CASE_METHOD(PoolFixture, "during a capture nothing is recorded and only com
   CHECK(alloc(12 * kMiB) == a);
 }
 
+TEST_CASE_METHOD(PoolFixture, "while another device's stream captures, no cudaFree, device wait or unmapping") {
+  // A global-mode capture forbids them from any thread, for any device.
+  options.expandable_segments = GENERATE(false, true);
+  options.max_split_size = 32 * kMiB;  // fixed segments: a's is oversize, the first to go before an out-of-memory
+  make(64 * kMiB);
+  const DevicePtr a = alloc(40 * kMiB);
+  const DevicePtr b = alloc(12 * kMiB);  // live: a's memory is the only room
+  release(a);
+  for (int i = 0; i < 20; ++i) release(alloc(1000));  // expandable: a's pages now idle enough to recycle
+  upstream.set_event_creation_fails(true);  // no barrier: the host wait would be for the whole device
+  upstream.set_capture_under_way(true);
+  const std::uint64_t releases = upstream.releases();
+  const std::size_t pages = upstream.mapped_pages();
+  CHECK(pool->release_cached() == 0);
+  CHECK_FALSE(pool->allocate(48 * kMiB, kAnyStream).ok);  // out of memory rather than break the capture
+  check();
+  CHECK(upstream.releases() == releases);
+  CHECK(upstream.mapped_pages() == pages);
+  CHECK(upstream.device_syncs() == 0);
+  upstream.set_capture_under_way(false);
+  const DevicePtr c = alloc(48 * kMiB);  // the capture over, the cache makes room
+  release(b);
+  release(c);
+}
+
 TEST_CASE_METHOD(PoolFixture, "a stream-ordered free inside a capture is never reused") {
   make();
   pool->stream_created(kS1, StreamKind::Blocking);
