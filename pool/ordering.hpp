@@ -94,9 +94,9 @@ class StreamOrdering {
   void capture_ended(StreamId id);
   bool capture_active() const { return captures_active_ > 0; }
   // cudaFree, cudaDeviceSynchronize and page unmapping: never while a stream
-  // captures, on this device or (in global mode, which forbids them from any
-  // thread) another.
-  bool unsafe_calls_allowed() const { return !capture_active() && !upstream_.capture_under_way(); }
+  // of this device captures, nor while another device's capture forbids them
+  // (see Upstream::capture_forbids_unsafe_calls).
+  bool unsafe_calls_allowed() const { return !capture_active() && !upstream_.capture_forbids_unsafe_calls(); }
   bool is_capturing(StreamId id) const { return captures_active_ > 0 && capturing(id); }
 
   // The stream's state, added on first sight. A stream never seen created is

@@ -52,12 +52,14 @@ class Upstream {
   // The stream that is a barrier for all blocking streams.
   virtual StreamId legacy_stream() const = 0;
 
-  // Whether a stream capture may be under way anywhere in the process, on
-  // this device or another. CUDA counts cudaFree and cudaDeviceSynchronize as
-  // unsafe while a global-mode capture runs, from any thread on any device:
-  // such a call would invalidate it. The pool knows its own device's
-  // captures; this tells it of the others. Optional: a single device needs none.
-  virtual bool capture_under_way() const { return false; }
+  // Whether a stream capture under way forbids the calling thread what CUDA
+  // counts as unsafe (cudaFree, cudaDeviceSynchronize), on any device: a
+  // global-mode capture of any thread does, a thread-local one of this
+  // thread's does, a relaxed one does not. Such a call would invalidate the
+  // capture. The pool knows its own device's captures (and makes none of
+  // these calls during them, whatever their mode); this tells it of the
+  // others. Optional: a single device needs none.
+  virtual bool capture_forbids_unsafe_calls() const { return false; }
 
   // Virtual memory, for expandable segments. Optional: page_size() 0 means
   // unsupported. Address space is reserved once; pages of it are backed with

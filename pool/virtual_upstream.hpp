@@ -32,7 +32,7 @@ class VirtualUpstream final : public Upstream {
   bool synchronize_stream(StreamId stream) override;
   bool synchronize_device() override;
   StreamId legacy_stream() const override { return kLegacy; }
-  bool capture_under_way() const override { return capture_under_way_; }
+  bool capture_forbids_unsafe_calls() const override { return capture_forbids_unsafe_calls_; }
   bool memory_info(std::size_t* free_bytes, std::size_t* total_bytes) override;
   bool failed_for_memory() const override { return !last_failed_by_injection_ || !device_errors_; }
   std::size_t page_size() const override { return virtual_memory_ ? kPage : 0; }
@@ -70,8 +70,8 @@ class VirtualUpstream final : public Upstream {
   void set_host_waits_fail(bool yes) { host_waits_fail_ = yes; }
   // Queries of events and streams answer with an error.
   void set_queries_fail(bool yes) { queries_fail_ = yes; }
-  // A stream capture is under way elsewhere in the process (capture_under_way).
-  void set_capture_under_way(bool yes) { capture_under_way_ = yes; }
+  // A capture elsewhere forbids unsafe calls (capture_forbids_unsafe_calls).
+  void set_capture_forbids_unsafe_calls(bool yes) { capture_forbids_unsafe_calls_ = yes; }
 
   // --- observation ---
   struct Call {
@@ -133,7 +133,7 @@ class VirtualUpstream final : public Upstream {
   bool event_creation_fails_ = false;
   bool host_waits_fail_ = false;
   bool queries_fail_ = false;
-  bool capture_under_way_ = false;
+  bool capture_forbids_unsafe_calls_ = false;
   std::vector<Call> calls_;
 };
 

@@ -141,11 +141,11 @@ cudaError_t free_on(void* ptr, cudaStream_t stream, bool per_thread) {
 // it: a fence recorded there in between would join the capture, and a wait
 // there would break it. If the runtime refuses, the pool takes it back.
 template <typename Begin>
-cudaError_t begin_capture(cudaStream_t stream, bool per_thread, Begin&& begin) {
+cudaError_t begin_capture(cudaStream_t stream, bool per_thread, cudaStreamCaptureMode mode, Begin&& begin) {
   Runtime& rt = Runtime::get();
   const bool tell = !rt.bypass();
   const StreamId id = stream_id(stream, per_thread);
-  if (tell) rt.capture_began(id);
+  if (tell) rt.capture_began(id, mode);
   const cudaError_t err = begin();
   if (err != cudaSuccess && tell) keep_books("cudaStreamBeginCapture", [&] { rt.capture_ended(id); });
   return err;
@@ -421,19 +421,19 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
   enter();
-  return begin_capture(stream, false, [&] { return real().cudaStreamBeginCapture(stream, mode); });
+  return begin_capture(stream, false, mode, [&] { return real().cudaStreamBeginCapture(stream, mode); });
 }
 cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, cudaStreamCaptureMode mode) {
   enter();
   if (real().cudaStreamBeginCapture_ptsz == nullptr) return missing();
-  return begin_capture(stream, true, [&] { return real().cudaStreamBeginCapture_ptsz(stream, mode); });
+  return begin_capture(stream, true, mode, [&] { return real().cudaStreamBeginCapture_ptsz(stream, mode); });
 }
 cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t stream, cudaGraph_t graph,
                                                          const cudaGraphNode_t* deps, const cudaGraphEdgeData* data,
                                                          size_t count, cudaStreamCaptureMode mode) {
   enter();
   if (real().cudaStreamBeginCaptureToGraph == nullptr) return missing();
-  return begin_capture(stream, false,
+  return begin_capture(stream, false, mode,
                        [&] { return real().cudaStreamBeginCaptureToGraph(stream, graph, deps, data, count, mode); });
 }
 cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t stream, cudaGraph_t graph,
@@ -442,8 +442,9 @@ cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t stream, cudaGraph_t 
                                                               cudaStreamCaptureMode mode) {
   enter();
   if (real().cudaStreamBeginCaptureToGraph_ptsz == nullptr) return missing();
-  return begin_capture(
-      stream, true, [&] { return real().cudaStreamBeginCaptureToGraph_ptsz(stream, graph, deps, data, count, mode); });
+  return begin_capture(stream, true, mode, [&] {
+    return real().cudaStreamBeginCaptureToGraph_ptsz(stream, graph, deps, data, count, mode);
+  });
 }
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
   enter();

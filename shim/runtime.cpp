@@ -20,6 +20,11 @@ constexpr int kOomWarnings = 8;
 std::atomic<bool> Runtime::report_requested_{false};
 std::atomic<Runtime*> Runtime::started_{nullptr};
 
+int& thread_local_captures() {
+  thread_local int captures = 0;
+  return captures;
+}
+
 cudaError_t& thread_error() {
   thread_local cudaError_t error = cudaSuccess;
   return error;
@@ -74,7 +79,7 @@ DeviceState& Runtime::device(int index) {
   if (DeviceState* d = existing(index)) return *d;
   std::lock_guard<std::mutex> lock(devices_mu_);
   if (DeviceState* d = existing(index)) return *d;
-  auto* d = new DeviceState(index, captures_active_);
+  auto* d = new DeviceState(index, global_captures_);
   for (const auto& [accessor, owner] : peer_grants_) {
     if (owner == index) d->upstream.add_accessor(accessor);
   }
@@ -465,11 +470,21 @@ void Runtime::stream_destroying(cudaStream_t stream) {
   }
 }
 
-void Runtime::capture_began(StreamId stream) {
+namespace {
+// Counts a capture in the mode it began in, by whom it forbids unsafe calls.
+void count_capture(cudaStreamCaptureMode mode, std::atomic<int>& global_captures, int delta) {
+  if (mode == cudaStreamCaptureModeGlobal) global_captures.fetch_add(delta, std::memory_order_relaxed);
+  if (mode == cudaStreamCaptureModeThreadLocal) thread_local_captures() += delta;
+}
+}  // namespace
+
+void Runtime::capture_began(StreamId stream, cudaStreamCaptureMode mode) {
   captures_active_.fetch_add(1, std::memory_order_relaxed);
+  count_capture(mode, global_captures_, 1);
   DeviceState& d = device(device_of(stream));
   std::lock_guard<AdaptiveMutex> lock(d.mu);
   d.pool->capture_began(stream);
+  d.captures.emplace_back(stream, mode);
 }
 
 void Runtime::capture_ended(StreamId stream) {
@@ -477,6 +492,14 @@ void Runtime::capture_ended(StreamId stream) {
   std::lock_guard<AdaptiveMutex> lock(d.mu);
   if (d.pool->is_capturing(stream)) captures_active_.fetch_sub(1, std::memory_order_relaxed);
   d.pool->capture_ended(stream);
+  // The latest record for the stream: a begin the runtime refused is undone
+  // right after it was made.
+  for (auto it = d.captures.rbegin(); it != d.captures.rend(); ++it) {
+    if (it->first != stream) continue;
+    count_capture(it->second, global_captures_, -1);
+    d.captures.erase(std::next(it).base());
+    break;
+  }
 }
 
 // ---------------------------------------------------------------- queries

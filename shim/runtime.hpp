@@ -28,7 +28,7 @@ namespace gpupool::shim {
 inline constexpr int kMaxDevices = 64;
 
 struct DeviceState {
-  DeviceState(int index, const std::atomic<int>& captures) : device(index), upstream(index, captures) {}
+  DeviceState(int index, const std::atomic<int>& global_captures) : device(index), upstream(index, global_captures) {}
   int device;
   AdaptiveMutex mu;
   CudaUpstream upstream;
@@ -44,6 +44,9 @@ struct DeviceState {
     int event_device;  // the freeing stream's device
   };
   std::vector<ForeignFree> foreign_frees;
+  // Captures under way on its streams, with the mode each began in (which
+  // says whom it forbids unsafe calls). Guarded by mu.
+  std::vector<std::pair<StreamId, cudaStreamCaptureMode>> captures;
   // Reset after gpupool stepped aside: the runtime freed its memory, so the
   // pool no longer says which pointers are gpupool's.
   std::atomic<bool> reset_after_stepping_aside{false};
@@ -103,7 +106,7 @@ class Runtime {
   // that device's pool on first sight. Cached per thread for the last stream.
   int prepare_stream(StreamId stream);
   void note_stream_ordered_call() { caches_.note_caller(); }
-  void capture_began(StreamId stream);
+  void capture_began(StreamId stream, cudaStreamCaptureMode mode);
   void capture_ended(StreamId stream);
   bool any_capture() const { return captures_active_.load(std::memory_order_relaxed) > 0; }
   void adjust_mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
@@ -223,6 +226,7 @@ class Runtime {
   std::unique_ptr<TraceWriter> trace_;
   std::atomic<int> oom_warnings_{0};
   std::atomic<int> captures_active_{0};  // per-thread caches stand aside while any capture runs
+  std::atomic<int> global_captures_{0};  // those in the global mode: they forbid unsafe calls to every thread
   std::atomic<bool> own_pool_current_[kMaxDevices] = {};  // see current_pool_set
   std::atomic<cudaMemPool_t> default_pools_[kMaxDevices] = {};  // each device's, once asked
   std::atomic<std::uint64_t> own_pool_allocations_{0};     // left to the runtime so, told at exit

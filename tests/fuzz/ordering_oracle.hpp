@@ -166,7 +166,7 @@ class OrderingOracle final : public Upstream {
   }
   StreamId legacy_stream() const override { return device_.legacy_stream(); }
   // As the shim counts them: this device's captures and any other's.
-  bool capture_under_way() const override {
+  bool capture_forbids_unsafe_calls() const override {
     if (capture_elsewhere_) return true;
     for (const auto& [handle, s] : streams_) {
       if (s.capturing) return true;
@@ -317,7 +317,7 @@ class OrderingOracle final : public Upstream {
   // cudaFree, cudaDeviceSynchronize, cuMemUnmap: a global-mode capture,
   // here or on another device, forbids them from every thread.
   void check_no_capture(const char* call) {
-    if (violation_.empty() && capture_under_way()) violation_ = std::string(call) + " during a capture";
+    if (violation_.empty() && capture_forbids_unsafe_calls()) violation_ = std::string(call) + " during a capture";
   }
   template <typename F>
   void for_each_freed(DevicePtr begin, DevicePtr end, F&& f) {

@@ -84,6 +84,10 @@ class ShimTest(unittest.TestCase):
         proc = subprocess.run(args, env=e, capture_output=True, text=True, timeout=timeout, cwd=cwd)
         return Run(proc, self.workdir)
 
+    def remove_reports(self):
+        for path in glob.glob(os.path.join(self.workdir, "report-*")):
+            os.remove(path)
+
     def assertSucceeded(self, run):
         self.assertEqual(run.code, 0, f"exit {run.code}\nstdout:\n{run.stdout}\nstderr:\n{run.stderr}")
 

@@ -252,23 +252,32 @@ class Capture(ShimTest):
         self.assertSucceeded(run)
         self.assertEqual(run.counters()["captures_invalidated"], 3)
 
-    def test_a_capture_on_another_device_keeps_the_cache_until_it_ends(self):
-        # cudaFree is unsafe during a global-mode capture, whichever device
-        # the memory is on: the request fails rather than give the cache back,
-        # and succeeds once the capture is over.
-        for expandable in ("1", "0"):
-            with self.subTest(expandable_segments=expandable):
-                run = self.run_program(["test-capture", "other-device"],
-                                       env={"SIMCUDA_DEVICES": "2", "SIMCUDA_MEMORY": "64M",
-                                            "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
-                self.assertSucceeded(run)
-                self.assertEqual(run.counters()["captures_invalidated"], 0)
-                self.assertEqual(run.output_json(), {"during": "cudaErrorMemoryAllocation", "after": "cudaSuccess"})
-                oom = run.report()["devices"]["0"]["ooms"][0]
-                self.assertEqual(oom["cause"], "capture_kept_cache")
-                self.assertFalse(oom["during_capture"])  # not this device's: its streams may still be ordered
-                for path in run.reports():
-                    os.remove(path)
+    def test_a_capture_on_another_device_keeps_the_cache_only_if_it_forbids_cudafree(self):
+        # cudaFree is unsafe during a capture, whichever device the memory is
+        # on: a global-mode capture forbids it to every thread, a thread-local
+        # one to its own thread, a relaxed one to none. Where it is forbidden
+        # the request fails rather than give the cache back, and succeeds once
+        # the capture is over; elsewhere the cache goes back at once.
+        forbidden = {("global", "same-thread"), ("global", "other-thread"), ("thread-local", "same-thread")}
+        for mode in ("global", "thread-local", "relaxed"):
+            for thread in ("same-thread", "other-thread"):
+                for expandable in ("1", "0"):
+                    with self.subTest(mode=mode, thread=thread, expandable_segments=expandable):
+                        self.remove_reports()  # a failed subtest's too
+                        run = self.run_program(["test-capture", "other-device", mode, thread],
+                                               env={"SIMCUDA_DEVICES": "2", "SIMCUDA_MEMORY": "64M",
+                                                    "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                        self.assertSucceeded(run)
+                        self.assertEqual(run.counters()["captures_invalidated"], 0)
+                        oom = (mode, thread) in forbidden
+                        self.assertEqual(run.output_json(),
+                                         {"during": "cudaErrorMemoryAllocation" if oom else "cudaSuccess",
+                                          "after": "cudaSuccess"})
+                        ooms = run.report()["devices"]["0"]["ooms"]
+                        self.assertEqual(len(ooms), 1 if oom else 0)
+                        if oom:
+                            self.assertEqual(ooms[0]["cause"], "capture_kept_cache")
+                            self.assertFalse(ooms[0]["during_capture"])  # not this device's: still ordered
 
 
 if __name__ == "__main__":

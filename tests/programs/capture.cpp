@@ -9,12 +9,15 @@
 //                      touch the legacy stream, which would break the capture,
 //                      and may grow only as a capture allows; the third
 //                      stream's 16 MiB may serve after a device-side wait
-//   capture other-device  (2 devices, 64 MiB each) device 0's cache holds the
+//   capture other-device global|thread-local|relaxed same-thread|other-thread
+//                      (2 devices, 64 MiB each) device 0's cache holds the
 //                      only room for a stream-ordered request made while a
-//                      stream of device 1 captures: gpupool must not give it
-//                      back (cudaFree is unsafe during a global-mode capture,
-//                      on any device) before the capture ends; prints the
-//                      request's result during and after the capture as JSON
+//                      stream of device 1 captures in that mode, begun on this
+//                      thread or another: gpupool gives it back only if the
+//                      capture allows this thread a cudaFree (a global one
+//                      forbids it to all threads, a thread-local one to its
+//                      own); prints the request's result during and after the
+//                      capture as JSON
 //   capture rules      without gpupool: the simulated runtime refuses an
 //                      unsafe call (cudaMalloc) during a capture, and
 //                      invalidates it, as CUDA's capture modes say
@@ -73,7 +76,7 @@ int others() {
   std::printf("capture: valid while other streams allocated\n");
   return 0;
 }
-int other_device() {
+int other_device(cudaStreamCaptureMode mode, bool other_thread) {
   cudaStream_t capturing = nullptr, asking = nullptr;
   CHECK_CUDA(cudaSetDevice(1));
   CHECK_CUDA(cudaStreamCreateWithFlags(&capturing, cudaStreamNonBlocking));
@@ -84,19 +87,46 @@ int other_device() {
   CHECK_CUDA(cudaMalloc(&cached, 40 << 20));
   CHECK_CUDA(cudaMalloc(&live, 12 << 20));
   CHECK_CUDA(cudaFree(cached));
-  CHECK_CUDA(cudaSetDevice(1));
-  CHECK_CUDA(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeGlobal));
-  CHECK_CUDA(cudaLaunchHostFunc(capturing, noop, nullptr));
+  // The capture, begun and ended on this thread, or on another that holds it
+  // open while this one asks.
+  bool valid = false;
+  auto begin = [&] {
+    CHECK_CUDA(cudaSetDevice(1));
+    CHECK_CUDA(cudaStreamBeginCapture(capturing, mode));
+    CHECK_CUDA(cudaLaunchHostFunc(capturing, noop, nullptr));
+  };
+  auto end = [&] {
+    CHECK_CUDA(cudaSetDevice(1));
+    valid = ended_valid(capturing);
+  };
+  std::atomic<int> step{0};
+  std::thread holder;
+  if (other_thread) {
+    holder = std::thread([&] {
+      begin();
+      step = 1;
+      while (step.load() != 2) std::this_thread::yield();
+      end();
+    });
+    while (step.load() != 1) std::this_thread::yield();
+  } else {
+    begin();
+  }
   CHECK_CUDA(cudaSetDevice(0));
   void* during = nullptr;
   const cudaError_t err_during = cudaMallocAsync(&during, 48 << 20, asking);
   if (err_during != cudaSuccess) EXPECT(cudaGetLastError() == err_during);
-  CHECK_CUDA(cudaSetDevice(1));
-  if (!ended_valid(capturing)) return 1;
+  if (other_thread) {
+    step = 2;
+    holder.join();
+  } else {
+    end();
+  }
+  if (!valid) return 1;
   CHECK_CUDA(cudaSetDevice(0));
+  if (err_during == cudaSuccess) CHECK_CUDA(cudaFreeAsync(during, asking));
   void* after = nullptr;
   const cudaError_t err_after = cudaMallocAsync(&after, 48 << 20, asking);
-  if (err_during == cudaSuccess) CHECK_CUDA(cudaFreeAsync(during, asking));
   if (err_after == cudaSuccess) CHECK_CUDA(cudaFreeAsync(after, asking));
   CHECK_CUDA(cudaFree(live));
   CHECK_CUDA(cudaStreamSynchronize(asking));
@@ -170,7 +200,12 @@ int plain() {
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "others") == 0) return others();
   if (argc > 1 && std::strcmp(argv[1], "plain") == 0) return plain();
-  if (argc > 1 && std::strcmp(argv[1], "other-device") == 0) return other_device();
+  if (argc > 3 && std::strcmp(argv[1], "other-device") == 0) {
+    const cudaStreamCaptureMode mode = std::strcmp(argv[2], "global") == 0         ? cudaStreamCaptureModeGlobal
+                                       : std::strcmp(argv[2], "thread-local") == 0 ? cudaStreamCaptureModeThreadLocal
+                                                                                   : cudaStreamCaptureModeRelaxed;
+    return other_device(mode, std::strcmp(argv[3], "other-thread") == 0);
+  }
   if (argc > 1 && std::strcmp(argv[1], "rules") == 0) return rules();
   cudaStream_t s;
   CHECK_CUDA(cudaStreamCreate(&s));  // a blocking stream: legacy-stream work would break its capture

@@ -382,7 +382,7 @@ TEST_CASE_METHOD(PoolFixture, "while another device's stream captures, no cudaFr
   release(a);
   for (int i = 0; i < 20; ++i) release(alloc(1000));  // expandable: a's pages now idle enough to recycle
   upstream.set_event_creation_fails(true);  // no barrier: the host wait would be for the whole device
-  upstream.set_capture_under_way(true);
+  upstream.set_capture_forbids_unsafe_calls(true);
   const std::uint64_t releases = upstream.releases();
   const std::size_t pages = upstream.mapped_pages();
   CHECK(pool->release_cached() == 0);
@@ -391,7 +391,7 @@ TEST_CASE_METHOD(PoolFixture, "while another device's stream captures, no cudaFr
   CHECK(upstream.releases() == releases);
   CHECK(upstream.mapped_pages() == pages);
   CHECK(upstream.device_syncs() == 0);
-  upstream.set_capture_under_way(false);
+  upstream.set_capture_forbids_unsafe_calls(false);
   const DevicePtr c = alloc(48 * kMiB);  // the capture over, the cache makes room
   release(b);
   release(c);
