@@ -256,6 +256,7 @@ cudaError_t Engine::begin_capture(Stream* s, cudaStreamCaptureMode mode) {
   s->invalidated = false;
   s->capture_mode = mode;
   s->capture_thread = std::this_thread::get_id();
+  s->capture_graph = nullptr;
   s->captured_nodes = 0;
   counters().captures_begun++;
   return cudaSuccess;

@@ -50,6 +50,7 @@ struct Stream {
   bool invalidated = false;
   cudaStreamCaptureMode capture_mode = cudaStreamCaptureModeGlobal;
   std::thread::id capture_thread;  // the thread that began it
+  void* capture_graph = nullptr;   // cudaStreamBeginCaptureToGraph's graph, which the end returns
   std::uint64_t captured_nodes = 0;
   bool blocking() const { return kind == StreamKind::Blocking || kind == StreamKind::PerThread; }
 };

@@ -22,6 +22,8 @@ cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t, cudaEvent_t, unsigned int);
 cudaError_t cudaEventRecord_ptsz(cudaEvent_t, cudaStream_t);
 cudaError_t cudaLaunchHostFunc_ptsz(cudaStream_t, cudaHostFn_t, void*);
 cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t, enum cudaStreamCaptureMode);
+cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t, cudaGraph_t, const cudaGraphNode_t*,
+                                               const cudaGraphEdgeData*, size_t, enum cudaStreamCaptureMode);
 cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t, cudaGraph_t*);
 cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t, enum cudaStreamCaptureStatus*);
 cudaError_t cudaStreamGetFlags_ptsz(cudaStream_t, unsigned int*);

@@ -629,11 +629,36 @@ cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t s, cudaStreamCaptureMode mo
   return result(Engine::instance().begin_capture(stream_of(s, true), mode));
 }
 
+// Into an existing graph (CUDA 12.3): its nodes grow, and the end returns it.
+static cudaError_t begin_capture_to_graph(Stream* s, cudaGraph_t graph, size_t dependencies,
+                                          cudaStreamCaptureMode mode) {
+  if (graph == nullptr || dependencies != 0) return result(cudaErrorInvalidValue);  // no nodes to depend on here
+  const cudaError_t err = Engine::instance().begin_capture(s, mode);
+  if (err == cudaSuccess) s->capture_graph = graph;
+  return result(err);
+}
+cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t s, cudaGraph_t graph, const cudaGraphNode_t*,
+                                          const cudaGraphEdgeData*, size_t count, cudaStreamCaptureMode mode) {
+  return begin_capture_to_graph(stream_of(s, false), graph, count, mode);
+}
+cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t s, cudaGraph_t graph, const cudaGraphNode_t*,
+                                               const cudaGraphEdgeData*, size_t count, cudaStreamCaptureMode mode) {
+  return begin_capture_to_graph(stream_of(s, true), graph, count, mode);
+}
+
 static cudaError_t end_capture(Stream* s, cudaGraph_t* graph) {
   if (graph == nullptr) return result(cudaErrorInvalidValue);
   bool valid = false;
+  auto* target = static_cast<Graph*>(s->capture_graph);
   const cudaError_t err = Engine::instance().end_capture(s, &valid);
-  *graph = valid ? reinterpret_cast<cudaGraph_t>(new Graph{s->captured_nodes}) : nullptr;
+  if (!valid) {
+    *graph = nullptr;
+  } else if (target != nullptr) {
+    target->nodes += s->captured_nodes;
+    *graph = reinterpret_cast<cudaGraph_t>(target);
+  } else {
+    *graph = reinterpret_cast<cudaGraph_t>(new Graph{s->captured_nodes});
+  }
   return result(err);
 }
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* g) { return end_capture(stream_of(s, false), g); }
@@ -651,6 +676,12 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* statu
 cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t s, cudaStreamCaptureStatus* status) {
   if (status == nullptr) return result(cudaErrorInvalidValue);
   *status = Engine::instance().capture_status(stream_of(s, true));
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphCreate(cudaGraph_t* g, unsigned int flags) {
+  if (g == nullptr || flags != 0) return result(cudaErrorInvalidValue);
+  *g = reinterpret_cast<cudaGraph_t>(new Graph{0});
   return cudaSuccess;
 }
 

@@ -210,11 +210,17 @@ class Hazards(ShimTest):
 
 class Capture(ShimTest):
     def test_allocations_inside_a_capture_pass_through_and_it_stays_valid(self):
-        run = self.run_program("test-capture")
-        self.assertSucceeded(run)
-        device = run.report()["devices"]["0"]
-        self.assertEqual(run.counters()["captures_invalidated"], 0)
-        self.assertEqual(device["quarantined_bytes"], 1 << 20)  # freed inside the capture
+        # Begun with cudaStreamBeginCapture or into a graph, through the
+        # legacy entry points and the per-thread default stream's.
+        for program in ("test-capture", "test-capture-ptds"):
+            for how in ([], ["to-graph"]):
+                with self.subTest(program=program, to_graph=bool(how)):
+                    self.remove_reports()
+                    run = self.run_program([program] + how)
+                    self.assertSucceeded(run)
+                    device = run.report()["devices"]["0"]
+                    self.assertEqual(run.counters()["captures_invalidated"], 0)
+                    self.assertEqual(device["quarantined_bytes"], 1 << 20)  # freed inside the capture
 
     def test_free_synchronizes_does_not_synchronize_during_a_capture(self):
         # A plain cudaFree inside a capture: a device synchronization there

@@ -2,6 +2,8 @@
 // capture go to the runtime (they become graph nodes), nothing gpupool does
 // invalidates the capture, and the pool serves the stream again afterwards.
 //   capture            allocations on the capturing stream
+//   capture to-graph   the same, captured into a graph the program made
+//                      (cudaStreamBeginCaptureToGraph)
 //   capture others     while a blocking stream captures (global mode), another
 //                      stream asks for memory freed on the legacy stream, with
 //                      plain cudaFree and on a third stream, its work still
@@ -31,13 +33,15 @@ namespace {
 void noop(void*) {}
 
 // Ends the capture on `stream`; false (said on stderr) when it was invalidated.
-bool ended_valid(cudaStream_t stream) {
+// A capture into a graph the program made ends with that graph.
+bool ended_valid(cudaStream_t stream, cudaGraph_t into = nullptr) {
   cudaGraph_t graph = nullptr;
   const cudaError_t end = cudaStreamEndCapture(stream, &graph);
   if (end != cudaSuccess || graph == nullptr) {
     std::fprintf(stderr, "capture: the capture was invalidated (%s)\n", cudaGetErrorName(end));
     return false;
   }
+  if (into != nullptr) EXPECT(graph == into);
   CHECK_CUDA(cudaGraphDestroy(graph));
   return true;
 }
@@ -207,6 +211,7 @@ int main(int argc, char** argv) {
     return other_device(mode, std::strcmp(argv[3], "other-thread") == 0);
   }
   if (argc > 1 && std::strcmp(argv[1], "rules") == 0) return rules();
+  const bool to_graph = argc > 1 && std::strcmp(argv[1], "to-graph") == 0;
   cudaStream_t s;
   CHECK_CUDA(cudaStreamCreate(&s));  // a blocking stream: legacy-stream work would break its capture
   // Warm the pool and leave frees that a barrier would normally cover.
@@ -221,13 +226,19 @@ int main(int argc, char** argv) {
   simcuda_counters c0{};
   const bool sim = testprog::sim_counters(&c0);
 
-  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  cudaGraph_t into = nullptr;
+  if (to_graph) {
+    CHECK_CUDA(cudaGraphCreate(&into, 0));
+    CHECK_CUDA(cudaStreamBeginCaptureToGraph(s, into, nullptr, nullptr, 0, cudaStreamCaptureModeGlobal));
+  } else {
+    CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  }
   void* inside[3] = {};
   for (void*& p : inside) CHECK_CUDA(cudaMallocAsync(&p, 1 << 20, s));
   CHECK_CUDA(cudaLaunchHostFunc(s, noop, nullptr));
   for (void* p : inside) CHECK_CUDA(cudaFreeAsync(p, s));
   CHECK_CUDA(cudaFreeAsync(before, s));  // a pooled block freed inside the capture
-  if (!ended_valid(s)) return 1;
+  if (!ended_valid(s, into)) return 1;
   if (sim) {
     simcuda_counters c1{};
     testprog::sim_counters(&c1);
