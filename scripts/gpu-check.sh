@@ -122,6 +122,8 @@ pressure=(GPUPOOL_MEMORY_LIMIT=20M)
 
 echo "== the CUDA rule the device barrier rests on (no gpupool)"
 run "legacy stream event orders blocking streams" 0 -- "$out/hazards_gpu" legacy-barrier-rule
+echo "== the capture modes the simulated runtime keeps: a cudaMalloc during a capture (no gpupool)"
+run "capture modes: which captures an unsafe call invalidates" 0 -- build/bin/test-capture rules
 echo "== cudaFree(NULL) as the first call, under gpupool: a current context, as without it"
 run "cudaFree(NULL) creates the context" 0 "${pool[@]}" -- "$out/hazards_gpu" null-free-creates-context
 
@@ -162,6 +164,7 @@ for mode in 1 0; do
   run "threads (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-threads 4 500
   run "capture (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-capture
   run "capture while other streams allocate (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-capture others
+  run "capture into a graph (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-capture to-graph
   run "fidelity (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-fidelity
   pitched_report="$out/report-pitched-$mode.json"
   run "pitched 2D/3D arrays (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" GPUPOOL_LOG="$pitched_report" \
@@ -329,6 +332,15 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   run "two devices, peer access" 0 "${pool[@]}" -- build/bin/test-devices peer
   run "two devices, a block freed on the other's stream" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=20M -- build/bin/test-devices foreign 20
   run "two devices, such a free inside a capture" 0 "${pool[@]}" -- build/bin/test-devices foreign-capture
+  # Device 0's cache is the only room under the limit while device 1 captures:
+  # it goes back only where the capture allows this thread a cudaFree, and the
+  # capture stays valid either way.
+  for capture in global thread-local relaxed; do
+    for thread in same-thread other-thread; do
+      run "two devices, a request that needs the cache during a $capture capture ($thread)" 0 "${pool[@]}" \
+        GPUPOOL_MEMORY_LIMIT=64M -- build/bin/test-capture other-device "$capture" "$thread"
+    done
+  done
   run "two devices: cudaFree of device 1's memory waits for device 1 (no gpupool)" 0 \
     -- "$out/hazards_gpu" cudafree-host-sync-other-device
   run "so does gpupool's with free_synchronizes:1" 0 "${pool[@]}" GPUPOOL_FREE_SYNCHRONIZES=1 \
