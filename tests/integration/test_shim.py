@@ -857,16 +857,22 @@ class OwnMemoryPool(ShimTest):
     # cudaMallocFromPoolAsync; then one block with the default pool current
     # again, and one after another pool was made current and destroyed.
     def test_its_blocks_come_from_its_pool_and_the_default_pools_from_gpupool(self):
-        alone = self.run_program(["test-meminfo", "own-pool"], preload=False)
-        self.assertSucceeded(alone)
-        self.assertEqual(alone.counters()["malloc_async_calls"], 8)
-        run = self.run_program(["test-meminfo", "own-pool"])
-        self.assertSucceeded(run)
-        self.assertEqual(run.counters()["malloc_async_calls"], 5)
-        self.assertEqual(run.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 3)
-        # At exit a line says what the report does not count.
-        self.assertEqual(run.stderr.count("4 cudaMallocAsync calls drew from memory pools this program made current"),
-                         1, run.stderr)
+        # Through the legacy entry points, and the per-thread default stream's
+        # (cudaMallocAsync_ptsz, cudaMallocFromPoolAsync_ptsz, ...).
+        for program in ("test-meminfo", "test-meminfo-ptds"):
+            with self.subTest(program=program):
+                self.remove_reports()
+                alone = self.run_program([program, "own-pool"], preload=False)
+                self.assertSucceeded(alone)
+                self.assertEqual(alone.counters()["malloc_async_calls"], 8)
+                run = self.run_program([program, "own-pool"])
+                self.assertSucceeded(run)
+                self.assertEqual(run.counters()["malloc_async_calls"], 5)
+                self.assertEqual(run.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 3)
+                # At exit a line says what the report does not count.
+                self.assertEqual(
+                    run.stderr.count("4 cudaMallocAsync calls drew from memory pools this program made current"), 1,
+                    run.stderr)
 
 
 class Lifecycle(ShimTest):
