@@ -134,14 +134,15 @@ CUresult mem_alloc_pitch(CUdeviceptr* p, size_t* pitch, size_t width, size_t hei
 CUresult primary_ctx_reset(CUdevice device) {
   return cu(guarded("cuDevicePrimaryCtxReset", [&] {
     Runtime& runtime = Runtime::get();
-    if (device >= 0 && device < kMaxDevices) {
-      if (!runtime.bypass()) {
-        runtime.device_reset(device);
-      } else if (stepped_aside()) {
-        runtime.device_reset_after_stepping_aside(device);
-      }
+    const bool tell = device >= 0 && device < kMaxDevices && !runtime.bypass();
+    if (tell) {
+      runtime.device_reset(device);
+    } else if (device >= 0 && device < kMaxDevices && stepped_aside()) {
+      runtime.device_reset_after_stepping_aside(device);
     }
-    return static_cast<cudaError_t>(real_of(real_primary_ctx_reset, &primary_ctx_reset)(device));
+    const auto err = static_cast<cudaError_t>(real_of(real_primary_ctx_reset, &primary_ctx_reset)(device));
+    if (err == cudaSuccess && tell) keep_books("cuDevicePrimaryCtxReset", [&] { runtime.device_reset_done(device); });
+    return err;
   }));
 }
 

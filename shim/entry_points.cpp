@@ -287,12 +287,16 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 
 cudaError_t cudaDeviceReset(void) {
   Runtime& rt = enter();
-  if (!rt.bypass()) {
-    rt.device_reset(rt.current_device());
+  const int device = rt.current_device();
+  const bool tell = !rt.bypass();
+  if (tell) {
+    rt.device_reset(device);
   } else if (gpupool::shim::stepped_aside()) {
-    rt.device_reset_after_stepping_aside(rt.current_device());
+    rt.device_reset_after_stepping_aside(device);
   }
-  return real().cudaDeviceReset != nullptr ? real().cudaDeviceReset() : missing();
+  const cudaError_t err = real().cudaDeviceReset != nullptr ? real().cudaDeviceReset() : missing();
+  if (err == cudaSuccess && tell) keep_books("cudaDeviceReset", [&] { rt.device_reset_done(device); });
+  return err;
 }
 
 // Trimming a device's default memory pool (PyTorch's cudaMallocAsync backend

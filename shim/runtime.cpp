@@ -577,6 +577,23 @@ void Runtime::device_reset(int dev) {
   }
 }
 
+void Runtime::device_reset_done(int dev) {
+  for (int i = 0; i < kMaxDevices; ++i) {
+    DeviceState* other = i == dev ? nullptr : existing(i);
+    if (other == nullptr) continue;
+    std::lock_guard<AdaptiveMutex> lock(other->mu);
+    std::size_t kept = 0;
+    for (const DeviceState::ForeignFree& f : other->foreign_frees) {
+      if (f.event_device == dev && f.event == 0) {
+        other->pool->deallocate(f.ptr, kAnyStream);  // as if freed by cudaFree now
+      } else {
+        other->foreign_frees[kept++] = f;
+      }
+    }
+    other->foreign_frees.resize(kept);
+  }
+}
+
 // ---------------------------------------------------------------- memory pools
 
 // gpupool's memory stands for each device's default pool: the pool

@@ -111,6 +111,11 @@ class Runtime {
   bool any_capture() const { return captures_active_.load(std::memory_order_relaxed) > 0; }
   void adjust_mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
   void device_reset(int device);
+  // After the runtime's reset of `device` succeeded: other devices' blocks
+  // freed on its streams that no event could cover (freed inside a capture
+  // of one, or their host wait failed) go back to their pools, now that its
+  // work and graphs are gone.
+  void device_reset_done(int device);
   // The same, once gpupool has stepped aside: the device's pool is left as
   // it was, and pointers into it are no longer taken as gpupool's.
   void device_reset_after_stepping_aside(int device);

@@ -230,6 +230,16 @@ class Devices(ShimTest):
             self.assertEqual(report["devices"]["0"]["leaks"]["blocks"], 0)  # the program freed it
         self.in_both_segment_modes(["foreign-capture"], {"SIMCUDA_DEVICES": "2"}, check)
 
+    def test_a_block_freed_inside_a_capture_of_a_device_then_reset_comes_back(self):
+        # The graph's until device 1 is reset, which destroys the graph and
+        # ends its work. Room for one block: the next request on device 0
+        # needs it.
+        def check(report):
+            zero = report["devices"]["0"]
+            self.assertEqual(zero["stats"]["num_ooms"], 0)
+            self.assertEqual(zero["stats"]["allocation.all.current"], 0)
+        self.in_both_segment_modes(["foreign-capture-reset"], self.ENV, check)
+
     def test_a_block_freed_on_a_device_then_reset_comes_back(self):
         # The free still waits on device 1's stream when device 1 is reset: the
         # reset destroys the event it waits on, so gpupool waits for it first
@@ -286,7 +296,8 @@ class Devices(ShimTest):
         self.in_both_segment_modes(["peer"], {"SIMCUDA_DEVICES": "2"}, lambda report: None)
 
     def test_the_devices_program_passes_without_gpupool_too(self):
-        for mode in ("cross", "peer", "foreign", "foreign-capture", "foreign-reset", "owner-reset"):
+        for mode in ("cross", "peer", "foreign", "foreign-capture", "foreign-capture-reset", "foreign-reset",
+                     "owner-reset"):
             run = self.run_program(["test-devices", mode, "5"], env={"SIMCUDA_DEVICES": "2"}, preload=False)
             self.assertSucceeded(run)
 

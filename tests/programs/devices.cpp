@@ -15,6 +15,9 @@
 //   devices foreign-capture    such a free inside a capture of device 1's
 //                              stream: the block is the graph's from then on
 //                              and never handed out again
+//   devices foreign-capture-reset  such a free inside a capture, then device 1
+//                              reset: its graphs and work are gone, so device 0
+//                              gets the block back (run as for foreign-reset)
 //   devices foreign-reset      such a free still queued when device 1 is reset:
 //                              the reset ends that work, so device 0 gets the
 //                              block back (run with a limit that leaves room
@@ -236,6 +239,25 @@ void use_device_zero() {
   CHECK_CUDA(cudaFree(q));
 }
 
+int foreign_capture_reset() {
+  cudaStream_t one = nullptr;
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&one, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaSetDevice(0));
+  void* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, kBytes));
+  fill(p, 1, nullptr);
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaStreamBeginCapture(one, cudaStreamCaptureModeRelaxed));
+  CHECK_CUDA(cudaFreeAsync(p, one));  // a free node of the graph
+  cudaGraph_t graph = nullptr;
+  CHECK_CUDA(cudaStreamEndCapture(one, &graph));
+  EXPECT(graph != nullptr);
+  CHECK_CUDA(cudaDeviceReset());  // the graph and the stream go with it
+  use_device_zero();
+  return 0;
+}
+
 int foreign_reset() {
   cudaStream_t one = nullptr;
   if (!peer_stream_of_device_one(&one)) return 0;
@@ -286,6 +308,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "peer") == 0) return peer();
   if (argc > 1 && std::strcmp(argv[1], "foreign-capture") == 0) return foreign_capture();
   if (argc > 1 && std::strcmp(argv[1], "foreign-reset") == 0) return foreign_reset();
+  if (argc > 1 && std::strcmp(argv[1], "foreign-capture-reset") == 0) return foreign_capture_reset();
   if (argc > 1 && std::strcmp(argv[1], "owner-reset") == 0) return owner_reset();
   if (argc > 1 && std::strcmp(argv[1], "foreign-twice") == 0) return foreign_twice();
   if (argc > 2 && std::strcmp(argv[1], "foreign-signal") == 0) return foreign_signal(argv[2]);
