@@ -192,20 +192,27 @@ int foreign(int rounds) {
   return 0;
 }
 
+// Device 0's block freed inside a capture of device 1's new stream `one`: a
+// free node of the graph returned. Device 1 is current after.
+cudaGraph_t free_inside_capture_on_device_one(cudaStream_t* one, void** freed) {
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaStreamCreateWithFlags(one, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaMalloc(freed, kBytes));
+  fill(*freed, 1, nullptr);
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaStreamBeginCapture(*one, cudaStreamCaptureModeRelaxed));
+  CHECK_CUDA(cudaFreeAsync(*freed, *one));
+  cudaGraph_t graph = nullptr;
+  CHECK_CUDA(cudaStreamEndCapture(*one, &graph));
+  EXPECT(graph != nullptr);
+  return graph;
+}
+
 int foreign_capture() {
   cudaStream_t one = nullptr;
-  CHECK_CUDA(cudaSetDevice(1));
-  CHECK_CUDA(cudaStreamCreateWithFlags(&one, cudaStreamNonBlocking));
-  CHECK_CUDA(cudaSetDevice(0));
   void* p = nullptr;
-  CHECK_CUDA(cudaMalloc(&p, kBytes));
-  fill(p, 1, nullptr);
-  CHECK_CUDA(cudaSetDevice(1));
-  CHECK_CUDA(cudaStreamBeginCapture(one, cudaStreamCaptureModeRelaxed));
-  CHECK_CUDA(cudaFreeAsync(p, one));  // a free node of the graph
-  cudaGraph_t graph = nullptr;
-  CHECK_CUDA(cudaStreamEndCapture(one, &graph));
-  EXPECT(graph != nullptr);
+  const cudaGraph_t graph = free_inside_capture_on_device_one(&one, &p);
   CHECK_CUDA(cudaSetDevice(0));
   void* q = nullptr;
   CHECK_CUDA(cudaMalloc(&q, kBytes));
@@ -241,18 +248,8 @@ void use_device_zero() {
 
 int foreign_capture_reset() {
   cudaStream_t one = nullptr;
-  CHECK_CUDA(cudaSetDevice(1));
-  CHECK_CUDA(cudaStreamCreateWithFlags(&one, cudaStreamNonBlocking));
-  CHECK_CUDA(cudaSetDevice(0));
   void* p = nullptr;
-  CHECK_CUDA(cudaMalloc(&p, kBytes));
-  fill(p, 1, nullptr);
-  CHECK_CUDA(cudaSetDevice(1));
-  CHECK_CUDA(cudaStreamBeginCapture(one, cudaStreamCaptureModeRelaxed));
-  CHECK_CUDA(cudaFreeAsync(p, one));  // a free node of the graph
-  cudaGraph_t graph = nullptr;
-  CHECK_CUDA(cudaStreamEndCapture(one, &graph));
-  EXPECT(graph != nullptr);
+  free_inside_capture_on_device_one(&one, &p);
   CHECK_CUDA(cudaDeviceReset());  // the graph and the stream go with it
   use_device_zero();
   return 0;
