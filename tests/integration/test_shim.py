@@ -736,6 +736,18 @@ class StaticRuntime(ShimTest):
         self.assertEqual(run.counters()["stale_event_uses"], 0)
         self.assertGreaterEqual(run.counters()["vmm_maps"], 3)  # pages mapped afresh after each reset
 
+    def test_a_block_freed_inside_a_capture_of_a_device_comes_back_after_its_reset(self):
+        # Through cuDevicePrimaryCtxReset, the static runtime's reset. Room for
+        # one block: the request after the reset needs the freed block's memory.
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                run = self.run_program(["test-static-runtime", "foreign-capture-reset"],
+                                       env={**self.ON, "SIMCUDA_DEVICES": "2", "GPUPOOL_MEMORY_LIMIT": "20M",
+                                            "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                self.assertSucceeded(run)
+                self.assertEqual(run.output_json(), {"reused": 1})
+                self.assertEqual(run.counters()["captures_invalidated"], 0)
+
     def test_peer_access_reaches_pooled_pages(self):
         run = self.run_program(["test-static-runtime", "peer"], env={**self.ON, "SIMCUDA_DEVICES": "2"})
         self.assertSucceeded(run)

@@ -31,6 +31,10 @@
 //   static_runtime cross-device [MS]  a block of device 1 freed on one of its streams under a slower write,
 //                                 then asked for on another of its streams while device 0 is current:
 //                                 gpupool orders the reuse on device 1 from device 0's thread
+//   static_runtime foreign-capture-reset  two devices: a block of device 0 freed inside a capture of a
+//                                 stream of device 1, then device 1 reset (cuDevicePrimaryCtxReset);
+//                                 then a block of device 0 (with a limit leaving room for one: the
+//                                 freed block's memory)
 //   static_runtime library LIB N  LIB (a library that reaches the driver itself) makes N pairs
 //   static_runtime library-by-name LIB N
 //                                 LIB fetches each driver function with dlsym by its exported name and
@@ -524,6 +528,30 @@ int peer() {
   return 0;
 }
 
+int foreign_capture_reset() {
+  constexpr size_t kBytes = 12 << 20;
+  use_device(1);
+  CUstream one = nullptr;
+  check(d.stream_create(&one, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  use_device(0);
+  CUdeviceptr p = 0;
+  check(d.mem_alloc(&p, kBytes), "cuMemAlloc");
+  write_and_check(p, kBytes, 1);
+  use_device(1);
+  check(d.begin_capture(one, CU_STREAM_CAPTURE_MODE_RELAXED), "cuStreamBeginCapture");
+  check(d.mem_free_async(p, one), "cuMemFreeAsync (captured)");
+  CUgraph graph = nullptr;
+  check(d.end_capture(one, &graph), "cuStreamEndCapture");
+  check(d.primary_ctx_reset(1), "cuDevicePrimaryCtxReset");  // the graph and the stream go with it
+  use_device(0);
+  CUdeviceptr q = 0;
+  check(d.mem_alloc(&q, kBytes), "cuMemAlloc after the reset");
+  write_and_check(q, kBytes, 2);
+  check(d.mem_free(q), "cuMemFree");
+  std::printf("{\"reused\": %d}\n", p == q ? 1 : 0);
+  return 0;
+}
+
 std::string object_of(void* fn) {
   Dl_info info{};
   if (fn == nullptr || dladdr(fn, &info) == 0 || info.dli_fname == nullptr) return "none";
@@ -592,9 +620,11 @@ int main(int argc, char** argv) {
   if (mode == "reset") return reset();
   if (mode == "peer") return peer();
   if (mode == "cross-device") return reuse_after_late_write(LateReuse::CrossDevice);
+  if (mode == "foreign-capture-reset") return foreign_capture_reset();
   std::fprintf(stderr,
                "usage: static_runtime [--cuda11] "
-               "pairs|pitched|trim|own-pool|async|hazard|destroyed|capture|ipc|reset|peer|cross-device [N] | "
+               "pairs|pitched|trim|own-pool|async|hazard|destroyed|capture|ipc|reset|peer|cross-device|"
+               "foreign-capture-reset [N] | "
                "lookups LIBRARY | "
                "threads T N | "
                "library|library-by-name LIBRARY N | library-reset LIBRARY NAME\n");
