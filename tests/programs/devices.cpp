@@ -249,8 +249,10 @@ void use_device_zero() {
 int foreign_capture_reset() {
   cudaStream_t one = nullptr;
   void* p = nullptr;
-  free_inside_capture_on_device_one(&one, &p);
-  CHECK_CUDA(cudaDeviceReset());  // the graph and the stream go with it
+  // The graph destroyed unlaunched: the block stays the graph's until the
+  // reset, which ends device 1's work (and would destroy the graph too).
+  CHECK_CUDA(cudaGraphDestroy(free_inside_capture_on_device_one(&one, &p)));
+  CHECK_CUDA(cudaDeviceReset());
   use_device_zero();
   return 0;
 }

@@ -542,7 +542,10 @@ int foreign_capture_reset() {
   check(d.mem_free_async(p, one), "cuMemFreeAsync (captured)");
   CUgraph graph = nullptr;
   check(d.end_capture(one, &graph), "cuStreamEndCapture");
-  check(d.primary_ctx_reset(1), "cuDevicePrimaryCtxReset");  // the graph and the stream go with it
+  // The graph destroyed unlaunched: the block stays the graph's until the
+  // reset, which ends device 1's work (and would destroy the graph too).
+  check(d.graph_destroy(graph), "cuGraphDestroy");
+  check(d.primary_ctx_reset(1), "cuDevicePrimaryCtxReset");
   use_device(0);
   CUdeviceptr q = 0;
   check(d.mem_alloc(&q, kBytes), "cuMemAlloc after the reset");
