@@ -353,9 +353,12 @@ void StreamOrdering::poll(StreamState& s) {
     }
     if (status == EventStatus::Pending) break;
     // An errored event is treated as complete only for recycling; the epoch is
-    // not advanced, so its blocks keep needing ordering.
+    // not advanced, so its blocks keep needing ordering. Not the latest
+    // barrier's, though: a non-blocking stream made later still waits on it
+    // (stream_created), and recorded again it would stand for other work. It
+    // is dropped (leaked) instead; errors come from a broken device.
     if (status == EventStatus::Complete && f.epoch > s.completed_epoch) s.completed_epoch = f.epoch;
-    give_back_event(f.event);
+    if (status == EventStatus::Complete || f.event != last_barrier_.event) give_back_event(f.event);
     for (EventHandle e : f.more) give_back_event(e);
     s.pending.pop_front();
   }
