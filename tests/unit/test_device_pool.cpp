@@ -391,22 +391,57 @@ TEST_CASE_METHOD(PoolFixture, "requests beyond any device fail cleanly instead o
   check();
 }
 
+namespace {
+
+// Two idle fixed segments, 52 MiB reserved with the small pool's, past a
+// threshold of 50 MiB: the 30 MiB one idle for ten reuses, the 20 MiB one
+// just freed. The pool stays at or under the threshold until the last one
+// grows it, so no collection has run yet.
+struct IdleSegments {
+  DevicePtr old_one;
+  DevicePtr recent;
+};
+
+IdleSegments idle_past_threshold(PoolFixture& f) {
+  f.options.garbage_collection_threshold = 0.5;
+  f.options.memory_limit = 100 * kMiB;
+  f.make();
+  f.release(f.alloc(1000));
+  const IdleSegments idle{f.alloc(30 * kMiB), f.alloc(20 * kMiB)};
+  f.release(idle.old_one);
+  for (int i = 0; i < 10; ++i) f.release(f.alloc(1000));  // reuse attempts age it
+  f.release(idle.recent);
+  REQUIRE(f.pool->stats().num_gc_releases == 0);
+  return idle;
+}
+
+}  // namespace
+
 TEST_CASE_METHOD(PoolFixture, "garbage collection returns the longest-idle segments past the threshold") {
-  options.garbage_collection_threshold = 0.5;
-  options.memory_limit = 100 * kMiB;
-  make();
-  const DevicePtr old_one = alloc(30 * kMiB);
-  const DevicePtr recent = alloc(22 * kMiB);
-  release(old_one);
-  // Reuse attempts age the idle 30 MiB segment.
-  for (int i = 0; i < 10; ++i) release(alloc(1000));
-  release(recent);
-  // 54 MiB reserved, past 50 MiB: a request that needs a new segment runs GC,
-  // which returns the older idle segment and keeps the recently used one.
+  const IdleSegments idle = idle_past_threshold(*this);
+  // A request that needs a new segment runs the collection, which returns
+  // the older idle segment and keeps the recently used one.
   alloc(40 * kMiB);
   CHECK(pool->stats().num_gc_releases == 1);
-  CHECK_FALSE(upstream.covers(old_one, 1));
-  CHECK(upstream.covers(recent, 1));
+  CHECK_FALSE(upstream.covers(idle.old_one, 1));
+  CHECK(upstream.covers(idle.recent, 1));
+}
+
+TEST_CASE_METHOD(PoolFixture, "garbage collection gives nothing back while a capture forbids cudaFree") {
+  // A capture under way on another device: the request grows the pool
+  // instead, and the idle segment waits for the capture's end.
+  const IdleSegments idle = idle_past_threshold(*this);
+  upstream.set_capture_forbids_unsafe_calls(true);
+  const std::uint64_t releases = upstream.releases();
+  const DevicePtr grown = alloc(40 * kMiB);
+  CHECK(upstream.releases() == releases);
+  CHECK(pool->stats().num_gc_releases == 0);
+  CHECK(upstream.covers(idle.old_one, 1));
+  upstream.set_capture_forbids_unsafe_calls(false);
+  release(grown);
+  alloc(45 * kMiB);  // a new segment again, the capture over: collected now
+  CHECK(pool->stats().num_gc_releases >= 1);
+  CHECK_FALSE(upstream.covers(idle.old_one, 1));
 }
 
 TEST_CASE_METHOD(PoolFixture, "timeline samples stay bounded over long runs") {
