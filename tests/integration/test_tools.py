@@ -100,6 +100,21 @@ class Recording(ShimTest):
         self.assertNotIn("nothing checked", run.stdout)
         self.assertHistory(path)
 
+    def test_frees_alone_reach_the_file_as_they_fill_the_buffer(self):
+        # A free is recorded under the pool's lock, which must not wait for
+        # the file: the buffer it fills is written after the lock goes. Frees
+        # in a row must not pile up in memory until the next allocation.
+        path = os.path.join(self.workdir, "trace.csv")
+        run = self.run_program(["test-lifecycle", "trace-written", "60000"], env={"GPUPOOL_TRACE": path})
+        self.assertSucceeded(run)
+        with open(path) as f:
+            text = f.read()
+        frees = sum(len(line) + 1 for line in text.splitlines() if ",free," in line)
+        self.assertGreater(frees, 2 << 20)  # more than the 1 MiB buffer holds, twice over
+        unwritten = len(text) - run.output_json()["written"]
+        self.assertGreaterEqual(unwritten, 0)
+        self.assertLess(unwritten, (1 << 20) + 160)  # at most one buffer and a line
+
     def test_failures_are_recorded(self):
         run, path = self.trace(["test-oom", "full"], env={"SIMCUDA_MEMORY": "64M"})
         self.assertSucceeded(run)

@@ -20,6 +20,8 @@
 //   trim [KEEP] with thread caches on, frees 8 blocks of 8 MiB on the legacy
 //              stream, then, given KEEP, trims the device's default pool to
 //              KEEP bytes; then allocates and uses a block
+//   trace-written N  allocates N blocks of 512 bytes, frees them all, then
+//              prints {"written": the size of GPUPOOL_TRACE's file now}
 //   chdir      makes its first CUDA call after changing directory
 //   ipc        takes the IPC handle of a block inside a pooled segment
 //   fault      holds a plain and a stream-ordered block when a kernel faults
@@ -42,6 +44,7 @@
 //              then exits without using CUDA
 #include <dlfcn.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -222,6 +225,16 @@ int main(int argc, char** argv) {
     EXPECT(testprog::holds_sampled(p, size_t{1} << 20, 3));
     CHECK_CUDA(cudaFree(p));
     std::printf("lifecycle: trim\n");
+    return 0;
+  }
+  if (mode == "trace-written" && argc > 2) {
+    std::vector<void*> blocks(std::strtoul(argv[2], nullptr, 10));
+    for (void*& p : blocks) CHECK_CUDA(cudaMalloc(&p, 512));
+    for (void* p : blocks) CHECK_CUDA(cudaFree(p));
+    const char* trace = std::getenv("GPUPOOL_TRACE");
+    struct stat st {};
+    EXPECT(trace != nullptr && stat(trace, &st) == 0);
+    std::printf("{\"written\": %lld}\n", static_cast<long long>(st.st_size));
     return 0;
   }
   if (mode == "chdir") {
