@@ -275,6 +275,7 @@ all_pooled "static runtime: cudaMallocPitch/cudaMalloc3D pooled" "$pitched_stati
 run "static runtime: threads" 0 "${static[@]}" -- "$out/threads_static" 4 500
 run "static runtime: capture" 0 "${static[@]}" -- "$out/capture_static"
 run "static runtime: capture while other streams allocate" 0 "${static[@]}" -- "$out/capture_static" others
+run "static runtime: capture into a program's graph" 0 "${static[@]}" -- "$out/capture_static" to-graph
 run "static runtime: device reset" 0 "${static[@]}" -- "$out/lifecycle_static" reset
 static_trim_report="$out/report-trim-static.json"
 run "static runtime: cudaMemPoolTrimTo gives back the cache" 0 "${static[@]}" GPUPOOL_LOG="$static_trim_report" \

@@ -716,12 +716,14 @@ class StaticRuntime(ShimTest):
                     os.remove(path)
 
     def test_calls_during_a_capture_leave_it_valid(self):
-        run = self.run_program(["test-static-runtime", "capture"], env=self.ON)
-        self.assertSucceeded(run)
-        counters = run.counters()
-        self.assertEqual(counters["captures_begun"], 1)
-        self.assertEqual(counters["captures_invalidated"], 0)
-        self.assertEqual(counters["malloc_async_calls"], 1)  # the captured allocation is the graph's
+        for mode in ("capture", "capture-to-graph"):
+            with self.subTest(mode=mode):
+                run = self.run_program(["test-static-runtime", mode], env=self.ON)
+                self.assertSucceeded(run)
+                counters = run.counters()
+                self.assertEqual(counters["captures_begun"], 1)
+                self.assertEqual(counters["captures_invalidated"], 0)
+                self.assertEqual(counters["malloc_async_calls"], 1)  # the captured allocation is the graph's
 
     def test_an_ipc_handle_that_would_name_other_memory_is_refused(self):
         run = self.run_program(["test-static-runtime", "ipc"], env=self.ON)

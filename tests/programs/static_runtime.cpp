@@ -23,6 +23,8 @@
 //                                 default 100), then reused
 //   static_runtime destroyed [MS] a block freed on a stream destroyed while a slower write on it is queued
 //   static_runtime capture        plain and stream-ordered calls while a stream captures (global mode)
+//   static_runtime capture-to-graph  the same, the capture begun into a graph of the program's
+//                                 (cuStreamBeginCaptureToGraph, CUDA 12.3)
 //   static_runtime ipc            a handle for a block inside a pooled segment
 //   static_runtime reset          allocations across cuDevicePrimaryCtxReset
 //   static_runtime lookups        where dlsym's answers come from (program, library, RTLD_NEXT)
@@ -447,7 +449,7 @@ int reuse_after_late_write(LateReuse how) {
   return 0;
 }
 
-int capture() {
+int capture(bool to_graph) {
   CUstream s = nullptr, other = nullptr;
   check(d.stream_create(&s, 0), "cuStreamCreate");
   check(d.stream_create(&other, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
@@ -455,7 +457,17 @@ int capture() {
   CUdeviceptr warm = 0;
   check(d.mem_alloc(&warm, 1 << 20), "cuMemAlloc");
   check(d.mem_free(warm), "cuMemFree");
-  check(d.begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
+  CUgraph target = nullptr;
+  if (to_graph) {
+    // Fetched here: a CUDA 11 static runtime could not ask for them.
+    const auto graph_create = fetch<decltype(&cuGraphCreate)>("cuGraphCreate", 10000);
+    const auto begin_to_graph = fetch<decltype(&cuStreamBeginCaptureToGraph)>("cuStreamBeginCaptureToGraph", 12030);
+    check(graph_create(&target, 0), "cuGraphCreate");
+    check(begin_to_graph(s, target, nullptr, nullptr, 0, CU_STREAM_CAPTURE_MODE_GLOBAL),
+          "cuStreamBeginCaptureToGraph");
+  } else {
+    check(d.begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
+  }
   CUdeviceptr p = 0;
   check(d.mem_alloc_async(&p, 4096, s), "cuMemAllocAsync (captured)");
   check(d.mem_free_async(p, s), "cuMemFreeAsync (captured)");
@@ -469,7 +481,7 @@ int capture() {
   check(d.mem_free_async(grown, other), "cuMemFreeAsync during a capture");
   CUgraph graph = nullptr;
   check(d.end_capture(s, &graph), "cuStreamEndCapture");
-  if (graph == nullptr) return 1;
+  if (graph == nullptr || (to_graph && graph != target)) return 1;
   check(d.graph_destroy(graph), "cuGraphDestroy");
   check(d.stream_synchronize(other), "cuStreamSynchronize");
   check(d.stream_destroy(other), "cuStreamDestroy");
@@ -617,7 +629,7 @@ int main(int argc, char** argv) {
     g_late_write_ms = static_cast<unsigned>(n);
   }
   if (mode == "hazard") return hazard();
-  if (mode == "capture") return capture();
+  if (mode == "capture" || mode == "capture-to-graph") return capture(mode == "capture-to-graph");
   if (mode == "destroyed") return reuse_after_late_write(LateReuse::Destroyed);
   if (mode == "ipc") return ipc();
   if (mode == "reset") return reset();
