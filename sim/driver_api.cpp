@@ -172,19 +172,12 @@ CUresult begin_capture(CUstream s, CUstreamCaptureMode mode) {
 CUresult begin_capture_ptsz(CUstream s, CUstreamCaptureMode mode) {
   return cu(cudaStreamBeginCapture_ptsz(rt(s), static_cast<cudaStreamCaptureMode>(mode)));
 }
+// One for the legacy form and one for the per-thread (_ptsz) one.
+template <auto Begin>
 CUresult begin_capture_to_graph(CUstream s, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* data,
                                 size_t count, CUstreamCaptureMode mode) {
-  return cu(cudaStreamBeginCaptureToGraph(rt(s), reinterpret_cast<cudaGraph_t>(g),
-                                          reinterpret_cast<const cudaGraphNode_t*>(deps),
-                                          reinterpret_cast<const cudaGraphEdgeData*>(data), count,
-                                          static_cast<cudaStreamCaptureMode>(mode)));
-}
-CUresult begin_capture_to_graph_ptsz(CUstream s, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* data,
-                                     size_t count, CUstreamCaptureMode mode) {
-  return cu(cudaStreamBeginCaptureToGraph_ptsz(rt(s), reinterpret_cast<cudaGraph_t>(g),
-                                               reinterpret_cast<const cudaGraphNode_t*>(deps),
-                                               reinterpret_cast<const cudaGraphEdgeData*>(data), count,
-                                               static_cast<cudaStreamCaptureMode>(mode)));
+  return cu(Begin(rt(s), reinterpret_cast<cudaGraph_t>(g), reinterpret_cast<const cudaGraphNode_t*>(deps),
+                  reinterpret_cast<const cudaGraphEdgeData*>(data), count, static_cast<cudaStreamCaptureMode>(mode)));
 }
 CUresult end_capture(CUstream s, CUgraph* g) {
   return cu(cudaStreamEndCapture(rt(s), reinterpret_cast<cudaGraph_t*>(g)));
@@ -271,7 +264,8 @@ const Entry kEntries[] = {
     {"cuLaunchHostFunc", 10000, fn(launch_host_func), fn(launch_host_func_ptsz)},
     {"cuStreamBeginCapture", 10000, fn(begin_capture_v1), fn(begin_capture_v1)},
     {"cuStreamBeginCapture", 10010, fn(begin_capture), fn(begin_capture_ptsz)},
-    {"cuStreamBeginCaptureToGraph", 12030, fn(begin_capture_to_graph), fn(begin_capture_to_graph_ptsz)},
+    {"cuStreamBeginCaptureToGraph", 12030, fn(begin_capture_to_graph<cudaStreamBeginCaptureToGraph>),
+     fn(begin_capture_to_graph<cudaStreamBeginCaptureToGraph_ptsz>)},
     {"cuStreamEndCapture", 10000, fn(end_capture), fn(end_capture_ptsz)},
     {"cuStreamIsCapturing", 10000, fn(is_capturing), fn(is_capturing_ptsz)},
     {"cuThreadExchangeStreamCaptureMode", 10010, fn(exchange_capture_mode), fn(exchange_capture_mode)},
