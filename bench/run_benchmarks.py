@@ -47,6 +47,16 @@ def machine():
     return f"{platform.system()} {platform.release()}, {os.cpu_count()} cores, {cpu}"
 
 
+def code_version():
+    """The commit measured, and whether the tree held changes beyond it."""
+    try:
+        commit = sh(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]).strip()
+        changed = sh(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"]).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return f"commit {commit}" + (", with uncommitted changes" if changed else "")
+
+
 def google_benchmark(filter_, repetitions=5):
     out = sh([os.path.join(BIN, "gpupool-bench"), f"--benchmark_filter={filter_}", "--benchmark_format=json",
               f"--benchmark_repetitions={repetitions}", "--benchmark_report_aggregates_only=true",
@@ -104,6 +114,7 @@ def main():
         "run; the machines are noisy, so compare ratios, not absolute times.",
         "",
         f"- Date: {datetime.date.today().isoformat()}",
+        f"- Code: {code_version()}",
         f"- Machine: {machine()}; no GPU (the simulated runtime stands in for the device)",
         f"- Traces: the five real PyTorch traces in `../shared/traces` (read at run time, never committed)",
         "",
