@@ -16,6 +16,8 @@
 #include <iterator>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "pool/device_pool.hpp"
 #include "pool/size_rules.hpp"
@@ -104,6 +106,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   fuzz::OrderingOracle oracle(upstream);
   oracle.set_events_complete_at_once(false);
   DevicePool pool(oracle, options, capacity == kUnlimited ? 80 * kGiB : capacity);
+  std::map<DevicePtr, Live> live;
+  std::size_t live_bytes = 0;
   auto begin_stream = [&](StreamId id, StreamKind kind) {
     oracle.stream_begins(id, kind);
     // Unordered only when the device refused both a wait and a host wait,
@@ -111,6 +115,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     // error has stopped it running work).
     if (!pool.stream_created(id, kind)) {
       SAY("the new stream could not be ordered\n");
+      std::vector<std::pair<DevicePtr, DevicePtr>> plain_blocks;
+      for (const auto& [ptr, block] : live) {
+        if (block.stream != kAnyStream) continue;
+        const Block* b = pool.find_allocated(ptr);
+        FUZZ_CHECK(b != nullptr);
+        plain_blocks.emplace_back(b->addr, b->addr + b->size);
+      }
+      oracle.stream_not_ordered(id, plain_blocks);
       return;
     }
     std::string why;
@@ -124,8 +136,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   begin_stream(kBlocking, StreamKind::Blocking);
   for (StreamId id : kPoolStreams) begin_stream(id, StreamKind::NonBlocking);
   const StreamId streams[] = {kAnyStream, kLegacy, kNonBlocking, kBlocking};
-  std::map<DevicePtr, Live> live;
-  std::size_t live_bytes = 0;
   int failures_left = 0;
   upstream.set_failure([&](std::uint64_t) { return failures_left > 0 && failures_left-- > 0; });
 

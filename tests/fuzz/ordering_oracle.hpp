@@ -59,13 +59,14 @@ class OrderingOracle final : public Upstream {
   bool safe_to_use(DevicePtr ptr, std::size_t bytes, StreamId consumer, std::string* why) {
     bool safe = true;
     Clock obligations;  // what a stream made later must follow too, for a plain allocation
-    for_each_freed(ptr, ptr + bytes, [&](const Freed& f) {
+    for_each_freed(ptr, ptr + bytes, [&](DevicePtr start, const Freed& f) {
+      const DevicePtr begin = std::max(start, ptr), end = std::min(f.end, ptr + bytes);
       for (const auto& [id, at] : f.requirement) {
         if (covered(completed_, id, at)) continue;
         obligations[id] = std::max(obligations[id], at);
         for (const auto& [handle, s] : streams_) {
           if (consumer != kAnyStream && handle != consumer) continue;
-          if (id == s.identity || covered(effective(handle), id, at)) continue;
+          if (id == s.identity || covered(effective(handle), id, at) || waived(s.identity, begin, end, id, at)) continue;
           *why = "bytes freed at position " + std::to_string(at) + " of stream identity " + std::to_string(id) +
                  " handed to a consumer whose stream " + std::to_string(handle) + " is not ordered after it";
           safe = false;
@@ -97,6 +98,21 @@ class OrderingOracle final : public Upstream {
       }
     }
     return true;
+  }
+  // The pool could not order `handle`, a stream made just now, after earlier
+  // work, and said so (the shim warns that memory cudaFree released before
+  // may still be in use by earlier work when used on it; a device refusing
+  // both a wait and a host wait has stopped running work). The plain
+  // allocations live now, whose blocks span `plain_blocks`, may then be used
+  // on it, and their blocks reused there after a free on it, without
+  // following the work their bytes' last frees before now required.
+  void stream_not_ordered(StreamId handle, const std::vector<std::pair<DevicePtr, DevicePtr>>& plain_blocks) {
+    for (const auto& [begin, end] : plain_blocks) {
+      Clock waived;
+      for_each_freed(begin, end, [&](DevicePtr, const Freed& f) { merge(waived, f.requirement); });
+      if (auto o = plain_obligations_.find(begin); o != plain_obligations_.end()) merge(waived, o->second);
+      waivers_.push_back(Waiver{identity(handle), begin, end, std::move(waived)});
+    }
   }
   void set_events_complete_at_once(bool yes) {
     at_once_ = yes;
@@ -182,7 +198,7 @@ class OrderingOracle final : public Upstream {
   void unmap_pages(DevicePtr addr, std::size_t bytes) override {
     check_no_capture("unmap_pages");
     // No wait here: work still queued on these bytes would fault.
-    for_each_freed(addr, addr + bytes, [&](const Freed& f) {
+    for_each_freed(addr, addr + bytes, [&](DevicePtr, const Freed& f) {
       for (const auto& [id, at] : f.requirement) {
         if (!covered(completed_, id, at) && violation_.empty()) {
           violation_ = "pages unmapped under work not known done (stream identity " + std::to_string(id) + ")";
@@ -263,7 +279,22 @@ class OrderingOracle final : public Upstream {
     Clock requirement;  // positions of work that must be done, or followed
   };
 
+  // Bytes [begin, end) of a plain allocation's block, used on a stream the
+  // pool could not order: what their frees required then (stream_not_ordered).
+  struct Waiver {
+    std::uint32_t stream;
+    DevicePtr begin;
+    DevicePtr end;
+    Clock requirement;
+  };
+
   static void merge(Clock& into, const Clock& from) { into.merge(from); }
+  bool waived(std::uint32_t stream, DevicePtr begin, DevicePtr end, std::uint32_t id, std::uint64_t at) const {
+    for (const Waiver& w : waivers_) {
+      if (w.stream == stream && w.begin <= begin && end <= w.end && covered(w.requirement, id, at)) return true;
+    }
+    return false;
+  }
   static bool covered(const Clock& clock, std::uint32_t id, std::uint64_t at) {
     auto it = clock.find(id);
     return it != clock.end() && it->second >= at;
@@ -324,7 +355,7 @@ class OrderingOracle final : public Upstream {
     auto it = freed_.upper_bound(begin);
     if (it != freed_.begin()) --it;
     for (; it != freed_.end() && it->first < end; ++it) {
-      if (it->second.end > begin) f(it->second);
+      if (it->second.end > begin) f(it->first, it->second);
     }
   }
   // The bytes no longer carry a free's history; the parts of freed ranges
@@ -358,6 +389,7 @@ class OrderingOracle final : public Upstream {
   std::map<DevicePtr, Clock> in_use_;  // each live allocation's consumer clock when it was made
   // Each live plain allocation's frees not known done when it was made.
   std::map<DevicePtr, Clock> plain_obligations_;
+  std::vector<Waiver> waivers_;
   std::string violation_;
 };
 
