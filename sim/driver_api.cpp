@@ -11,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include "sim/driver_caller.hpp"
 #include "sim/ptsz.h"
 #include "sim/vmm.hpp"
 
@@ -50,7 +51,10 @@ CUresult ctx_get_current(CUcontext* ctx) {
   *ctx = context_of(d);
   return CUDA_SUCCESS;
 }
-CUresult ctx_synchronize() { return cu(cudaDeviceSynchronize()); }
+CUresult ctx_synchronize() {
+  simcuda::DriverCaller caller(__builtin_return_address(0));
+  return cu(cudaDeviceSynchronize());
+}
 // The context stack of this thread, below the current one.
 thread_local std::vector<int> t_pushed;
 CUresult ctx_push_current(CUcontext ctx) {
@@ -150,14 +154,22 @@ CUresult stream_create_with_priority(CUstream* s, unsigned int flags, int priori
 CUresult stream_destroy(CUstream s) { return cu(cudaStreamDestroy(rt(s))); }
 CUresult stream_get_flags(CUstream s, unsigned int* flags) { return cu(cudaStreamGetFlags(rt(s), flags)); }
 CUresult stream_get_flags_ptsz(CUstream s, unsigned int* flags) { return cu(cudaStreamGetFlags_ptsz(rt(s), flags)); }
-CUresult stream_synchronize(CUstream s) { return cu(cudaStreamSynchronize(rt(s))); }
-CUresult stream_synchronize_ptsz(CUstream s) { return cu(cudaStreamSynchronize_ptsz(rt(s))); }
+CUresult stream_synchronize(CUstream s) {
+  simcuda::DriverCaller caller(__builtin_return_address(0));
+  return cu(cudaStreamSynchronize(rt(s)));
+}
+CUresult stream_synchronize_ptsz(CUstream s) {
+  simcuda::DriverCaller caller(__builtin_return_address(0));
+  return cu(cudaStreamSynchronize_ptsz(rt(s)));
+}
 CUresult stream_query(CUstream s) { return cu(cudaStreamQuery(rt(s))); }
 CUresult stream_query_ptsz(CUstream s) { return cu(cudaStreamQuery_ptsz(rt(s))); }
 CUresult stream_wait_event(CUstream s, CUevent e, unsigned int flags) {
+  simcuda::DriverCaller caller(__builtin_return_address(0));
   return cu(cudaStreamWaitEvent(rt(s), rt(e), flags));
 }
 CUresult stream_wait_event_ptsz(CUstream s, CUevent e, unsigned int flags) {
+  simcuda::DriverCaller caller(__builtin_return_address(0));
   return cu(cudaStreamWaitEvent_ptsz(rt(s), rt(e), flags));
 }
 CUresult launch_host_func(CUstream s, CUhostFn fn, void* data) { return cu(cudaLaunchHostFunc(rt(s), fn, data)); }
@@ -200,13 +212,23 @@ CUresult graph_create(CUgraph* g, unsigned int flags) {
 CUresult graph_destroy(CUgraph g) { return cu(cudaGraphDestroy(reinterpret_cast<cudaGraph_t>(g))); }
 
 CUresult event_create(CUevent* e, unsigned int flags) {
+  simcuda::DriverCaller caller(__builtin_return_address(0));
   return cu(cudaEventCreateWithFlags(reinterpret_cast<cudaEvent_t*>(e), flags));
 }
 CUresult event_destroy(CUevent e) { return cu(cudaEventDestroy(rt(e))); }
-CUresult event_record(CUevent e, CUstream s) { return cu(cudaEventRecord(rt(e), rt(s))); }
-CUresult event_record_ptsz(CUevent e, CUstream s) { return cu(cudaEventRecord_ptsz(rt(e), rt(s))); }
+CUresult event_record(CUevent e, CUstream s) {
+  simcuda::DriverCaller caller(__builtin_return_address(0));
+  return cu(cudaEventRecord(rt(e), rt(s)));
+}
+CUresult event_record_ptsz(CUevent e, CUstream s) {
+  simcuda::DriverCaller caller(__builtin_return_address(0));
+  return cu(cudaEventRecord_ptsz(rt(e), rt(s)));
+}
 CUresult event_query(CUevent e) { return cu(cudaEventQuery(rt(e))); }
-CUresult event_synchronize(CUevent e) { return cu(cudaEventSynchronize(rt(e))); }
+CUresult event_synchronize(CUevent e) {
+  simcuda::DriverCaller caller(__builtin_return_address(0));
+  return cu(cudaEventSynchronize(rt(e)));
+}
 
 struct Entry {
   const char* name;

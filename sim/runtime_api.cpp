@@ -16,6 +16,7 @@
 #include <unordered_set>
 
 #include "sim/counters.hpp"
+#include "sim/driver_caller.hpp"
 #include "sim/engine.hpp"
 #include "sim/mem_pools.hpp"
 #include "sim/memory.hpp"
@@ -85,6 +86,7 @@ cudaError_t checked(int device, cudaError_t err) {
 // program's ordering of its own work stays as it wrote it.
 bool injected_core_failure(const void* caller, double rate) {
   if (rate <= 0) return false;
+  if (simcuda::t_driver_caller != nullptr) caller = simcuda::t_driver_caller;  // through a driver entry point
   Dl_info info;
   if (dladdr(caller, &info) == 0 || info.dli_fname == nullptr ||
       std::strstr(info.dli_fname, "/libgpupool-core.so") == nullptr) {
