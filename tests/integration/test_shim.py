@@ -677,6 +677,21 @@ class StaticRuntime(ShimTest):
         self.assertEqual(run.output_json()["reused"], 1)  # the same block: the ordering was needed
         self.assert_breaks_without_ordering(["test-static-runtime", "hazard"], self.ON)
 
+    def test_with_events_refused_the_pool_waits_for_the_device_through_the_driver(self):
+        # No event can be made: a block freed under a slower write is not
+        # known done, and with room for one 12 MiB block the second request
+        # makes gpupool wait for the whole device (the static runtime's
+        # cudaDeviceSynchronize is cuCtxSynchronize) before it gives memory back.
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                env = {**self.ON, "SIMCUDA_EVENT_FAIL_RATE": "1", "GPUPOOL_MEMORY_LIMIT": "20M",
+                       "GPUPOOL_EXPANDABLE_SEGMENTS": expandable}
+                run = self.run_program(["test-static-runtime", "hazard", "100", "12"], env=env)
+                self.assertSucceeded(run)
+                counters = run.counters()
+                self.assertGreater(counters["event_failures"], 0)
+                self.assertGreaterEqual(counters["device_syncs"], 2)  # the program's own, and gpupool's
+
     def assert_breaks_without_ordering(self, args, env):
         # The control: without ordering the late write races the reuse. It
         # comes 400 ms late here (100 by default): on a loaded machine the

@@ -19,8 +19,8 @@
 //                                 then one from the default pool made current again,
 //                                 and one more after another pool was made current and destroyed
 //   static_runtime async N        the same, stream-ordered on a non-blocking stream (and ptsz twins)
-//   static_runtime hazard [MS]    a block freed while a slower stream still writes it (MS ms later,
-//                                 default 100), then reused
+//   static_runtime hazard [MS [MIB]]  a block of MIB MiB (default 1) freed while a slower stream still
+//                                 writes it (MS ms later, default 100), then asked for again
 //   static_runtime destroyed [MS] a block freed on a stream destroyed while a slower write on it is queued
 //   static_runtime capture        plain and stream-ordered calls while a stream captures (global mode)
 //   static_runtime capture-to-graph  the same, the capture begun into a graph of the program's
@@ -357,6 +357,7 @@ struct LateWrite {
   size_t size;
 };
 unsigned g_late_write_ms = 100;
+size_t g_hazard_bytes = 1 << 20;
 void late_write(void* data) {
   auto* w = static_cast<LateWrite*>(data);
   usleep(g_late_write_ms * 1000);
@@ -364,7 +365,7 @@ void late_write(void* data) {
 }
 
 int hazard() {
-  constexpr size_t kSize = 1 << 20;
+  const size_t kSize = g_hazard_bytes;
   CUstream slow = nullptr;
   check(d.stream_create(&slow, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
   CUdeviceptr a = 0;
@@ -627,6 +628,7 @@ int main(int argc, char** argv) {
   if (mode == "own-pool") return own_pool();
   if ((mode == "hazard" || mode == "destroyed" || mode == "cross-device") && argc > 2) {
     g_late_write_ms = static_cast<unsigned>(n);
+    if (mode == "hazard" && argc > 3) g_hazard_bytes = std::strtoull(argv[3], nullptr, 10) << 20;
   }
   if (mode == "hazard") return hazard();
   if (mode == "capture" || mode == "capture-to-graph") return capture(mode == "capture-to-graph");
