@@ -13,6 +13,8 @@
  *                               creation, record or stream wait fail
  *   SIMCUDA_HOST_WAIT_FAIL_RATE=P  the same for its cudaEventSynchronize,
  *                               cudaStreamSynchronize, cudaDeviceSynchronize
+ *                               (both: the runtime's calls, or the driver's
+ *                               twins when gpupool serves a static runtime)
  *   SIMCUDA_FAIL_SEED=N         seeds the three kinds of injected failure (1)
  *   SIMCUDA_NO_VMM=1            no virtual memory calls (a driver without them)
  *   SIMCUDA_POOLLESS_DEVICE=N   device N has no stream-ordered allocator
