@@ -28,7 +28,9 @@ class OrderingOracle final : public Upstream {
   // --- what the program does ---
   // A stream (handle) begins: a new identity, even for a handle seen before.
   void stream_begins(StreamId handle, StreamKind kind) {
+    if (auto old = streams_.find(handle); old != streams_.end()) ended_.push_back(old->second.identity);
     streams_[handle] = Stream{next_identity_++, kind, false};
+    forget_finished_identities();
   }
   void set_capturing(StreamId handle, bool capturing) { streams_.at(handle).capturing = capturing; }
   // A stream of another device captures (in global mode: see check_no_capture).
@@ -234,6 +236,10 @@ class OrderingOracle final : public Upstream {
     const_iterator end() const { return entries_.end(); }
     bool empty() const { return entries_.empty(); }
     void clear() { entries_.clear(); }
+    void erase(std::uint32_t id) {
+      auto it = find(id);
+      if (it != end()) entries_.erase(it);
+    }
     // Each entry the later of the two: in place when `from` names no stream
     // this clock lacks (the usual case), else one sorted merge.
     void merge(const Clock& from) {
@@ -336,6 +342,42 @@ class OrderingOracle final : public Upstream {
   void all_done() {
     for (const auto& [id, at] : position_) completed_[id] = std::max(completed_[id], at);
   }
+  // An ended stream's identity gets no more work, and no new requirement
+  // names it. Once all of its work is known done (`completed_` alone then
+  // answers for it: each check asks `completed_` first), or no requirement
+  // names it any longer (what follows it matters to nobody), every clock but
+  // `completed_` drops it. Without this, each stream made again grows every
+  // clock by an entry for good, and inputs that remake streams spent most of
+  // their time merging clocks.
+  void forget_finished_identities() {
+    if (ended_.empty()) return;
+    Clock required;  // each ended identity still named by a requirement
+    auto note = [&](const Clock& requirement) {
+      for (const auto& [id, at] : requirement) {
+        if (std::find(ended_.begin(), ended_.end(), id) != ended_.end()) required[id] = 1;
+      }
+    };
+    for (const auto& [ptr, f] : freed_) note(f.requirement);
+    for (const auto& [ptr, clock] : plain_obligations_) note(clock);
+    for (const Waiver& w : waivers_) note(w.requirement);
+    auto finished = [&](std::uint32_t id) {
+      const auto at = position_.find(id);
+      return at == position_.end() || covered(completed_, id, at->second) || required.find(id) == required.end();
+    };
+    auto first = std::stable_partition(ended_.begin(), ended_.end(), [&](std::uint32_t id) { return !finished(id); });
+    for (auto it = first; it != ended_.end(); ++it) {
+      const std::uint32_t id = *it;
+      knowledge_.erase(id);
+      for (auto& [other, clock] : knowledge_) clock.erase(id);
+      for (auto& [event, clock] : recorded_) clock.erase(id);
+      for (auto& [ptr, f] : freed_) f.requirement.erase(id);
+      for (auto& [ptr, clock] : in_use_) clock.erase(id);
+      for (auto& [ptr, clock] : plain_obligations_) clock.erase(id);
+      std::erase_if(waivers_, [id](const Waiver& w) { return w.stream == id; });
+      for (Waiver& w : waivers_) w.requirement.erase(id);
+    }
+    ended_.erase(first, ended_.end());
+  }
   void check_not_capturing(StreamId handle, const char* call) {
     if (!violation_.empty()) return;
     const bool legacy = handle == device_.legacy_stream();
@@ -383,6 +425,7 @@ class OrderingOracle final : public Upstream {
   std::map<StreamId, Stream> streams_;
   std::uint32_t next_identity_ = kGraph + 1;
   std::map<std::uint32_t, std::uint64_t> position_;  // frees so far, per stream identity
+  std::vector<std::uint32_t> ended_;                 // identities of streams made again, still in the clocks
   std::map<std::uint32_t, Clock> knowledge_;         // per stream identity
   std::map<EventHandle, Clock> recorded_;            // each event's latest record
   Clock completed_;                                  // work known done on the device
