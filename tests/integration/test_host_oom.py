@@ -122,6 +122,25 @@ class HostMemoryFailure(ShimTest):
                 self.assertNotIn("stepped_aside", report)
                 self.assertEqual(report["devices"]["0"]["stats"]["allocation.all.current"], 0)
 
+    def test_an_exit_without_host_memory_loses_only_the_report(self):
+        # test-host-oom at-exit: blocks still live on two streams, then every
+        # host allocation of gpupool's fails, through exit. The program exits
+        # as it meant to, the trace keeps its lines, and one line says the
+        # report is lost; gpupool does not step aside.
+        for expandable in ("0", "1"):
+            with self.subTest(expandable_segments=expandable):
+                trace = os.path.join(self.workdir, f"trace-{expandable}.csv")
+                run = self.run_program(["test-host-oom", "at-exit"], library=f"{self.FAULTS}:{LIBRARY}",
+                                       env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable, "GPUPOOL_TRACE": trace})
+                self.assertSucceeded(run)
+                self.assertIn("gpupool: cannot make the report: std::bad_alloc", run.stderr)
+                self.assertNotIn("steps aside", run.stderr)
+                self.assertEqual(run.reports(), [])
+                with open(trace) as f:
+                    lines = f.read().splitlines()
+                self.assertEqual([line.split(",")[2:5:2] for line in lines[1:]],
+                                 [["allocate", str(3 << 20)], ["allocate", str(1 << 20)]])
+
     def test_every_form_of_the_report_says_where_gpupool_stepped_aside(self):
         import jsonschema
         run, report = self.run_failing(1, 0, {})

@@ -25,6 +25,9 @@
 //     Prints {"child_exit": S, "parent_failures": F} (S: the child's exit
 //     status, -1 if it did not exit; F: the failures the parent saw, the fork
 //     handler's); exits 1 unless the child exited 0.
+//   host-oom at-exit
+//     leaves a plain block and a stream-ordered one live, then makes every
+//     core allocation fail from the next one on, through exit.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -163,6 +166,18 @@ int after_reset(int (*arm)(long, int)) {
   return 0;
 }
 
+int through_exit(int (*arm)(long, int)) {
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  void* plain = nullptr;
+  void* ordered = nullptr;
+  CHECK_CUDA(cudaMalloc(&plain, 3 << 20));
+  CHECK_CUDA(cudaMallocAsync(&ordered, 1 << 20, stream));
+  CHECK_CUDA(cudaMemsetAsync(ordered, 7, 1 << 20, stream));
+  EXPECT(arm(1, 1) == 1);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   auto arm = reinterpret_cast<int (*)(long, int)>(dlsym(RTLD_DEFAULT, "failing_malloc_arm"));
   auto disarm = reinterpret_cast<long (*)(long*)>(dlsym(RTLD_DEFAULT, "failing_malloc_disarm"));
@@ -175,8 +190,9 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaFree(nullptr));
     return after_fork(arm, disarm);
   }
+  if (argc == 2 && std::strcmp(argv[1], "at-exit") == 0) return through_exit(arm);
   if (argc != 3) {
-    std::fprintf(stderr, "usage: host-oom FIRST ALL | host-oom after-reset | host-oom fork\n");
+    std::fprintf(stderr, "usage: host-oom FIRST ALL | host-oom after-reset | host-oom fork | host-oom at-exit\n");
     return 2;
   }
   CHECK_CUDA(cudaFree(nullptr));  // loads gpupool's core
