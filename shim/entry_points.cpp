@@ -56,6 +56,7 @@ using gpupool::shim::guarded;
 using gpupool::shim::keep_books;
 using gpupool::shim::real;
 using gpupool::shim::Runtime;
+using gpupool::shim::step_aside;
 using gpupool::shim::stream_id;
 
 namespace {
@@ -161,7 +162,7 @@ cudaError_t end_capture(cudaStream_t stream, bool per_thread, cudaError_t err) {
 // ---------------------------------------------------------------- lifecycle
 
 void at_exit() {
-  keep_books("at exit", [] {
+  try {
     if (Runtime* rt = Runtime::if_started()) {
       rt->at_exit();
       return;
@@ -172,7 +173,9 @@ void at_exit() {
         gpupool::config::parse_config(gpupool::config::process_environment()).config;
     gpupool::shim::set_log_level(c.log_level);
     if (!c.disable) explain_nothing_pooled(c.static_runtime);
-  });
+  } catch (...) {
+    step_aside("at exit", true);
+  }
 }
 
 // Neither handler of the fork allocates or throws (see Runtime::before_fork).

@@ -15,7 +15,7 @@ char g_reason[160];
 std::atomic<bool> g_details{false};  // g_call and g_reason are written
 }  // namespace
 
-void step_aside(const char* call) noexcept {
+void step_aside(const char* call, bool exiting) noexcept {
   if (stepped_aside_flag().exchange(true)) return;
   const char* reason = "an unknown exception";
   if (const std::exception_ptr thrown = std::current_exception()) {
@@ -33,8 +33,10 @@ void step_aside(const char* call) noexcept {
   g_details.store(true, std::memory_order_release);
   char line[400];
   std::snprintf(line, sizeof line,
-                "gpupool: %s failed inside gpupool: %s; gpupool steps aside: from now on the CUDA runtime serves "
-                "every allocation, and the memory gpupool holds stays held until exit",
+                exiting ? "gpupool: %s failed inside gpupool: %s; gpupool steps aside for the rest of the exit, and "
+                          "its report and messages at exit may be missing"
+                        : "gpupool: %s failed inside gpupool: %s; gpupool steps aside: from now on the CUDA runtime "
+                          "serves every allocation, and the memory gpupool holds stays held until exit",
                 g_call, g_reason);
   message(config::LogLevel::Error, line);
 }

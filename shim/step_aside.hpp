@@ -12,9 +12,9 @@
 namespace gpupool::shim {
 
 // Called inside a catch block: the first time, keeps the call's name and the
-// exception's message for the report and writes one line on stderr.
-// Allocates nothing.
-void step_aside(const char* call) noexcept;
+// exception's message for the report and writes one line on stderr (which
+// says what is lost, at exit: `exiting`). Allocates nothing.
+void step_aside(const char* call, bool exiting = false) noexcept;
 
 inline std::atomic<bool>& stepped_aside_flag() {
   static std::atomic<bool> flag{false};
