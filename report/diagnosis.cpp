@@ -211,11 +211,24 @@ std::vector<std::string> advice(const DeviceReport& dev) {
                "raise GPUPOOL_GARBAGE_COLLECTION_THRESHOLD",
                static_cast<long long>(s.num_gc_releases)));
   }
+  // Blocks a thread keeps are free memory only that thread reuses: the pool
+  // grows beside them until it takes them back. Where they were a large share
+  // of the reserved peak, the advice is a smaller cache, not a larger one.
+  const auto kept_peak = static_cast<double>(dev.thread_cache_kept_peak);
+  const bool caches_cost_memory = kept_peak > static_cast<double>(kNoticeable) && kept_peak * 4 > reserved_peak;
+  if (caches_cost_memory) {
+    add(format("per-thread caches held up to %s of the %s reserved at peak (GPUPOOL_THREAD_CACHE_SIZE=%s per "
+               "thread): free blocks that only the thread that freed them reuses, beside which the pool grows "
+               "until it takes them back. A smaller GPUPOOL_THREAD_CACHE_SIZE reserves less (0 turns the caches "
+               "off: every stream-ordered call then takes the device's lock)",
+               human_bytes(kept_peak).c_str(), human_bytes(reserved_peak).c_str(),
+               size_setting(dev.thread_cache_size).c_str()));
+  }
   // Each free that finds its thread's cache full costs a trip through the
   // device's lock, which every thread shares.
   const std::int64_t keeps = dev.thread_cache_keeps;
   const std::int64_t keeps_full = dev.thread_cache_keeps_full;
-  if (keeps >= 1000 && keeps_full * 100 > keeps) {
+  if (!caches_cost_memory && keeps >= 1000 && keeps_full * 100 > keeps) {
     add(format("%lld of %lld stream-ordered frees (%.0f%%) found their thread's cache full "
                "(GPUPOOL_THREAD_CACHE_SIZE=%s): those blocks went back to the pool under the device's lock, which "
                "all threads share. A larger GPUPOOL_THREAD_CACHE_SIZE keeps more of each thread's blocks; the caches "

@@ -90,6 +90,34 @@ TEST_CASE("threads' caches are advised larger only when more than 1 in 100 frees
   CHECK(cache_line(d).empty());
 }
 
+TEST_CASE("threads' caches holding a large share of the reserved peak are advised smaller, not larger") {
+  auto line_with = [](const report::DeviceReport& d, const char* text) {
+    for (const std::string& l : report::advice(d)) {
+      if (l.find(text) != std::string::npos) return l;
+    }
+    return std::string();
+  };
+  report::DeviceReport d;
+  d.thread_cache_size = 256 * kMiB;
+  d.thread_cache_keeps = 10000;
+  d.thread_cache_keeps_full = 500;  // full often: alone, a larger cache would be advised
+  d.stats.reserved_bytes[kAll].peak = 688 * static_cast<std::int64_t>(kMiB);
+  d.stats.requested_bytes[kAll].peak = d.stats.allocated_bytes[kAll].peak = 583 * static_cast<std::int64_t>(kMiB);
+  d.thread_cache_kept_peak = 172 * static_cast<std::int64_t>(kMiB);  // exactly a quarter: not yet
+  CHECK(line_with(d, "per-thread caches held").empty());
+  CHECK_FALSE(line_with(d, "found their thread's cache full").empty());
+  d.thread_cache_kept_peak = 583 * static_cast<std::int64_t>(kMiB);
+  const std::string line = line_with(d, "per-thread caches held");
+  CHECK(line.find("per-thread caches held up to 583.00 MiB of the 688.00 MiB reserved at peak "
+                  "(GPUPOOL_THREAD_CACHE_SIZE=256M per thread)") == 0);
+  CHECK(line.find("A smaller GPUPOOL_THREAD_CACHE_SIZE reserves less") != std::string::npos);
+  CHECK(line_with(d, "found their thread's cache full").empty());
+  // A small program's caches are not worth a line, whatever their share.
+  d.stats.reserved_bytes[kAll].peak = 80 * static_cast<std::int64_t>(kMiB);
+  d.thread_cache_kept_peak = 64 * static_cast<std::int64_t>(kMiB);
+  CHECK(line_with(d, "per-thread caches held").empty());
+}
+
 TEST_CASE("an out-of-memory that giving the cache back would have served, but for a capture, says so") {
   OomRecord r;  // 40 MiB cached, 12 MiB live, 12 MiB left on a 64 MiB device; asked 48 MiB
   r.requested = r.rounded = 48 * kMiB;
