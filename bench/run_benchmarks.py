@@ -85,7 +85,7 @@ def async_pairs_reserving(threads, pairs, working_set):
     second, and the pool's peak reserved bytes from its report."""
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.json")
-        env = {"LD_LIBRARY_PATH": SIM, "TRACES_DIR": TRACES, "LD_PRELOAD": LIB, "GPUPOOL_LOG": report,
+        env = {"LD_LIBRARY_PATH": SIM, "TRACES_DIR": TRACES, "LD_PRELOAD": LIB, "GPUPOOL_REPORT": "1", "GPUPOOL_LOG": report,
                "GPUPOOL_LOG_FORMAT": "json", "GPUPOOL_LOG_LEVEL": "error"}
         r = json.loads(sh([os.path.join(BIN, "gpupool-bench-api"), "async", str(threads), str(pairs),
                            str(working_set)], env=env))
