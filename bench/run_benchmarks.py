@@ -69,29 +69,29 @@ def google_benchmark(filter_, repetitions=5):
     return medians
 
 
-def api_pairs(mode, threads, pairs, preload, runs=5, working_set=64):
+def bench_api(mode, threads, pairs, preload, working_set=64, reserved=False):
+    """One run of gpupool-bench-api: its JSON line, with the pool's peak
+    reserved bytes from gpupool's report as "reserved" when asked for."""
     env = {"LD_LIBRARY_PATH": SIM, "TRACES_DIR": TRACES, "GPUPOOL_REPORT": "0"}
     if preload:
         env["LD_PRELOAD"] = LIB
-    results = [json.loads(sh([os.path.join(BIN, "gpupool-bench-api"), mode, str(threads), str(pairs),
-                              str(working_set)], env=env))
-               for _ in range(runs)]
-    return (statistics.median(r["ns_per_pair"] for r in results),
-            statistics.median(r["pairs_per_second"] for r in results))
-
-
-def async_pairs_reserving(threads, pairs, working_set):
-    """One run of stream-ordered pairs under gpupool: ns per pair, pairs per
-    second, and the pool's peak reserved bytes from its report."""
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.json")
-        env = {"LD_LIBRARY_PATH": SIM, "TRACES_DIR": TRACES, "LD_PRELOAD": LIB, "GPUPOOL_REPORT": "1", "GPUPOOL_LOG": report,
-               "GPUPOOL_LOG_FORMAT": "json", "GPUPOOL_LOG_LEVEL": "error"}
-        r = json.loads(sh([os.path.join(BIN, "gpupool-bench-api"), "async", str(threads), str(pairs),
-                           str(working_set)], env=env))
-        with open(report) as f:
-            devices = json.load(f)["devices"].values()
-    return r["ns_per_pair"], r["pairs_per_second"], sum(d["stats"]["reserved_bytes.all.peak"] for d in devices)
+        if reserved:
+            env.update(GPUPOOL_REPORT="1", GPUPOOL_LOG=report, GPUPOOL_LOG_FORMAT="json", GPUPOOL_LOG_LEVEL="error")
+        result = json.loads(sh([os.path.join(BIN, "gpupool-bench-api"), mode, str(threads), str(pairs),
+                                str(working_set)], env=env))
+        if reserved:
+            with open(report) as f:
+                devices = json.load(f)["devices"].values()
+            result["reserved"] = sum(d["stats"]["reserved_bytes.all.peak"] for d in devices)
+    return result
+
+
+def api_pairs(mode, threads, pairs, preload, runs=5, working_set=64):
+    results = [bench_api(mode, threads, pairs, preload, working_set) for _ in range(runs)]
+    return (statistics.median(r["ns_per_pair"] for r in results),
+            statistics.median(r["pairs_per_second"] for r in results))
 
 
 def timed(cmd, env, runs):
@@ -218,7 +218,8 @@ def main():
         runs = {t: [] for t in (1, 2, 4)}
         for _ in range(9):
             for t in runs:
-                runs[t].append(async_pairs_reserving(t, 400000, ws))  # per thread
+                r = bench_api("async", t, 400000, True, ws, reserved=True)  # pairs per thread
+                runs[t].append((r["ns_per_pair"], r["pairs_per_second"], r["reserved"]))
         one = None
         for t, results in runs.items():
             ns = statistics.median(r[0] for r in results)
