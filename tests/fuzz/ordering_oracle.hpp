@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -351,10 +352,10 @@ class OrderingOracle final : public Upstream {
   // their time merging clocks.
   void forget_finished_identities() {
     if (ended_.empty()) return;
-    Clock required;  // each ended identity still named by a requirement
+    std::set<std::uint32_t> named;  // ended identities a requirement still names
     auto note = [&](const Clock& requirement) {
       for (const auto& [id, at] : requirement) {
-        if (std::find(ended_.begin(), ended_.end(), id) != ended_.end()) required[id] = 1;
+        if (std::find(ended_.begin(), ended_.end(), id) != ended_.end()) named.insert(id);
       }
     };
     for (const auto& [ptr, f] : freed_) note(f.requirement);
@@ -362,7 +363,7 @@ class OrderingOracle final : public Upstream {
     for (const Waiver& w : waivers_) note(w.requirement);
     auto finished = [&](std::uint32_t id) {
       const auto at = position_.find(id);
-      return at == position_.end() || covered(completed_, id, at->second) || required.find(id) == required.end();
+      return at == position_.end() || covered(completed_, id, at->second) || named.count(id) == 0;
     };
     auto first = std::stable_partition(ended_.begin(), ended_.end(), [&](std::uint32_t id) { return !finished(id); });
     for (auto it = first; it != ended_.end(); ++it) {

@@ -365,23 +365,23 @@ void late_write(void* data) {
 }
 
 int hazard() {
-  const size_t kSize = g_hazard_bytes;
+  const size_t size = g_hazard_bytes;
   CUstream slow = nullptr;
   check(d.stream_create(&slow, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
   CUdeviceptr a = 0;
-  check(d.mem_alloc(&a, kSize), "cuMemAlloc");
-  LateWrite w{a, kSize};
+  check(d.mem_alloc(&a, size), "cuMemAlloc");
+  LateWrite w{a, size};
   check(d.launch_host_func(slow, late_write, &w), "cuLaunchHostFunc");
   // cuMemFree waits for the device: the late write is over before the block
   // can be anyone's. A pool must keep that promise.
   check(d.mem_free(a), "cuMemFree");
   CUdeviceptr b = 0;
-  check(d.mem_alloc(&b, kSize), "cuMemAlloc");
-  write_and_check(b, kSize, 5);
+  check(d.mem_alloc(&b, size), "cuMemAlloc");
+  write_and_check(b, size, 5);
   check(d.ctx_synchronize(), "cuCtxSynchronize");
-  std::vector<unsigned char> back(kSize);
-  check(d.memcpy_dtoh(back.data(), b, kSize), "cuMemcpyDtoH");
-  for (size_t i = 0; i < kSize; ++i) {
+  std::vector<unsigned char> back(size);
+  check(d.memcpy_dtoh(back.data(), b, size), "cuMemcpyDtoH");
+  for (size_t i = 0; i < size; ++i) {
     if (back[i] != static_cast<unsigned char>((i * 31 + 5) & 0xff)) {
       std::fprintf(stderr, "static_runtime: the reused block was overwritten by work queued before its free\n");
       return 1;
