@@ -15,9 +15,10 @@
 // A full cache does not simply push out its oldest block: a program cycling
 // through more sizes than fit would then miss every time. It keeps the
 // smaller blocks (more calls served per byte held) and lets a block go only
-// when a smaller one comes or it has gone unused for kStaleOps calls, so a
-// working set larger than the cache is served in part, and a new phase of the
-// program replaces the old one's blocks. The last block that did not fit (of
+// when a smaller one comes, when a block of its stream up to a quarter larger
+// comes (which serves its size), or when it has gone unused for kStaleOps
+// calls. So a working set larger than the cache is served in part, and a new
+// phase of the program replaces the old one's blocks. The last block that did not fit (of
 // at most a quarter of the limit) stays as the spill until the thread next
 // takes the device's lock for an allocation the cache could not serve, which
 // gives it back there: such a working set then costs one lock per miss, not

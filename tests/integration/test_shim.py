@@ -72,11 +72,12 @@ class Integrity(ShimTest):
         self.assertIn("not a live allocation", run.stderr)
 
     def test_blocks_past_a_thread_caches_limit_go_back_to_the_pool_whole(self):
-        # An 8 MiB cache: one spill given back and made a plain block, then 16
-        # sizes of 1-2 MiB cycled, about half of whose frees leave a spill
-        # that the next allocation gives back under the device's lock. Every
-        # pattern holds and every free succeeds (checked by the program), and
-        # nothing stays allocated.
+        # An 8 MiB cache: one spill given back and made a plain block, then
+        # rounds of 16 sizes of 1-2 MiB (23.5 MiB) allocated together and
+        # freed, about two thirds of whose frees find the cache full; a block
+        # past the limit waits as the spill that the next allocation gives
+        # back under the device's lock. Every pattern holds and every free
+        # succeeds (checked by the program), and nothing stays allocated.
         for expandable in ("1", "0"):
             with self.subTest(expandable_segments=expandable):
                 run = self.run_program(["test-parked", "spill"],
@@ -105,8 +106,9 @@ class Integrity(ShimTest):
                     self.assertTrue(did["plain_reused_spill"])
 
     def test_a_cache_too_small_for_a_threads_blocks_is_advised_larger(self):
-        # 80 rounds of 16 sizes, 23.5 MiB together: an 8 MiB cache is found
-        # full by about half the frees, a 64 MiB one by none.
+        # 80 rounds of 16 sizes live at once, 23.5 MiB together: an 8 MiB
+        # cache is found full by about two thirds of the frees, a 64 MiB one
+        # by none.
         for size, full in (("8M", True), ("64M", False)):
             with self.subTest(thread_cache_size=size):
                 run = self.run_program(["test-parked", "spill", "80"], env={"GPUPOOL_THREAD_CACHE_SIZE": size})

@@ -6,13 +6,14 @@
 //   parked double-free    a block freed twice while it waits in a thread's
 //                         cache: the second free is refused, and the block is
 //                         handed out once, not twice
-//   parked spill [ROUNDS] a thread cycling through more than its cache holds
-//                         (run with GPUPOOL_THREAD_CACHE_SIZE=8M): each block
-//                         past the limit waits as the spill until the thread's
-//                         next allocation the cache cannot serve gives it back
-//                         to the pool. First one spill, then a plain block made
-//                         from it, which must free normally; then ROUNDS of
-//                         the cycle, every block keeping its pattern. Prints
+//   parked spill [ROUNDS] a thread whose blocks live at once take more than
+//                         its cache holds (run with GPUPOOL_THREAD_CACHE_SIZE=8M):
+//                         a block past the limit waits as the spill until the
+//                         thread's next allocation the cache cannot serve gives
+//                         it back to the pool. First one spill, then a plain
+//                         block made from it, which must free normally; then
+//                         ROUNDS of allocating every size, then freeing them
+//                         all, every block keeping its pattern. Prints
 //                         {"allocations": N, "plain_reused_spill": B}
 #include <future>
 #include <thread>
@@ -79,7 +80,9 @@ bool plain_block_from_a_spill(cudaStream_t stream, long* allocations) {
 }
 
 // Sizes 1 MiB to 1.94 MiB, 23.5 MiB together: about three times the 8 MiB
-// cache, each at most the quarter of it a spill may be.
+// cache, each at most the quarter of it a spill may be. Live at once: one
+// at a time, a few blocks would serve them all (each serves sizes up to a
+// quarter smaller).
 size_t spill_size(int i) { return (size_t{1} << 20) + static_cast<size_t>(i) * (64 << 10); }
 constexpr int kSpillSizes = 16;
 
@@ -89,16 +92,17 @@ int spill(cudaStream_t stream, int rounds) {
   std::thread([&] {  // a second thread making stream-ordered calls: caches on
     reused = plain_block_from_a_spill(stream, &allocations);
     for (int round = 0; round < rounds; ++round) {
+      void* blocks[kSpillSizes];
+      auto tag = [&](int i) { return static_cast<unsigned char>(1 + (round * kSpillSizes + i) % 250); };
       for (int i = 0; i < kSpillSizes; ++i) {
-        const size_t size = spill_size(i);
-        const auto tag = static_cast<unsigned char>(1 + (round * kSpillSizes + i) % 250);
-        void* p = nullptr;
-        CHECK_CUDA(cudaMallocAsync(&p, size, stream));
-        CHECK_CUDA(cudaMemsetAsync(p, tag, size, stream));
-        CHECK_CUDA(cudaStreamSynchronize(stream));
-        EXPECT(testprog::holds_sampled(p, size, tag));
-        CHECK_CUDA(cudaFreeAsync(p, stream));
+        CHECK_CUDA(cudaMallocAsync(&blocks[i], spill_size(i), stream));
+        CHECK_CUDA(cudaMemsetAsync(blocks[i], tag(i), spill_size(i), stream));
         ++allocations;
+      }
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      for (int i = 0; i < kSpillSizes; ++i) {
+        EXPECT(testprog::holds_sampled(blocks[i], spill_size(i), tag(i)));
+        CHECK_CUDA(cudaFreeAsync(blocks[i], stream));
       }
     }
     CHECK_CUDA(cudaStreamSynchronize(stream));

@@ -124,6 +124,39 @@ TEST_CASE_METHOD(CacheFixture, "a new working set replaces blocks that went unus
   CHECK(old_returned == 12);  // only as many as the new blocks needed
 }
 
+TEST_CASE_METHOD(CacheFixture, "a full cache lets a block go for one a little larger that serves its size") {
+  REQUIRE(caches().max_bytes() == 256 * kMiB);
+  const StreamId stream = 0x55;
+  const CachedBlock largest = block(64 * kMiB, stream);
+  const CachedBlock twin = block(44 * kMiB, stream);  // 48 MiB is within a quarter above it
+  caches().keep(largest);
+  caches().keep(twin);
+  caches().keep(block(40 * kMiB, 0x56));  // within a quarter too, but another stream's
+  caches().keep(block(38 * kMiB, stream));  // 48 MiB is more than a quarter above it
+  for (int i = 0; i < 2; ++i) caches().keep(block(27 * kMiB, stream));
+  REQUIRE(given_back().empty());  // 240 MiB
+  const CachedBlock larger_twin = block(48 * kMiB, stream);
+  caches().keep(larger_twin);  // 288 MiB: 32 MiB must go, and the 44 MiB block is enough
+  REQUIRE(given_back().size() == 1);
+  CHECK(given_back()[0].ptr == twin.ptr);
+  CachedBlock b{};
+  REQUIRE(caches().take(stream, 0, 44 * kMiB, 44 * kMiB, &b));
+  CHECK(b.ptr == larger_twin.ptr);
+  REQUIRE(caches().take(stream, 0, 64 * kMiB, 64 * kMiB, &b));
+  CHECK(b.ptr == largest.ptr);
+
+  // When no block it can stand in for makes room alone, larger ones go as before.
+  caches().flush_all();
+  given_back().clear();
+  caches().keep(largest);
+  caches().keep(block(16 * kMiB, stream));  // 19 MiB serves its size, but 16 MiB is not room enough
+  for (int i = 0; i < 5; ++i) caches().keep(block(35 * kMiB, stream));
+  REQUIRE(given_back().empty());  // 255 MiB
+  caches().keep(block(19 * kMiB, stream));  // 274 MiB with it: 18 MiB must go
+  REQUIRE(given_back().size() == 1);
+  CHECK(given_back()[0].ptr == largest.ptr);
+}
+
 TEST_CASE_METHOD(CacheFixture, "a block is taken only by its stream, closest fit first, within a quarter") {
   caches().keep(block(2 * kMiB, 0x61));
   caches().keep(block(2 * kMiB + 512, 0x62));
