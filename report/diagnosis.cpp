@@ -224,17 +224,19 @@ std::vector<std::string> advice(const DeviceReport& dev) {
                human_bytes(kept_peak).c_str(), human_bytes(reserved_peak).c_str(),
                size_setting(dev.thread_cache_size).c_str()));
   }
-  // Each free that finds its thread's cache full costs a trip through the
-  // device's lock, which every thread shares.
+  // Each block a full cache sends back costs a trip through the device's
+  // lock, which every thread shares. (A free that finds the cache full need
+  // not send one: the block may wait as the spill and serve the next request
+  // of its size.)
   const std::int64_t keeps = dev.thread_cache_keeps;
-  const std::int64_t keeps_full = dev.thread_cache_keeps_full;
-  if (!caches_cost_memory && keeps >= 1000 && keeps_full * 100 > keeps) {
-    add(format("%lld of %lld stream-ordered frees (%.0f%%) found their thread's cache full "
-               "(GPUPOOL_THREAD_CACHE_SIZE=%s): those blocks went back to the pool under the device's lock, which "
-               "all threads share. A larger GPUPOOL_THREAD_CACHE_SIZE keeps more of each thread's blocks; the caches "
-               "go back to the pool whenever it has to grow, so they cause no out-of-memory",
-               static_cast<long long>(keeps_full), static_cast<long long>(keeps),
-               100.0 * static_cast<double>(keeps_full) / static_cast<double>(keeps),
+  const std::int64_t let_go = dev.thread_cache_let_go;
+  if (!caches_cost_memory && keeps >= 1000 && let_go * 100 > keeps) {
+    add(format("%lld blocks went back to the pool from full per-thread caches, for %lld stream-ordered frees "
+               "into them (%.0f%%; GPUPOOL_THREAD_CACHE_SIZE=%s): each under the device's lock, which all threads "
+               "share. A larger GPUPOOL_THREAD_CACHE_SIZE keeps more of each thread's blocks; the caches go back "
+               "to the pool whenever it has to grow, so they cause no out-of-memory",
+               static_cast<long long>(let_go), static_cast<long long>(keeps),
+               100.0 * static_cast<double>(let_go) / static_cast<double>(keeps),
                size_setting(dev.thread_cache_size).c_str()));
   }
   if (dev.leaks.blocks > 0 && dev.leaks.sites.empty()) {

@@ -153,6 +153,7 @@ void device(JsonWriter& w, const DeviceReport& d) {
   w.field("thread_cache_kept_peak_bytes", d.thread_cache_kept_peak);
   w.field("thread_cache_frees", d.thread_cache_keeps);
   w.field("thread_cache_frees_found_full", d.thread_cache_keeps_full);
+  w.field("thread_cache_blocks_let_go", d.thread_cache_let_go);
 
   w.key("timeline").begin_object();
   w.field("stride_operations", d.timeline_stride);

@@ -229,8 +229,11 @@ void device_section(std::string& out, const DeviceReport& d) {
             human_bytes(static_cast<double>(d.thread_cache_kept_peak)).c_str());
   }
   if (d.thread_cache_keeps > 0) {
-    appendf(out, "Per-thread caches took %lld stream-ordered frees; %lld found the cache full\n",
-            static_cast<long long>(d.thread_cache_keeps), static_cast<long long>(d.thread_cache_keeps_full));
+    appendf(out,
+            "Per-thread caches took %lld stream-ordered frees; %lld found the cache full, and %lld blocks went "
+            "back to the pool for want of room\n",
+            static_cast<long long>(d.thread_cache_keeps), static_cast<long long>(d.thread_cache_keeps_full),
+            static_cast<long long>(d.thread_cache_let_go));
   }
 
   const std::vector<std::string> lines = advice(d);

@@ -69,11 +69,13 @@ struct DeviceReport {
   // Blocks kept in per-thread caches count as allocated in `stats`: a bound
   // on how many bytes that was at once (each thread's most, summed).
   std::int64_t thread_cache_kept_peak = 0;
-  // GPUPOOL_THREAD_CACHE_SIZE, the stream-ordered frees into threads' caches
-  // and those that found the cache full.
+  // GPUPOOL_THREAD_CACHE_SIZE, the stream-ordered frees into threads' caches,
+  // those that found the cache full, and the blocks that went back to the
+  // pool for want of room.
   std::size_t thread_cache_size = 0;
   std::int64_t thread_cache_keeps = 0;
   std::int64_t thread_cache_keeps_full = 0;
+  std::int64_t thread_cache_let_go = 0;
 };
 
 struct Report {

@@ -153,6 +153,7 @@ void write_report_file(const config::Config& config, const std::vector<config::P
     dr.thread_cache_size = caches.max_bytes();
     dr.thread_cache_keeps = traffic.keeps;
     dr.thread_cache_keeps_full = traffic.keeps_full;
+    dr.thread_cache_let_go = traffic.let_go;
     if (call_sites.enabled()) {
       dr.leaks.sites = leak_sites(*d->pool, call_sites);
       dr.resets.sites = reset_sites(*d->pool, call_sites);

@@ -56,6 +56,7 @@ void CacheTraffic::add(const CacheTraffic& o) {
   kept_bytes_peak += o.kept_bytes_peak;
   keeps += o.keeps;
   keeps_full += o.keeps_full;
+  let_go += o.let_go;
 }
 
 void LiveTable::insert(DevicePtr ptr, const LiveBlock& block) {
@@ -242,6 +243,7 @@ void StreamCaches::keep(const CachedBlock& block) {
     } else {
       out[n++] = block;  // the cache keeps what it holds; this one goes to the pool
     }
+    for (int i = 0; i < n; ++i) ++c.traffic_of(out[i].block.device).let_go;
   }
   for (int i = 0; i < n; ++i) give_back_(out[i]);
 }
@@ -256,6 +258,7 @@ bool StreamCaches::take_spill(int device, CachedBlock* out) {
   if (c.entries[i].block.device != device) return false;
   *out = c.entries[i];
   c.remove(i);
+  ++c.traffic_of(device).let_go;
   return true;
 }
 

@@ -97,11 +97,14 @@ struct CacheTraffic {
   // bound what was ever kept at once.
   std::int64_t kept_bytes = 0;
   std::int64_t kept_bytes_peak = 0;
-  // Frees into the cache, and those that found it full: the block, or larger
-  // ones to make room, went back to the pool under the device's lock (at
-  // once, or as the spill at the thread's next allocation the cache missed).
+  // Frees into the cache, and those that found it full; and the blocks that
+  // went back to the pool for want of room (the block, or others to make
+  // room), under the device's lock: at once, or as the spill at the thread's
+  // next allocation the cache missed. A full cache need not send any back:
+  // its spill may serve the thread's next request of that size.
   std::int64_t keeps = 0;
   std::int64_t keeps_full = 0;
+  std::int64_t let_go = 0;
   void add(const CacheTraffic& o);
 };
 

@@ -107,22 +107,40 @@ class Integrity(ShimTest):
 
     def test_a_cache_too_small_for_a_threads_blocks_is_advised_larger(self):
         # 80 rounds of 16 sizes live at once, 23.5 MiB together: an 8 MiB
-        # cache is found full by about two thirds of the frees, a 64 MiB one
-        # by none.
+        # cache is found full by about two thirds of the frees, each of
+        # which sends a block back to the pool; a 64 MiB one by none.
         for size, full in (("8M", True), ("64M", False)):
             with self.subTest(thread_cache_size=size):
                 run = self.run_program(["test-parked", "spill", "80"], env={"GPUPOOL_THREAD_CACHE_SIZE": size})
                 self.assertSucceeded(run)
                 device = run.report()["devices"]["0"]
                 os.remove(run.reports()[0])
-                advised = [line for line in device["advice"] if "found their thread's cache full" in line]
+                advised = [line for line in device["advice"] if "from full per-thread caches" in line]
                 if full:
-                    self.assertGreater(device["thread_cache_frees_found_full"] * 4, device["thread_cache_frees"])
+                    self.assertGreater(device["thread_cache_blocks_let_go"] * 4, device["thread_cache_frees"])
+                    self.assertLessEqual(device["thread_cache_blocks_let_go"], device["thread_cache_frees"])
                     self.assertEqual(len(advised), 1, device["advice"])
-                    self.assertIn("(GPUPOOL_THREAD_CACHE_SIZE=8M)", advised[0])
+                    self.assertIn("GPUPOOL_THREAD_CACHE_SIZE=8M)", advised[0])
                 else:
                     self.assertEqual(device["thread_cache_frees_found_full"], 0)
+                    self.assertEqual(device["thread_cache_blocks_let_go"], 0)
                     self.assertEqual(advised, [])
+
+    def test_a_cache_found_full_that_sends_nothing_back_is_not_advised_larger(self):
+        # 100 rounds of 11 sizes one at a time: all but the largest fit a 32
+        # MiB cache, and the largest, which no smaller block can serve, waits
+        # as the spill and serves its size in the next round. The cache is
+        # found full about once a round (more than 1 free in 100), but sends
+        # back next to nothing: a larger cache would save no lock trip.
+        run = self.run_program(["test-parked", "spill-cycle", "100"], env={"GPUPOOL_THREAD_CACHE_SIZE": "32M"})
+        self.assertSucceeded(run)
+        device = run.report()["devices"]["0"]
+        os.remove(run.reports()[0])
+        frees = device["thread_cache_frees"]
+        self.assertEqual(frees, run.output_json()["allocations"] - 1)
+        self.assertGreater(device["thread_cache_frees_found_full"] * 100, frees * 5)
+        self.assertLess(device["thread_cache_blocks_let_go"] * 100, frees)
+        self.assertEqual([line for line in device["advice"] if "per-thread caches" in line], [], device["advice"])
 
     def test_without_thread_caches_the_peaks_are_exact(self):
         run = self.run_program(["test-parked", "16", "8"], env={"GPUPOOL_THREAD_CACHE_SIZE": "0"})

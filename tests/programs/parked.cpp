@@ -15,6 +15,14 @@
 //                         ROUNDS of allocating every size, then freeing them
 //                         all, every block keeping its pattern. Prints
 //                         {"allocations": N, "plain_reused_spill": B}
+//   parked spill-cycle [ROUNDS]
+//                         a thread cycling one block at a time through sizes
+//                         that fill a 32 MiB cache (run with
+//                         GPUPOOL_THREAD_CACHE_SIZE=32M) but for the largest,
+//                         which no kept block can serve: that one waits as the
+//                         spill and serves its size in the next round, so the
+//                         cache is found full once a round and sends nothing
+//                         back. Prints {"allocations": N}
 #include <future>
 #include <thread>
 
@@ -112,12 +120,36 @@ int spill(cudaStream_t stream, int rounds) {
   return 0;
 }
 
+// 25.3 MiB, each size more than a quarter above the one before, and 8 MiB
+// (a quarter of the cache, and more than a quarter above the next largest,
+// so no smaller block serves it) past the limit.
+int spill_cycle(cudaStream_t stream, int rounds) {
+  constexpr double kMiBs[] = {0.5, 0.7, 1.0, 1.3, 1.7, 2.2, 2.9, 3.8, 4.9, 6.3, 8.0};
+  long allocations = 1;  // the first thread's
+  std::thread([&] {  // a second thread making stream-ordered calls: caches on
+    for (int round = 0; round < rounds; ++round) {
+      for (const double mib : kMiBs) {
+        const auto size = static_cast<size_t>(mib * (1 << 20));
+        void* p = nullptr;
+        CHECK_CUDA(cudaMallocAsync(&p, size, stream));
+        CHECK_CUDA(cudaFreeAsync(p, stream));
+        ++allocations;
+      }
+    }
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+  }).join();
+  std::printf("{\"allocations\": %ld}\n", allocations);
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const bool twice = argc > 1 && std::strcmp(argv[1], "double-free") == 0;
   const bool spills = argc > 1 && std::strcmp(argv[1], "spill") == 0;
-  const int blocks = argc > 1 && !twice && !spills ? std::atoi(argv[1]) : 16;
+  const bool spill_cycles = argc > 1 && std::strcmp(argv[1], "spill-cycle") == 0;
+  const int blocks = argc > 1 && !twice && !spills && !spill_cycles ? std::atoi(argv[1]) : 16;
   const size_t bytes = static_cast<size_t>(argc > 2 ? std::atoi(argv[2]) : 8) << 20;
   cudaStream_t first = nullptr;
   cudaStream_t second = nullptr;
@@ -127,9 +159,10 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaMallocAsync(&warm, 512, first));
   CHECK_CUDA(cudaFreeAsync(warm, first));
   if (twice) return double_free(first, second);
-  if (spills) {
+  if (spills || spill_cycles) {
     CHECK_CUDA(cudaStreamDestroy(first));
-    return spill(second, argc > 2 ? std::atoi(argv[2]) : 20);
+    const int rounds = argc > 2 ? std::atoi(argv[2]) : 20;
+    return spills ? spill(second, rounds) : spill_cycle(second, rounds);
   }
   auto use = [&](cudaStream_t stream, unsigned char tag) {
     std::vector<void*> held(static_cast<size_t>(blocks));

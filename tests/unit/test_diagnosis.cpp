@@ -70,23 +70,28 @@ TEST_CASE("retries are advised on only when flushing the cache served them") {
   CHECK(report::advice(d).front().find("GARBAGE_COLLECTION") == std::string::npos);
 }
 
-TEST_CASE("threads' caches are advised larger only when more than 1 in 100 frees found them full") {
+TEST_CASE("threads' caches are advised larger only when they sent back more than 1 block in 100 frees") {
   auto cache_line = [](const report::DeviceReport& d) {
     for (const std::string& l : report::advice(d)) {
-      if (l.find("found their thread's cache full") != std::string::npos) return l;
+      if (l.find("from full per-thread caches") != std::string::npos) return l;
     }
     return std::string();
   };
   report::DeviceReport d;
   d.thread_cache_size = 256 * kMiB;
   d.thread_cache_keeps = 10000;
-  d.thread_cache_keeps_full = 100;  // 1 in 100: a lock trip now and then
+  d.thread_cache_let_go = 100;  // 1 in 100: a lock trip now and then
   CHECK(cache_line(d).empty());
-  d.thread_cache_keeps_full = 101;
-  CHECK(cache_line(d).find("101 of 10000 stream-ordered frees (1%)") == 0);
-  CHECK(cache_line(d).find("(GPUPOOL_THREAD_CACHE_SIZE=256M)") != std::string::npos);
+  d.thread_cache_let_go = 101;
+  CHECK(cache_line(d).find("101 blocks went back to the pool from full per-thread caches, for 10000 "
+                           "stream-ordered frees into them (1%; GPUPOOL_THREAD_CACHE_SIZE=256M)") == 0);
+  // Frees that found a cache full but sent nothing back (the spill served
+  // the next request of its size) cost no lock trip.
+  d.thread_cache_let_go = 0;
+  d.thread_cache_keeps_full = 5000;
+  CHECK(cache_line(d).empty());
   d.thread_cache_keeps = 999;  // too few to judge
-  d.thread_cache_keeps_full = 999;
+  d.thread_cache_let_go = 999;
   CHECK(cache_line(d).empty());
 }
 
@@ -100,18 +105,18 @@ TEST_CASE("threads' caches holding a large share of the reserved peak are advise
   report::DeviceReport d;
   d.thread_cache_size = 256 * kMiB;
   d.thread_cache_keeps = 10000;
-  d.thread_cache_keeps_full = 500;  // full often: alone, a larger cache would be advised
+  d.thread_cache_let_go = 500;  // blocks sent back often: alone, a larger cache would be advised
   d.stats.reserved_bytes[kAll].peak = 688 * static_cast<std::int64_t>(kMiB);
   d.stats.requested_bytes[kAll].peak = d.stats.allocated_bytes[kAll].peak = 583 * static_cast<std::int64_t>(kMiB);
   d.thread_cache_kept_peak = 172 * static_cast<std::int64_t>(kMiB);  // exactly a quarter: not yet
   CHECK(line_with(d, "per-thread caches held").empty());
-  CHECK_FALSE(line_with(d, "found their thread's cache full").empty());
+  CHECK_FALSE(line_with(d, "from full per-thread caches").empty());
   d.thread_cache_kept_peak = 583 * static_cast<std::int64_t>(kMiB);
   const std::string line = line_with(d, "per-thread caches held");
   CHECK(line.find("per-thread caches held up to 583.00 MiB of the 688.00 MiB reserved at peak "
                   "(GPUPOOL_THREAD_CACHE_SIZE=256M per thread)") == 0);
   CHECK(line.find("A smaller GPUPOOL_THREAD_CACHE_SIZE reserves less") != std::string::npos);
-  CHECK(line_with(d, "found their thread's cache full").empty());
+  CHECK(line_with(d, "from full per-thread caches").empty());
   // A small program's caches are not worth a line, whatever their share.
   d.stats.reserved_bytes[kAll].peak = 80 * static_cast<std::int64_t>(kMiB);
   d.thread_cache_kept_peak = 64 * static_cast<std::int64_t>(kMiB);

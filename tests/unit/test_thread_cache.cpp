@@ -246,5 +246,28 @@ TEST_CASE_METHOD(CacheFixture, "a block past the limit waits for the thread's ne
   CHECK_FALSE(caches().take_spill(0, &b));
 }
 
+TEST_CASE_METHOD(CacheFixture, "a free that finds the cache full is counted apart from the blocks sent back") {
+  const CacheTraffic before = caches().traffic(0);
+  for (int i = 0; i < 8; ++i) caches().keep(block(30 * kMiB, 0x83));  // 240 MiB
+  const CachedBlock spilled = block(40 * kMiB, 0x83);
+  caches().keep(spilled);  // full: it waits as the spill
+  CachedBlock b{};
+  REQUIRE(caches().take(0x83, 0, 40 * kMiB, 40 * kMiB, &b));  // and serves the next request of its size
+  caches().keep(b);  // full again, and again nothing goes back
+  CHECK(given_back().empty());
+  CacheTraffic t = caches().traffic(0);
+  CHECK(t.keeps - before.keeps == 10);
+  CHECK(t.keeps_full - before.keeps_full == 2);
+  CHECK(t.let_go == before.let_go);
+
+  caches().keep(block(50 * kMiB, 0x83));  // a new spill sends the old one back
+  REQUIRE(caches().take_spill(0, &b));    // the next miss takes the new one to the pool
+  caches().keep(block(65 * kMiB, 0x83));  // over a quarter of the limit: straight back
+  REQUIRE(given_back().size() == 2);
+  t = caches().traffic(0);
+  CHECK(t.keeps_full - before.keeps_full == 4);
+  CHECK(t.let_go - before.let_go == 3);
+}
+
 }  // namespace
 }  // namespace gpupool::shim
