@@ -2,7 +2,9 @@
 // any sequence of keeps, takes, flushes and device resets, with any size
 // bound. Every kept block comes back exactly once (taken again, pushed out,
 // flushed, or given back to the pool before its device is reset); a taken
-// block suits the request; the cache never holds more than its bounds.
+// block suits the request; the cache never holds more than its bounds; the
+// blocks it counts as sent back for want of room are those a keep gave back
+// and those a miss took from the spill.
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -17,6 +19,7 @@ using namespace gpupool::shim;
 namespace {
 
 std::map<DevicePtr, CachedBlock>* g_outstanding = nullptr;  // kept, not yet back
+std::int64_t g_given_back = 0;  // blocks the caches gave back to the "pool"
 
 void came_back(const CachedBlock& b) {
   auto it = g_outstanding->find(b.ptr);
@@ -25,10 +28,17 @@ void came_back(const CachedBlock& b) {
   g_outstanding->erase(it);
 }
 
+void given_back(const CachedBlock& b) {
+  ++g_given_back;
+  came_back(b);
+}
+
 StreamCaches& caches() {
-  static auto* c = new StreamCaches(came_back);  // one per process, as in the shim
+  static auto* c = new StreamCaches(given_back);  // one per process, as in the shim
   return *c;
 }
+
+std::int64_t let_go(StreamCaches& c) { return c.traffic(0).let_go + c.traffic(1).let_go; }
 
 }  // namespace
 
@@ -41,6 +51,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::size_t bounds[] = {1 * kMiB, 64 * kMiB, 256 * kMiB, 16 * kGiB};
   c.set_max_bytes(bounds[byte() % 4]);
   DevicePtr next = DevicePtr{1} << 40;
+  std::int64_t expected_let_go = let_go(c);
   for (int step = 0; step < 8192 && at < size; ++step) {
     const std::uint8_t op = byte();
     const StreamId stream = 0x100 + byte() % 3;
@@ -51,7 +62,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         const CachedBlock b{next, LiveBlock{bytes, bytes - bytes / 8, device, true}, stream};
         next += bytes + 512;
         outstanding.emplace(b.ptr, b);
+        const std::int64_t before = g_given_back;
         c.keep(b);
+        expected_let_go += g_given_back - before;  // all for want of room
         break;
       }
       case 3: case 4: case 5: {  // a cudaMallocAsync served from it
@@ -60,6 +73,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           if (c.take_spill(device, &got)) {
             FUZZ_CHECK(got.block.device == device && got.block.size <= c.max_bytes() / 4);
             came_back(got);
+            ++expected_let_go;
           }
           break;
         }
@@ -85,6 +99,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       largest = std::max(largest, b.block.size);
     }
     FUZZ_CHECK(outstanding.size() <= ThreadCache::kCapacity);
+    FUZZ_CHECK(let_go(c) == expected_let_go);
     // Within the limit, but for the spill: one block of at most a quarter of it.
     FUZZ_CHECK(held - largest <= c.max_bytes() && held <= c.max_bytes() + c.max_bytes() / 4);
   }
