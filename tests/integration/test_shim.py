@@ -1160,6 +1160,21 @@ class Lifecycle(ShimTest):
         self.assertEqual(run.stdout.splitlines(), [given] * 4)
         self.assertNotIn("IPC", run.stderr)
 
+    def test_ipc_handle_of_memory_gpupool_does_not_own_is_the_runtimes(self):
+        # Memory from a pool the program made is the runtime's: gpupool passes
+        # the handle requests on, for it and for a pointer inside it, and
+        # refuses nothing. The answers are the runtime's own.
+        runtime = self.run_program(["test-lifecycle", "ipc-foreign"], env={"GPUPOOL_DISABLE": "1"})
+        self.assertSucceeded(runtime)
+        self.assertEqual(len(runtime.stdout.splitlines()), 2)
+        for expandable in ("1", "0"):
+            with self.subTest(expandable=expandable):
+                run = self.run_program(["test-lifecycle", "ipc-foreign"],
+                                       env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                self.assertSucceeded(run)
+                self.assertEqual(run.stdout, runtime.stdout)
+                self.assertNotIn("IPC", run.stderr)
+
     def test_fixed_segments_use_cudamalloc(self):
         run = self.run_program(["test-repeat", "5"], env={"GPUPOOL_EXPANDABLE_SEGMENTS": "0"})
         self.assertSucceeded(run)

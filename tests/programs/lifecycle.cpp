@@ -24,6 +24,9 @@
 //              prints {"written": the size of GPUPOOL_TRACE's file now}
 //   chdir      makes its first CUDA call after changing directory
 //   ipc        takes the IPC handle of a block inside a pooled segment
+//   ipc-foreign  takes the IPC handle of memory gpupool does not own (from a
+//              memory pool the program made), and of a pointer inside it:
+//              the runtime's to judge. Prints each call's result as "ipc"
 //   fault      holds a plain and a stream-ordered block when a kernel faults
 //              (the simulated runtime's simcuda_fault_stream), then frees
 //              both, synchronizes and allocates again; prints each call's
@@ -265,6 +268,25 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaFree(first));
     return 0;
   }
+  if (mode == "ipc-foreign") {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location = {cudaMemLocationTypeDevice, 0};
+    cudaMemPool_t own_pool;
+    CHECK_CUDA(cudaMemPoolCreate(&own_pool, &props));
+    void* foreign = nullptr;
+    CHECK_CUDA(cudaMallocFromPoolAsync(&foreign, 1 << 20, own_pool, nullptr));
+    CHECK_CUDA(cudaStreamSynchronize(nullptr));
+    for (void* p : {foreign, static_cast<void*>(static_cast<char*>(foreign) + 512)}) {
+      cudaIpcMemHandle_t handle;
+      const cudaError_t e = cudaIpcGetMemHandle(&handle, p);
+      std::printf("cudaIpcGetMemHandle: %s, then %s\n", cudaGetErrorName(e), cudaGetErrorName(cudaGetLastError()));
+    }
+    CHECK_CUDA(cudaFreeAsync(foreign, nullptr));
+    CHECK_CUDA(cudaStreamSynchronize(nullptr));
+    CHECK_CUDA(cudaMemPoolDestroy(own_pool));
+    return 0;
+  }
   if (mode == "fault") {
     const auto fault = reinterpret_cast<void (*)(void*, int)>(dlsym(RTLD_DEFAULT, "simcuda_fault_stream"));
     if (fault == nullptr) return 77;  // a real runtime: no simulated faults
@@ -323,6 +345,6 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::fprintf(stderr,
-               "usage: lifecycle leak|static|fork|reset|reset-live|chdir|ipc|signal REPORT|driver LIB USE [fork]\n");
+               "usage: lifecycle leak|static|fork|reset|reset-live|chdir|ipc|ipc-foreign|signal REPORT|driver LIB USE [fork]\n");
   return 64;
 }
