@@ -18,11 +18,11 @@
 // when a smaller one comes, when a block of its stream up to a quarter larger
 // comes (which serves its size), or when it has gone unused for kStaleOps
 // calls. So a working set larger than the cache is served in part, and a new
-// phase of the program replaces the old one's blocks. The last block that did not fit (of
-// at most a quarter of the limit) stays as the spill until the thread next
-// takes the device's lock for an allocation the cache could not serve, which
-// gives it back there: such a working set then costs one lock per miss, not
-// two.
+// phase of the program replaces the old one's blocks. The last block that
+// did not fit (of at most a quarter of the limit) stays as the spill until
+// the thread next takes the device's lock for an allocation the cache could
+// not serve, which gives it back there: such a working set then costs one
+// lock per miss, not two.
 //
 // To free without the device lock, the shim keeps its own table of live
 // stream-ordered allocations (address -> size, device) in stripes with their
