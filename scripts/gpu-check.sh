@@ -251,6 +251,26 @@ $refused"
     record "IPC handle only for a block that starts its segment (expandable=$mode)" FAIL "($ipc_log)"
   fi
 done
+# Two CUDA runtimes in one process: the program's (the real one) and a
+# stand-in CUDA 12 runtime of a library built against it (tests/programs).
+# Each caller reads its own runtime's last error, with gpupool as without.
+mkdir -p "$out/cuda12"
+cc -O2 -shared -fPIC -I"$(dirname "$nvcc")/../include" -Wl,-soname,libcudart.so.12 \
+  -Wl,--version-script=tests/programs/second_runtime.map -o "$out/cuda12/libcudart.so.12" \
+  tests/programs/second_runtime.c &&
+  cc -O2 -shared -fPIC -fno-optimize-sibling-calls -I"$(dirname "$nvcc")/../include" \
+    -o "$out/cuda12/libtest-cuda12-user.so" tests/programs/cuda12_user.c "$out/cuda12/libcudart.so.12" \
+    -Wl,-rpath,"$out/cuda12" ||
+  { echo "gpu-check: cc failed (second_runtime.c, cuda12_user.c)"; exit 1; }
+two_runtimes() { timeout 60 env "$@" build/bin/test-two-runtimes "$out/cuda12/libtest-cuda12-user.so" 2>/dev/null | tail -1; }
+runtimes_alone=$(two_runtimes)
+runtimes_pooled=$(two_runtimes "${pool[@]}")
+if [ -n "$runtimes_alone" ] && [ "$runtimes_alone" = "$runtimes_pooled" ]; then
+  record "two runtimes: each one's callers read their own last error" PASS ""
+else
+  record "two runtimes: each one's callers read their own last error" FAIL \
+    "without gpupool: $runtimes_alone; with: $runtimes_pooled"
+fi
 unseen="nvcc static-runtime program runs unpooled"
 run "$unseen" 0 "${pool[@]}" -- "$out/user_program_static"
 unseen_log="$out/$(echo "$unseen" | tr -c 'A-Za-z0-9_.-' '_').log"

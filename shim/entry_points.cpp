@@ -6,7 +6,9 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <string_view>
 
+#include "shim/caller_runtime.hpp"
 #include "shim/core_interface.h"
 #include "shim/guard.hpp"
 #include "shim/messages.hpp"
@@ -179,14 +181,19 @@ void at_exit() {
 }
 
 // Neither handler of the fork allocates or throws (see Runtime::before_fork).
+// A caller's runtime being looked up goes first (no lock of the runtime's is
+// held around a lookup).
 void prepare_fork() {
+  gpupool::shim::caller_lookups_mutex().lock();
   if (Runtime* rt = Runtime::if_started()) rt->before_fork();
 }
 void parent_after_fork() {
   if (Runtime* rt = Runtime::if_started()) rt->after_fork_parent();
+  gpupool::shim::caller_lookups_mutex().unlock();
 }
 void child_after_fork() {
   if (Runtime* rt = Runtime::if_started()) rt->after_fork_child();
+  gpupool::shim::caller_lookups_mutex().unlock();
 }
 
 // The driver's entry points are fetched through these (preload.c): should
@@ -377,9 +384,11 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
 
 // ---------------------------------------------------------------- errors
 
+// The caller's runtime's last error, and gpupool's for that runtime's callers.
 cudaError_t cudaGetLastError(void) {
-  const cudaError_t runtime_error = real().cudaGetLastError();
-  cudaError_t& ours = gpupool::shim::thread_error();
+  const gpupool::shim::CallerRuntime runtime = gpupool::shim::caller_runtime();
+  const cudaError_t runtime_error = runtime.errors.get_last();
+  cudaError_t& ours = gpupool::shim::thread_error(runtime.number);
   if (ours == cudaSuccess) return runtime_error;
   const cudaError_t e = ours;
   ours = cudaSuccess;
@@ -387,8 +396,9 @@ cudaError_t cudaGetLastError(void) {
 }
 
 cudaError_t cudaPeekAtLastError(void) {
-  const cudaError_t ours = gpupool::shim::thread_error();
-  return ours != cudaSuccess ? ours : real().cudaPeekAtLastError();
+  const gpupool::shim::CallerRuntime runtime = gpupool::shim::caller_runtime();
+  const cudaError_t ours = gpupool::shim::thread_error(runtime.number);
+  return ours != cudaSuccess ? ours : runtime.errors.peek_at_last();
 }
 
 // ---------------------------------------------------------------- streams
@@ -468,18 +478,35 @@ cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t* graph) {
 // ---------------------------------------------------------------- the guard
 
 // What the program calls: each entry point's work under the guard, so that no
-// exception ever reaches the program's frames (see step_aside.hpp).
-#define GPUPOOL_ENTRY(name, params, args) \
-  GPUPOOL_EXPORT cudaError_t name params { return guarded(#name, [&] { return serve::name args; }); }
+// exception ever reaches the program's frames (see step_aside.hpp). The error
+// of a call passed on to real() is its caller's runtime's (see
+// caller_runtime.hpp); the two that read errors set none.
+namespace {
+constexpr bool reads_errors(std::string_view call) {
+  return call == "cudaGetLastError" || call == "cudaPeekAtLastError";
+}
+template <bool kReadsErrors>
+cudaError_t returned(cudaError_t err) {
+  if constexpr (!kReadsErrors) {
+    if (err != cudaSuccess) gpupool::shim::give_error_to_caller(err);
+  }
+  return err;
+}
+}  // namespace
+#define GPUPOOL_ENTRY(name, params, args)                                                     \
+  GPUPOOL_EXPORT cudaError_t name params {                                                    \
+    return returned<reads_errors(#name)>(guarded(#name, [&] { return serve::name args; })); \
+  }
 #include "shim/entry_points.def"
 #undef GPUPOOL_ENTRY
 
 // ---------------------------------------------------------------- the table
 
-extern "C" __attribute__((visibility("default"))) const gpupool_core* gpupool_core_open(int abi,
-                                                                                        gpupool_lookup_fn lookup) {
+extern "C" __attribute__((visibility("default"))) const gpupool_core* gpupool_core_open(
+    int abi, gpupool_lookup_fn lookup, gpupool_caller_fn caller) {
   if (abi != GPUPOOL_CORE_ABI) return nullptr;
   gpupool::shim::set_symbol_lookup(lookup);
+  gpupool::shim::set_caller_lookup(caller);
   static const gpupool_core table = {
       GPUPOOL_CORE_ABI,
 #define GPUPOOL_ENTRY(name, params, args) &name,

@@ -28,6 +28,12 @@ static struct gpupool_core passthrough;
 
 static void* next_symbol(const char* name) { return dlsym(RTLD_NEXT, name); }
 
+/* The return address of the intercepted call this thread is in, for the core
+   to tell which CUDA runtime the calling library uses (one store per call:
+   initial-exec, as the library is loaded with the program). */
+static __thread const void* current_caller __attribute__((tls_model("initial-exec")));
+static const void* caller_of_current_call(void) { return current_caller; }
+
 /* Pass-through when the core is missing: the real function, or this. */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-parameter"
@@ -62,7 +68,7 @@ static void load_core(void) {
     void* symbol = dlsym(handle, GPUPOOL_CORE_OPEN);
     gpupool_core_open_fn open_core = NULL;
     if (symbol != NULL) memcpy(&open_core, &symbol, sizeof symbol);
-    if (open_core != NULL) loaded = open_core(GPUPOOL_CORE_ABI, next_symbol);
+    if (open_core != NULL) loaded = open_core(GPUPOOL_CORE_ABI, next_symbol, caller_of_current_call);
   }
   if (loaded == NULL) {
     fprintf(stderr, "gpupool: cannot load %s (%s); CUDA calls go straight to the runtime, unpooled\n", core_path,
@@ -83,8 +89,11 @@ static const struct gpupool_core* get_core(void) {
 /* For driver_hook.c. */
 __attribute__((visibility("hidden"))) const struct gpupool_core* gpupool_preload_core(void) { return get_core(); }
 
-#define GPUPOOL_ENTRY(name, params, args) \
-  EXPORT cudaError_t name params { return get_core()->name args; }
+#define GPUPOOL_ENTRY(name, params, args)          \
+  EXPORT cudaError_t name params {                 \
+    current_caller = __builtin_return_address(0);  \
+    return get_core()->name args;                  \
+  }
 #include "shim/entry_points.def"
 #undef GPUPOOL_ENTRY
 

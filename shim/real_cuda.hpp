@@ -84,7 +84,8 @@ const RealCuda& real();
 
 // Runs one runtime call the shim makes for itself. On failure the runtime's
 // last error is the shim's, not the program's: it is cleared, and whatever
-// error the program had pending is kept for its next cudaGetLastError.
+// error the program had pending is kept for its next cudaGetLastError (the
+// error of real()'s callers: runtime 0's).
 template <typename Call>
 cudaError_t internal(Call&& call) {
   const RealCuda& r = real();
@@ -92,7 +93,7 @@ cudaError_t internal(Call&& call) {
   const cudaError_t err = call(r);
   if (err != cudaSuccess && err != cudaErrorNotReady) {
     if (r.cudaGetLastError != nullptr) r.cudaGetLastError();
-    if (pending != cudaSuccess) thread_error() = pending;
+    if (pending != cudaSuccess) thread_error(0) = pending;
   }
   return err;
 }

@@ -25,11 +25,6 @@ int& thread_local_captures() {
   return captures;
 }
 
-cudaError_t& thread_error() {
-  thread_local cudaError_t error = cudaSuccess;
-  return error;
-}
-
 StreamId this_thread_stream() {
   static std::atomic<StreamId> next{1};
   thread_local const StreamId id = (next.fetch_add(1) << 4) | 0x2;

@@ -12,13 +12,14 @@ namespace gpupool::shim {
 
 // Errors the shim returns without the runtime having seen them (a null
 // out-pointer, out of memory inside the pool, a double free), reported by the
-// intercepted cudaGetLastError / cudaPeekAtLastError like the runtime's own.
-cudaError_t& thread_error();
+// intercepted cudaGetLastError / cudaPeekAtLastError like the runtime's own:
+// one per runtime in the process, for that runtime's callers (see
+// caller_runtime.hpp).
+cudaError_t& thread_error(int runtime);
 
-inline cudaError_t fail(cudaError_t error) {
-  thread_error() = error;
-  return error;
-}
+// Returns `error`, kept for the caller's runtime. Out of line: error paths
+// only, kept out of the hot ones.
+[[gnu::cold]] cudaError_t fail(cudaError_t error);
 
 // Captures this thread began in the thread-local mode and has not ended:
 // they forbid unsafe calls to this thread only (CUDA requires that a

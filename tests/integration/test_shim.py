@@ -507,6 +507,41 @@ class Fidelity(ShimTest):
         self.assertEqual(run.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 1)
 
 
+class TwoRuntimes(ShimTest):
+    """test-two-runtimes: the program's runtime (the simulated one, as CUDA
+    13's) and a library's (tests/programs/second_runtime.c, as CUDA 12's)."""
+
+    LIBRARY12 = os.path.join(BUILD, "tests", "cuda12", "libtest-cuda12-user.so")
+    # cudaError_t: success, out of memory, invalid configuration, invalid device.
+    EXPECTED = {"launch12": 9, "peek12": 9, "get12": 9, "get12_again": 0,
+                "set_device": 101, "get12_beside_set_device": 0, "get_after_set_device": 101,
+                "peer12": 101, "get_after_peer12": 0, "peek12_after_peer12": 101, "get12_after_peer12": 101,
+                "oom12": 2, "get_after_oom12": 0, "get12_after_oom12": 2,
+                "oom": 2, "get12_after_oom": 0, "peek_after_oom": 2, "get_after_oom": 2,
+                "pair12": 0, "get12_at_end": 0, "get_at_end": 0}
+
+    def test_each_runtime_s_callers_read_their_own_last_error(self):
+        # Without gpupool each runtime answers its own callers: this checks
+        # the program and the stand-in runtime.
+        alone = self.run_program(["test-two-runtimes", self.LIBRARY12], preload=False)
+        self.assertSucceeded(alone)
+        self.assertEqual(alone.output_json(), self.EXPECTED)
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                self.remove_reports()
+                run = self.run_program(["test-two-runtimes", self.LIBRARY12],
+                                       env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                self.assertSucceeded(run)
+                # The library's refused launch is its own caller's error; a
+                # failed call it made through gpupool (served, or passed on to
+                # the program's runtime) is too, and none of the program's is.
+                self.assertEqual(run.output_json(), self.EXPECTED)
+                # gpupool served both: the program's two blocks and the library's one.
+                stats = run.report()["devices"]["0"]["stats"]
+                self.assertEqual(stats["allocation.all.allocated"], 3)
+                self.assertEqual(stats["num_ooms"], 2)
+
+
 @unittest.skipUnless(platform.machine() == "x86_64", "the static runtime hook is x86-64 only")
 class StaticRuntime(ShimTest):
     """test-static-runtime reaches the driver as nvcc's static runtime does."""
