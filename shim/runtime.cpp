@@ -434,11 +434,13 @@ void Runtime::ensure_known(StreamId stream, int dev) {
     if (streams.count(stream) != 0) return;
     streams[stream] = dev;
   }
-  // A stream created where gpupool could not see it: ask its kind.
+  // A stream created where gpupool could not see it: ask its kind (taken as
+  // non-blocking, which needs the most ordering, when it cannot be read; an
+  // error the program had pending stays pending).
   unsigned flags = cudaStreamNonBlocking;
-  if (real().cudaStreamGetFlags != nullptr &&
-      real().cudaStreamGetFlags(reinterpret_cast<cudaStream_t>(stream), &flags) != cudaSuccess) {
-    real().cudaGetLastError();
+  if (real().cudaStreamGetFlags != nullptr && internal([&](const RealCuda& r) {
+        return r.cudaStreamGetFlags(reinterpret_cast<cudaStream_t>(stream), &flags);
+      }) != cudaSuccess) {
     flags = cudaStreamNonBlocking;
   }
   introduce_stream(dev, stream, flags);
