@@ -486,16 +486,16 @@ constexpr bool reads_errors(std::string_view call) {
   return call == "cudaGetLastError" || call == "cudaPeekAtLastError";
 }
 template <bool kReadsErrors>
-cudaError_t returned(cudaError_t err) {
+cudaError_t with_error_to_caller(cudaError_t err) {
   if constexpr (!kReadsErrors) {
     if (err != cudaSuccess) gpupool::shim::give_error_to_caller(err);
   }
   return err;
 }
 }  // namespace
-#define GPUPOOL_ENTRY(name, params, args)                                                     \
-  GPUPOOL_EXPORT cudaError_t name params {                                                    \
-    return returned<reads_errors(#name)>(guarded(#name, [&] { return serve::name args; })); \
+#define GPUPOOL_ENTRY(name, params, args)                                                              \
+  GPUPOOL_EXPORT cudaError_t name params {                                                             \
+    return with_error_to_caller<reads_errors(#name)>(guarded(#name, [&] { return serve::name args; })); \
   }
 #include "shim/entry_points.def"
 #undef GPUPOOL_ENTRY
