@@ -90,7 +90,7 @@ void VirtualUpstream::destroy_event(EventHandle event) { events_.erase(event); }
 bool VirtualUpstream::record_event(EventHandle event, StreamId stream) {
   auto it = events_.find(event);
   if (it == events_.end() || (failing_record_stream_ != 0 && stream == failing_record_stream_)) return false;
-  it->second = complete_at_once_;
+  it->second = complete_at_once_ && (lagging_stream_ == 0 || stream != lagging_stream_);
   ++event_records_;
   if (calls_.size() < kMaxCallsKept) calls_.push_back(Call{Call::Record, event, stream});
   return true;
@@ -106,7 +106,7 @@ bool VirtualUpstream::wait_event(StreamId stream, EventHandle event) {
 EventStatus VirtualUpstream::query_event(EventHandle event) {
   ++event_queries_;
   auto it = events_.find(event);
-  if (it == events_.end() || queries_fail_) return EventStatus::Error;
+  if (it == events_.end() || queries_fail_ || event_queries_fail_) return EventStatus::Error;
   return it->second ? EventStatus::Complete : EventStatus::Pending;
 }
 

@@ -47,6 +47,9 @@ class VirtualUpstream final : public Upstream {
   // Events recorded from now on complete at once (true) or only when
   // complete_all() is called (false).
   void set_events_complete_at_once(bool yes) { complete_at_once_ = yes; }
+  // Events recorded on this stream from now on stay pending until
+  // complete_all(), whatever set_events_complete_at_once says (0: none).
+  void set_lagging_stream(StreamId stream) { lagging_stream_ = stream; }
   // Streams report idle (all queued work done) or busy to query_stream.
   void set_streams_idle(bool yes) { streams_idle_ = yes; }
   void complete_all();
@@ -70,6 +73,8 @@ class VirtualUpstream final : public Upstream {
   void set_host_waits_fail(bool yes) { host_waits_fail_ = yes; }
   // Queries of events and streams answer with an error.
   void set_queries_fail(bool yes) { queries_fail_ = yes; }
+  // Queries of events alone answer with an error (streams answer as before).
+  void set_event_queries_fail(bool yes) { event_queries_fail_ = yes; }
   // A capture elsewhere forbids unsafe calls (capture_forbids_unsafe_calls).
   void set_capture_forbids_unsafe_calls(bool yes) { capture_forbids_unsafe_calls_ = yes; }
 
@@ -133,6 +138,8 @@ class VirtualUpstream final : public Upstream {
   bool event_creation_fails_ = false;
   bool host_waits_fail_ = false;
   bool queries_fail_ = false;
+  bool event_queries_fail_ = false;
+  StreamId lagging_stream_ = 0;
   bool capture_forbids_unsafe_calls_ = false;
   std::vector<Call> calls_;
 };

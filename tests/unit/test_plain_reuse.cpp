@@ -114,6 +114,33 @@ TEST_CASE_METHOD(PoolFixture, "a split keeps each part's hot bytes, and a merge 
 // allocation may hold it only if a barrier was recorded after that free.
 // Events complete only when the test says the device caught up, which makes
 // every free before it safe too.
+TEST_CASE_METHOD(PoolFixture, "during a capture, covered bytes are taken only once their work is done") {
+  // A barrier orders streams as they are now; what a capture puts in a graph
+  // runs whenever the graph is launched, so during a capture only completed
+  // work counts. low's bytes are covered by a barrier that has not completed,
+  // and they stay cold after high, freed later, joins them.
+  make();
+  pool->stream_created(0x1000, StreamKind::Blocking);
+  upstream.set_events_complete_at_once(false);
+  const DevicePtr low = alloc(8 * kMiB);
+  const DevicePtr high = alloc(8 * kMiB);
+  REQUIRE(high == low + 8 * kMiB);
+  release(low);
+  cover_frees_so_far(*this);
+  release(high);
+  pool->capture_began(0x1000);
+  upstream.clear_calls();
+  const DevicePtr during = alloc(8 * kMiB);
+  CHECK(during != low);
+  CHECK(upstream.calls().empty());  // nothing recorded during the capture
+  pool->capture_ended(0x1000);
+  release(during);  // its segment whole again: low's comes first
+  upstream.complete_all();
+  upstream.clear_calls();
+  CHECK(alloc(8 * kMiB) == low);
+  CHECK(upstream.calls().empty());  // the old barrier covers it
+}
+
 TEST_CASE("no plain allocation holds a byte freed after the last barrier", "[random]") {
   const bool expandable = GENERATE(false, true);
   PoolOptions options;

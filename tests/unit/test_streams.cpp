@@ -102,6 +102,25 @@ TEST_CASE_METHOD(PoolFixture, "a barrier asks idle non-blocking streams instead 
   CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);
 }
 
+TEST_CASE_METHOD(PoolFixture, "an early event whose query fails does not pass for a device caught up") {
+  // Every stream answers idle, but the legacy stream's event cannot be asked:
+  // nothing says the work queued before the free is done, so every stream
+  // still waits for the barrier.
+  make();
+  constexpr int kStreams = 8;
+  add_non_blocking_streams(*pool, kStreams);
+  upstream.set_streams_idle(true);
+  upstream.set_event_queries_fail(true);
+  const DevicePtr a = alloc(1000);
+  release(a);
+  upstream.clear_calls();
+  CHECK(alloc(1000) == a);
+  for (int i = 0; i < kStreams; ++i) CHECK(count(upstream.calls(), Call::Wait, kNB + i) == 1);
+  for (const StreamReport& r : pool->streams()) {
+    if (r.id == kAnyStream) CHECK(r.counters.caught_up_barriers == 0u);
+  }
+}
+
 TEST_CASE_METHOD(PoolFixture, "giving memory back after a barrier that found the device caught up waits for nothing") {
   // release_cached orders every free with a barrier, then waits for it: a
   // barrier with nothing left to order has no event to wait for.
@@ -286,6 +305,26 @@ TEST_CASE_METHOD(PoolFixture, "completed: cross-stream reuse only once the fence
   upstream.complete_all();
   CHECK(alloc(12 * kMiB, kS2) == a);
   CHECK(count(upstream.calls(), Call::Wait, kS2) == 0);
+}
+
+TEST_CASE_METHOD(PoolFixture, "completed: a cudaFree'd block waits for the completion fence's every event") {
+  // A plain free's last use may be on any stream: the fence has an event on
+  // the legacy stream and one on each non-blocking stream, and the block is
+  // done only when all have completed, not when the legacy stream's has.
+  options.cross_stream_reuse = CrossStreamReuse::Completed;
+  make();
+  pool->stream_created(kS1, StreamKind::Blocking);
+  pool->stream_created(kNB, StreamKind::NonBlocking);
+  upstream.set_lagging_stream(kNB);
+  const DevicePtr a = alloc(12 * kMiB);
+  release(a);
+  upstream.clear_calls();
+  CHECK(alloc(12 * kMiB, kS1) != a);
+  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);
+  CHECK(count(upstream.calls(), Call::Record, kNB) == 1);
+  CHECK(count(upstream.calls(), Call::Wait, kS1) == 0);
+  upstream.complete_all();
+  CHECK(alloc(12 * kMiB, kS1) == a);
 }
 
 TEST_CASE_METHOD(PoolFixture, "completed: out of memory, another stream's pending block is had after the host wait") {
@@ -548,6 +587,26 @@ TEST_CASE_METHOD(PoolFixture, "plain reuse prefers an equal block freed before t
   release(a);   // a is freed after it
   upstream.clear_calls();
   CHECK(alloc(12 * kMiB) == b);  // b, not the lower-addressed a: no new barrier
+  CHECK(upstream.calls().empty());
+}
+
+TEST_CASE_METHOD(PoolFixture, "plain reuse looks past equal blocks freed since the last barrier") {
+  // a and b, freed after the barrier, come first by address; c, as good and
+  // covered, is found behind them.
+  make();
+  const DevicePtr a = alloc(12 * kMiB);
+  const DevicePtr b = alloc(12 * kMiB);
+  const DevicePtr c = alloc(12 * kMiB);
+  REQUIRE((a < b && b < c));
+  release(c);
+  const DevicePtr x = alloc(kMiB);
+  alloc(kMiB);  // the rest of x's segment
+  release(x);
+  alloc(kMiB);  // x again, only after a barrier: c is covered from now on
+  release(a);
+  release(b);
+  upstream.clear_calls();
+  CHECK(alloc(12 * kMiB) == c);
   CHECK(upstream.calls().empty());
 }
 
