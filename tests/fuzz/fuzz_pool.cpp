@@ -4,7 +4,7 @@
 // stream pool, which make barriers check first whether the device has caught
 // up), cross-stream frees, captures (here and on another device), a stream
 // destroyed and its handle reused, device failures, a device that lags or
-// keeps up, cache releases. After every step every invariant of the pool
+// keeps up (or one stream that lags behind the rest), cache releases. After every step every invariant of the pool
 // holds; no allocation overlaps a live one or leaves the device's memory, and
 // none may race the work queued before its bytes were last freed
 // (ordering_oracle.hpp judges by CUDA's rules), not even on a stream made
@@ -196,10 +196,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             oracle.set_events_complete_at_once(yes);
             break;
           }
-          case 2: {
-            const bool yes = in.byte() % 2 == 0;
-            SAY("streams idle: %d\n", yes);
+          case 2: {  // and, from the same byte: one stream's events lag behind the rest
+            const std::uint8_t b = in.byte();
+            const bool yes = b % 2 == 0;
+            // (Top bits 100 or 110: combinations the saved inputs never
+            // use, so that they replay the steps they were saved for.)
+            const bool lags = b >> 5 == 4 || b >> 5 == 6;
+            const StreamId lagging = lags ? streams[b / 2 % 4] : 0;
+            SAY("streams idle: %d, lagging stream: %llx\n", yes, static_cast<unsigned long long>(lagging));
             upstream.set_streams_idle(yes);  // what stream queries answer
+            oracle.set_lagging_stream(lagging == kAnyStream ? 0 : lagging);
             break;
           }
         }
@@ -241,11 +247,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             const std::uint8_t b = in.byte();
             const bool creation_fails = b % 2 == 0, host_waits_fail = b / 2 % 2 == 1, queries_fail = b / 4 % 2 == 1;
             const bool capture_elsewhere = b / 8 % 2 == 1;
-            SAY("event creation fails: %d, host waits fail: %d, queries fail: %d, capture elsewhere: %d\n",
-                creation_fails, host_waits_fail, queries_fail, capture_elsewhere);
+            // Event queries alone may fail while streams answer (a barrier
+            // that finds every stream idle must not take such an event as
+            // done). Bits 4-6 010: a combination no saved input uses.
+            const bool event_queries_fail = (b & 0x70) == 0x20;
+            SAY("event creation fails: %d, host waits fail: %d, queries fail: %d (event queries: %d), capture "
+                "elsewhere: %d\n",
+                creation_fails, host_waits_fail, queries_fail, event_queries_fail, capture_elsewhere);
             upstream.set_event_creation_fails(creation_fails);
             upstream.set_host_waits_fail(host_waits_fail);
             upstream.set_queries_fail(queries_fail);
+            upstream.set_event_queries_fail(event_queries_fail);
             oracle.set_capture_elsewhere(capture_elsewhere);
             break;
           }
@@ -264,6 +276,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   upstream.set_event_creation_fails(false);
   upstream.set_host_waits_fail(false);
   upstream.set_queries_fail(false);
+  upstream.set_event_queries_fail(false);
+  oracle.set_lagging_stream(0);
   oracle.set_capture_elsewhere(false);
   if (pool.is_capturing(kBlocking)) {
     pool.capture_ended(kBlocking);

@@ -122,6 +122,13 @@ class OrderingOracle final : public Upstream {
     at_once_ = yes;
     device_.set_events_complete_at_once(yes);
   }
+  // Events recorded on this stream from now on stay pending until
+  // complete_all(), even when others complete at once (0: none): its work
+  // lags behind the rest of the device's.
+  void set_lagging_stream(StreamId handle) {
+    lagging_ = handle;
+    device_.set_lagging_stream(handle);
+  }
   void complete_all() {
     device_.complete_all();
     for (const auto& [event, clock] : recorded_) merge(completed_, clock);
@@ -149,7 +156,7 @@ class OrderingOracle final : public Upstream {
     Clock clock = settle(stream);
     const std::uint32_t id = identity(stream);
     clock[id] = std::max(clock[id], position_[id]);
-    if (at_once_) merge(completed_, clock);
+    if (at_once_ && (lagging_ == 0 || stream != lagging_)) merge(completed_, clock);
     recorded_[event] = std::move(clock);
     return true;
   }
@@ -422,6 +429,7 @@ class OrderingOracle final : public Upstream {
 
   VirtualUpstream& device_;
   bool at_once_ = true;
+  StreamId lagging_ = 0;
   bool capture_elsewhere_ = false;
   std::map<StreamId, Stream> streams_;
   std::uint32_t next_identity_ = kGraph + 1;
