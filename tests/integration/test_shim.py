@@ -147,6 +147,7 @@ class Integrity(ShimTest):
         self.assertSucceeded(run)
         device = run.report()["devices"]["0"]
         self.assertEqual(device["thread_cache_kept_peak_bytes"], 0)
+        self.assertEqual(device["thread_cache_frees"], 0)  # off: no free even offered to a cache
         self.assertEqual(device["stats"]["allocated_bytes.all.peak"], 128 << 20)
         self.assertEqual(device["stats"]["requested_bytes.all.peak"], 128 << 20)
         self.assertEqual(device["cache"]["hits"] + device["cache"]["misses"], 2 * 16 + 1)  # all through the pool
