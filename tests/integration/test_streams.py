@@ -211,10 +211,11 @@ class Hazards(ShimTest):
 class Capture(ShimTest):
     def test_allocations_inside_a_capture_pass_through_and_it_stays_valid(self):
         # Begun with cudaStreamBeginCapture or into a graph, through the
-        # legacy entry points and the per-thread default stream's.
+        # legacy entry points and the per-thread default stream's; and with
+        # the per-thread caches on, which must not keep the block freed inside.
         for program in ("test-capture", "test-capture-ptds"):
-            for how in ([], ["to-graph"]):
-                with self.subTest(program=program, to_graph=bool(how)):
+            for how in ([], ["to-graph"], ["threads"]):
+                with self.subTest(program=program, how=how):
                     self.remove_reports()
                     run = self.run_program([program] + how)
                     self.assertSucceeded(run)

@@ -4,6 +4,8 @@
 //   capture            allocations on the capturing stream
 //   capture to-graph   the same, captured into a graph the program made
 //                      (cudaStreamBeginCaptureToGraph)
+//   capture threads    the same, after a second thread's stream-ordered call
+//                      has turned gpupool's per-thread caches on
 //   capture others     while a blocking stream captures (global mode), another
 //                      stream asks for memory freed on the legacy stream, with
 //                      plain cudaFree and on a third stream, its work still
@@ -212,6 +214,17 @@ int main(int argc, char** argv) {
   }
   if (argc > 1 && std::strcmp(argv[1], "rules") == 0) return rules();
   const bool to_graph = argc > 1 && std::strcmp(argv[1], "to-graph") == 0;
+  if (argc > 1 && std::strcmp(argv[1], "threads") == 0) {
+    std::thread([] {
+      cudaStream_t own;
+      void* p = nullptr;
+      CHECK_CUDA(cudaStreamCreate(&own));
+      CHECK_CUDA(cudaMallocAsync(&p, 1 << 20, own));
+      CHECK_CUDA(cudaFreeAsync(p, own));
+      CHECK_CUDA(cudaStreamSynchronize(own));
+      CHECK_CUDA(cudaStreamDestroy(own));
+    }).join();
+  }
   cudaStream_t s;
   CHECK_CUDA(cudaStreamCreate(&s));  // a blocking stream: legacy-stream work would break its capture
   // Warm the pool and leave frees that a barrier would normally cover.
@@ -250,6 +263,7 @@ int main(int argc, char** argv) {
   testprog::sim_counters(&c2);
   void* after = nullptr;
   CHECK_CUDA(cudaMallocAsync(&after, 1 << 20, s));
+  EXPECT(after != before);  // the graph frees `before` when it runs
   CHECK_CUDA(cudaFreeAsync(after, s));
   if (sim) {
     simcuda_counters c3{};
