@@ -78,9 +78,10 @@ int number_of(void* get_last) {
 
 RuntimeErrors real_errors() { return {real().cudaGetLastError, real().cudaPeekAtLastError}; }
 
-// Resolves the library at `address` (or notes that no library holds it). Only the walk of the loaded libraries
-// holds a lock of gpupool's: the loader takes its own for the rest, and may
-// hold it while a library's constructor calls CUDA (and comes here).
+// Resolves the library at `address` (or notes that no library holds it).
+// Only the walk of the loaded libraries holds a lock of gpupool's: the loader
+// takes its own for the rest, and may hold it while a library's constructor
+// calls CUDA (and comes here).
 CallerRuntime resolve(std::uintptr_t address, std::uintptr_t* outside_libraries) {
   Library library{address};
   {
