@@ -1,9 +1,9 @@
-// Fault injection (SIMCUDA_EVENT_FAIL_RATE, SIMCUDA_HOST_WAIT_FAIL_RATE)
-// fails only the calls gpupool's core makes, which it finds by the caller's
-// address. A driver entry point calls the runtime function of the same
-// meaning: it names its own caller for that call, so that the judgement does
-// not hang on whether the compiler made the call a tail call (ASan's builds
-// do not).
+// Fault injection (SIMCUDA_EVENT_FAIL_RATE, SIMCUDA_EVENT_QUERY_FAIL_RATE,
+// SIMCUDA_HOST_WAIT_FAIL_RATE) fails only the calls gpupool's core makes,
+// which it finds by the caller's address. A driver entry point calls the
+// runtime function of the same meaning: it names its own caller for that
+// call, so that the judgement does not hang on whether the compiler made the
+// call a tail call (ASan's builds do not).
 #pragma once
 
 namespace simcuda {

@@ -114,6 +114,16 @@ bool injected_event_failure(const void* caller) {
   return true;
 }
 
+// SIMCUDA_EVENT_QUERY_FAIL_RATE: the chance that an event query made by
+// gpupool's core fails with an error instead of saying whether the event has
+// completed, as on a device in trouble; the event itself is unharmed.
+bool injected_event_query_failure(const void* caller) {
+  static const double rate = rate_from("SIMCUDA_EVENT_QUERY_FAIL_RATE");
+  if (!injected_core_failure(caller, rate)) return false;
+  counters().event_query_failures++;
+  return true;
+}
+
 // SIMCUDA_HOST_WAIT_FAIL_RATE: the chance that a host wait made by gpupool's
 // core (cudaEventSynchronize, cudaStreamSynchronize, cudaDeviceSynchronize)
 // fails, waiting for nothing.
@@ -218,7 +228,7 @@ void write_counters_at_exit() {
                "\"device_syncs\": %llu, \"legacy_ops\": %llu, \"captures_begun\": %llu, "
                "\"captures_invalidated\": %llu, \"kernel_launches\": %llu, \"vmm_maps\": %llu, "
                "\"vmm_unmaps\": %llu, \"stale_event_uses\": %llu, \"null_free_calls\": %llu, "
-               "\"event_failures\": %llu, \"host_wait_failures\": %llu}\n",
+               "\"event_failures\": %llu, \"host_wait_failures\": %llu, \"event_query_failures\": %llu}\n",
                (unsigned long long)c.malloc_calls, (unsigned long long)c.malloc_failures,
                (unsigned long long)c.free_calls, (unsigned long long)c.malloc_async_calls,
                (unsigned long long)c.free_async_calls, (unsigned long long)c.bytes_in_use,
@@ -230,7 +240,7 @@ void write_counters_at_exit() {
                (unsigned long long)c.kernel_launches, (unsigned long long)c.vmm_maps,
                (unsigned long long)c.vmm_unmaps, (unsigned long long)c.stale_event_uses,
                (unsigned long long)c.null_free_calls, (unsigned long long)c.event_failures,
-               (unsigned long long)c.host_wait_failures);
+               (unsigned long long)c.host_wait_failures, (unsigned long long)c.event_query_failures);
   std::fclose(f);
 }
 
@@ -742,6 +752,7 @@ cudaError_t cudaEventRecord_ptsz(cudaEvent_t e, cudaStream_t s) {
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   simcuda::Event* ev = usable_event(e);
   if (ev == nullptr) return result(cudaErrorInvalidResourceHandle);
+  if (injected_event_query_failure(__builtin_return_address(0))) return result(cudaErrorUnknown);
   if (const cudaError_t fault = fault_of(ev->device); fault != cudaSuccess) return result(fault);
   const cudaError_t err = Engine::instance().query(ev);
   return err == cudaErrorNotReady ? err : result(err);
@@ -830,6 +841,7 @@ void simcuda_get_counters(struct simcuda_counters* out) {
   const simcuda::Counters& c = counters();
   out->event_failures = c.event_failures;
   out->host_wait_failures = c.host_wait_failures;
+  out->event_query_failures = c.event_query_failures;
   out->malloc_calls = c.malloc_calls;
   out->malloc_failures = c.malloc_failures;
   out->free_calls = c.free_calls;

@@ -53,6 +53,7 @@ struct simcuda_counters {
   uint64_t null_free_calls;     /* cudaFree(NULL): what programs call to create the CUDA context */
   uint64_t event_failures;      /* event calls failed on purpose (SIMCUDA_EVENT_FAIL_RATE) */
   uint64_t host_wait_failures;  /* host waits failed on purpose (SIMCUDA_HOST_WAIT_FAIL_RATE) */
+  uint64_t event_query_failures; /* event queries failed on purpose (SIMCUDA_EVENT_QUERY_FAIL_RATE) */
 };
 
 /* Queues a fault on `stream` (a cudaStream_t): once it runs, the stream's

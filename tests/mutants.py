@@ -348,4 +348,9 @@ MUTANTS = [
      '        r = FreeResult::NotAllocated;  // freed twice: the first free waits on another device',
      '        continue;  // freed twice: the first free waits on another device',
      'shim'),
+    ("a failed query of a free on another device's stream is not taken as done",
+     'shim/runtime.cpp',
+     ': d.upstream.query_event(f.event) == EventStatus::Complete);',
+     ': d.upstream.query_event(f.event) != EventStatus::Pending);',
+     'shim'),
 ]
