@@ -72,9 +72,16 @@ class HostMemoryFailure(ShimTest):
             total = run.output_json()["core_allocations"]
             self.assertGreater(total, 100, name)
             # Each of the first allocations, then a spread over the rest (the
-            # report asked for by signal makes most of them).
-            firsts = sorted(set(range(1, 11)) | {11 + (total - 11) * i // 16 for i in range(17)})
-            cases = [(n, 0) for n in firsts] + [(n, 1) for n in firsts[::3]]
+            # report asked for by signal makes most of them); with
+            # POOLTEST_EVERY_HOST_ALLOCATION=1, every one, alone and from there
+            # on, and past the total (runs differ by a few dozen): about 20
+            # minutes on two cores.
+            if os.environ.get("POOLTEST_EVERY_HOST_ALLOCATION") == "1":
+                firsts = list(range(1, total + 40))
+                cases = [(n, every) for n in firsts for every in (0, 1)]
+            else:
+                firsts = sorted(set(range(1, 11)) | {11 + (total - 11) * i // 16 for i in range(17)})
+                cases = [(n, 0) for n in firsts] + [(n, 1) for n in firsts[::3]]
             with concurrent.futures.ThreadPoolExecutor(2) as pool:
                 runs = list(pool.map(lambda case: (case, self.run_failing(*case, env)), cases))
             for (first, every), (run, report) in runs:
