@@ -74,8 +74,11 @@ std::vector<report::LeakSite> reset_sites(const DevicePool& pool, CallSites& sit
 }
 
 // The per-thread caches served these allocations and frees without the pool:
-// its totals gain them (its current figures are exact once caches are flushed).
-void add_cache_traffic(const CacheTraffic& t, MemoryStats& s) {
+// its totals gain them (its current figures count the blocks the caches keep
+// as allocated, as it does). Requested bytes: the pool counts a block lent
+// again at the request it lent it for until the block comes back, and then
+// that request freed (see DeviceState::requested_returned_drift).
+void add_cache_traffic(const CacheTraffic& t, const std::int64_t (&returned_drift)[kPoolKinds], MemoryStats& s) {
   for (int k = 0; k < kPoolKinds; ++k) {
     const auto kind = static_cast<PoolKind>(k);
     const auto add = [&](StatArray& a, std::int64_t allocated, std::int64_t freed) {
@@ -88,7 +91,12 @@ void add_cache_traffic(const CacheTraffic& t, MemoryStats& s) {
     add(s.active, t.allocations[k], t.frees[k]);
     add(s.allocated_bytes, t.allocated_bytes[k], t.freed_bytes[k]);
     add(s.active_bytes, t.allocated_bytes[k], t.freed_bytes[k]);
-    add(s.requested_bytes, t.requested_bytes[k], t.requested_freed[k]);
+    add(s.requested_bytes, t.requested_bytes[k], t.requested_freed[k] + returned_drift[k]);
+    for (int i : {static_cast<int>(kAll), stat_index(kind)}) {
+      Stat& requested = s.requested_bytes[i];
+      requested.current += t.requested_drift[k] - returned_drift[k];
+      requested.peak = std::max(requested.peak, requested.current);  // the pool's peak is of its own figure
+    }
     s.cache_hits += t.allocations[k];
   }
 }
@@ -146,7 +154,7 @@ void write_report_file(const config::Config& config, const std::vector<config::P
     std::lock_guard<AdaptiveMutex> lock(d->mu);
     report::DeviceReport dr = report::collect(*d->pool, d->device);
     const CacheTraffic traffic = caches.traffic(d->device);
-    add_cache_traffic(traffic, dr.stats);
+    add_cache_traffic(traffic, d->requested_returned_drift, dr.stats);
     // Never more than the allocated peak it is part of (the sum of each
     // thread's most can be, when the threads' peaks came at different times).
     dr.thread_cache_kept_peak = std::min(traffic.kept_bytes_peak, dr.stats.allocated_bytes[kAll].peak);

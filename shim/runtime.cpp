@@ -145,10 +145,19 @@ void Runtime::give_back_cached(const CachedBlock& block) {
     DeviceState* d = rt.existing(block.block.device);
     if (d == nullptr) return;
     LiveBlock parked{};
-    rt.caches_.live().take(block.ptr, &parked);  // the pool's again: a later free is the pool's to judge
+    // The pool's again: a later free is the pool's to judge.
+    const bool tracked = rt.caches_.live().take(block.ptr, &parked);
     std::lock_guard<AdaptiveMutex> lock(d->mu);
+    if (tracked) count_last_request(*d, block.ptr, parked.requested);
     d->pool->deallocate(block.ptr, block.stream);
   });
+}
+
+void Runtime::count_last_request(DeviceState& d, DevicePtr ptr, std::size_t requested) {
+  const Block* b = d.pool->find_allocated(ptr);
+  if (b == nullptr) return;
+  d.requested_returned_drift[static_cast<int>(b->segment->kind)] +=
+      static_cast<std::int64_t>(requested) - static_cast<std::int64_t>(b->requested);
 }
 
 cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, int dev, bool* runtime_serves,
@@ -185,7 +194,9 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
       if (caching && attempt == 0 && captures_active_.load(std::memory_order_relaxed) == 0 &&
           caches_.take_spill(dev, &spill)) {
         LiveBlock parked{};
-        caches_.live().take(spill.ptr, &parked);  // the pool's again, as give_back_cached does
+        if (caches_.live().take(spill.ptr, &parked)) {  // the pool's again, as give_back_cached does
+          count_last_request(d, spill.ptr, parked.requested);
+        }
         d.pool->deallocate(spill.ptr, spill.stream);
       }
       const std::int64_t reserved_before = d.pool->stats().reserved_bytes[kAll].current;
@@ -230,6 +241,8 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site, int site_device, int* o
   // The freeing stream's device first: a stream-ordered free is nearly
   // always of its own device's memory (and cudaGetDevice is a call).
   int first = site_device >= 0 ? site_device : current_device();
+  std::size_t last_request = 0;  // of a block the live table tracked, going to the pool
+  bool tracked = false;
   if (caches_.enabled()) {
     // Only a block of the freeing stream's own device goes into a cache.
     const bool cacheable = site != kAnyStream && captures_active_.load(std::memory_order_relaxed) == 0 && !bypass();
@@ -248,6 +261,8 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site, int site_device, int* o
           return FreeResult::Freed;
         }
         first = live.device;  // a plain free, or a capture under way: the pool's
+        tracked = true;
+        last_request = live.requested;
         break;
       case LiveTable::Freed::Unknown:
         break;
@@ -269,6 +284,7 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site, int site_device, int* o
       if (b != nullptr) size = b->requested;
       const bool waiting = std::any_of(d->foreign_frees.begin(), d->foreign_frees.end(),
                                        [p](const DeviceState::ForeignFree& f) { return f.ptr == p; });
+      if (tracked && !waiting) count_last_request(*d, p, last_request);
       if (waiting) {
         r = FreeResult::NotAllocated;  // freed twice: the first free waits on another device
       } else if (b != nullptr && foreign_site) {
@@ -540,9 +556,11 @@ void Runtime::device_reset(int dev) {
   // Blocks threads keep go back to the pool first, so that what it holds
   // allocated is what the program does (taken before the pool's lock: a
   // flush takes the caches, then the pool).
-  caches_.forget_device(dev);
+  const std::vector<std::pair<DevicePtr, LiveBlock>> held = caches_.forget_device(dev);
   {
     std::lock_guard<AdaptiveMutex> lock(d->mu);
+    // The reset frees them: the pool counts them freed as it forgets them.
+    for (const auto& [ptr, live] : held) count_last_request(*d, ptr, live.requested);
     // Frees still waiting on another device's stream were the program's own
     // (and traced when made): frees, not losses to the reset.
     settle_foreign_frees(*d, true);

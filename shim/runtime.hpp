@@ -47,6 +47,13 @@ struct DeviceState {
   // Captures under way on its streams, with the mode each began in (which
   // says whom it forbids unsafe calls). Guarded by mu.
   std::vector<std::pair<StreamId, cudaStreamCaptureMode>> captures;
+  // A block a thread's cache lent again may serve a request of another size
+  // than the one the pool lent it for, which the pool goes on counting (its
+  // current requested bytes drift from the program's; the caches count the
+  // drift). When the block goes back to the pool, the pool counts that first
+  // request freed: the report counts the last one, this much more per pool
+  // kind, and as much less drift. Guarded by mu.
+  std::int64_t requested_returned_drift[kPoolKinds] = {};
   // Reset after gpupool stepped aside: the runtime freed its memory, so the
   // pool no longer says which pointers are gpupool's.
   std::atomic<bool> reset_after_stepping_aside{false};
@@ -204,6 +211,10 @@ class Runtime {
   // events is still there to take them back (not at exit).
   void settle_foreign_frees(DeviceState& d, bool destroy_events);
   static void give_back_cached(const CachedBlock& block);
+  // Before a block the live table tracked goes back to d's pool (or is lost
+  // to a reset): its last request, `requested`, is what the report counts
+  // freed (d.mu held).
+  static void count_last_request(DeviceState& d, DevicePtr ptr, std::size_t requested);
 
   config::Config config_;
   std::vector<config::Problem> problems_;

@@ -51,6 +51,7 @@ void CacheTraffic::add(const CacheTraffic& o) {
     freed_bytes[k] += o.freed_bytes[k];
     requested_bytes[k] += o.requested_bytes[k];
     requested_freed[k] += o.requested_freed[k];
+    requested_drift[k] += o.requested_drift[k];
   }
   kept_bytes += o.kept_bytes;
   kept_bytes_peak += o.kept_bytes_peak;
@@ -90,15 +91,17 @@ LiveTable::Freed LiveTable::release(DevicePtr ptr, int park_device, LiveBlock* o
   return Freed::Live;
 }
 
-void LiveTable::forget_device(int device) {
+std::vector<std::pair<DevicePtr, LiveBlock>> LiveTable::forget_device(int device) {
+  std::vector<std::pair<DevicePtr, LiveBlock>> gone;
   for (Stripe& s : stripes_) {
     std::lock_guard<SpinLock> lock(s.lock);
-    std::vector<DevicePtr> gone;
+    const std::size_t first = gone.size();
     s.map.for_each([&](DevicePtr ptr, const LiveBlock& b) {
-      if (b.device == device) gone.push_back(ptr);
+      if (b.device == device) gone.emplace_back(ptr, b);
     });
-    for (DevicePtr ptr : gone) s.map.erase(ptr);
+    for (std::size_t i = first; i < gone.size(); ++i) s.map.erase(gone[i].first);
   }
+  return gone;
 }
 
 void StreamCaches::note_caller() {
@@ -160,6 +163,7 @@ bool StreamCaches::take(StreamId stream, int device, std::size_t rounded, std::s
   t.freed_bytes[k] += bytes;
   t.requested_bytes[k] += static_cast<std::int64_t>(requested);
   t.requested_freed[k] += static_cast<std::int64_t>(out->block.requested);
+  t.requested_drift[k] += static_cast<std::int64_t>(requested) - static_cast<std::int64_t>(out->block.requested);
   return true;
 }
 
@@ -288,10 +292,10 @@ void StreamCaches::flush_stream(StreamId stream) {
   flush_if([stream](const CachedBlock& b) { return b.stream != stream; });
 }
 
-void StreamCaches::forget_device(int device) {
-  if (forked_) return;  // the live table is the parent's, and the child caches nothing
+std::vector<std::pair<DevicePtr, LiveBlock>> StreamCaches::forget_device(int device) {
+  if (forked_) return {};  // the live table is the parent's, and the child caches nothing
   flush_if([device](const CachedBlock& b) { return b.block.device != device; });
-  live_.forget_device(device);
+  return live_.forget_device(device);
 }
 
 void StreamCaches::thread_exiting(ThreadCache* cache) {

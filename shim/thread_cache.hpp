@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "pool/ptr_map.hpp"
@@ -64,8 +65,9 @@ class LiveTable {
   // says so) or removed. A parked entry is left as it is. -1 parks nothing.
   enum class Freed { Unknown, Live, AlreadyParked };
   Freed release(DevicePtr ptr, int park_device, LiveBlock* out);
-  // Drops every entry of the device (its memory is gone: cudaDeviceReset).
-  void forget_device(int device);
+  // Drops every entry of the device (its memory is gone: cudaDeviceReset),
+  // and returns them.
+  std::vector<std::pair<DevicePtr, LiveBlock>> forget_device(int device);
 
  private:
   // Enough stripes that threads working on their own blocks seldom share
@@ -92,6 +94,10 @@ struct CacheTraffic {
   std::int64_t freed_bytes[kPoolKinds] = {};
   std::int64_t requested_bytes[kPoolKinds] = {};
   std::int64_t requested_freed[kPoolKinds] = {};
+  // How much more the blocks lent again were asked for than the blocks they
+  // were before: the pool counts the request it lent a block for until the
+  // block comes back to it (see DeviceState::requested_returned_drift).
+  std::int64_t requested_drift[kPoolKinds] = {};
   // Bytes of blocks kept in the cache (the pool counts them as allocated):
   // now, and the most at once in one thread. Summed over threads, the peaks
   // bound what was ever kept at once.
@@ -200,8 +206,9 @@ class StreamCaches {
   void flush_stream(StreamId stream);
   // cudaDeviceReset is taking the device's memory: its cached blocks go back
   // to the pool (which then holds as allocated only what the program does,
-  // and forgets it all), and no live entry of it is kept.
-  void forget_device(int device);
+  // and forgets it all), and no live entry of it is kept. Returns the live
+  // entries dropped (the blocks the program still held).
+  std::vector<std::pair<DevicePtr, LiveBlock>> forget_device(int device);
   // Held across fork() so that the child never inherits them locked: the
   // flush lock before any pool's, the registry's after them (a report reads
   // the caches' traffic with a pool's lock held).

@@ -44,7 +44,11 @@ class Run:
         if len(paths) != 1:
             raise AssertionError(f"expected one report, found {paths}\nstderr:\n{self.stderr}")
         with open(paths[0]) as f:
-            return json.load(f) if paths[0].endswith(".json") else f.read()
+            if not paths[0].endswith(".json"):
+                return f.read()
+            report = json.load(f)
+        check_books(report)
+        return report
 
     def counters(self):
         with open(os.path.join(self.workdir, "counters.json")) as f:
@@ -52,6 +56,22 @@ class Run:
 
     def output_json(self):
         return json.loads(self.stdout.strip().splitlines()[-1])
+
+
+def check_books(report):
+    """Every test that reads a JSON report checks its books: for each figure
+    of each device, allocated - freed == current, and the peak is at least
+    the current."""
+    for device, d in report.get("devices", {}).items():
+        s = d["stats"]
+        for key, current in s.items():
+            name = key[:-len(".current")]
+            if not key.endswith(".current") or f"{name}.allocated" not in s:
+                continue
+            allocated, freed, peak = s[f"{name}.allocated"], s[f"{name}.freed"], s[f"{name}.peak"]
+            if allocated - freed != current or peak < current:
+                raise AssertionError(f"device {device}: {name}: allocated {allocated} - freed {freed} != current "
+                                     f"{current}, or peak {peak} below it")
 
 
 class ShimTest(unittest.TestCase):

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 
-from harness import BUILD, LIBRARY, SOURCE, ShimTest, main, sanitizer_runtime
+from harness import BUILD, LIBRARY, SOURCE, ShimTest, check_books, main, sanitizer_runtime
 
 
 class HostMemoryFailure(ShimTest):
@@ -40,6 +40,8 @@ class HostMemoryFailure(ShimTest):
         if len(reports) == 1:
             with open(reports[0]) as f:
                 report = json.load(f) if fmt == "json" else f.read()
+            if fmt == "json":
+                check_books(report)
         return run, report
 
     def check(self, run, report, first, every):

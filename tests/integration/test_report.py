@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from harness import BUILD, SOURCE, ShimTest, main
+from harness import BUILD, SOURCE, ShimTest, check_books, main
 
 SMALL_DEVICE = {"SIMCUDA_MEMORY": "64M"}
 FIXED = {"GPUPOOL_EXPANDABLE_SEGMENTS": "0"}
@@ -440,6 +440,7 @@ class Command(ShimTest):
         for path in paths:
             with open(path) as f:
                 reports.append(json.load(f))
+            check_books(reports[-1])
         peaks = [r["devices"]["0"]["stats"]["reserved_bytes.all.peak"] for r in reports]
         worst_line = [line for line in lines if "<- worst" in line][0]
         worst_pid = reports[peaks.index(max(peaks))]["pid"]

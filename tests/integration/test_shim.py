@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import unittest
 
-from harness import BUILD, CORE, LIBRARY, ShimTest, main, sanitizer_runtime
+from harness import BUILD, CORE, LIBRARY, ShimTest, check_books, main, sanitizer_runtime
 
 
 class Integrity(ShimTest):
@@ -1136,6 +1136,7 @@ class Lifecycle(ShimTest):
                 for path in run.reports():
                     with open(path) as f:
                         report = json.load(f)
+                    check_books(report)
                     device = report["devices"]["0"]
                     self.assertEqual(device["leaks"]["blocks"], 0, path)
                     allocated = device["stats"]["allocation.all.allocated"]
@@ -1161,7 +1162,9 @@ class Lifecycle(ShimTest):
     def test_a_stream_ordered_block_live_at_a_reset_cannot_be_freed_into_a_cache_after_it(self):
         # The reset freed it: its free is refused (the runtime judges a
         # pointer gpupool does not know), as without gpupool, and the next
-        # request of its size gets new memory.
+        # request of its size gets new memory. The block was its thread
+        # cache's, lent again for 3.5 MiB: the reset frees those 3.5 MiB
+        # (the pool lent it for 4 MiB), and the books balance.
         for expandable in ("1", "0"):
             with self.subTest(expandable_segments=expandable):
                 run = self.run_program(["test-lifecycle", "reset-live"],
@@ -1173,6 +1176,8 @@ class Lifecycle(ShimTest):
                 dev = report["devices"]["0"]
                 self.assertEqual(dev["device_resets"]["blocks_freed_by_reset"], 1)
                 self.assertEqual(dev["stats"]["allocation.all.current"], 0)
+                self.assertEqual(dev["stats"]["requested_bytes.all.allocated"], 512 + (4 << 20) * 2 + (7 << 19))
+                self.assertEqual(dev["stats"]["requested_bytes.all.freed"], 512 + (4 << 20) * 2 + (7 << 19))
 
     def test_the_report_covers_the_run_across_a_device_reset(self):
         # One 512-byte block on another thread (to turn the thread caches on),

@@ -14,9 +14,11 @@
 //              device, and allocates there again: nothing from before the
 //              reset may come back
 //   reset-live with thread caches on, resets the device while a stream-ordered
-//              block is live, then frees that block stream-ordered: refused,
-//              as the reset freed it (were it taken into a thread cache, the
-//              next allocation would get memory the reset took)
+//              block is live (one the thread's cache lent again, for a
+//              request 512 KiB smaller than the one it was made for), then
+//              frees that block stream-ordered: refused, as the reset freed
+//              it (were it taken into a thread cache, the next allocation
+//              would get memory the reset took)
 //   trim [KEEP] with thread caches on, frees 8 blocks of 8 MiB on the legacy
 //              stream, then, given KEEP, trims the device's default pool to
 //              KEEP bytes; then allocates and uses a block
@@ -179,8 +181,12 @@ int main(int argc, char** argv) {
   if (mode == "reset-live") {
     testprog::turn_thread_caches_on();
     constexpr size_t kSize = size_t{4} << 20;
+    void* first = nullptr;
+    CHECK_CUDA(cudaMallocAsync(&first, kSize, nullptr));
+    CHECK_CUDA(cudaFreeAsync(first, nullptr));  // kept in this thread's cache
     void* held = nullptr;  // live at the reset, which frees it
-    CHECK_CUDA(cudaMallocAsync(&held, kSize, nullptr));
+    CHECK_CUDA(cudaMallocAsync(&held, kSize - (512 << 10), nullptr));
+    EXPECT(held == first);
     CHECK_CUDA(cudaStreamSynchronize(nullptr));
     CHECK_CUDA(cudaDeviceReset());
     EXPECT(cudaFreeAsync(held, nullptr) == cudaErrorInvalidValue);
