@@ -398,27 +398,31 @@ class Stress(ShimTest):
                 self.assertGreater(did["refused"], 0)
                 self.assertEqual(sum(d["stats"]["num_ooms"] for d in devices), did["refused"])
 
+    def injected_failures_damage_nothing(self, runs, failures, counter, at_least):
+        """Stress runs (seed, segment mode) with `failures` injected: the
+        simulated runtime's `counter` of them passes `at_least`, and at most
+        one allocation in twenty is refused."""
+        for seed, expandable in runs:
+            with self.subTest(seed=seed, expandable_segments=expandable):
+                run, did, _ = self.stress_with(seed, expandable, failures)
+                self.assertGreater(run.counters()[counter], at_least)
+                self.assertLess(did["refused"] * 20, did["allocations"])
+
     def test_random_event_failures_damage_nothing(self):
         # Three in ten of gpupool's event calls (create, record, wait) fail:
         # reuse that needed them waits or takes other memory, and every
         # pattern and count still holds.
-        for seed, expandable in (("9", "1"), ("10", "0")):
-            with self.subTest(seed=seed, expandable_segments=expandable):
-                run, did, _ = self.stress_with(seed, expandable, {"SIMCUDA_EVENT_FAIL_RATE": "0.3"})
-                self.assertGreater(run.counters()["event_failures"], 100)
-                self.assertLess(did["refused"] * 20, did["allocations"])
+        self.injected_failures_damage_nothing((("9", "1"), ("10", "0")), {"SIMCUDA_EVENT_FAIL_RATE": "0.3"},
+                                              "event_failures", 100)
 
     def test_random_event_and_host_wait_failures_damage_nothing(self):
         # Three in ten of gpupool's host waits fail too (its fallback when an
         # event is refused): reuse that needed one takes other memory, and
         # every pattern and count still holds. (Seeds 9-11, both segment
         # modes: 73-119 host waits failed, 6-57 of about 3,000 refused.)
-        for seed, expandable in (("11", "1"), ("12", "0")):
-            with self.subTest(seed=seed, expandable_segments=expandable):
-                run, did, _ = self.stress_with(seed, expandable, {"SIMCUDA_EVENT_FAIL_RATE": "0.3",
-                                                                  "SIMCUDA_HOST_WAIT_FAIL_RATE": "0.3"})
-                self.assertGreater(run.counters()["host_wait_failures"], 20)
-                self.assertLess(did["refused"] * 20, did["allocations"])
+        self.injected_failures_damage_nothing(
+            (("11", "1"), ("12", "0")), {"SIMCUDA_EVENT_FAIL_RATE": "0.3", "SIMCUDA_HOST_WAIT_FAIL_RATE": "0.3"},
+            "host_wait_failures", 20)
 
     def test_random_event_query_failures_damage_nothing(self):
         # Three in ten of gpupool's event queries fail, saying nothing of
@@ -426,11 +430,8 @@ class Stress(ShimTest):
         # later barrier or takes other memory, and every pattern and count
         # still holds. (Seeds 13 and 14: 2,516-3,862 queries failed, 0-6 of
         # about 3,000 refused.)
-        for seed, expandable in (("13", "1"), ("14", "0")):
-            with self.subTest(seed=seed, expandable_segments=expandable):
-                run, did, _ = self.stress_with(seed, expandable, {"SIMCUDA_EVENT_QUERY_FAIL_RATE": "0.3"})
-                self.assertGreater(run.counters()["event_query_failures"], 500)
-                self.assertLess(did["refused"] * 20, did["allocations"])
+        self.injected_failures_damage_nothing((("13", "1"), ("14", "0")), {"SIMCUDA_EVENT_QUERY_FAIL_RATE": "0.3"},
+                                              "event_query_failures", 500)
 
     def test_without_ordering_the_stress_breaks_patterns(self):
         # The control: the program does catch a pool that reuses too early
