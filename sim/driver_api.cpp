@@ -224,7 +224,10 @@ CUresult event_record_ptsz(CUevent e, CUstream s) {
   simcuda::DriverCaller caller(__builtin_return_address(0));
   return cu(cudaEventRecord_ptsz(rt(e), rt(s)));
 }
-CUresult event_query(CUevent e) { return cu(cudaEventQuery(rt(e))); }
+CUresult event_query(CUevent e) {
+  simcuda::DriverCaller caller(__builtin_return_address(0));
+  return cu(cudaEventQuery(rt(e)));
+}
 CUresult event_synchronize(CUevent e) {
   simcuda::DriverCaller caller(__builtin_return_address(0));
   return cu(cudaEventSynchronize(rt(e)));

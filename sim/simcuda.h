@@ -11,11 +11,14 @@
  *   SIMCUDA_FAIL_ERROR=E        the error those fail with (2, out of memory)
  *   SIMCUDA_EVENT_FAIL_RATE=P   the chance that gpupool's core has an event
  *                               creation, record or stream wait fail
+ *   SIMCUDA_EVENT_QUERY_FAIL_RATE=P  the same for its cudaEventQuery (an
+ *                               error, whether or not the event is done)
  *   SIMCUDA_HOST_WAIT_FAIL_RATE=P  the same for its cudaEventSynchronize,
  *                               cudaStreamSynchronize, cudaDeviceSynchronize
- *                               (both: the runtime's calls, or the driver's
- *                               twins when gpupool serves a static runtime)
- *   SIMCUDA_FAIL_SEED=N         seeds the three kinds of injected failure (1)
+ *                               (all three: the runtime's calls, or the
+ *                               driver's twins when gpupool serves a static
+ *                               runtime)
+ *   SIMCUDA_FAIL_SEED=N         seeds the four kinds of injected failure (1)
  *   SIMCUDA_NO_VMM=1            no virtual memory calls (a driver without them)
  *   SIMCUDA_POOLLESS_DEVICE=N   device N has no stream-ordered allocator
  *   SIMCUDA_COUNTERS_FILE=PATH  the counters below, as JSON, written at exit */

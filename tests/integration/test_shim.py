@@ -362,7 +362,8 @@ class Stress(ShimTest):
                 did = run.output_json()
                 devices = run.report()["devices"].values()
                 self.assertEqual(sum(d["stats"]["allocation.all.allocated"] for d in devices), did["allocations"])
-                self.assertEqual(sum(d["stats"]["allocation.all.current"] for d in devices), 0)
+                for key in ("allocation", "allocated_bytes", "requested_bytes"):  # the program freed everything
+                    self.assertEqual(sum(d["stats"][f"{key}.all.current"] for d in devices), 0, key)
                 refused += did["refused"]
                 allocations += did["allocations"]
                 os.remove(run.reports()[0])
@@ -384,7 +385,8 @@ class Stress(ShimTest):
         did = run.output_json()
         devices = list(run.report()["devices"].values())
         self.assertEqual(sum(d["stats"]["allocation.all.allocated"] for d in devices), did["allocations"])
-        self.assertEqual(sum(d["stats"]["allocation.all.current"] for d in devices), 0)
+        for key in ("allocation", "allocated_bytes", "requested_bytes"):  # the program freed everything
+            self.assertEqual(sum(d["stats"][f"{key}.all.current"] for d in devices), 0, key)
         os.remove(run.reports()[0])
         return run, did, devices
 
