@@ -40,8 +40,6 @@ class HostMemoryFailure(ShimTest):
         if len(reports) == 1:
             with open(reports[0]) as f:
                 report = json.load(f) if fmt == "json" else f.read()
-            if fmt == "json":
-                check_books(report)
         return run, report
 
     def check(self, run, report, first, every):
@@ -56,6 +54,11 @@ class HostMemoryFailure(ShimTest):
         # made a line on stderr go out unformatted.)
         self.assertTrue(failures > 0 or not (aside or lost_report), f"{where}:\n{run.stderr}")
         self.assertIsNotNone(report, f"{where}: no report at exit\n{run.stderr}")  # written once disarmed
+        if isinstance(report, dict):
+            try:
+                check_books(report)
+            except AssertionError as e:
+                raise AssertionError(f"{where}: {e}") from None
         if aside:
             self.assertEqual(report["stepped_aside"], {"call": aside[0], "reason": "out of host memory (std::bad_alloc)"})
         else:

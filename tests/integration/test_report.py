@@ -286,6 +286,25 @@ class Paths(ShimTest):
         with open(target) as f:
             self.assertEqual(json.load(f)["reason"], "exit")
 
+    def test_a_report_mid_run_counts_a_block_lent_again_at_its_last_request(self):
+        # A thread's cache lent the block again for 3.5 MiB (the pool made it
+        # for 4 MiB): the report asked for while it is held counts 3.5 MiB
+        # requested, and both reports' books balance.
+        target = os.path.join(self.workdir, "report-signal.json")
+        run = self.run_program(["test-lifecycle", "signal-lent-again", target], env={"GPUPOOL_LOG": target})
+        self.assertSucceeded(run)
+        during = json.loads(run.stdout)
+        self.assertEqual(during["reason"], "signal")
+        check_books(during)
+        stats = during["devices"]["0"]["stats"]
+        self.assertEqual(stats["requested_bytes.all.current"], 7 << 19)
+        self.assertEqual(stats["allocated_bytes.all.current"], 4 << 20)
+        with open(target) as f:
+            after = json.load(f)
+        self.assertEqual(after["reason"], "exit")
+        check_books(after)
+        self.assertEqual(after["devices"]["0"]["stats"]["requested_bytes.all.current"], 0)
+
     def test_sigusr1_can_be_turned_off(self):
         target = os.path.join(self.workdir, "report-signal.json")
         run = self.run_program(["test-lifecycle", "signal", target],

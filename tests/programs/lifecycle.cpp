@@ -9,6 +9,8 @@
 //              neither may wait on the other for good
 //   signal R   raises SIGUSR1; the next CUDA call writes a report to R, which
 //              this program then prints
+//   signal-lent-again R  the same while it holds a block its thread's cache
+//              lent again for 3.5 MiB (made for 4 MiB; thread caches on)
 //   reset      with a second thread's stream-ordered calls (gpupool's thread
 //              caches on), frees a block on the legacy stream, resets the
 //              device, and allocates there again: nothing from before the
@@ -159,6 +161,20 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaMalloc(&p, 1 << 20));  // held while the report is written
     const int printed = testprog::print_requested_report(argv[2]);
     CHECK_CUDA(cudaFree(p));
+    return printed;
+  }
+  if (mode == "signal-lent-again" && argc > 2) {
+    testprog::turn_thread_caches_on();
+    constexpr size_t kSize = size_t{4} << 20;
+    void* first = nullptr;
+    CHECK_CUDA(cudaMallocAsync(&first, kSize, nullptr));
+    CHECK_CUDA(cudaFreeAsync(first, nullptr));  // kept in this thread's cache
+    void* held = nullptr;
+    CHECK_CUDA(cudaMallocAsync(&held, kSize - (512 << 10), nullptr));
+    EXPECT(held == first);
+    const int printed = testprog::print_requested_report(argv[2]);
+    CHECK_CUDA(cudaFreeAsync(held, nullptr));
+    CHECK_CUDA(cudaStreamSynchronize(nullptr));
     return printed;
   }
   if (mode == "reset") {
@@ -351,6 +367,6 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::fprintf(stderr,
-               "usage: lifecycle leak|static|fork|reset|reset-live|chdir|ipc|ipc-foreign|signal REPORT|driver LIB USE [fork]\n");
+               "usage: lifecycle leak|static|fork|reset|reset-live|chdir|ipc|ipc-foreign|signal[-lent-again] REPORT|driver LIB USE [fork]\n");
   return 64;
 }
