@@ -4,12 +4,13 @@
 // stream pool, which make barriers check first whether the device has caught
 // up), cross-stream frees, captures (here and on another device), a stream
 // destroyed and its handle reused, device failures, a device that lags or
-// keeps up (or one stream that lags behind the rest), cache releases. After every step every invariant of the pool
-// holds; no allocation overlaps a live one or leaves the device's memory, and
-// none may race the work queued before its bytes were last freed
-// (ordering_oracle.hpp judges by CUDA's rules), not even on a stream made
-// while a plain allocation is live; no page is unmapped under queued work;
-// nothing a capture forbids is called during one; at the end the books balance.
+// keeps up (or one stream that lags behind the rest), cache releases. After
+// every step every invariant of the pool holds; no allocation overlaps a live
+// one or leaves the device's memory, and none may race the work queued before
+// its bytes were last freed (ordering_oracle.hpp judges by CUDA's rules), not
+// even on a stream made while a plain allocation is live; no page is unmapped
+// under queued work; nothing a capture forbids is called during one; at the
+// end the books balance.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>

@@ -276,31 +276,31 @@ class Paths(ShimTest):
         self.assertEqual(len(told), 1, run.stderr)
         self.assertNotIn("report written", run.stderr)
 
-    def test_sigusr1_writes_a_report_without_exiting(self):
+    def reports_by_signal(self, mode):
+        """Runs test-lifecycle MODE, which asks for a report by signal and
+        prints it; returns that report and the one written at exit."""
         target = os.path.join(self.workdir, "report-signal.json")
-        run = self.run_program(["test-lifecycle", "signal", target], env={"GPUPOOL_LOG": target})
+        run = self.run_program(["test-lifecycle", mode, target], env={"GPUPOOL_LOG": target})
         self.assertSucceeded(run)
-        during = json.loads(run.stdout)
+        with open(target) as f:
+            return json.loads(run.stdout), json.load(f)
+
+    def test_sigusr1_writes_a_report_without_exiting(self):
+        during, after = self.reports_by_signal("signal")
         self.assertEqual(during["reason"], "signal")
         self.assertEqual(during["devices"]["0"]["stats"]["allocation.all.current"], 1)
-        with open(target) as f:
-            self.assertEqual(json.load(f)["reason"], "exit")
+        self.assertEqual(after["reason"], "exit")
 
     def test_a_report_mid_run_counts_a_block_lent_again_at_its_last_request(self):
         # A thread's cache lent the block again for 3.5 MiB (the pool made it
         # for 4 MiB): the report asked for while it is held counts 3.5 MiB
         # requested, and both reports' books balance.
-        target = os.path.join(self.workdir, "report-signal.json")
-        run = self.run_program(["test-lifecycle", "signal-lent-again", target], env={"GPUPOOL_LOG": target})
-        self.assertSucceeded(run)
-        during = json.loads(run.stdout)
+        during, after = self.reports_by_signal("signal-lent-again")
         self.assertEqual(during["reason"], "signal")
         check_books(during)
         stats = during["devices"]["0"]["stats"]
         self.assertEqual(stats["requested_bytes.all.current"], 7 << 19)
         self.assertEqual(stats["allocated_bytes.all.current"], 4 << 20)
-        with open(target) as f:
-            after = json.load(f)
         self.assertEqual(after["reason"], "exit")
         check_books(after)
         self.assertEqual(after["devices"]["0"]["stats"]["requested_bytes.all.current"], 0)
