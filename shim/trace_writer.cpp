@@ -85,14 +85,24 @@ LineStart& line_start() {
 
 // Missing folders are made, as spdlog makes the report's: GPUPOOL_LOG and
 // GPUPOOL_TRACE may name the same new folder (runs/%p/...).
-int open_making_folders(const std::string& path) {
+// A trace may go to a pipe (a FIFO a live reader drains), where a signal the
+// program handles without SA_RESTART interrupts a blocked open or write.
+int open_retrying(const std::string& path) {
   constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
-  const int fd = ::open(path.c_str(), kFlags, 0644);
+  int fd;
+  do {
+    fd = ::open(path.c_str(), kFlags, 0644);
+  } while (fd < 0 && errno == EINTR);
+  return fd;
+}
+
+int open_making_folders(const std::string& path) {
+  const int fd = open_retrying(path);
   if (fd >= 0 || errno != ENOENT) return fd;
   std::error_code ec;
   const std::filesystem::path folder = std::filesystem::path(path).parent_path();
   if (folder.empty() || !std::filesystem::create_directories(folder, ec)) return -1;
-  return ::open(path.c_str(), kFlags, 0644);
+  return open_retrying(path);
 }
 }  // namespace
 
@@ -201,6 +211,7 @@ void TraceWriter::flush_output(Output& out) {
   std::size_t done = 0;
   while (out.fd >= 0 && done < out.buffer.size()) {
     const ssize_t w = ::write(out.fd, out.buffer.data() + done, out.buffer.size() - done);
+    if (w < 0 && errno == EINTR) continue;
     if (w <= 0) break;
     done += static_cast<std::size_t>(w);
   }

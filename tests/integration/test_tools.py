@@ -7,6 +7,7 @@ import pickle
 import re
 import subprocess
 import sys
+import threading
 import time
 
 from harness import BUILD, SOURCE, ShimTest, main, sanitizer_runtime
@@ -42,7 +43,7 @@ class Recording(ShimTest):
             self.assertRegex(row[1], r"^([01]\d|2[0-3]):[0-5]\d:[0-5]\d\.\d{6}$")
             self.assertRegex(row[3], r"^0x[0-9a-f]+$")
             self.assertRegex(row[4], r"^[1-9]\d*$")
-            self.assertRegex(row[5], r"^0x[0-9a-f]+$")
+            self.assertEqual(row[5], "0x0", row)  # cudaMalloc and cudaFree name no stream: RMM writes 0
         # Local time of day, as RMM writes it.
         hours, minutes, seconds = rows[-1][1].split(":")
         now = time.localtime()
@@ -115,6 +116,57 @@ class Recording(ShimTest):
         self.assertGreaterEqual(unwritten, 0)
         self.assertLess(unwritten, (1 << 20) + 160)  # at most one buffer and a line
 
+    def test_trace_times_follow_the_clock(self):
+        # 1.1 s between the last allocation and the first free: the time of
+        # day is kept per thread between lines, and must move on.
+        path = os.path.join(self.workdir, "trace.csv")
+        run = self.run_program(["test-lifecycle", "trace-written", "50", "1100"], env={"GPUPOOL_TRACE": path})
+        self.assertSucceeded(run)
+        rows = read_csv(path)[1:]
+
+        def seconds(row):
+            hours, minutes, rest = row[1].split(":")
+            return int(hours) * 3600 + int(minutes) * 60 + float(rest)
+
+        last_allocation = seconds(rows[49])
+        first_free = seconds(rows[50])
+        self.assertEqual((rows[49][2], rows[50][2]), ("allocate", "free"))
+        apart = (first_free - last_allocation) % 86400  # across midnight too
+        self.assertGreaterEqual(apart, 1.1)
+        self.assertLess(apart, 1.6)
+        times = [seconds(r) for r in rows]
+        self.assertTrue(all(0 <= (b - a) % 86400 < 2 for a, b in zip(times, times[1:])), times)
+
+    def test_a_trace_to_a_pipe_loses_no_line_to_signals(self):
+        # A slow reader keeps gpupool's writes blocked on the pipe while the
+        # program's own signal handler (no SA_RESTART) interrupts them.
+        fifo = os.path.join(self.workdir, "trace.fifo")
+        os.mkfifo(fifo)
+        received = []
+
+        def drain():
+            with open(fifo, "rb", buffering=0) as f:
+                while chunk := f.read(1 << 16):
+                    received.append(chunk)
+                    time.sleep(0.001)
+
+        reader = threading.Thread(target=drain)
+        reader.start()
+        try:
+            run = self.run_program(["test-lifecycle", "trace-interrupted", "40000"], env={"GPUPOOL_TRACE": fifo})
+        finally:
+            if reader.is_alive() and not received:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # never opened: let the reader go
+            reader.join(timeout=60)
+        self.assertSucceeded(run)
+        self.assertGreater(run.output_json()["signals"], 10)
+        lines = b"".join(received).decode().splitlines()
+        self.assertEqual(lines[0], "Thread,Time,Action,Pointer,Size,Stream")
+        rows = list(csv.reader(lines[1:]))
+        self.assertTrue(all(len(r) == 6 for r in rows))
+        self.assertEqual(sum(r[2] == "allocate" for r in rows), 40000)
+        self.assertEqual(sum(r[2] == "free" for r in rows), 40000)
+
     def test_failures_are_recorded(self):
         run, path = self.trace(["test-oom", "full"], env={"SIMCUDA_MEMORY": "64M"})
         self.assertSucceeded(run)
@@ -177,16 +229,33 @@ class Replay(ShimTest):
         self.assertEqual(out.returncode, 1)
         self.assertIn("bad.csv:3: bad size", out.stderr)
         self.assertIn("lots", out.stderr)
+        for line, error in (("1,00:00:00.000001,allocate,0x2000,512,0x0,extra", "expected 6 fields"),
+                            ("1,00:00:00.000001,allocate,0x2000,512", "expected 6 fields"),
+                            ("1,00:00:00.000001,malloc,0x2000,512,0x0", "unknown action 'malloc'"),
+                            ("1,00:00:00.00000x,allocate,0x2000,512,0x0", "bad time"),
+                            ("1,0:00:00.000001,allocate,0x2000,512,0x0", "bad time"),
+                            ("1,00:00:00.000001,allocate,0x20g0,512,0x0", "bad pointer"),
+                            ("1,00:00:00.000001,allocate,0x,512,0x0", "bad pointer"),
+                            ("1,00:00:00.000001,allocate,0x2000,-512,0x0", "bad size"),
+                            ("1,00:00:00.000001,allocate,0x2000,512,stream", "bad stream")):
+            with self.subTest(line=line):
+                path = self.write("bad.csv", "Thread,Time,Action,Pointer,Size,Stream\n"
+                                  "1,00:00:00.000000,allocate,0x1000,512,0x0\n" + line + "\n")
+                out = self.replay(path)
+                self.assertEqual(out.returncode, 1)
+                self.assertIn(f"bad.csv:3: {error}", out.stderr)
 
     def test_unknown_frees_are_counted_and_skipped(self):
         path = self.write("t.csv", "Thread,Time,Action,Pointer,Size,Stream\n"
                           "1,00:00:00.000000,allocate,0x1000,4096,0x0\n"
                           "1,00:00:00.000001,free,0x9999,4096,0x0\n"
-                          "1,00:00:00.000002,free,0x1000,4096,0x0\n")
+                          "1,00:00:00.000002,allocate failure,0x0,1099511627776,0x0\n"
+                          "1,00:00:00.000003,free,0x1000,4096,0x0\n")
         out = self.replay("--json", path)
         self.assertEqual(out.returncode, 0, out.stderr)
         r = json.loads(out.stdout)
         self.assertEqual((r["allocations"], r["frees"], r["unknown_frees"]), (1, 1, 1))
+        self.assertEqual((r["trace_allocation_failures"], r["ooms"]), (1, 0))  # counted, not replayed
 
     def test_the_free_of_an_allocation_that_failed_in_the_replay_is_no_unknown_free(self):
         # --capacity 64M: the 100 MiB request fails (the trace's did not), and
@@ -271,6 +340,19 @@ class Replay(ShimTest):
         for line in lines:
             if line.startswith("expandable_segments:"):
                 self.assertRegex(line[:allocs_end + 1], r"\d $", (header, line))
+
+    def test_a_sweep_ranks_settings_that_run_out_of_memory_last(self):
+        # Refusing the 4 MiB request, the 2 MiB limit reserves nothing: the
+        # lowest peak, and the worst setting.
+        path = self.write("o.csv", "Thread,Time,Action,Pointer,Size,Stream\n"
+                          "1,00:00:00.000000,allocate,0x1000,4194304,0x0\n"
+                          "1,00:00:00.000001,free,0x1000,4194304,0x0\n")
+        out = self.replay("--sweep", "memory_limit=2M,64M", path)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        rows = [line.split()[0] for line in out.stdout.splitlines() if line.startswith("memory_limit:")]
+        self.assertEqual(rows, ["memory_limit:64M", "memory_limit:2M"])
+        self.assertIn("best for o.csv: GPUPOOL_CONF=memory_limit:64M\n", out.stdout)
+        self.assertIn("recommended for this trace: GPUPOOL_CONF=memory_limit:64M ", out.stdout)
 
     def test_tune_tries_each_segment_mode_with_its_own_settings_and_recommends_the_lowest(self):
         # Sizes from 0.5 to 18.5 MiB; after every second allocation the one before it is freed.

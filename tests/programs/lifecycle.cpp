@@ -24,8 +24,13 @@
 //   trim [KEEP] with thread caches on, frees 8 blocks of 8 MiB on the legacy
 //              stream, then, given KEEP, trims the device's default pool to
 //              KEEP bytes; then allocates and uses a block
-//   trace-written N  allocates N blocks of 512 bytes, frees them all, then
-//              prints {"written": the size of GPUPOOL_TRACE's file now}
+//   trace-written N [PAUSE_MS]  allocates N blocks of 512 bytes, (given
+//              PAUSE_MS, sleeps that long,) frees them all, then prints
+//              {"written": the size of GPUPOOL_TRACE's file now}
+//   trace-interrupted N  the same, while another thread sends the main
+//              thread a signal every 500 us (handled without SA_RESTART, so
+//              that it interrupts a blocked write) from before the first CUDA
+//              call to exit; prints {"signals": how many it handled so far}
 //   chdir      makes its first CUDA call after changing directory
 //   ipc        takes the IPC handle of a block inside a pooled segment
 //   ipc-foreign  takes the IPC handle of memory gpupool does not own (from a
@@ -50,12 +55,14 @@
 //              an allocation through the shared runtime; with fork, a child
 //              then exits without using CUDA
 #include <dlfcn.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -71,6 +78,7 @@ struct FreedAtExit {
   }
 };
 FreedAtExit g_static_block;
+std::atomic<int> g_signals{0};
 
 // A thread's blocks, freed in their stream's order when the thread ends;
 // then one more block is allocated, filled and freed there.
@@ -257,11 +265,30 @@ int main(int argc, char** argv) {
   if (mode == "trace-written" && argc > 2) {
     std::vector<void*> blocks(std::strtoul(argv[2], nullptr, 10));
     for (void*& p : blocks) CHECK_CUDA(cudaMalloc(&p, 512));
+    if (argc > 3) std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(argv[3])));
     for (void* p : blocks) CHECK_CUDA(cudaFree(p));
     const char* trace = std::getenv("GPUPOOL_TRACE");
     struct stat st {};
     EXPECT(trace != nullptr && stat(trace, &st) == 0);
     std::printf("{\"written\": %lld}\n", static_cast<long long>(st.st_size));
+    return 0;
+  }
+  if (mode == "trace-interrupted" && argc > 2) {
+    struct sigaction counting {};
+    counting.sa_handler = [](int) { g_signals.fetch_add(1, std::memory_order_relaxed); };
+    sigemptyset(&counting.sa_mask);
+    counting.sa_flags = 0;  // no SA_RESTART
+    EXPECT(sigaction(SIGALRM, &counting, nullptr) == 0);
+    std::thread([main_thread = pthread_self()] {
+      for (;;) {  // until the process ends, through gpupool's flush at exit
+        pthread_kill(main_thread, SIGALRM);
+        usleep(500);
+      }
+    }).detach();
+    std::vector<void*> blocks(std::strtoul(argv[2], nullptr, 10));
+    for (void*& p : blocks) CHECK_CUDA(cudaMalloc(&p, 512));
+    for (void* p : blocks) CHECK_CUDA(cudaFree(p));
+    std::printf("{\"signals\": %d}\n", g_signals.load());
     return 0;
   }
   if (mode == "chdir") {
