@@ -6,7 +6,9 @@
 // target tells it what the program does (frees, new streams, captures); it
 // then says whether the bytes of an allocation may be used by its consumer
 // without racing the work queued before their last free, and checks that
-// pages are unmapped only once that work is done.
+// pages are unmapped only once that work is done. It keeps the device's
+// answers consistent with that order: an event or a stream behind a wait for
+// work not done is not complete.
 #pragma once
 
 #include <algorithm>
@@ -132,6 +134,7 @@ class OrderingOracle final : public Upstream {
   void complete_all() {
     device_.complete_all();
     for (const auto& [event, clock] : recorded_) merge(completed_, clock);
+    held_.clear();
   }
   // The first rule broken by the pool's own calls, or empty.
   const std::string& violation() const { return violation_; }
@@ -148,6 +151,7 @@ class OrderingOracle final : public Upstream {
   EventHandle create_event() override { return device_.create_event(); }
   void destroy_event(EventHandle event) override {
     recorded_.erase(event);
+    held_.erase(event);
     device_.destroy_event(event);
   }
   bool record_event(EventHandle event, StreamId stream) override {
@@ -156,7 +160,15 @@ class OrderingOracle final : public Upstream {
     Clock clock = settle(stream);
     const std::uint32_t id = identity(stream);
     clock[id] = std::max(clock[id], position_[id]);
-    if (at_once_ && (lagging_ == 0 || stream != lagging_)) merge(completed_, clock);
+    held_.erase(event);
+    if (at_once_ && (lagging_ == 0 || stream != lagging_)) {
+      // The stream's own work is done at once; what it waited for may not be.
+      if (follows_undone(clock, id)) {
+        held_[event] = id;
+      } else {
+        merge(completed_, clock);
+      }
+    }
     recorded_[event] = std::move(clock);
     return true;
   }
@@ -168,14 +180,31 @@ class OrderingOracle final : public Upstream {
     if (it != recorded_.end()) merge(knowledge_[identity(stream)], it->second);
     return true;
   }
-  EventStatus query_event(EventHandle event) override { return device_.query_event(event); }
+  // The device completes events at once (but the lagging stream's) and
+  // reports streams idle as told; the oracle keeps its answers consistent
+  // with the work they follow: an event, or a stream, behind work not done
+  // (a wait for the lagging stream) is pending until that work is done.
+  EventStatus query_event(EventHandle event) override {
+    const EventStatus status = device_.query_event(event);
+    auto held = held_.find(event);
+    if (status != EventStatus::Complete || held == held_.end()) return status;
+    const Clock& clock = recorded_.at(event);
+    if (follows_undone(clock, held->second)) return EventStatus::Pending;
+    merge(completed_, clock);
+    held_.erase(held);
+    return status;
+  }
   EventStatus query_stream(StreamId stream) override {
-    const EventStatus status = device_.query_stream(stream);
+    EventStatus status = device_.query_stream(stream);
+    if (status == EventStatus::Complete && follows_undone(effective(stream), identity(stream))) {
+      status = EventStatus::Pending;
+    }
     if (status == EventStatus::Complete) stream_done(stream);
     return status;
   }
   bool synchronize_event(EventHandle event) override {
     if (!device_.synchronize_event(event)) return false;
+    held_.erase(event);
     auto it = recorded_.find(event);
     if (it != recorded_.end()) merge(completed_, it->second);
     return true;
@@ -310,6 +339,13 @@ class OrderingOracle final : public Upstream {
     }
     return false;
   }
+  // Whether `clock` follows work of another stream than `own` not known done.
+  bool follows_undone(const Clock& clock, std::uint32_t own) const {
+    for (const auto& [id, at] : clock) {
+      if (id != own && !covered(completed_, id, at)) return true;
+    }
+    return false;
+  }
   static bool covered(const Clock& clock, std::uint32_t id, std::uint64_t at) {
     auto it = clock.find(id);
     return it != clock.end() && it->second >= at;
@@ -437,6 +473,9 @@ class OrderingOracle final : public Upstream {
   std::vector<std::uint32_t> ended_;                 // identities of streams made again, still in the clocks
   std::map<std::uint32_t, Clock> knowledge_;         // per stream identity
   std::map<EventHandle, Clock> recorded_;            // each event's latest record
+  // Events the device completed at once, recorded on a stream (the value's
+  // identity) after it waited for work not yet done: pending until it is.
+  std::map<EventHandle, std::uint32_t> held_;
   Clock completed_;                                  // work known done on the device
   std::map<DevicePtr, Freed> freed_;
   std::map<DevicePtr, Clock> in_use_;  // each live allocation's consumer clock when it was made
