@@ -13,6 +13,27 @@ FIXED = {"GPUPOOL_EXPANDABLE_SEGMENTS": "0"}
 GPUPOOL = os.path.join(SOURCE, "scripts", "gpupool")
 
 
+def human_bytes(b):
+    """The report's byte figures, as report/diagnosis.cpp writes them."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+    unit, value = 0, abs(float(b))
+    while value >= 1024.0 and unit < 5:
+        value /= 1024.0
+        unit += 1
+    sign = "-" if b < 0 else ""
+    return f"{sign}{value:.0f} B" if unit == 0 else f"{sign}{value:.2f} {units[unit]}"
+
+
+def summary_rows(text):
+    """The memory summary's rows of figures, as [label, current, peak, allocated, freed]."""
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) == 5 and cells[0] != "Metric":
+            rows.append(cells)
+    return rows
+
+
 def schema():
     with open(os.path.join(SOURCE, "docs", "report.schema.json")) as f:
         return json.load(f)
@@ -32,6 +53,12 @@ class OutOfMemory(ShimTest):
         self.assertIn("fragmentation: 30.00 MiB free in the pool but the largest block is 2.00 MiB", oom["verdict"])
         self.assertIn("GPUPOOL_EXPANDABLE_SEGMENTS=1", oom["advice"])  # what the next test shows serves it
         self.assertIn("out of memory: fragmentation", run.stderr)  # said at the time, too
+        for path in run.reports():
+            os.remove(path)
+        text = self.run_program(["test-oom", "fragmentation"], env=dict(SMALL_DEVICE, **FIXED), fmt="text").report()
+        listed = text[text.index("\nOut of memory: 1 time(s)\n"):].splitlines()[2:4]
+        self.assertIn(oom["verdict"], listed[0])
+        self.assertEqual(listed[1].strip(), "advice: " + oom["advice"])
 
     def test_expandable_segments_serve_what_fixed_segments_fragment(self):
         run = self.run_program(["test-oom", "fragmentation"], env=SMALL_DEVICE)
@@ -152,6 +179,15 @@ class Leaks(ShimTest):
         self.assertEqual(leaks["sites"], [])
         self.assertTrue(any("GPUPOOL_BACKTRACE=1" in a for a in run.report()["devices"]["0"]["advice"]))
 
+    def test_the_text_report_lists_leaks_largest_first(self):
+        run = self.run_program(["test-lifecycle", "leak"], fmt="text")
+        self.assertSucceeded(run)
+        text = run.report()
+        lines = text[text.index("\nStill allocated at exit: 3 blocks, "):].splitlines()[2:5]
+        asked = [int(re.search(r"\(asked (\d+) bytes\) on cudaMalloc/cudaFree$", line).group(1)) for line in lines]
+        self.assertEqual(asked, [3 << 20, 1 << 20, 5 << 10])
+        self.assertIn("3 blocks (5.00 MiB) were still allocated at exit: GPUPOOL_BACKTRACE=1", text)
+
     def test_backtrace_groups_leaks_by_symbolized_call_site(self):
         run = self.run_program(["test-lifecycle", "leak"], env={"GPUPOOL_BACKTRACE": "1"})
         self.assertSucceeded(run)
@@ -189,16 +225,40 @@ class Contents(ShimTest):
                         os.remove(path)
 
     def test_text_and_json_carry_the_same_numbers(self):
+        # The same deterministic run twice, once per format: every cell of the
+        # text's memory summary must be the JSON's figure, and its count rows
+        # must balance as the JSON's do.
         as_json = self.run_program(["test-repeat", "7"]).report()
         for path in glob.glob(os.path.join(self.workdir, "report-*")):
             os.remove(path)
         text = self.run_program(["test-repeat", "7"], fmt="text").report()
         stats = as_json["devices"]["0"]["stats"]
         self.assertIn("gpupool memory summary, device 0", text)
-        row = [line for line in text.splitlines() if line.startswith("| Allocations ")][0]
-        cells = [c.strip() for c in row.split("|")[2:6]]
-        self.assertEqual(cells, [str(stats[f"allocation.all.{k}"]) for k in ("current", "peak", "allocated", "freed")])
+        rows = summary_rows(text)
+        groups = (("Allocated memory", "allocated_bytes", True), ("Active memory", "active_bytes", True),
+                  ("Requested memory", "requested_bytes", True), ("GPU reserved memory", "reserved_bytes", True),
+                  ("Non-releasable memory", "inactive_split_bytes", True), ("Allocations", "allocation", False),
+                  ("Active allocs", "active", False), ("GPU reserved segments", "segment", False),
+                  ("Non-releasable allocs", "inactive_split", False))
+        columns = ("current", "peak", "allocated", "freed")
+        expected = []
+        for label, key, is_bytes in groups:
+            for pool, pool_label in (("all", label), ("large_pool", "from large pool"), ("small_pool", "from small pool")):
+                cells = [stats[f"{key}.{pool}.{c}"] for c in columns]
+                expected.append([pool_label] + [human_bytes(v) if is_bytes else str(v) for v in cells])
+        for key, label in (("oversize_allocations", "Oversize allocations"), ("oversize_segments", "Oversize GPU segments")):
+            expected.append([label] + [str(stats[f"{key}.{c}"]) for c in columns])
+        self.assertEqual(rows, expected)
+        self.assertTrue(any(v for k, v in stats.items() if "small_pool" in k) and
+                        any(v for k, v in stats.items() if "large_pool" in k))  # both pools' rows say something
+        for row in rows:
+            if not row[1].endswith("B"):
+                current, peak, allocated, freed = map(int, row[1:])
+                self.assertEqual(allocated - freed, current, row)
+                self.assertGreaterEqual(peak, current, row)
+        cache = as_json["devices"]["0"]["cache"]
         self.assertIn(f"cudaMalloc calls {stats['num_device_alloc']} (0 failed)", text)
+        self.assertIn(f"cache hits {cache['hits']} of {cache['hits'] + cache['misses']} allocations", text)
         self.assertIn(f"peak reserved / peak requested: "
                       f"{as_json['devices']['0']['fragmentation']['peak_reserved_to_peak_requested']:.4f}", text)
 

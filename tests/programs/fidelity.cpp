@@ -5,9 +5,12 @@
 #include "common.hpp"
 
 int main() {
-  // Size 0: success and a null pointer.
+  // Size 0: success and a null pointer, plain or stream-ordered.
   void* p = reinterpret_cast<void*>(0x1);
   CHECK_CUDA(cudaMalloc(&p, 0));
+  EXPECT(p == nullptr);
+  p = reinterpret_cast<void*>(0x1);
+  CHECK_CUDA(cudaMallocAsync(&p, 0, nullptr));
   EXPECT(p == nullptr);
   // A null out-pointer: cudaErrorInvalidValue, reported by cudaGetLastError once.
   EXPECT(cudaMalloc(nullptr, 16) == cudaErrorInvalidValue);

@@ -142,3 +142,105 @@ TEST_CASE("an out-of-memory that giving the cache back would have served, but fo
   r.cache_kept_for_capture = false;  // no capture: then the cache was given back, and it was not enough
   CHECK(report::diagnose(r, PoolOptions{}).cause == report::OomCause::DeviceFull);
 }
+
+namespace {
+
+std::string advice_with(const report::DeviceReport& d, const char* text) {
+  for (const std::string& l : report::advice(d)) {
+    if (l.find(text) != std::string::npos) return l;
+  }
+  return std::string();
+}
+
+constexpr std::int64_t kMiBs = static_cast<std::int64_t>(kMiB);
+
+}  // namespace
+
+TEST_CASE("a free block that fits exactly but is not known free is pending reuse, not fragmentation") {
+  OomRecord r = fragmented(8 * kMiB);
+  r.largest_fitting_block = 8 * kMiB;  // exactly the rounded request
+  PoolOptions options;
+  report::OomDiagnosis d = report::diagnose(r, options);
+  CHECK(d.cause == report::OomCause::PendingReuse);
+  CHECK(d.verdict.find("a free block of 8.00 MiB fits") != std::string::npos);
+  CHECK(d.advice.empty());  // cross-stream reuse is already on
+  options.cross_stream_reuse = CrossStreamReuse::Never;
+  CHECK(report::diagnose(r, options).advice.find("GPUPOOL_CROSS_STREAM_REUSE=auto") != std::string::npos);
+  r.largest_fitting_block = 8 * kMiB - 512;  // too small: the free space is in pieces
+  CHECK(report::diagnose(r, options).cause == report::OomCause::Fragmentation);
+}
+
+TEST_CASE("a device held mostly by others is told apart from a full device") {
+  OomRecord r;  // 64 MiB device, 8 MiB reserved by this pool, 4 MiB free: 52 MiB is someone else's
+  r.requested = r.rounded = 16 * kMiB;
+  r.reserved = 8 * kMiB;
+  r.allocated = 8 * kMiB;
+  r.device_total = 64 * kMiB;
+  r.device_free = 4 * kMiB;
+  const report::OomDiagnosis d = report::diagnose(r, PoolOptions{});
+  CHECK(d.cause == report::OomCause::OtherUsers);
+  CHECK(d.verdict.find("it reserves 8.00 MiB of 64.00 MiB; 52.00 MiB is held by other processes") != std::string::npos);
+  r.reserved = r.allocated = 56 * kMiB;  // the pool holds most of it: full
+  r.device_free = 4 * kMiB;
+  CHECK(report::diagnose(r, PoolOptions{}).cause == report::OomCause::DeviceFull);
+}
+
+TEST_CASE("rounding waste is advised above 15% of allocated memory and 64 MiB") {
+  report::DeviceReport d;
+  d.options.roundup_divisions.fill(4);
+  d.stats.allocated_bytes[kAll].peak = 1000 * kMiBs;
+  d.stats.reserved_bytes[kAll].peak = 1000 * kMiBs;
+  d.stats.requested_bytes[kAll].peak = 860 * kMiBs;  // 14% waste
+  CHECK(advice_with(d, "rounding costs").empty());
+  d.stats.requested_bytes[kAll].peak = 840 * kMiBs;  // 16%
+  CHECK(advice_with(d, "rounding costs").find("rounding costs 160.00 MiB at peak (16% of allocated memory)") == 0);
+  d.options.roundup_divisions.fill(0);  // no rounding to lower
+  CHECK(advice_with(d, "rounding costs").empty());
+  d.options.roundup_divisions.fill(4);
+  d.stats.allocated_bytes[kAll].peak = 100 * kMiBs;  // 16% of a small peak: not worth a line
+  d.stats.reserved_bytes[kAll].peak = 100 * kMiBs;
+  d.stats.requested_bytes[kAll].peak = 84 * kMiBs;
+  CHECK(advice_with(d, "rounding costs").empty());
+}
+
+TEST_CASE("reserved memory well above the requested peak is advised a trace and a tune") {
+  report::DeviceReport d;
+  d.stats.requested_bytes[kAll].peak = d.stats.allocated_bytes[kAll].peak = 400 * kMiBs;
+  d.stats.reserved_bytes[kAll].peak = 500 * kMiBs;  // 1.25x: not yet
+  CHECK(advice_with(d, "gpupool-replay --tune").empty());
+  d.stats.reserved_bytes[kAll].peak = 520 * kMiBs;
+  CHECK(advice_with(d, "gpupool-replay --tune").find("reserved memory peaked at 520.00 MiB, 1.30x") == 0);
+}
+
+TEST_CASE("barrier waits of unused streams are advised once they pass the allocations") {
+  report::DeviceReport d;
+  d.stats.allocation[kAll].allocated = 3000;
+  StreamReport barriers;
+  barriers.id = kAnyStream;
+  barriers.counters.fences_recorded = 100;
+  StreamReport unused;
+  unused.id = 0x7000;
+  unused.counters.barrier_waits = 3000;  // one per allocation: not yet
+  d.streams = {barriers, unused};
+  CHECK(advice_with(d, "device barriers").empty());
+  d.streams[1].counters.barrier_waits = 3001;
+  CHECK(advice_with(d, "device barriers").find("behind 100 device barriers, and non-blocking streams (1 of them) "
+                                               "waited for those 3001 times, 1.0 per allocation") != std::string::npos);
+}
+
+TEST_CASE("leaks are advised GPUPOOL_BACKTRACE only when it was off") {
+  report::DeviceReport d;
+  d.leaks.blocks = 3;
+  d.leaks.bytes = 5 * kMiB;
+  CHECK(advice_with(d, "GPUPOOL_BACKTRACE=1").find("3 blocks (5.00 MiB) were still allocated at exit") == 0);
+  d.leaks.sites.push_back(report::LeakSite{});
+  CHECK(advice_with(d, "GPUPOOL_BACKTRACE=1").empty());
+}
+
+TEST_CASE("memory freed inside a capture is advised to be freed outside it") {
+  report::DeviceReport d;
+  CHECK(advice_with(d, "inside a stream capture").empty());
+  d.quarantined_bytes = 3 * kMiB;
+  CHECK(advice_with(d, "inside a stream capture").find("3.00 MiB freed with cudaFreeAsync inside a stream capture") ==
+        0);
+}
