@@ -25,6 +25,7 @@ DeviceReport collect(const DevicePool& pool, int device, std::size_t largest_lea
   pool.for_each_allocated([&](const Block& b) {
     ++d.leaks.blocks;
     d.leaks.bytes += b.size;
+    d.leaks.requested_bytes += b.requested;
     d.leaks.largest.push_back(LeakedBlock{b.addr, b.size, b.requested, b.stream});
   });
   std::sort(d.leaks.largest.begin(), d.leaks.largest.end(), [](const LeakedBlock& a, const LeakedBlock& b) {

@@ -131,6 +131,7 @@ void device(JsonWriter& w, const DeviceReport& d) {
   w.key("leaks").begin_object();
   w.field("blocks", d.leaks.blocks);
   w.field("bytes", d.leaks.bytes);
+  w.field("requested_bytes", d.leaks.requested_bytes);
   w.key("largest").begin_array();
   for (const LeakedBlock& b : d.leaks.largest) {
     w.begin_object();

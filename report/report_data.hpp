@@ -37,6 +37,7 @@ struct LeakSite {
 struct Leaks {
   std::uint64_t blocks = 0;
   std::uint64_t bytes = 0;
+  std::uint64_t requested_bytes = 0;  // what the program last asked for them
   std::vector<LeakedBlock> largest;  // a few, largest first
   std::vector<LeakSite> sites;       // with GPUPOOL_BACKTRACE=1, most bytes first
 };

@@ -101,6 +101,19 @@ void add_cache_traffic(const CacheTraffic& t, const std::int64_t (&returned_drif
   }
 }
 
+// The pool counts a block a thread's cache lent again at the request it
+// first lent it for; the live table has the program's last one.
+void use_last_requests(const DevicePool& pool, StreamCaches& caches, int device, report::Leaks& leaks) {
+  if (caches.forked()) return;  // the table is the parent's
+  auto last_request = [&](DevicePtr ptr, std::size_t pools) {
+    LiveBlock entry;
+    return caches.live().find(ptr, &entry) && entry.device == device ? entry.requested : pools;
+  };
+  leaks.requested_bytes = 0;
+  pool.for_each_allocated([&](const Block& b) { leaks.requested_bytes += last_request(b.addr, b.requested); });
+  for (report::LeakedBlock& b : leaks.largest) b.requested = last_request(b.addr, b.requested);
+}
+
 }  // namespace
 
 std::string expand_path_template(const std::string& pattern, int device) {
@@ -155,6 +168,7 @@ void write_report_file(const config::Config& config, const std::vector<config::P
     report::DeviceReport dr = report::collect(*d->pool, d->device);
     const CacheTraffic traffic = caches.traffic(d->device);
     add_cache_traffic(traffic, d->requested_returned_drift, dr.stats);
+    use_last_requests(*d->pool, caches, d->device, dr.leaks);
     // Never more than the allocated peak it is part of (the sum of each
     // thread's most can be, when the threads' peaks came at different times).
     dr.thread_cache_kept_peak = std::min(traffic.kept_bytes_peak, dr.stats.allocated_bytes[kAll].peak);

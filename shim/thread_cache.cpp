@@ -76,6 +76,15 @@ bool LiveTable::take(DevicePtr ptr, LiveBlock* out) {
   return true;
 }
 
+bool LiveTable::find(DevicePtr ptr, LiveBlock* out) {
+  Stripe& s = stripe(ptr);
+  std::lock_guard<SpinLock> lock(s.lock);
+  const LiveBlock* b = s.map.find(ptr);
+  if (b == nullptr) return false;
+  *out = *b;
+  return true;
+}
+
 LiveTable::Freed LiveTable::release(DevicePtr ptr, int park_device, LiveBlock* out) {
   Stripe& s = stripe(ptr);
   std::lock_guard<SpinLock> lock(s.lock);

@@ -59,6 +59,8 @@ class LiveTable {
   void insert(DevicePtr ptr, const LiveBlock& block);
   // Removes and returns the entry for ptr; false when there is none.
   bool take(DevicePtr ptr, LiveBlock* out);
+  // Returns the entry for ptr, leaving it; false when there is none.
+  bool find(DevicePtr ptr, LiveBlock* out);
   // A free of ptr. A live entry is returned and either parked when it is
   // `park_device`'s block (it is going into a thread cache, and a second free
   // must be refused: the pool still counts the block allocated; out->parked
@@ -219,6 +221,7 @@ class StreamCaches {
   // caches are set aside untouched (another thread may have held their
   // locks), the traffic forgotten, and caching stays off.
   void disable_after_fork();
+  bool forked() const { return forked_; }
 
   LiveTable& live() { return live_; }
   void thread_exiting(ThreadCache* cache);  // the owner's thread ends

@@ -61,18 +61,18 @@ class Run:
 def check_books(report):
     """Every test that reads a JSON report checks its books: for each figure
     of each device, allocated - freed == current, and the peak is at least
-    the current. The current allocations and their bytes must also be those
-    of the blocks the pool holds allocated (the report's "leaks", found by
-    walking the blocks, not from the figures), unless gpupool stepped aside
-    (its figures then stop where they were)."""
+    the current. The current allocations, their bytes and the bytes asked
+    for them must also be those of the blocks the pool holds allocated (the
+    report's "leaks", found by walking the blocks, not from the figures),
+    unless gpupool stepped aside (its figures then stop where they were)."""
     for device, d in report.get("devices", {}).items():
         s = d["stats"]
         if "stepped_aside" not in report:
-            counted = (s["allocation.all.current"], s["allocated_bytes.all.current"])
-            walked = (d["leaks"]["blocks"], d["leaks"]["bytes"])
+            counted = (s["allocation.all.current"], s["allocated_bytes.all.current"], s["requested_bytes.all.current"])
+            walked = (d["leaks"]["blocks"], d["leaks"]["bytes"], d["leaks"]["requested_bytes"])
             if counted != walked:
-                raise AssertionError(f"device {device}: current allocations and bytes {counted} are not those of "
-                                     f"the blocks allocated in the pool {walked}")
+                raise AssertionError(f"device {device}: current allocations, bytes and requested bytes {counted} "
+                                     f"are not those of the blocks allocated in the pool {walked}")
         for key, current in s.items():
             name = key[:-len(".current")]
             if not key.endswith(".current") or f"{name}.allocated" not in s:

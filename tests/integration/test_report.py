@@ -354,13 +354,16 @@ class Paths(ShimTest):
     def test_a_report_mid_run_counts_a_block_lent_again_at_its_last_request(self):
         # A thread's cache lent the block again for 3.5 MiB (the pool made it
         # for 4 MiB): the report asked for while it is held counts 3.5 MiB
-        # requested, and both reports' books balance.
+        # requested, lists the block as asked for 3.5 MiB, and both reports'
+        # books balance.
         during, after = self.reports_by_signal("signal-lent-again")
         self.assertEqual(during["reason"], "signal")
         check_books(during)
         stats = during["devices"]["0"]["stats"]
         self.assertEqual(stats["requested_bytes.all.current"], 7 << 19)
         self.assertEqual(stats["allocated_bytes.all.current"], 4 << 20)
+        held = during["devices"]["0"]["leaks"]["largest"]
+        self.assertEqual([(b["bytes"], b["requested_bytes"]) for b in held], [(4 << 20, 7 << 19)])
         self.assertEqual(after["reason"], "exit")
         check_books(after)
         self.assertEqual(after["devices"]["0"]["stats"]["requested_bytes.all.current"], 0)
