@@ -14,6 +14,7 @@
 #include "report/format.hpp"
 #include "shim/messages.hpp"
 #include "shim/runtime.hpp"
+#include "shim/sigpipe_held.hpp"
 #include "shim/step_aside.hpp"
 
 namespace gpupool::shim {
@@ -188,6 +189,7 @@ void write_report_file(const config::Config& config, const std::vector<config::P
   const std::string text = config.log_format == config::LogFormat::Json ? report::to_json(r) : report::to_text(r);
   std::string failure;
   try {
+    const SigpipeHeld held;  // a reader gone from the pipe the path names must not end the program
     // Synchronous, not registered globally, truncating: one file per report.
     spdlog::logger file("gpupool-report", std::make_shared<spdlog::sinks::basic_file_sink_st>(path, true));
     file.set_pattern("%v");

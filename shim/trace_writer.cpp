@@ -12,6 +12,7 @@
 
 #include "shim/messages.hpp"
 #include "shim/report_file.hpp"
+#include "shim/sigpipe_held.hpp"
 
 namespace gpupool::shim {
 
@@ -121,6 +122,7 @@ bool TraceWriter::open(const std::string& path_template) {
 
 bool TraceWriter::open_output(Output& out, const std::string& path) {
   out.tried = true;
+  out.path = path;
   out.fd = open_making_folders(path);
   if (out.fd < 0) return false;
   out.buffer.reserve(kFlushBytes + 256);
@@ -208,14 +210,33 @@ void TraceWriter::flush() {
 }
 
 void TraceWriter::flush_output(Output& out) {
+  if (out.fd < 0 || out.buffer.empty()) {
+    out.buffer.clear();
+    return;
+  }
+  const SigpipeHeld held;
   std::size_t done = 0;
-  while (out.fd >= 0 && done < out.buffer.size()) {
+  int error = 0;
+  while (done < out.buffer.size()) {
     const ssize_t w = ::write(out.fd, out.buffer.data() + done, out.buffer.size() - done);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) break;
+    if (w <= 0) {
+      error = w < 0 ? errno : EIO;
+      break;
+    }
     done += static_cast<std::size_t>(w);
   }
   out.buffer.clear();
+  if (error == 0) return;
+  // A reader gone (a pipe), a full disk: the trace stops here, said once,
+  // rather than failing again at every buffer.
+  ::close(out.fd);
+  out.fd = -1;
+  try {
+    message(config::LogLevel::Error, "gpupool: GPUPOOL_TRACE: cannot write '" + out.path + "' (" +
+                                         std::strerror(error) + "); the rest of the trace is lost");
+  } catch (...) {  // out of host memory: the trace is lost all the same
+  }
 }
 
 void TraceWriter::after_fork_child() {

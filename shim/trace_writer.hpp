@@ -45,6 +45,7 @@ class TraceWriter {
   struct Output {
     int fd = -1;
     bool tried = false;  // opened, or failed to: not tried again
+    std::string path;
     std::string buffer;
   };
   Output& output_for(int device);  // with mu_ held; opens the output at its first use

@@ -1,10 +1,15 @@
 """The report and the gpupool command, against workloads with known numbers."""
+import array
+import fcntl
 import glob
 import json
 import re
 import os
 import subprocess
 import sys
+import termios
+import threading
+import time
 
 from harness import BUILD, SOURCE, ShimTest, check_books, main
 
@@ -335,6 +340,38 @@ class Paths(ShimTest):
         told = [line for line in lines if line.startswith(prefix)]
         self.assertEqual(len(told), 1, run.stderr)
         self.assertNotIn("report written", run.stderr)
+
+    def test_a_report_pipe_whose_reader_goes_away_does_not_end_the_program(self):
+        # GPUPOOL_LOG names a FIFO whose only reader (this test, holding it
+        # open read-write so that no open blocks) shrinks it to one page, lets
+        # the report fill it, and closes it: the report's next write raises
+        # SIGPIPE, which must not end the program, nor change its exit code.
+        fifo = os.path.join(self.workdir, "report.fifo")
+        os.mkfifo(fifo)
+        held = os.open(fifo, os.O_RDWR)
+        fcntl.fcntl(held, fcntl.F_SETPIPE_SZ, 4096)
+        closed = threading.Event()
+
+        def close_once_full():
+            waiting = array.array("i", [0])
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and closed.wait(0.005) is False:
+                fcntl.ioctl(held, termios.FIONREAD, waiting)
+                if waiting[0] >= 4096:
+                    break
+            os.close(held)
+            closed.set()
+
+        closer = threading.Thread(target=close_once_full)
+        closer.start()
+        try:
+            run = self.run_program(["test-repeat", "2"], env={"GPUPOOL_LOG": fifo})
+        finally:
+            closed.set()
+            closer.join()
+        self.assertSucceeded(run)
+        self.assertEqual(run.output_json()["allocations"], 20)
+        self.assertIn(f"gpupool: GPUPOOL_LOG: cannot write the report to '{fifo}': ", run.stderr)
 
     def reports_by_signal(self, mode):
         """Runs test-lifecycle MODE, which asks for a report by signal and

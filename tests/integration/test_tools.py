@@ -167,6 +167,30 @@ class Recording(ShimTest):
         self.assertEqual(sum(r[2] == "allocate" for r in rows), 40000)
         self.assertEqual(sum(r[2] == "free" for r in rows), 40000)
 
+    def test_a_trace_reader_that_goes_away_ends_the_trace_not_the_program(self):
+        # The reader closes the pipe after its first read: gpupool's next
+        # write raises SIGPIPE, which would end the program.
+        fifo = os.path.join(self.workdir, "trace.fifo")
+        os.mkfifo(fifo)
+        first = []
+
+        def read_once_and_go():
+            with open(fifo, "rb", buffering=0) as f:
+                first.append(f.read(1 << 16))
+
+        reader = threading.Thread(target=read_once_and_go)
+        reader.start()
+        try:
+            run = self.run_program(["test-lifecycle", "trace-written", "60000"], env={"GPUPOOL_TRACE": fifo})
+        finally:
+            if reader.is_alive() and not first:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # never opened: let the reader go
+            reader.join(timeout=60)
+        self.assertSucceeded(run)
+        self.assertTrue(first[0].startswith(b"Thread,Time,Action,Pointer,Size,Stream\n"))
+        self.assertEqual(run.stderr.count(f"GPUPOOL_TRACE: cannot write '{fifo}' (Broken pipe); "
+                                          "the rest of the trace is lost"), 1, run.stderr)
+
     def test_failures_are_recorded(self):
         run, path = self.trace(["test-oom", "full"], env={"SIMCUDA_MEMORY": "64M"})
         self.assertSucceeded(run)
