@@ -84,8 +84,6 @@ LineStart& line_start() {
   return start;
 }
 
-// Missing folders are made, as spdlog makes the report's: GPUPOOL_LOG and
-// GPUPOOL_TRACE may name the same new folder (runs/%p/...).
 // A trace may go to a pipe (a FIFO a live reader drains), where a signal the
 // program handles without SA_RESTART interrupts a blocked open or write.
 int open_retrying(const std::string& path) {
@@ -97,6 +95,8 @@ int open_retrying(const std::string& path) {
   return fd;
 }
 
+// Missing folders are made, as spdlog makes the report's: GPUPOOL_LOG and
+// GPUPOOL_TRACE may name the same new folder (runs/%p/...).
 int open_making_folders(const std::string& path) {
   const int fd = open_retrying(path);
   if (fd >= 0 || errno != ENOENT) return fd;

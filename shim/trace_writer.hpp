@@ -3,7 +3,8 @@
 // buffered and written in large chunks so that tracing a hot loop costs little.
 // The layout has no device column: a path template with %d gives each device
 // its own file (opened at its first record), since gpupool-replay replays a
-// trace as one device.
+// trace as one device. A write that fails (a pipe's reader gone, a full disk)
+// ends that file's trace there, said once on stderr.
 #pragma once
 
 #include <atomic>
