@@ -137,27 +137,39 @@ class Recording(ShimTest):
         times = [seconds(r) for r in rows]
         self.assertTrue(all(0 <= (b - a) % 86400 < 2 for a, b in zip(times, times[1:])), times)
 
+    def trace_into_fifo(self, args, read):
+        """Runs the program with GPUPOOL_TRACE naming a FIFO that read(file)
+        reads from another thread; returns the run and the FIFO's path."""
+        fifo = os.path.join(self.workdir, "trace.fifo")
+        os.mkfifo(fifo)
+        opened = threading.Event()
+
+        def reader_side():
+            with open(fifo, "rb", buffering=0) as f:
+                opened.set()
+                read(f)
+
+        reader = threading.Thread(target=reader_side)
+        reader.start()
+        try:
+            run = self.run_program(args, env={"GPUPOOL_TRACE": fifo})
+        finally:
+            if not opened.is_set():
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # never opened: let the reader go
+            reader.join(timeout=60)
+        return run, fifo
+
     def test_a_trace_to_a_pipe_loses_no_line_to_signals(self):
         # A slow reader keeps gpupool's writes blocked on the pipe while the
         # program's own signal handler (no SA_RESTART) interrupts them.
-        fifo = os.path.join(self.workdir, "trace.fifo")
-        os.mkfifo(fifo)
         received = []
 
-        def drain():
-            with open(fifo, "rb", buffering=0) as f:
-                while chunk := f.read(1 << 16):
-                    received.append(chunk)
-                    time.sleep(0.001)
+        def drain(f):
+            while chunk := f.read(1 << 16):
+                received.append(chunk)
+                time.sleep(0.001)
 
-        reader = threading.Thread(target=drain)
-        reader.start()
-        try:
-            run = self.run_program(["test-lifecycle", "trace-interrupted", "40000"], env={"GPUPOOL_TRACE": fifo})
-        finally:
-            if reader.is_alive() and not received:
-                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # never opened: let the reader go
-            reader.join(timeout=60)
+        run, _ = self.trace_into_fifo(["test-lifecycle", "trace-interrupted", "40000"], drain)
         self.assertSucceeded(run)
         self.assertGreater(run.output_json()["signals"], 10)
         lines = b"".join(received).decode().splitlines()
@@ -170,22 +182,9 @@ class Recording(ShimTest):
     def test_a_trace_reader_that_goes_away_ends_the_trace_not_the_program(self):
         # The reader closes the pipe after its first read: gpupool's next
         # write raises SIGPIPE, which would end the program.
-        fifo = os.path.join(self.workdir, "trace.fifo")
-        os.mkfifo(fifo)
         first = []
-
-        def read_once_and_go():
-            with open(fifo, "rb", buffering=0) as f:
-                first.append(f.read(1 << 16))
-
-        reader = threading.Thread(target=read_once_and_go)
-        reader.start()
-        try:
-            run = self.run_program(["test-lifecycle", "trace-written", "60000"], env={"GPUPOOL_TRACE": fifo})
-        finally:
-            if reader.is_alive() and not first:
-                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # never opened: let the reader go
-            reader.join(timeout=60)
+        run, fifo = self.trace_into_fifo(["test-lifecycle", "trace-written", "60000"],
+                                         lambda f: first.append(f.read(1 << 16)))
         self.assertSucceeded(run)
         self.assertTrue(first[0].startswith(b"Thread,Time,Action,Pointer,Size,Stream\n"))
         self.assertEqual(run.stderr.count(f"GPUPOOL_TRACE: cannot write '{fifo}' (Broken pipe); "
