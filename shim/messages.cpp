@@ -8,6 +8,8 @@
 #include <memory>
 #include <mutex>
 
+#include "shim/sigpipe_held.hpp"
+
 namespace gpupool::shim {
 
 namespace {
@@ -38,6 +40,9 @@ void set_log_level(config::LogLevel level) { g_level.store(level); }
 void message(config::LogLevel level, std::string_view line) {
   if (level == config::LogLevel::Off || static_cast<int>(level) > static_cast<int>(g_level.load())) return;
   std::lock_guard<std::mutex> lock(g_write_mu);
+  // stderr may be a pipe whose reader is gone (`prog 2>&1 | head`): a line of
+  // gpupool's must not end the program, nor change its exit status.
+  const SigpipeHeld held;
   g_line_failed = false;
   try {
     stderr_logger().info(line);

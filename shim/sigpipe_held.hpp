@@ -1,6 +1,7 @@
 // A reader that has gone away (a closed pipe or FIFO that GPUPOOL_LOG or
-// GPUPOOL_TRACE names) makes write() raise SIGPIPE, whose default action
-// ends the process: gpupool's own writes must not end the program. While one
+// GPUPOOL_TRACE names, or stderr piped to a reader that has exited) makes
+// write() raise SIGPIPE, whose default action ends the process: gpupool's
+// own writes must not end the program. While one
 // of these is alive, SIGPIPE is blocked in the calling thread; a SIGPIPE the
 // writes raised is taken back before it is unblocked (one already pending
 // stays the program's), so that the write fails with EPIPE instead.

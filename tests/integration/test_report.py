@@ -373,6 +373,20 @@ class Paths(ShimTest):
         self.assertEqual(run.output_json()["allocations"], 20)
         self.assertIn(f"gpupool: GPUPOOL_LOG: cannot write the report to '{fifo}': ", run.stderr)
 
+    def test_stderr_piped_to_a_reader_that_has_gone_does_not_end_the_program(self):
+        # `prog 2>&1 | head`, head gone: gpupool's line at exit ("report
+        # written") must not end the program with SIGPIPE, nor change its
+        # exit status.
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            run = self.run_program(["test-repeat", "2"], stderr=write_end)
+        finally:
+            os.close(write_end)
+        self.assertEqual(run.code, 0, run.stdout)
+        self.assertEqual(run.output_json()["allocations"], 20)
+        self.assertEqual(len(run.reports()), 1)
+
     def reports_by_signal(self, mode):
         """Runs test-lifecycle MODE, which asks for a report by signal and
         prints it; returns that report and the one written at exit."""
