@@ -282,6 +282,12 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "gpupool-replay: %s\n", error.c_str());
       return 1;
     }
+    if (traces[i].cut_line != 0) {
+      std::fprintf(stderr,
+                   "gpupool-replay: %s:%zu: the trace ends partway through this line (was its writer stopped?); "
+                   "replaying the %zu events before it\n",
+                   args.traces[i].c_str(), traces[i].cut_line, traces[i].events.size());
+    }
   }
 
   // Every combination of the swept values, on top of the fixed settings (and

@@ -37,6 +37,38 @@ bool parse_time(std::string_view s, std::uint64_t* out) {
   return true;
 }
 
+// One line's fields into `e`; the error, or nullptr if the line is good.
+const char* parse_line(std::string_view line, TraceEvent* e, std::string* detail) {
+  std::string_view fields[6];
+  std::string_view rest = line;
+  int n = 0;
+  for (; n < 6 && !rest.empty(); ++n) {
+    const std::size_t comma = rest.find(',');
+    fields[n] = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+  }
+  if (n != 6 || !rest.empty()) return "expected 6 fields: Thread,Time,Action,Pointer,Size,Stream";
+  if (fields[2] == "allocate") {
+    e->action = TraceEvent::Action::Allocate;
+  } else if (fields[2] == "free") {
+    e->action = TraceEvent::Action::Free;
+  } else if (fields[2] == "allocate failure") {
+    e->action = TraceEvent::Action::AllocateFailure;
+  } else {
+    *detail = "unknown action '" + std::string(fields[2]) + "' (allocate, allocate failure or free)";
+    return detail->c_str();
+  }
+  if (!parse_time(fields[1], &e->time_us)) return "bad time (expected HH:MM:SS.ffffff)";
+  if (!parse_hex(fields[3], &e->pointer)) return "bad pointer (expected hexadecimal)";
+  std::uint64_t size = 0;
+  if (!parse_decimal(fields[4], &size)) return "bad size (expected a decimal byte count)";
+  e->size = static_cast<std::size_t>(size);
+  std::uint64_t stream = 0;
+  if (!parse_hex(fields[5], &stream)) return "bad stream (expected hexadecimal)";
+  e->stream = stream;
+  return nullptr;
+}
+
 }  // namespace
 
 bool read_trace(const std::string& path, Trace* out, std::string* error) {
@@ -53,44 +85,28 @@ bool read_trace(const std::string& path, Trace* out, std::string* error) {
 bool parse_trace(std::istream& in, const std::string& name, Trace* out, std::string* error) {
   out->name = name;
   out->events.clear();
+  out->cut_line = 0;
   std::string line;
+  std::string detail;
   std::size_t number = 0;
-  auto fail = [&](const std::string& what) {
-    *error = name + ":" + std::to_string(number) + ": " + what + " ('" + line + "')";
-    return false;
-  };
   while (std::getline(in, line)) {
     ++number;
+    // getline stopped at the end of the file, not at a newline.
+    const bool unterminated = in.eof();
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
     if (number == 1 && line.rfind("Thread", 0) == 0) continue;  // the header
-    std::string_view fields[6];
-    std::string_view rest = line;
-    int n = 0;
-    for (; n < 6 && !rest.empty(); ++n) {
-      const std::size_t comma = rest.find(',');
-      fields[n] = rest.substr(0, comma);
-      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-    }
-    if (n != 6 || !rest.empty()) return fail("expected 6 fields: Thread,Time,Action,Pointer,Size,Stream");
     TraceEvent e{};
-    if (fields[2] == "allocate") {
-      e.action = TraceEvent::Action::Allocate;
-    } else if (fields[2] == "free") {
-      e.action = TraceEvent::Action::Free;
-    } else if (fields[2] == "allocate failure") {
-      e.action = TraceEvent::Action::AllocateFailure;
-    } else {
-      return fail("unknown action '" + std::string(fields[2]) + "' (allocate, allocate failure or free)");
+    if (const char* what = parse_line(line, &e, &detail)) {
+      // A writer stopped partway (a full disk, a reader gone, a crash) leaves
+      // its last line cut: the lines before it still make a trace.
+      if (unterminated) {
+        out->cut_line = number;
+        return true;
+      }
+      *error = name + ":" + std::to_string(number) + ": " + what + " ('" + line + "')";
+      return false;
     }
-    if (!parse_time(fields[1], &e.time_us)) return fail("bad time (expected HH:MM:SS.ffffff)");
-    if (!parse_hex(fields[3], &e.pointer)) return fail("bad pointer (expected hexadecimal)");
-    std::uint64_t size = 0;
-    if (!parse_decimal(fields[4], &size)) return fail("bad size (expected a decimal byte count)");
-    e.size = static_cast<std::size_t>(size);
-    std::uint64_t stream = 0;
-    if (!parse_hex(fields[5], &stream)) return fail("bad stream (expected hexadecimal)");
-    e.stream = stream;
     out->events.push_back(e);
   }
   return true;

@@ -24,9 +24,14 @@ struct TraceEvent {
 struct Trace {
   std::string name;
   std::vector<TraceEvent> events;
+  // The number of a last line cut short (no newline, not a whole line),
+  // which is left out; 0 if the trace ends whole.
+  std::size_t cut_line = 0;
 };
 
 // Reads a trace; on a malformed line returns false with "FILE:LINE: what".
+// A malformed last line without a newline is a trace cut short: it is left
+// out and its number kept in `cut_line`.
 bool read_trace(const std::string& path, Trace* out, std::string* error);
 // The same from any stream; `name` stands for the file in messages.
 bool parse_trace(std::istream& in, const std::string& name, Trace* out, std::string* error);

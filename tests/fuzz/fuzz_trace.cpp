@@ -1,5 +1,6 @@
 // gpupool-replay reads trace files users bring from anywhere. Whatever the
 // bytes: no crash, a rejected file gets one line naming the file and line,
+// only an unterminated last line is left out as cut short,
 // and an accepted one replays (stream-ordered and plain) with its books
 // balanced: every allocation and free accounted for, nothing live at the end,
 // and a free unknown exactly when its pointer is not live in the trace at that
@@ -25,6 +26,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(error.find('\n') == std::string::npos);
     return 0;
   }
+  // Only a last line without its newline is left out as cut short.
+  FUZZ_CHECK(trace.cut_line == 0 || data[size - 1] != '\n');
   auto count = [&](tools::TraceEvent::Action action) {
     return static_cast<std::uint64_t>(std::count_if(trace.events.begin(), trace.events.end(),
                                                     [&](const tools::TraceEvent& e) { return e.action == action; }));
