@@ -46,6 +46,14 @@ class Hazards(ShimTest):
                 with self.subTest(case=case, expandable_segments=expandable):
                     self.check("test-hazards", case, has_step, {"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
 
+    def test_streams_made_with_a_priority_are_ordered_as_their_flags_say(self):
+        # PyTorch makes every stream of its pool with cudaStreamCreateWithPriority
+        # (non-blocking): a barrier must reach them as it reaches the others.
+        for case in ("cudafree-nonblocking", "cudafree-idle-streams", "new-stream-after-barrier",
+                     "cross-stream-pending", "cudafree-blocking"):
+            with self.subTest(case=case):
+                self.check("test-hazards", case, True, {"HAZARDS_PRIORITY": "-1"})
+
     def test_plain_reuse_of_memory_an_earlier_barrier_covers(self):
         # No barrier of its own: the earlier one orders it. Without ordering the
         # pool records no barriers, so the request lands elsewhere (exit 2) and
@@ -211,17 +219,30 @@ class Hazards(ShimTest):
 class Capture(ShimTest):
     def test_allocations_inside_a_capture_pass_through_and_it_stays_valid(self):
         # Begun with cudaStreamBeginCapture or into a graph, through the
-        # legacy entry points and the per-thread default stream's; and with
-        # the per-thread caches on, which must not keep the block freed inside.
-        for program in ("test-capture", "test-capture-ptds"):
-            for how in ([], ["to-graph"], ["threads"]):
-                with self.subTest(program=program, how=how):
-                    self.remove_reports()
-                    run = self.run_program([program] + how)
-                    self.assertSucceeded(run)
-                    device = run.report()["devices"]["0"]
-                    self.assertEqual(run.counters()["captures_invalidated"], 0)
-                    self.assertEqual(device["quarantined_bytes"], 1 << 20)  # freed inside the capture
+        # legacy entry points and the per-thread default stream's; with the
+        # per-thread caches on, which must not keep the block freed inside;
+        # and on the per-thread default stream itself.
+        runs = [(program, how) for program in ("test-capture", "test-capture-ptds")
+                for how in ([], ["to-graph"], ["threads"])] + [("test-capture-ptds", ["default-stream"])]
+        for program, how in runs:
+            with self.subTest(program=program, how=how):
+                self.remove_reports()
+                run = self.run_program([program] + how)
+                self.assertSucceeded(run)
+                device = run.report()["devices"]["0"]
+                self.assertEqual(run.counters()["captures_invalidated"], 0)
+                self.assertEqual(device["quarantined_bytes"], 1 << 20)  # freed inside the capture
+
+    def test_a_capture_the_runtime_refused_to_begin_leaves_nothing_behind(self):
+        # Refused on the legacy stream and on a stream already capturing: the
+        # pool, told before the runtime answered, must take both back.
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                self.remove_reports()
+                run = self.run_program(["test-capture", "refused"], env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                self.assertSucceeded(run)
+                self.assertEqual(run.counters()["captures_begun"], 1)
+                self.assertEqual(run.report()["devices"]["0"]["quarantined_bytes"], 0)
 
     def test_free_synchronizes_does_not_synchronize_during_a_capture(self):
         # A plain cudaFree inside a capture: a device synchronization there

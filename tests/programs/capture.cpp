@@ -6,6 +6,9 @@
 //                      (cudaStreamBeginCaptureToGraph)
 //   capture threads    the same, after a second thread's stream-ordered call
 //                      has turned gpupool's per-thread caches on
+//   capture default-stream  the same on stream 0, for test-capture-ptds only:
+//                      there it is the thread's per-thread default stream,
+//                      which may capture (the legacy stream may not)
 //   capture others     while a blocking stream captures (global mode), another
 //                      stream asks for memory freed on the legacy stream, with
 //                      plain cudaFree and on a third stream, its work still
@@ -29,6 +32,10 @@
 //                      in global mode: gpupool serves it from memory it maps
 //                      and calls nothing the capture forbids (so, with
 //                      free_synchronizes:1, no device synchronization)
+//   capture refused    captures the runtime refuses to begin, on the legacy
+//                      stream and on a stream already capturing: once the one
+//                      capture begun has ended, the pool serves both streams'
+//                      requests from memory freed on them again
 #include "common.hpp"
 
 namespace {
@@ -201,10 +208,47 @@ int plain() {
   std::printf("capture: valid across a plain pair\n");
   return 0;
 }
+int refused() {
+  cudaStream_t s;
+  CHECK_CUDA(cudaStreamCreate(&s));
+  EXPECT(cudaStreamBeginCapture(nullptr, cudaStreamCaptureModeGlobal) == cudaErrorStreamCaptureUnsupported);
+  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  EXPECT(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaErrorIllegalState);
+  (void)cudaGetLastError();
+  if (!ended_valid(s)) return 1;
+  // No capture is left: each request is served from the block freed before it.
+  simcuda_counters c0{};
+  const bool sim = testprog::sim_counters(&c0);
+  void* first = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&first, 1 << 20, s));
+  CHECK_CUDA(cudaFreeAsync(first, s));
+  void* plain_first = nullptr;
+  CHECK_CUDA(cudaMalloc(&plain_first, 4 << 20));
+  CHECK_CUDA(cudaFree(plain_first));
+  for (int i = 0; i < 4; ++i) {
+    void* p = nullptr;
+    CHECK_CUDA(cudaMallocAsync(&p, 1 << 20, s));
+    EXPECT(p == first);
+    CHECK_CUDA(cudaFreeAsync(p, s));
+    CHECK_CUDA(cudaMalloc(&p, 4 << 20));
+    EXPECT(p == plain_first);
+    CHECK_CUDA(cudaFree(p));
+  }
+  if (sim) {
+    simcuda_counters c1{};
+    testprog::sim_counters(&c1);
+    EXPECT(c1.malloc_async_calls == c0.malloc_async_calls);
+  }
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  CHECK_CUDA(cudaStreamDestroy(s));
+  std::printf("capture: refused captures left nothing behind\n");
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "others") == 0) return others();
+  if (argc > 1 && std::strcmp(argv[1], "refused") == 0) return refused();
   if (argc > 1 && std::strcmp(argv[1], "plain") == 0) return plain();
   if (argc > 3 && std::strcmp(argv[1], "other-device") == 0) {
     const cudaStreamCaptureMode mode = std::strcmp(argv[2], "global") == 0         ? cudaStreamCaptureModeGlobal
@@ -225,8 +269,10 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaStreamDestroy(own));
     }).join();
   }
-  cudaStream_t s;
-  CHECK_CUDA(cudaStreamCreate(&s));  // a blocking stream: legacy-stream work would break its capture
+  // A blocking stream: legacy-stream work would break its capture.
+  const bool default_stream = argc > 1 && std::strcmp(argv[1], "default-stream") == 0;
+  cudaStream_t s = nullptr;
+  if (!default_stream) CHECK_CUDA(cudaStreamCreate(&s));
   // Warm the pool and leave frees that a barrier would normally cover.
   for (int i = 0; i < 8; ++i) {
     void* p = nullptr;
@@ -271,7 +317,7 @@ int main(int argc, char** argv) {
     EXPECT(c3.malloc_async_calls == c2.malloc_async_calls);
   }
   CHECK_CUDA(cudaStreamSynchronize(s));
-  CHECK_CUDA(cudaStreamDestroy(s));
+  if (!default_stream) CHECK_CUDA(cudaStreamDestroy(s));
   std::printf("capture: valid, allocations inside went to the runtime\n");
   return 0;
 }

@@ -70,9 +70,15 @@ inline int verdict(void* old_ptr, void* new_ptr, cudaStream_t new_stream, size_t
   return 0;
 }
 
+// With HAZARDS_PRIORITY=N set, streams are made at priority N with
+// cudaStreamCreateWithPriority, as PyTorch makes every stream of its pool.
 inline cudaStream_t stream(unsigned flags) {
   cudaStream_t s;
-  HAZARD_CHECK(cudaStreamCreateWithFlags(&s, flags));
+  if (const char* priority = std::getenv("HAZARDS_PRIORITY")) {
+    HAZARD_CHECK(cudaStreamCreateWithPriority(&s, flags, std::atoi(priority)));
+  } else {
+    HAZARD_CHECK(cudaStreamCreateWithFlags(&s, flags));
+  }
   return s;
 }
 

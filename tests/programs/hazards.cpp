@@ -2,6 +2,7 @@
 // owner's slow "kernel" is a host function, which writes device memory
 // directly on the simulated device.
 //   hazards <case> [delay_ms]
+// HAZARDS_PRIORITY=N makes its streams with cudaStreamCreateWithPriority.
 #include <chrono>
 #include <cstring>
 #include <string>
