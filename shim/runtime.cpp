@@ -492,9 +492,13 @@ void count_capture(cudaStreamCaptureMode mode, std::atomic<int>& global_captures
 }  // namespace
 
 void Runtime::capture_began(StreamId stream, cudaStreamCaptureMode mode) {
+  // The stream is introduced to the pool first: one it met only later (a
+  // thread's per-thread stream, a stream made where gpupool could not see
+  // it) would start afresh there and forget its capture.
+  const int dev = prepare_stream(stream);
   captures_active_.fetch_add(1, std::memory_order_relaxed);
   count_capture(mode, global_captures_, 1);
-  DeviceState& d = device(device_of(stream));
+  DeviceState& d = device(dev);
   std::lock_guard<AdaptiveMutex> lock(d.mu);
   d.pool->capture_began(stream);
   d.captures.emplace_back(stream, mode);

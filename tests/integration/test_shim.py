@@ -758,14 +758,23 @@ class StaticRuntime(ShimTest):
     def test_stream_ordered_and_per_thread_stream_calls_are_pooled(self):
         run = self.run_program(["test-static-runtime", "async", "20"], env=self.ON)
         self.assertSucceeded(run)
-        self.assertEqual(run.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 40)
+        device = run.report()["devices"]["0"]
+        self.assertEqual(device["stats"]["allocation.all.allocated"], 40)
         self.assertEqual(run.counters()["malloc_async_calls"], 0)
+        # The last free was the per-thread default stream's: its block waits
+        # there, not on the legacy stream.
+        cached = {s["stream"]: s["cached_blocks"] for s in device["streams"]}
+        self.assertGreater(cached["per-thread #1"], 0, cached)
+        self.assertEqual(cached["legacy"], 0, cached)
 
     def test_a_block_freed_under_slower_work_is_reused_only_after_it(self):
-        run = self.run_program(["test-static-runtime", "hazard"], env=self.ON)
-        self.assertSucceeded(run)
-        self.assertEqual(run.output_json()["reused"], 1)  # the same block: the ordering was needed
-        self.assert_breaks_without_ordering(["test-static-runtime", "hazard"], self.ON)
+        # Its slower stream made with cuStreamCreate, then with a priority.
+        for env in (self.ON, {**self.ON, "STATIC_RUNTIME_PRIORITY": "-1"}):
+            with self.subTest(env=env):
+                run = self.run_program(["test-static-runtime", "hazard"], env=env)
+                self.assertSucceeded(run)
+                self.assertEqual(run.output_json()["reused"], 1)  # the same block: the ordering was needed
+                self.assert_breaks_without_ordering(["test-static-runtime", "hazard"], env)
 
     def test_with_events_refused_the_pool_waits_for_the_device_through_the_driver(self):
         # No event can be made: a block freed under a slower write is not
@@ -821,7 +830,7 @@ class StaticRuntime(ShimTest):
                     os.remove(path)
 
     def test_calls_during_a_capture_leave_it_valid(self):
-        for mode in ("capture", "capture-to-graph"):
+        for mode in ("capture", "capture-to-graph", "capture-per-thread"):
             with self.subTest(mode=mode):
                 run = self.run_program(["test-static-runtime", mode], env=self.ON)
                 self.assertSucceeded(run)

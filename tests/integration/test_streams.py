@@ -233,6 +233,16 @@ class Capture(ShimTest):
                 self.assertEqual(run.counters()["captures_invalidated"], 0)
                 self.assertEqual(device["quarantined_bytes"], 1 << 20)  # freed inside the capture
 
+    def test_a_capture_of_a_stream_the_pool_meets_inside_it_stays_valid(self):
+        # A new thread's per-thread default stream, captured before any call of
+        # gpupool's names it: the pool must count the capture, not meet the
+        # stream afresh at its first allocation and forget it (it then served
+        # the captured request and fenced the legacy stream, which broke the
+        # capture).
+        run = self.run_program(["test-capture-ptds", "new-thread"])
+        self.assertSucceeded(run)
+        self.assertEqual(run.counters()["captures_invalidated"], 0)
+
     def test_a_capture_the_runtime_refused_to_begin_leaves_nothing_behind(self):
         # Refused on the legacy stream and on a stream already capturing: the
         # pool, told before the runtime answered, must take both back.

@@ -9,6 +9,10 @@
 //   capture default-stream  the same on stream 0, for test-capture-ptds only:
 //                      there it is the thread's per-thread default stream,
 //                      which may capture (the legacy stream may not)
+//   capture new-thread for test-capture-ptds only: a thread whose per-thread
+//                      default stream gpupool has not met yet captures it
+//                      first thing, with a stream-ordered and a plain pair
+//                      inside
 //   capture others     while a blocking stream captures (global mode), another
 //                      stream asks for memory freed on the legacy stream, with
 //                      plain cudaFree and on a third stream, its work still
@@ -208,6 +212,33 @@ int plain() {
   std::printf("capture: valid across a plain pair\n");
   return 0;
 }
+int new_thread() {
+  void* warm = nullptr;  // the pool's memory exists; this thread's stream is not known to it
+  CHECK_CUDA(cudaMalloc(&warm, 1 << 20));
+  CHECK_CUDA(cudaFree(warm));
+  simcuda_counters c0{};
+  const bool sim = testprog::sim_counters(&c0);
+  bool valid = false;
+  std::thread([&] {
+    CHECK_CUDA(cudaStreamBeginCapture(nullptr, cudaStreamCaptureModeGlobal));
+    void* p = nullptr;
+    CHECK_CUDA(cudaMallocAsync(&p, 1 << 20, nullptr));
+    CHECK_CUDA(cudaLaunchHostFunc(nullptr, noop, nullptr));
+    CHECK_CUDA(cudaFreeAsync(p, nullptr));
+    CHECK_CUDA(cudaMalloc(&p, 1 << 20));
+    CHECK_CUDA(cudaFree(p));
+    valid = ended_valid(nullptr);
+  }).join();
+  if (!valid) return 1;
+  if (sim) {
+    simcuda_counters c1{};
+    testprog::sim_counters(&c1);
+    EXPECT(c1.malloc_async_calls - c0.malloc_async_calls == 1);  // the captured one is the graph's
+  }
+  std::printf("capture: valid on a per-thread stream met first inside it\n");
+  return 0;
+}
+
 int refused() {
   cudaStream_t s;
   CHECK_CUDA(cudaStreamCreate(&s));
@@ -249,6 +280,7 @@ int refused() {
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "others") == 0) return others();
   if (argc > 1 && std::strcmp(argv[1], "refused") == 0) return refused();
+  if (argc > 1 && std::strcmp(argv[1], "new-thread") == 0) return new_thread();
   if (argc > 1 && std::strcmp(argv[1], "plain") == 0) return plain();
   if (argc > 3 && std::strcmp(argv[1], "other-device") == 0) {
     const cudaStreamCaptureMode mode = std::strcmp(argv[2], "global") == 0         ? cudaStreamCaptureModeGlobal

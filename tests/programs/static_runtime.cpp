@@ -6,7 +6,8 @@
 // prints one JSON line; a broken byte or a failed call exits 1. With
 // --cuda11 first, it plays a CUDA 11 static runtime instead: dlsym of
 // cuGetProcAddress (the first form, without the status argument), versions
-// up to 11080.
+// up to 11080. With STATIC_RUNTIME_PRIORITY=N set, its streams are made at
+// priority N (cuStreamCreateWithPriority), as PyTorch makes its pool's.
 //
 //   static_runtime pairs N        N cuMemAlloc/cuMemFree pairs of mixed sizes, each block checked
 //   static_runtime pitched N      N cuMemAllocPitch/cuMemFree pairs of mixed shapes, as the static
@@ -25,6 +26,8 @@
 //   static_runtime capture        plain and stream-ordered calls while a stream captures (global mode)
 //   static_runtime capture-to-graph  the same, the capture begun into a graph of the program's
 //                                 (cuStreamBeginCaptureToGraph, CUDA 12.3)
+//   static_runtime capture-per-thread  the same on the per-thread default stream, through the
+//                                 entry points fetched for it (as a per-thread build's runtime does)
 //   static_runtime ipc            a handle for a block inside a pooled segment
 //   static_runtime reset          allocations across cuDevicePrimaryCtxReset
 //   static_runtime lookups        where dlsym's answers come from (program, library, RTLD_NEXT)
@@ -99,10 +102,13 @@ struct Driver {
   decltype(&cuMemcpyDtoH_v2) memcpy_dtoh;
   decltype(&cuMemcpyHtoDAsync_v2) memcpy_htod_async;
   decltype(&cuStreamCreate) stream_create;
+  decltype(&cuStreamCreateWithPriority) stream_create_with_priority;
   decltype(&cuStreamDestroy_v2) stream_destroy;
   decltype(&cuStreamSynchronize) stream_synchronize;
   decltype(&cuStreamBeginCapture_v2) begin_capture;
   decltype(&cuStreamEndCapture) end_capture;
+  decltype(&cuStreamBeginCapture_v2) begin_capture_ptsz;
+  decltype(&cuStreamEndCapture) end_capture_ptsz;
   decltype(&cuGraphDestroy) graph_destroy;
   decltype(&cuLaunchHostFunc) launch_host_func;
   decltype(&cuCtxSynchronize) ctx_synchronize;
@@ -151,10 +157,14 @@ void open_driver() {
   d.memcpy_dtoh = fetch<decltype(d.memcpy_dtoh)>("cuMemcpyDtoH", 3020);
   d.memcpy_htod_async = fetch<decltype(d.memcpy_htod_async)>("cuMemcpyHtoDAsync", 3020);
   d.stream_create = fetch<decltype(d.stream_create)>("cuStreamCreate", 2000);
+  d.stream_create_with_priority =
+      fetch<decltype(d.stream_create_with_priority)>("cuStreamCreateWithPriority", 5050);
   d.stream_destroy = fetch<decltype(d.stream_destroy)>("cuStreamDestroy", 4000);
   d.stream_synchronize = fetch<decltype(d.stream_synchronize)>("cuStreamSynchronize", 2000);
   d.begin_capture = fetch<decltype(d.begin_capture)>("cuStreamBeginCapture", 10010);
   d.end_capture = fetch<decltype(d.end_capture)>("cuStreamEndCapture", 10000);
+  d.begin_capture_ptsz = fetch<decltype(d.begin_capture)>("cuStreamBeginCapture", 10010, 2);
+  d.end_capture_ptsz = fetch<decltype(d.end_capture)>("cuStreamEndCapture", 10000, 2);
   d.graph_destroy = fetch<decltype(d.graph_destroy)>("cuGraphDestroy", 10000);
   d.launch_host_func = fetch<decltype(d.launch_host_func)>("cuLaunchHostFunc", 10000);
   d.ctx_synchronize = fetch<decltype(d.ctx_synchronize)>("cuCtxSynchronize", 2000);
@@ -170,6 +180,16 @@ void check(CUresult r, const char* what) {
   if (r == CUDA_SUCCESS) return;
   std::fprintf(stderr, "static_runtime: %s failed: %d\n", what, static_cast<int>(r));
   std::exit(1);
+}
+
+CUstream new_stream(unsigned flags) {
+  CUstream s = nullptr;
+  if (const char* priority = std::getenv("STATIC_RUNTIME_PRIORITY")) {
+    check(d.stream_create_with_priority(&s, flags, std::atoi(priority)), "cuStreamCreateWithPriority");
+  } else {
+    check(d.stream_create(&s, flags), "cuStreamCreate");
+  }
+  return s;
 }
 
 // Fills the block with a pattern of its own and reads it back.
@@ -250,8 +270,7 @@ int own_pool() {
   check(d.mem_pool_create(&own, &props), "cuMemPoolCreate");
   check(d.device_get_default_mem_pool(&default_pool, 0), "cuDeviceGetDefaultMemPool");
   check(d.device_set_mem_pool(0, own), "cuDeviceSetMemPool");
-  CUstream s = nullptr;
-  check(d.stream_create(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  CUstream s = new_stream(CU_STREAM_NON_BLOCKING);
   CUdeviceptr blocks[4];
   for (CUdeviceptr& p : blocks) check(d.mem_alloc_async(&p, kBlock, s), "cuMemAllocAsync");
   check(d.stream_synchronize(s), "cuStreamSynchronize");
@@ -284,8 +303,7 @@ int own_pool() {
 }
 
 int trim(const char* keep) {
-  CUstream s = nullptr;
-  check(d.stream_create(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  CUstream s = new_stream(CU_STREAM_NON_BLOCKING);
   CUmemoryPool pool = nullptr;
   check(d.device_get_default_mem_pool(&pool, 0), "cuDeviceGetDefaultMemPool");
   auto figure = [pool](CUmemPool_attribute attr) {
@@ -330,8 +348,7 @@ int threads(int count, int n) {
 }
 
 int async(int n) {
-  CUstream s = nullptr;
-  check(d.stream_create(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  CUstream s = new_stream(CU_STREAM_NON_BLOCKING);
   for (int i = 0; i < n; ++i) {
     const size_t size = kSizes[i % 6];
     CUdeviceptr p = 0;
@@ -366,8 +383,7 @@ void late_write(void* data) {
 
 int hazard() {
   const size_t size = g_hazard_bytes;
-  CUstream slow = nullptr;
-  check(d.stream_create(&slow, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  CUstream slow = new_stream(CU_STREAM_NON_BLOCKING);
   CUdeviceptr a = 0;
   check(d.mem_alloc(&a, size), "cuMemAlloc");
   LateWrite w{a, size};
@@ -411,9 +427,8 @@ int reuse_after_late_write(LateReuse how) {
   constexpr size_t kSize = 16 << 20;
   const bool cross = how == LateReuse::CrossDevice;
   if (cross) use_device(1);
-  CUstream slow = nullptr, other = nullptr;
-  check(d.stream_create(&slow, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-  check(d.stream_create(&other, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  CUstream slow = new_stream(CU_STREAM_NON_BLOCKING);
+  CUstream other = new_stream(CU_STREAM_NON_BLOCKING);
   CUdeviceptr a = 0;
   check(d.mem_alloc_async(&a, kSize, slow), "cuMemAllocAsync");
   LateWrite w{a, kSize};
@@ -450,16 +465,20 @@ int reuse_after_late_write(LateReuse how) {
   return 0;
 }
 
-int capture(bool to_graph) {
-  CUstream s = nullptr, other = nullptr;
-  check(d.stream_create(&s, 0), "cuStreamCreate");
-  check(d.stream_create(&other, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+enum class Capture { Stream, ToGraph, PerThread };
+int capture(Capture how) {
+  // The per-thread default stream is NULL to the entry points fetched for it.
+  const bool per_thread = how == Capture::PerThread;
+  CUstream s = per_thread ? nullptr : new_stream(0);
+  CUstream other = new_stream(CU_STREAM_NON_BLOCKING);
+  const auto alloc_async = per_thread ? d.mem_alloc_async_ptsz : d.mem_alloc_async;
+  const auto free_async = per_thread ? d.mem_free_async_ptsz : d.mem_free_async;
   // Blocks to reuse while the capture runs: freed before it, plain and ordered.
   CUdeviceptr warm = 0;
   check(d.mem_alloc(&warm, 1 << 20), "cuMemAlloc");
   check(d.mem_free(warm), "cuMemFree");
   CUgraph target = nullptr;
-  if (to_graph) {
+  if (how == Capture::ToGraph) {
     // Fetched here: a CUDA 11 static runtime could not ask for them.
     const auto graph_create = fetch<decltype(&cuGraphCreate)>("cuGraphCreate", 10000);
     const auto begin_to_graph = fetch<decltype(&cuStreamBeginCaptureToGraph)>("cuStreamBeginCaptureToGraph", 12030);
@@ -467,11 +486,12 @@ int capture(bool to_graph) {
     check(begin_to_graph(s, target, nullptr, nullptr, 0, CU_STREAM_CAPTURE_MODE_GLOBAL),
           "cuStreamBeginCaptureToGraph");
   } else {
-    check(d.begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
+    check((per_thread ? d.begin_capture_ptsz : d.begin_capture)(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+          "cuStreamBeginCapture");
   }
   CUdeviceptr p = 0;
-  check(d.mem_alloc_async(&p, 4096, s), "cuMemAllocAsync (captured)");
-  check(d.mem_free_async(p, s), "cuMemFreeAsync (captured)");
+  check(alloc_async(&p, 4096, s), "cuMemAllocAsync (captured)");
+  check(free_async(p, s), "cuMemFreeAsync (captured)");
   CUdeviceptr q = 0;
   check(d.mem_alloc(&q, 1 << 20), "cuMemAlloc during a capture");
   check(d.mem_free(q), "cuMemFree during a capture");
@@ -481,12 +501,12 @@ int capture(bool to_graph) {
   check(d.mem_alloc_async(&grown, 64 << 20, other), "cuMemAllocAsync during a capture");
   check(d.mem_free_async(grown, other), "cuMemFreeAsync during a capture");
   CUgraph graph = nullptr;
-  check(d.end_capture(s, &graph), "cuStreamEndCapture");
-  if (graph == nullptr || (to_graph && graph != target)) return 1;
+  check((per_thread ? d.end_capture_ptsz : d.end_capture)(s, &graph), "cuStreamEndCapture");
+  if (graph == nullptr || (how == Capture::ToGraph && graph != target)) return 1;
   check(d.graph_destroy(graph), "cuGraphDestroy");
   check(d.stream_synchronize(other), "cuStreamSynchronize");
   check(d.stream_destroy(other), "cuStreamDestroy");
-  check(d.stream_destroy(s), "cuStreamDestroy");
+  if (!per_thread) check(d.stream_destroy(s), "cuStreamDestroy");
   std::printf("{\"captured\": 1}\n");
   return 0;
 }
@@ -544,8 +564,7 @@ int peer() {
 int foreign_capture_reset() {
   constexpr size_t kBytes = 12 << 20;
   use_device(1);
-  CUstream one = nullptr;
-  check(d.stream_create(&one, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  CUstream one = new_stream(CU_STREAM_NON_BLOCKING);
   use_device(0);
   CUdeviceptr p = 0;
   check(d.mem_alloc(&p, kBytes), "cuMemAlloc");
@@ -631,7 +650,9 @@ int main(int argc, char** argv) {
     if (mode == "hazard" && argc > 3) g_hazard_bytes = std::strtoull(argv[3], nullptr, 10) << 20;
   }
   if (mode == "hazard") return hazard();
-  if (mode == "capture" || mode == "capture-to-graph") return capture(mode == "capture-to-graph");
+  if (mode == "capture") return capture(Capture::Stream);
+  if (mode == "capture-to-graph") return capture(Capture::ToGraph);
+  if (mode == "capture-per-thread") return capture(Capture::PerThread);
   if (mode == "destroyed") return reuse_after_late_write(LateReuse::Destroyed);
   if (mode == "ipc") return ipc();
   if (mode == "reset") return reset();
@@ -640,7 +661,8 @@ int main(int argc, char** argv) {
   if (mode == "foreign-capture-reset") return foreign_capture_reset();
   std::fprintf(stderr,
                "usage: static_runtime [--cuda11] "
-               "pairs|pitched|trim|own-pool|async|hazard|destroyed|capture|ipc|reset|peer|cross-device|"
+               "pairs|pitched|trim|own-pool|async|hazard|destroyed|capture|capture-to-graph|capture-per-thread|"
+               "ipc|reset|peer|cross-device|"
                "foreign-capture-reset [N] | "
                "lookups LIBRARY | "
                "threads T N | "
