@@ -1,5 +1,6 @@
 """The report and the gpupool command, against workloads with known numbers."""
 import array
+import ctypes.util
 import fcntl
 import glob
 import json
@@ -448,6 +449,9 @@ class StreamCosts(ShimTest):
         viewed = subprocess.run([sys.executable, GPUPOOL, "report", run.reports()[0]], capture_output=True,
                                 text=True, timeout=120)
         self.assertIn(f"16 other streams, no reuse: {waits} barrier waits", viewed.stdout)
+        # Folded into that line, not listed one by one.
+        listed = [line for line in viewed.stdout.splitlines() if line.startswith("  stream ")]
+        self.assertEqual(len(listed), len(dev["streams"]) - 16, viewed.stdout)
 
     def test_the_text_report_shows_unused_streams_as_one_row(self):
         run = self.run_program(self.LOOP, fmt="text")
@@ -499,6 +503,65 @@ class Command(ShimTest):
         self.assertIn("for 30 allocations", out.stdout)
         failing = self.gpupool("run", "--sim", "--", "sh", "-c", "exit 3")
         self.assertEqual(failing.returncode, 3)
+
+    def test_run_keeps_the_preloads_and_settings_already_set(self):
+        # A sanitizer's runtime must stay first in LD_PRELOAD, and --conf adds
+        # to GPUPOOL_CONF rather than replacing it.
+        preloaded = ctypes.util.find_library("m")  # any library the loader finds
+        program = os.path.join(BUILD, "bin", "test-repeat")
+        out = self.gpupool("run", "--sim", "--log", os.path.join(self.workdir, "%p.json"),
+                           "--conf", "max_split_size_mb:128", "--",
+                           "sh", "-c", f'echo "$LD_PRELOAD"; exec {program} 3',
+                           env={"LD_PRELOAD": preloaded, "GPUPOOL_CONF": "roundup_power2_divisions:4"})
+        self.assertEqual(out.returncode, 0, out.stderr)
+        preload = out.stdout.splitlines()[0].split(":")
+        self.assertEqual(preload[0], preloaded)
+        self.assertEqual(os.path.basename(preload[1]), "libgpupool.so")
+        [path] = glob.glob(os.path.join(self.workdir, "*.json"))
+        with open(path) as f:
+            values = {row["key"]: row["value"] for row in json.load(f)["config"]}
+        self.assertEqual((values["max_split_size_mb"], values["roundup_power2_divisions"]), ("128", "4"))
+
+    def test_run_summarizes_each_report_and_exits_as_its_program_did(self):
+        program = os.path.join(BUILD, "bin", "test-repeat")
+        out = self.gpupool("run", "--sim", "--", "sh", "-c", f"{program} 3 && {program} 2")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.count("gpupool: test-repeat (pid "), 2, out.stdout)
+        self.assertIn("for 30 allocations", out.stdout)
+        self.assertIn("for 20 allocations", out.stdout)
+        # Ended by a signal: 128 plus its number, as a shell reports it.
+        killed = self.gpupool("run", "--sim", "--", "sh", "-c", "kill -TERM $$")
+        self.assertEqual(killed.returncode, 128 + 15)
+
+    def test_report_says_where_gpupool_stepped_aside(self):
+        # A real one is in test_host_oom; here the viewer alone.
+        def aside(report):
+            report["stepped_aside"] = {"call": "cudaMallocAsync", "reason": "out of host memory (std::bad_alloc)"}
+        out = self.gpupool("report", self.older_report(self.reports(1)[0], aside))
+        self.assertIn("gpupool stepped aside at cudaMallocAsync: out of host memory (std::bad_alloc); from then "
+                      "on the CUDA runtime served every allocation", out.stdout)
+
+    def test_report_refuses_a_file_that_is_not_a_gpupool_report(self):
+        path = os.path.join(self.workdir, "other.json")
+        with open(path, "w") as f:
+            json.dump({"traceEvents": []}, f)
+        out = self.gpupool("report", path)
+        self.assertEqual(out.returncode, 1)
+        self.assertEqual(out.stderr, f"gpupool: {path} is not a gpupool JSON report "
+                                     "(write one with GPUPOOL_LOG_FORMAT=json)\n")
+
+    def test_report_lists_leaks_and_out_of_memory_verdicts(self):
+        leak = self.run_program(["test-lifecycle", "leak"])
+        self.assertSucceeded(leak)
+        leaks = leak.report()["devices"]["0"]["leaks"]
+        out = self.gpupool("report", leak.reports()[0])
+        self.assertIn(f"never freed: {leaks['blocks']} blocks, {human_bytes(leaks['bytes'])}", out.stdout)
+        for path in leak.reports():
+            os.remove(path)
+        oom = self.run_program(["test-oom", "full"], env=SMALL_DEVICE)
+        self.assertSucceeded(oom)
+        [record] = oom.report()["devices"]["0"]["ooms"]
+        self.assertIn(f"out of memory: {record['verdict']}", self.gpupool("report", oom.reports()[0]).stdout)
 
     def test_report_prints_the_summary(self):
         path = self.reports(1)[0]
@@ -561,6 +624,28 @@ class Command(ShimTest):
         out = self.gpupool("report", self.older_report(self.reports(1)[0], forget))
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertIn("0 barrier waits", out.stdout)
+
+    def test_merge_marks_a_process_out_of_memory_the_worst_and_totals_every_process(self):
+        paths = self.reports(3)
+        reports = []
+        for path in paths:
+            with open(path) as f:
+                reports.append(json.load(f))
+        # The smallest reservation ran out of memory: worse than any larger one.
+        peaks = [r["devices"]["0"]["stats"]["reserved_bytes.all.peak"] for r in reports]
+        smallest = peaks.index(min(peaks))
+        reports[smallest]["devices"]["0"]["stats"]["num_ooms"] = 1
+        with open(paths[smallest], "w") as f:
+            json.dump(reports[smallest], f)
+        lines = self.gpupool("merge", *paths).stdout.splitlines()
+        [worst] = [line for line in lines if "<- worst" in line]
+        self.assertIn(f"[{reports[smallest]['pid']}]", worst)
+        stats = [r["devices"]["0"]["stats"] for r in reports]
+        total = lines[-1].split()
+        self.assertEqual(total[:2], ["total", "(3)"])
+        self.assertEqual(" ".join(total[2:4]), human_bytes(sum(s["allocated_bytes.all.peak"] for s in stats)))
+        self.assertEqual(" ".join(total[4:6]), human_bytes(sum(s["reserved_bytes.all.peak"] for s in stats)))
+        self.assertEqual(total[6:8], [str(sum(s["num_device_alloc"] for s in stats)), "1"])
 
     def test_merge_puts_ranks_side_by_side_and_marks_the_worst(self):
         paths = self.reports(3)
