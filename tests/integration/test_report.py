@@ -476,6 +476,12 @@ class Command(ShimTest):
         return subprocess.run([sys.executable, GPUPOOL] + list(args), capture_output=True, text=True, env=e,
                               timeout=120)
 
+    @staticmethod
+    def beside_the_command(program):
+        """A test program of the build the gpupool command runs with (the default
+        one, beside scripts/), whichever build runs these tests."""
+        return os.path.join(os.path.dirname(GPUPOOL), "..", "build", "bin", program)
+
     def older_report(self, path, forget):
         """The report at `path` as an older gpupool wrote it: `forget(report)` deletes what it lacked."""
         with open(path) as f:
@@ -498,7 +504,7 @@ class Command(ShimTest):
 
     def test_run_summarizes_and_passes_settings_and_exit_code(self):
         out = self.gpupool("run", "--sim", "--conf", "max_split_size_mb:128", "--",
-                           os.path.join(os.path.dirname(GPUPOOL), "..", "build", "bin", "test-repeat"), "3")
+                           self.beside_the_command("test-repeat"), "3")
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertIn("for 30 allocations", out.stdout)
         failing = self.gpupool("run", "--sim", "--", "sh", "-c", "exit 3")
@@ -508,7 +514,7 @@ class Command(ShimTest):
         # A sanitizer's runtime must stay first in LD_PRELOAD, and --conf adds
         # to GPUPOOL_CONF rather than replacing it.
         preloaded = ctypes.util.find_library("m")  # any library the loader finds
-        program = os.path.join(BUILD, "bin", "test-repeat")
+        program = self.beside_the_command("test-repeat")
         out = self.gpupool("run", "--sim", "--log", os.path.join(self.workdir, "%p.json"),
                            "--conf", "max_split_size_mb:128", "--",
                            "sh", "-c", f'echo "$LD_PRELOAD"; exec {program} 3',
@@ -523,7 +529,7 @@ class Command(ShimTest):
         self.assertEqual((values["max_split_size_mb"], values["roundup_power2_divisions"]), ("128", "4"))
 
     def test_run_summarizes_each_report_and_exits_as_its_program_did(self):
-        program = os.path.join(BUILD, "bin", "test-repeat")
+        program = self.beside_the_command("test-repeat")
         out = self.gpupool("run", "--sim", "--", "sh", "-c", f"{program} 3 && {program} 2")
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertEqual(out.stdout.count("gpupool: test-repeat (pid "), 2, out.stdout)
