@@ -99,8 +99,9 @@ bool parse_trace(std::istream& in, const std::string& name, Trace* out, std::str
     TraceEvent e{};
     if (const char* what = parse_line(line, &e, &detail)) {
       // A writer stopped partway (a full disk, a reader gone, a crash) leaves
-      // its last line cut: the lines before it still make a trace.
-      if (unterminated) {
+      // its last line cut: the lines before it still make a trace. A file
+      // of one such line is more likely no trace at all.
+      if (unterminated && number > 1) {
         out->cut_line = number;
         return true;
       }

@@ -30,8 +30,8 @@ struct Trace {
 };
 
 // Reads a trace; on a malformed line returns false with "FILE:LINE: what".
-// A malformed last line without a newline is a trace cut short: it is left
-// out and its number kept in `cut_line`.
+// A malformed last line without a newline (not the file's first) is a trace
+// cut short: it is left out and its number kept in `cut_line`.
 bool read_trace(const std::string& path, Trace* out, std::string* error);
 // The same from any stream; `name` stands for the file in messages.
 bool parse_trace(std::istream& in, const std::string& name, Trace* out, std::string* error);

@@ -293,6 +293,10 @@ class Replay(ShimTest):
         out = self.replay(self.write("mid.csv", whole + last[:20] + "\n" + last + "\n"))
         self.assertEqual(out.returncode, 1)
         self.assertIn("mid.csv:4: expected 6 fields", out.stderr)
+        # A file of one line without its newline is more likely no trace at all.
+        out = self.replay(self.write("one.csv", "not a trace"))
+        self.assertEqual(out.returncode, 1)
+        self.assertIn("one.csv:1: expected 6 fields", out.stderr)
 
     def test_unknown_frees_are_counted_and_skipped(self):
         path = self.write("t.csv", "Thread,Time,Action,Pointer,Size,Stream\n"
