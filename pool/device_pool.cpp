@@ -244,6 +244,18 @@ DevicePool::Taken DevicePool::take_cached(PoolKind kind, std::size_t rounded, St
       return Taken{candidates[i], true};
     }
   }
+  // None is ready: the part of one whose work is known done. A free merged
+  // into a free block gives all of it its history, though the rest may be
+  // long done (a thread that freed and ended just before: each thread after
+  // it would otherwise grow the pool).
+  if (consumer != kAnyStream && options_.cross_stream_reuse == CrossStreamReuse::Auto) {
+    for (int i = 0; i < found; ++i) {
+      if (const Taken part = take_covered_part(candidates[i], rounded, true); part.block != nullptr) {
+        ++counters.cross_stream_reuses;
+        return part;
+      }
+    }
+  }
   return Taken{};
 }
 

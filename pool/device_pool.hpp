@@ -149,8 +149,9 @@ class DevicePool {
   // From a free block of the plain pool that a barrier does not cover, the
   // part a plain request of `rounded` bytes can use without a new one: the
   // block itself, or its upper part (the lower part staying listed). None if
-  // neither.
-  Taken take_covered_part(Block* b, std::size_t rounded);
+  // neither. With `done_only`, for a stream-ordered request that may not
+  // wait: only bytes whose work is known complete, wherever they lie.
+  Taken take_covered_part(Block* b, std::size_t rounded, bool done_only = false);
   bool mergeable(const Block* low, const Block* high);
   // Whether `bytes` more may be reserved under memory_limit.
   bool within_limit(std::size_t bytes) const;

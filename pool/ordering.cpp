@@ -451,29 +451,38 @@ bool StreamOrdering::stream_ready(StreamId from, std::uint64_t stream_epoch,
                                   std::uint64_t device_epoch, StreamId to, bool may_wait) {
   if (options_.unsafe_skip_ordering) return true;
   StreamState& src = stream(from);
+  if (!addressable(src)) {
+    // Another thread's per-thread default stream: nothing can be recorded on
+    // it or asked of it from here. Its frees are seen done through completion
+    // fences (the legacy stream's event comes after its work), and a look at
+    // one of its blocks starts one for the frees since the last: its thread
+    // may have ended, and threads that come and go would otherwise each find
+    // the blocks of the one before still pending, and grow the pool.
+    fence_frees();
+    if (device_complete(device_epoch)) return true;
+    return may_wait && usable(stream(to)) && device_ready(device_epoch);
+  }
   if (stream_epoch <= src.completed_epoch) return true;
   poll(src);
   if (stream_epoch <= src.completed_epoch) return true;
   if (device_complete(device_epoch)) return true;
   // An idle stream has finished everything queued before the free: no fence,
   // no wait. Its frees so far close an epoch, as if fenced and completed.
-  if (addressable(src) && usable(src) && upstream_.query_stream(from) == EventStatus::Complete) {
+  if (usable(src) && upstream_.query_stream(from) == EventStatus::Complete) {
     src.fenced_epoch = src.completed_epoch = src.free_epoch++;
     return true;
   }
 
   if (!may_wait) {
     // Start a fence now so that a later request can find it complete.
-    if (stream_epoch > src.fenced_epoch && addressable(src) && usable(src)) record_fence(src);
+    if (stream_epoch > src.fenced_epoch && usable(src)) record_fence(src);
     return false;
   }
   StreamState& dst = stream(to);
   if (!usable(dst)) return false;
-  if (!addressable(src) || !usable(src)) {
-    // Cannot record on the freeing stream (another thread's per-thread default
-    // stream, or capturing): the device barrier orders it instead.
-    return device_ready(device_epoch);
-  }
+  // Cannot record on the freeing stream while it captures: the device
+  // barrier orders it instead.
+  if (!usable(src)) return device_ready(device_epoch);
   // Fenced and still pending: wait for the newest fence (it covers older ones).
   if ((stream_epoch > src.fenced_epoch || src.pending.empty()) && !record_fence(src)) return false;
   if (!upstream_.wait_event(to, src.pending.back().event)) return false;

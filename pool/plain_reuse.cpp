@@ -53,11 +53,12 @@ void DevicePool::clip_hot(Block* b) {
   b->hot_end = std::min(b->hot_end, end);
 }
 
-DevicePool::Taken DevicePool::take_covered_part(Block* b, std::size_t rounded) {
+DevicePool::Taken DevicePool::take_covered_part(Block* b, std::size_t rounded, bool done_only) {
   constexpr std::size_t kLargestSkipping = 64 * kMiB;
   if (options_.unsafe_skip_ordering) return Taken{};
   const Cover cover = cover_of(b);
   const std::size_t hot = cover.hot_end - cover.hot_begin;
+  if (done_only && hot == 0) return Taken{};  // all of it as done as its last free
   const PoolKind kind = b->segment->kind;
   const DevicePtr end = b->addr + b->size;
   // The bytes carve() hands out from a block [start, end).
@@ -65,18 +66,22 @@ DevicePool::Taken DevicePool::take_covered_part(Block* b, std::size_t rounded) {
     const std::size_t size = end - start;
     return should_split(size, rounded, kind, options_) ? rounded : size;
   };
-  const bool near_exact_fit = hot >= rounded && hot <= rounded + rounded / 8;
+  // Skipping the hot bytes for a plain request instead of a new barrier can
+  // strand them (see above); for one that may not wait, the choice is new memory.
+  const bool near_exact_fit = !done_only && hot >= rounded && hot <= rounded + rounded / 8;
   DevicePtr start = 0;
   if (hot == 0 || b->addr + taken(b->addr) <= cover.hot_begin) {
     start = b->addr;
-  } else if (rounded <= kLargestSkipping && !near_exact_fit &&
+  } else if ((done_only || rounded <= kLargestSkipping) && !near_exact_fit &&
              end - cover.hot_end >= rounded && should_split(b->size, end - cover.hot_end, kind, options_)) {
     // The part below stays a free block: a remainder the size rules allow.
     start = cover.hot_end;
   } else {
     return Taken{};
   }
-  if (!ordering_.device_ready(cover.cold_epoch)) return Taken{};
+  if (done_only ? !ordering_.device_complete(cover.cold_epoch) : !ordering_.device_ready(cover.cold_epoch)) {
+    return Taken{};
+  }
   if (start == b->addr) return Taken{b, true};
   uncount_listed(b);  // b keeps the lower part, and its place in the list
   Block* upper = split_off(b, start - b->addr);

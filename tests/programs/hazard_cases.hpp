@@ -182,6 +182,8 @@ inline int cross_stream(bool wait_first, bool destroy_first) {
   cudaStream_t s1 = stream(cudaStreamNonBlocking), s2 = stream(cudaStreamNonBlocking);
   void* p = nullptr;
   HAZARD_CHECK(cudaMallocAsync(&p, kBytes, s1));
+  void* rest = nullptr;  // held: p's bytes are then the only free room under pressure
+  HAZARD_CHECK(cudaMallocAsync(&rest, kBytes, s1));
   old_owner_writes(p, s1);
   HAZARD_CHECK(cudaFreeAsync(p, s1));
   if (wait_first) HAZARD_CHECK(cudaStreamSynchronize(s1));
@@ -226,6 +228,8 @@ inline int per_thread_streams() {
   std::future<void> freed_done = freed.get_future(), reused_done = reused.get_future();
   std::thread a([&] {
     HAZARD_CHECK(cudaMallocAsync(&p, kBytes, kThreadStream));
+    void* rest = nullptr;  // held: p's bytes are then the only free room
+    HAZARD_CHECK(cudaMallocAsync(&rest, kBytes, kThreadStream));
     old_owner_writes(p, kThreadStream);
     HAZARD_CHECK(cudaFreeAsync(p, kThreadStream));
     freed.set_value();

@@ -261,10 +261,11 @@ TEST_CASE_METHOD(PoolFixture, "auto: under memory pressure another stream takes 
   pool->stream_created(kS1, StreamKind::Blocking);
   pool->stream_created(kS2, StreamKind::Blocking);
   upstream.set_events_complete_at_once(false);
-  const DevicePtr a = alloc(1000, kS1);
+  const DevicePtr a = alloc(kMiB, kS1);
+  alloc(kMiB);  // the rest of the segment: a's bytes are the only free ones
   release(a, kS1);
   upstream.clear_calls();
-  CHECK(alloc(1000, kS2) == a);
+  CHECK(alloc(kMiB, kS2) == a);
   const auto& c = upstream.calls();
   REQUIRE(c.size() == 2);
   CHECK((c[0].kind == Call::Record && c[0].stream == kS1));
@@ -478,8 +479,8 @@ TEST_CASE_METHOD(PoolFixture, "a destroyed stream's work that nothing covers blo
   make(2 * kMiB);  // one segment, kept by a live block: no room, nothing to give back
   pool->stream_created(kNB, StreamKind::NonBlocking);
   upstream.set_events_complete_at_once(false);
-  alloc(1000);
-  const DevicePtr a = alloc(1000, kNB);
+  alloc(kMiB);
+  const DevicePtr a = alloc(kMiB, kNB);  // with the block above, the whole segment
   release(a, kNB);
   upstream.set_failing_record_stream(kNB);
   upstream.set_host_waits_fail(true);
@@ -535,12 +536,14 @@ TEST_CASE_METHOD(PoolFixture, "another thread's per-thread stream is ordered thr
   pool->stream_created(kPtdsA, StreamKind::PerThread);
   pool->stream_created(kPtdsB, StreamKind::PerThread);
   upstream.set_events_complete_at_once(false);
-  const DevicePtr a = alloc(1000, kPtdsA);
+  const DevicePtr a = alloc(kMiB, kPtdsA);
+  alloc(kMiB);  // the rest of the segment: a's bytes are the only free ones
   release(a, kPtdsA);
   upstream.clear_calls();
-  CHECK(alloc(1000, kPtdsB) == a);
+  CHECK(alloc(kMiB, kPtdsB) == a);
   CHECK(count(upstream.calls(), Call::Record, kPtdsA) == 0);  // unreachable from here
-  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);
+  // A completion fence at the first look (no room to wait for it), then the barrier.
+  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 2);
 }
 
 TEST_CASE_METHOD(PoolFixture, "the unsafe debug switch really skips every ordering step") {
@@ -731,4 +734,64 @@ TEST_CASE_METHOD(PoolFixture, "streams taking each other's blocks are advised th
   CHECK(barrier_waits == 0);
   CHECK(advises(*pool, "GPUPOOL_CROSS_STREAM_REUSE=completed"));
   CHECK_FALSE(advises(*pool, "cudaStreamNonBlocking"));
+}
+
+TEST_CASE_METHOD(PoolFixture, "threads that come and go reuse the blocks of those before them") {
+  // Each thread makes a pair on its per-thread default stream and ends;
+  // the device keeps up. Another thread's per-thread stream cannot be named:
+  // nothing but a completion fence (the legacy stream's event follows its
+  // work) ever shows those blocks done, and the threads must not grow the
+  // pool by a block each.
+  for (const bool expandable : {true, false}) {
+    DYNAMIC_SECTION("expandable segments " << expandable) {
+      options.expandable_segments = expandable;
+      make();
+      upstream.set_events_complete_at_once(false);
+      for (StreamId thread = 1; thread <= 200; ++thread) {
+        const StreamId stream = (thread << 4) | 0x2;
+        pool->stream_created(stream, StreamKind::PerThread);
+        release(alloc(kMiB, stream), stream);
+        upstream.complete_all();
+      }
+      CHECK(pool->stats().reserved_bytes[kAll].peak <= static_cast<std::int64_t>(4 * kMiB));
+    }
+  }
+}
+
+TEST_CASE_METHOD(PoolFixture, "a request that may not wait takes the done part of another stream's pending block") {
+  // s1's block, freed with its work pending, merged with the never-used rest
+  // of its segment: that rest is had at once, with no wait and no growth.
+  make_two_streams_with_pending_work();
+  const DevicePtr a = alloc(kMiB, kS1);
+  release(a, kS1);
+  const std::int64_t reserved = pool->stats().reserved_bytes[kAll].current;
+  upstream.clear_calls();
+  const DevicePtr b = alloc(kMiB, kS2);
+  CHECK(b == a + kMiB);  // right above a's bytes, which stay s1's until done
+  CHECK(count(upstream.calls(), Call::Wait, kS2) == 0);
+  CHECK(pool->stats().reserved_bytes[kAll].current == reserved);
+  // a's own bytes are not: new memory, while s1's work is pending.
+  CHECK(alloc(kMiB, kS2) != a);
+}
+
+TEST_CASE_METHOD(PoolFixture, "the done part of a block is only what is complete, not what a voided barrier covered") {
+  // x's bytes, freed with cudaFree, are covered by a barrier still pending;
+  // y's, freed after it, join them. A new non-blocking stream that could not
+  // wait for that barrier voids it: x's bytes are not done for that stream.
+  make();
+  upstream.set_events_complete_at_once(false);
+  const DevicePtr x = alloc(kMiB);
+  const DevicePtr y = alloc(kMiB);
+  REQUIRE(y == x + kMiB);
+  release(x);
+  const DevicePtr d = alloc(4 * kMiB);  // the other pool: asked for again, it needs a barrier
+  release(d);
+  REQUIRE(alloc(4 * kMiB) == d);
+  release(y);  // merged with x: x's bytes covered, y's not
+  upstream.set_failing_wait_stream(kNB);
+  upstream.set_host_waits_fail(true);
+  REQUIRE_FALSE(pool->stream_created(kNB, StreamKind::NonBlocking));
+  upstream.set_failing_wait_stream(0);
+  upstream.set_host_waits_fail(false);
+  CHECK(alloc(kMiB, kNB) != x);
 }
