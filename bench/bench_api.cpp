@@ -1,6 +1,7 @@
 // gpupool-bench-api: cudaMalloc/cudaFree pairs through the CUDA runtime API, as
 // a program sees them (run it with and without LD_PRELOAD=libgpupool.so).
 //   gpupool-bench-api [plain|async] [threads] [pairs per thread] [sizes per thread] [idle streams]
+//   gpupool-bench-api churn [threads]
 // plain: cudaMalloc + cudaFree. async: cudaMallocAsync + cudaFreeAsync on the
 // thread's own stream. Sizes cycle through the real traces' sizes. Idle
 // streams: non-blocking streams made first and never used, as PyTorch makes
@@ -8,6 +9,9 @@
 // nanoseconds per pair and the pairs per second of all threads together,
 // both over the timed loops only: every thread warms up (the pool takes its
 // memory from the device then), and all start the loop together.
+// churn: threads one after another, each making one 1 MiB cudaMallocAsync +
+// cudaFreeAsync pair on its per-thread default stream and ending (a server
+// that starts a thread per request); prints microseconds per thread.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -21,7 +25,28 @@
 
 #include "bench/trace_sizes.hpp"
 
+namespace {
+int churn(int threads) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int t = 0; t < threads; ++t) {
+    std::thread([] {
+      void* p = nullptr;
+      if (cudaMallocAsync(&p, 1 << 20, cudaStreamPerThread) != cudaSuccess ||
+          cudaFreeAsync(p, cudaStreamPerThread) != cudaSuccess) {
+        std::fprintf(stderr, "gpupool-bench-api: churn: a pair failed\n");
+        std::exit(1);
+      }
+      cudaStreamSynchronize(cudaStreamPerThread);
+    }).join();
+  }
+  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+  std::printf("{\"mode\": \"churn\", \"threads\": %d, \"us_per_thread\": %.1f}\n", threads, us / threads);
+  return 0;
+}
+}  // namespace
+
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "churn") == 0) return churn(argc > 2 ? std::atoi(argv[2]) : 2000);
   const bool async = argc > 1 && std::strcmp(argv[1], "async") == 0;
   const int threads = argc > 2 ? std::atoi(argv[2]) : 1;
   const long pairs = argc > 3 ? std::atol(argv[3]) : 200000;
