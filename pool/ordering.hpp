@@ -132,7 +132,10 @@ class StreamOrdering {
   // True when a block freed on `from` at `stream_epoch` may be used on `to`:
   // when known complete (or `from` is idle); else, with `may_wait`, after
   // making `to` wait for a fence on `from` (on the device). Without it a
-  // fence is recorded so that the block can be seen complete later.
+  // fence is recorded so that the block can be seen complete later: on
+  // `from`, or, where `from` cannot be named (another thread's per-thread
+  // default stream), a completion fence; under pressure the device barrier
+  // orders such a block instead.
   bool stream_ready(StreamId from, std::uint64_t stream_epoch, std::uint64_t device_epoch,
                     StreamId to, bool may_wait);
 

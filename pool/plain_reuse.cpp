@@ -18,6 +18,10 @@
 // again at its size: it goes back where it was, like PyTorch's allocator
 // would place it, warm in caches; skipping those took gpt-medium-ctx512 from
 // 1.0124 to 1.0296).
+// A stream-ordered request that may not wait uses the same covers: it takes
+// another stream's cold bytes, wherever they lie, but only once their work is
+// known complete (a barrier's cover is not enough there: a new stream that
+// could not wait for it voids it).
 #include <algorithm>
 
 #include "pool/device_pool.hpp"
