@@ -78,6 +78,9 @@ class DevicePool {
   // (see StreamOrdering::stream_created).
   bool stream_created(StreamId id, StreamKind kind) { return ordering_.stream_created(id, kind); }
   void stream_destroying(StreamId id);
+  // The thread of this per-thread default stream has ended (see
+  // StreamOrdering::thread_stream_ended). Never throws.
+  void thread_stream_ended(StreamId id) { ordering_.thread_stream_ended(id); }
   void capture_began(StreamId id) { ordering_.capture_began(id); }
   void capture_ended(StreamId id) { ordering_.capture_ended(id); }
   bool is_capturing(StreamId id) const { return ordering_.is_capturing(id); }

@@ -111,6 +111,19 @@ void StreamOrdering::stream_destroying(StreamId id) {
   streams_.erase(it);
 }
 
+void StreamOrdering::thread_stream_ended(StreamId id) {
+  const auto it = streams_.find(id);
+  // Never recorded on (it cannot be named from other threads), so it holds
+  // no fence; one that did would be kept, not lost.
+  if (it == streams_.end() || it->second.kind != StreamKind::PerThread || it->second.captures > 0 ||
+      !it->second.pending.empty()) {
+    return;
+  }
+  report_destroyed(it->second);
+  if (last_stream_ == &it->second) last_stream_ = nullptr;
+  streams_.erase(it);
+}
+
 void StreamOrdering::report_destroyed(const StreamState& s) {
   StreamReport r;
   r.id = s.id;
@@ -120,7 +133,7 @@ void StreamOrdering::report_destroyed(const StreamState& s) {
   if (destroyed_.size() < kDestroyedStreamsReported) {
     destroyed_.push_back(r);
   } else {
-    destroyed_.back().id = 0;  // stands for "these and later destroyed streams"
+    destroyed_.back().id = 0;  // stands for "this and every later gone stream"
     add_counters(destroyed_.back().counters, r.counters);
   }
 }
@@ -450,18 +463,20 @@ bool StreamOrdering::device_ready(std::uint64_t device_epoch) {
 bool StreamOrdering::stream_ready(StreamId from, std::uint64_t stream_epoch,
                                   std::uint64_t device_epoch, StreamId to, bool may_wait) {
   if (options_.unsafe_skip_ordering) return true;
-  StreamState& src = stream(from);
-  if (!addressable(src)) {
-    // Another thread's per-thread default stream: nothing can be recorded on
-    // it or asked of it from here. Its frees are seen done through completion
-    // fences (the legacy stream's event comes after its work), and a look at
-    // one of its blocks starts one for the frees since the last: its thread
-    // may have ended, and threads that come and go would otherwise each find
-    // the blocks of the one before still pending, and grow the pool.
+  StreamState* const known_src = known(from);
+  if (known_src == nullptr || !addressable(*known_src)) {
+    // Another thread's per-thread default stream (or an ended thread's, whose
+    // state is gone): nothing can be recorded on it or asked of it from here.
+    // Its frees are seen done through completion fences (the legacy stream's
+    // event comes after its work), and a look at one of its blocks starts one
+    // for the frees since the last: its thread may have ended, and threads
+    // that come and go would otherwise each find the blocks of the one before
+    // still pending, and grow the pool.
     fence_frees();
     if (device_complete(device_epoch)) return true;
     return may_wait && usable(stream(to)) && device_ready(device_epoch);
   }
+  StreamState& src = *known_src;
   if (stream_epoch <= src.completed_epoch) return true;
   poll(src);
   if (stream_epoch <= src.completed_epoch) return true;

@@ -86,6 +86,14 @@ class StreamOrdering {
   // Before the real destroy: fences the stream's queued work so that nothing it
   // used is reused early. The caller re-keys the stream's cached blocks.
   void stream_destroying(StreamId id);
+  // The thread whose per-thread default stream this is has ended. Its state
+  // goes (its counters to the report's gone streams), so that a program whose
+  // threads come and go does not make the pool keep, poll and report a
+  // stream for each. Blocks freed on it keep its id as their key: such ids are
+  // never reused, and a stream this ordering does not know is ordered as
+  // another thread's per-thread stream is, through the device (stream_ready).
+  // Left as it is while it captures.
+  void thread_stream_ended(StreamId id);
   // After a device reset, in a fresh ordering (see DevicePool::continue_history):
   // the streams of `before` are reported on, as destroyed where the reset
   // destroyed them. Its events are gone with the reset: none is taken over.
@@ -163,6 +171,12 @@ class StreamOrdering {
 
  private:
   StreamState& lookup(StreamId id);
+  // The stream's state, or null where it has none (see thread_stream_ended).
+  StreamState* known(StreamId id) {
+    if (last_stream_ != nullptr && last_stream_->id == id) return last_stream_;
+    const auto it = streams_.find(id);
+    return it == streams_.end() ? nullptr : &it->second;
+  }
   void report_destroyed(const StreamState& s);
   bool capturing(StreamId id) const;
   EventHandle take_event();

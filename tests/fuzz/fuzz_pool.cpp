@@ -4,7 +4,8 @@
 // stream pool, which make barriers check first whether the device has caught
 // up), cross-stream frees, captures (here and on another device), a stream
 // destroyed and its handle reused, device failures, a device that lags or
-// keeps up (or one stream that lags behind the rest), cache releases. After
+// keeps up (or one stream that lags behind the rest), cache releases, threads
+// that allocate on their per-thread default streams and end. After
 // every step every invariant of the pool holds; no allocation overlaps a live
 // one or leaves the device's memory, and none may race the work queued before
 // its bytes were last freed (ordering_oracle.hpp judges by CUDA's rules), not
@@ -140,48 +141,74 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   int failures_left = 0;
   upstream.set_failure([&](std::uint64_t) { return failures_left > 0 && failures_left-- > 0; });
 
+  // Returns the block, or 0 where none was had.
+  auto allocate = [&](std::size_t bytes, StreamId stream) -> DevicePtr {
+    if (pool.is_capturing(stream)) return 0;  // the shim hands those to the runtime
+    // An unlimited device still has a bound here: the virtual upstream
+    // keeps a node per mapped page.
+    if (bytes <= kMaxRequest && live_bytes + bytes > kMostLive) return 0;
+    const Allocation a = pool.allocate(bytes, stream);
+    SAY("allocate %zu on %llx: %llx%s\n", bytes, static_cast<unsigned long long>(stream),
+        static_cast<unsigned long long>(a.ptr), a.ok ? "" : " (failed)");
+    if (!a.ok) return 0;
+    FUZZ_CHECK(a.ptr % 512 == 0);
+    FUZZ_CHECK(upstream.covers(a.ptr, bytes));
+    auto next = live.lower_bound(a.ptr);
+    FUZZ_CHECK(next == live.end() || next->first >= a.ptr + bytes);
+    if (next != live.begin()) {
+      auto prev = std::prev(next);
+      FUZZ_CHECK(prev->first + prev->second.size <= a.ptr);
+    }
+    std::string why;
+    if (!oracle.safe_to_use(a.ptr, bytes, stream, &why)) {
+      std::fprintf(stderr, "unordered reuse: %s\n", why.c_str());
+      std::abort();
+    }
+    live.emplace(a.ptr, Live{bytes, stream});
+    live_bytes += bytes;
+    return a.ptr;
+  };
+  auto release = [&](std::map<DevicePtr, Live>::iterator it, StreamId site) {
+    const DevicePtr ptr = it->first;
+    live_bytes -= it->second.size;
+    SAY("free %llx on %llx\n", static_cast<unsigned long long>(ptr), static_cast<unsigned long long>(site));
+    oracle.freed(ptr, it->second.size, site);
+    live.erase(it);
+    FUZZ_CHECK(pool.deallocate(ptr, site) == FreeResult::Freed);
+    FUZZ_CHECK(pool.deallocate(ptr, site) == FreeResult::NotAllocated);  // a second free is refused
+  };
+  // Per-thread default streams of threads that come and go: ids never
+  // reused, none of them another stream's handle.
+  constexpr StreamId kFirstThreadStream = 0x10002;
+  StreamId next_thread_stream = kFirstThreadStream;
+  auto ended_thread_stream = [&](StreamId id) { return id >= kFirstThreadStream && id != kAnyStream; };
+  // A thread allocates on its per-thread stream, frees the block there or
+  // leaves it live (for another thread to free), and ends.
+  auto thread_comes_and_goes = [&](bool frees) {
+    const StreamId stream = next_thread_stream;
+    next_thread_stream += 0x10;
+    SAY("thread with per-thread stream %llx begins\n", static_cast<unsigned long long>(stream));
+    begin_stream(stream, StreamKind::PerThread);
+    const DevicePtr p = allocate(size_from(in), stream);
+    if (p != 0 && frees) release(live.find(p), stream);
+    SAY("the thread ends\n");
+    pool.thread_stream_ended(stream);
+  };
+
   for (int step = 0; step < 4096 && !in.empty(); ++step) {
     switch (in.byte() % 12) {
       case 0: case 1: case 2: case 3: {  // allocate
         const std::size_t bytes = size_from(in);
-        const StreamId stream = in.pick(streams);
-        if (pool.is_capturing(stream)) break;  // the shim hands those to the runtime
-        // An unlimited device still has a bound here: the virtual upstream
-        // keeps a node per mapped page.
-        if (bytes <= kMaxRequest && live_bytes + bytes > kMostLive) break;
-        const Allocation a = pool.allocate(bytes, stream);
-        SAY("allocate %zu on %llx: %llx%s\n", bytes, static_cast<unsigned long long>(stream),
-            static_cast<unsigned long long>(a.ptr), a.ok ? "" : " (failed)");
-        if (!a.ok) break;
-        FUZZ_CHECK(a.ptr % 512 == 0);
-        FUZZ_CHECK(upstream.covers(a.ptr, bytes));
-        auto next = live.lower_bound(a.ptr);
-        FUZZ_CHECK(next == live.end() || next->first >= a.ptr + bytes);
-        if (next != live.begin()) {
-          auto prev = std::prev(next);
-          FUZZ_CHECK(prev->first + prev->second.size <= a.ptr);
-        }
-        std::string why;
-        if (!oracle.safe_to_use(a.ptr, bytes, stream, &why)) {
-          std::fprintf(stderr, "unordered reuse: %s\n", why.c_str());
-          std::abort();
-        }
-        live.emplace(a.ptr, Live{bytes, stream});
-        live_bytes += bytes;
+        allocate(bytes, in.pick(streams));
         break;
       }
       case 4: case 5: case 6: {  // free: plain, on its own stream, or on another
         if (live.empty()) break;
         auto it = std::next(live.begin(), static_cast<long>(in.byte() % live.size()));
         const std::uint8_t how = in.byte() % 3;
-        const StreamId site = how == 0 ? kAnyStream : how == 1 ? it->second.stream : in.pick(streams);
-        const DevicePtr ptr = it->first;
-        live_bytes -= it->second.size;
-        SAY("free %llx on %llx\n", static_cast<unsigned long long>(ptr), static_cast<unsigned long long>(site));
-        oracle.freed(ptr, it->second.size, site);
-        live.erase(it);
-        FUZZ_CHECK(pool.deallocate(ptr, site) == FreeResult::Freed);
-        FUZZ_CHECK(pool.deallocate(ptr, site) == FreeResult::NotAllocated);  // a second free is refused
+        StreamId site = how == 0 ? kAnyStream : how == 1 ? it->second.stream : in.pick(streams);
+        if (ended_thread_stream(site)) site = kAnyStream;  // its thread is gone: another frees it
+        release(it, site);
         break;
       }
       case 7:
@@ -192,7 +219,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         switch (in.byte() % 3) {
           case 0: SAY("release cached\n"); pool.release_cached(); break;
           case 1: {
-            const bool yes = in.byte() % 2 == 0;
+            const std::uint8_t b = in.byte();
+            // 0x78-0x7f, bytes no saved input has here (they replay the
+            // steps they were saved for): a thread comes and goes.
+            if ((b & 0xF8) == 0x78) {
+              thread_comes_and_goes(b % 2 == 0);
+              break;
+            }
+            const bool yes = b % 2 == 0;
             SAY("events complete at once: %d\n", yes);
             oracle.set_events_complete_at_once(yes);
             break;

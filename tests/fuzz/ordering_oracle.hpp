@@ -361,8 +361,10 @@ class OrderingOracle final : public Upstream {
   }
   void add_implicit_order(Clock& clock, const Stream& s) {
     for (const auto& [other, o] : streams_) {
-      const bool orders = (s.kind == StreamKind::Blocking && o.kind == StreamKind::Legacy) ||
-                          (s.kind == StreamKind::Legacy && o.kind == StreamKind::Blocking);
+      // A per-thread default stream is a blocking one.
+      auto blocking = [](StreamKind k) { return k == StreamKind::Blocking || k == StreamKind::PerThread; };
+      const bool orders = (blocking(s.kind) && o.kind == StreamKind::Legacy) ||
+                          (s.kind == StreamKind::Legacy && blocking(o.kind));
       if (!orders) continue;
       merge(clock, knowledge_[o.identity]);  // another identity: `clock` stays where it is
       clock[o.identity] = std::max(clock[o.identity], position_[o.identity]);

@@ -751,11 +751,89 @@ TEST_CASE_METHOD(PoolFixture, "threads that come and go reuse the blocks of thos
         const StreamId stream = (thread << 4) | 0x2;
         pool->stream_created(stream, StreamKind::PerThread);
         release(alloc(kMiB, stream), stream);
+        if (thread % 2 == 0) pool->thread_stream_ended(stream);  // half of them as the shim ends them
         upstream.complete_all();
       }
       CHECK(pool->stats().reserved_bytes[kAll].peak <= static_cast<std::int64_t>(4 * kMiB));
+      check();
     }
   }
+}
+
+TEST_CASE_METHOD(PoolFixture, "an ended thread's stream leaves the books, its blocks still ordered") {
+  // Its state goes at once; the blocks freed on it keep its id, and are
+  // handed to another stream only once a completion fence shows them done.
+  make();
+  upstream.set_events_complete_at_once(false);
+  constexpr StreamId kPtdsA = 0x12;
+  constexpr StreamId kPtdsB = 0x22;
+  pool->stream_created(kPtdsA, StreamKind::PerThread);
+  pool->stream_created(kPtdsB, StreamKind::PerThread);
+  const DevicePtr a = alloc(kMiB, kPtdsA);
+  release(a, kPtdsA);
+  pool->thread_stream_ended(kPtdsA);
+  int rows = 0;
+  for (const StreamReport& r : pool->streams()) {
+    if (r.id != kPtdsA) continue;
+    ++rows;
+    CHECK_FALSE(r.alive);
+    CHECK(r.kind == StreamKind::PerThread);
+  }
+  CHECK(rows == 1);
+  upstream.clear_calls();
+  const DevicePtr pending = alloc(kMiB, kPtdsB);
+  CHECK(pending != a);  // room to grow: not while its work may be pending
+  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);  // a completion fence
+  CHECK(count(upstream.calls(), Call::Record, kPtdsA) == 0);   // which cannot name it
+  upstream.complete_all();
+  CHECK(alloc(kMiB, kPtdsB) == a);  // that fence done: reused
+  rows = 0;
+  for (const StreamReport& r : pool->streams()) rows += r.id == kPtdsA ? 1 : 0;
+  CHECK(rows == 1);  // looking at its block made no state for it again
+  check();
+}
+
+TEST_CASE_METHOD(PoolFixture, "an ended thread's stream under pressure is ordered through the barrier") {
+  make(2 * kMiB);  // no room to grow
+  upstream.set_events_complete_at_once(false);
+  constexpr StreamId kPtdsA = 0x12;
+  constexpr StreamId kPtdsB = 0x22;
+  pool->stream_created(kPtdsA, StreamKind::PerThread);
+  pool->stream_created(kPtdsB, StreamKind::PerThread);
+  const DevicePtr a = alloc(kMiB, kPtdsA);
+  alloc(kMiB);  // the rest of the segment
+  release(a, kPtdsA);
+  pool->thread_stream_ended(kPtdsA);
+  upstream.clear_calls();
+  CHECK(alloc(kMiB, kPtdsB) == a);
+  CHECK(count(upstream.calls(), Call::Record, kPtdsA) == 0);
+  // A completion fence at the first look, then the barrier (the per-thread
+  // stream, a blocking one, follows the legacy stream's event).
+  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 2);
+  check();
+}
+
+TEST_CASE_METHOD(PoolFixture, "only a per-thread stream that is not capturing ends with its thread") {
+  make();
+  constexpr StreamId kPtds = 0x12;
+  pool->stream_created(kPtds, StreamKind::PerThread);
+  pool->stream_created(kS1, StreamKind::NonBlocking);
+  pool->capture_began(kPtds);
+  pool->thread_stream_ended(kPtds);
+  pool->thread_stream_ended(kS1);  // not a per-thread stream: never ended so
+  auto alive = [&](StreamId id) {
+    for (const StreamReport& r : pool->streams()) {
+      if (r.id == id) return r.alive;
+    }
+    return false;
+  };
+  CHECK(alive(kPtds));
+  CHECK(alive(kS1));
+  CHECK(pool->is_capturing(kPtds));
+  pool->capture_ended(kPtds);
+  pool->thread_stream_ended(kPtds);
+  CHECK_FALSE(alive(kPtds));
+  CHECK_FALSE(pool->capture_active());
 }
 
 TEST_CASE_METHOD(PoolFixture, "a request that may not wait takes the done part of another stream's pending block") {
