@@ -248,7 +248,7 @@ void device_section(std::string& out, const DeviceReport& d) {
 std::string stream_name(StreamId id) {
   if (id == kAnyStream) return "cudaMalloc/cudaFree";
   if (id == 0x1) return "legacy";
-  if (id == 0) return "destroyed streams";
+  if (id == 0) return "later streams";  // those gone after the first 63, in one row
   char buf[32];
   std::snprintf(buf, sizeof buf, (id & 0xF) == 0x2 ? "per-thread #%llu" : "%#llx",
                 static_cast<unsigned long long>((id & 0xF) == 0x2 ? id >> 4 : id));

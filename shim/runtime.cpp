@@ -1,7 +1,11 @@
 #include "shim/runtime.hpp"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <utility>
 
 #include "pool/size_rules.hpp"
 #include "report/diagnosis.hpp"
@@ -30,6 +34,22 @@ StreamId this_thread_stream() {
   thread_local const StreamId id = (next.fetch_add(1) << 4) | 0x2;
   return id;
 }
+
+namespace {
+// The devices this thread's per-thread stream was introduced to, a bit each.
+// Trivially destructible, so the hot path's check is one thread-local load.
+thread_local std::uint64_t t_stream_devices = 0;
+
+// Ends the thread's per-thread stream in the pools when the thread ends
+// (see Runtime::thread_ending). Registered on its first use.
+struct StreamEnder {
+  bool armed = false;
+  ~StreamEnder() {
+    if (Runtime* rt = Runtime::if_started()) rt->thread_ending();
+  }
+};
+thread_local StreamEnder t_stream_ender;
+}  // namespace
 
 Runtime& Runtime::get() {
   static Runtime* runtime = [] {
@@ -435,10 +455,10 @@ void Runtime::introduce_stream(int dev, StreamId id, unsigned flags) {
 void Runtime::ensure_known(StreamId stream, int dev) {
   if (stream == kLegacyStream) return;
   if (is_per_thread_id(stream)) {
-    // One bit per device this thread's per-thread stream was introduced to.
-    thread_local std::uint64_t known = 0;
+    std::uint64_t& known = t_stream_devices;
     if ((known >> dev & 1u) != 0) return;
     known |= std::uint64_t{1} << dev;
+    t_stream_ender.armed = true;
     DeviceState& d = device(dev);
     std::lock_guard<AdaptiveMutex> lock(d.mu);
     d.pool->stream_created(stream, StreamKind::PerThread);
@@ -480,6 +500,20 @@ void Runtime::stream_destroying(cudaStream_t stream) {
   if (DeviceState* d = existing(dev)) {
     std::lock_guard<AdaptiveMutex> lock(d->mu);
     d->pool->stream_destroying(id);
+  }
+}
+
+void Runtime::thread_ending() {
+  const std::uint64_t devices = std::exchange(t_stream_devices, 0);
+  // The main thread ends with the process: its stream stays in the report.
+  if (devices == 0 || bypass() || getpid() == static_cast<pid_t>(syscall(SYS_gettid))) return;
+  caches_.end_this_thread();  // its blocks kept for the stream go back first
+  const StreamId id = this_thread_stream();
+  for (int dev = 0; dev < kMaxDevices; ++dev) {
+    DeviceState* d = (devices >> dev & 1u) != 0 ? existing(dev) : nullptr;
+    if (d == nullptr) continue;
+    std::lock_guard<AdaptiveMutex> lock(d->mu);
+    d->pool->thread_stream_ended(id);
   }
 }
 

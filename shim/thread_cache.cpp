@@ -33,10 +33,7 @@ thread_local CacheSlot t_slot{nullptr, nullptr, false};
 struct CacheHolder {
   bool armed = false;  // set on the cache's creation, which registers the destructor
   ~CacheHolder() {
-    CacheSlot& slot = t_slot;
-    if (slot.owner != nullptr && slot.cache != nullptr) slot.owner->thread_exiting(slot.cache);
-    slot.cache = nullptr;
-    slot.ended = true;
+    if (t_slot.owner != nullptr) t_slot.owner->end_this_thread();
   }
 };
 thread_local CacheHolder t_holder;
@@ -305,6 +302,13 @@ std::vector<std::pair<DevicePtr, LiveBlock>> StreamCaches::forget_device(int dev
   if (forked_) return {};  // the live table is the parent's, and the child caches nothing
   flush_if([device](const CachedBlock& b) { return b.block.device != device; });
   return live_.forget_device(device);
+}
+
+void StreamCaches::end_this_thread() {
+  CacheSlot& slot = t_slot;
+  if (slot.owner == this && slot.cache != nullptr) thread_exiting(slot.cache);
+  slot.cache = nullptr;
+  slot.ended = true;
 }
 
 void StreamCaches::thread_exiting(ThreadCache* cache) {

@@ -224,9 +224,14 @@ class StreamCaches {
   bool forked() const { return forked_; }
 
   LiveTable& live() { return live_; }
-  void thread_exiting(ThreadCache* cache);  // the owner's thread ends
+  // The calling thread is ending: its cache goes back to the pool, and its
+  // later frees go there directly. Called by whichever of the thread's
+  // exit hooks runs first (the runtime's ends its per-thread stream next,
+  // which must find no block kept for it); the second call does nothing.
+  void end_this_thread();
 
  private:
+  void thread_exiting(ThreadCache* cache);
   // The calling thread's cache, made on first use; null once the thread has
   // handed it back (it is ending).
   ThreadCache* mine();

@@ -159,6 +159,31 @@ class Integrity(ShimTest):
         self.assertEqual(stats["allocation.all.current"], 0)
         self.assertEqual(stats["allocation.all.allocated"], 900)
 
+    def test_threads_that_come_and_go_leave_no_stream_behind(self):
+        # Each ended thread's per-thread stream leaves the pool's books (the
+        # report keeps 64 of them and one row for the rest); the main thread's
+        # stays. Blocks they left live or cached are checked and reused.
+        threads = 300
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                run = self.run_program(["test-threads", "come-and-go", str(threads)],
+                                       env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                self.assertSucceeded(run)
+                did = run.output_json()
+                self.assertEqual(did["left"], threads // 10)
+                device = run.report()["devices"]["0"]
+                os.remove(run.reports()[0])
+                stats = device["stats"]
+                self.assertEqual(stats["allocation.all.allocated"], threads + 1)
+                self.assertEqual(stats["allocation.all.current"], 0)
+                per_thread = [s for s in device["streams"] if s["stream"].startswith("per-thread")]
+                alive = [s["stream"] for s in per_thread if s["alive"]]
+                self.assertEqual(len(alive), 1, alive)  # the main thread's
+                self.assertEqual(len(per_thread) - 1, 63)  # gone: the first 63 ended threads'
+                self.assertEqual(sum(1 for s in device["streams"] if s["stream"] == "later streams"), 1)
+                # Not a block per thread (the fix before this kept each one pending).
+                self.assertLess(stats["reserved_bytes.all.peak"], threads // 2 << 20)
+
 
 class PitchedMemory(ShimTest):
     """cudaMallocPitch and cudaMalloc3D, as image and volume code uses them."""

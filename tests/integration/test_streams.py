@@ -23,6 +23,7 @@ CASES = {
     "cross-stream-pending": True,   # the new stream waits on the free's fence
     "destroyed-stream": True,       # the destroyed stream's last work is fenced
     "per-thread": True,             # per-thread default streams of two threads
+    "ended-thread": True,           # the same, the freeing thread ended before the reuse
 }
 
 
@@ -181,7 +182,9 @@ class Hazards(ShimTest):
 
     def test_per_thread_default_stream_build(self):
         # Built with CUDA_API_PER_THREAD_DEFAULT_STREAM: the _ptsz entry points.
-        self.check("test-hazards-ptds", "per-thread", True)
+        for case in ("per-thread", "ended-thread"):
+            with self.subTest(case=case):
+                self.check("test-hazards-ptds", case, True)
 
     def test_completed_work_is_reused_without_a_device_wait(self):
         run = self.check("test-hazards", "cross-stream-completed", False)

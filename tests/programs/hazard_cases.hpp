@@ -248,6 +248,30 @@ inline int per_thread_streams() {
   return result;
 }
 
+// The same with thread A ended before B asks: its per-thread stream has left
+// gpupool's books by then, and the block freed on it must still wait for A's
+// work. (The real runtime may give B the stream A had; stream order then
+// protects the block, and the case shows nothing there.)
+inline int ended_thread_stream() {
+  void* p = nullptr;
+  void* rest = nullptr;  // held: p's bytes are then the only free room
+  std::thread a([&] {
+    HAZARD_CHECK(cudaMallocAsync(&p, kBytes, kThreadStream));
+    HAZARD_CHECK(cudaMallocAsync(&rest, kBytes, kThreadStream));
+    old_owner_writes(p, kThreadStream);
+    HAZARD_CHECK(cudaFreeAsync(p, kThreadStream));
+  });
+  a.join();
+  int result = 0;
+  std::thread b([&] {
+    void* q = nullptr;
+    HAZARD_CHECK(cudaMallocAsync(&q, kBytes, kThreadStream));
+    result = verdict(p, q, kThreadStream);
+  });
+  b.join();
+  return result;
+}
+
 // cudaFree also returns only once the device has done all earlier work: a
 // program may read on the host what that work wrote to mapped host memory.
 // The "block" written here is that host memory; 1: the host read it early.
@@ -290,6 +314,7 @@ inline int run_case(const std::string& name) {
   if (name == "cross-stream-pending") return cross_stream(false, false);
   if (name == "destroyed-stream") return cross_stream(false, true);
   if (name == "per-thread") return per_thread_streams();
+  if (name == "ended-thread") return ended_thread_stream();
   if (name == "cross-device-free") return cross_device_free();
   if (name == "cudafree-host-sync") return cudafree_host_sync(false);
   if (name == "cudafree-host-sync-other-device") return cudafree_host_sync(true);

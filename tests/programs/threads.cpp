@@ -3,6 +3,10 @@
 // stream-ordered, while other threads allocate and free on their own. Every
 // block carries a pattern checked by the thread that frees it.
 //   threads [threads] [blocks per thread]
+//   threads come-and-go [threads]
+//     threads two at a time, each making a pair on its per-thread default
+//     stream and ending; every tenth leaves a block live for the main thread
+//     to check and free after it has ended. Prints {"threads": N, "left": K}.
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -27,9 +31,46 @@ std::deque<Handoff> queue;
 bool producers_done = false;
 std::atomic<int> corrupted{0};
 
+int come_and_go(int threads) {
+  constexpr size_t kBytes = 1 << 20;
+  // The main thread's per-thread stream, used before and after them all.
+  void* first = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&first, kBytes, cudaStreamPerThread));
+  std::vector<Handoff> left;
+  for (int t = 0; t < threads; t += 2) {
+    std::thread pair[2];
+    for (int k = 0; k < 2; ++k) {
+      pair[k] = std::thread([&, n = t + k] {
+        const auto tag = static_cast<unsigned char>(1 + n % 250);
+        void* p = nullptr;
+        CHECK_CUDA(cudaMallocAsync(&p, kBytes, cudaStreamPerThread));
+        CHECK_CUDA(cudaMemsetAsync(p, tag, kBytes, cudaStreamPerThread));
+        if (n % 10 == 0) {
+          std::lock_guard<std::mutex> lock(mu);
+          left.push_back(Handoff{p, kBytes, tag, cudaStreamPerThread, true});
+          return;  // ends with its work maybe still queued
+        }
+        CHECK_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
+        if (!testprog::holds_sampled(p, kBytes, tag)) ++corrupted;
+        CHECK_CUDA(cudaFreeAsync(p, cudaStreamPerThread));
+      });
+    }
+    for (std::thread& th : pair) th.join();
+  }
+  for (const Handoff& h : left) {
+    if (!testprog::holds_sampled(h.ptr, h.size, h.tag)) ++corrupted;
+    CHECK_CUDA(cudaFreeAsync(h.ptr, cudaStreamPerThread));
+  }
+  CHECK_CUDA(cudaFreeAsync(first, cudaStreamPerThread));
+  CHECK_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
+  std::printf("{\"threads\": %d, \"left\": %zu, \"corrupted\": %d}\n", threads, left.size(), corrupted.load());
+  return corrupted.load() == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "come-and-go") == 0) return come_and_go(argc > 2 ? std::atoi(argv[2]) : 400);
   const int producers = argc > 1 ? std::atoi(argv[1]) : 3;
   const int per_thread = argc > 2 ? std::atoi(argv[2]) : 400;
   std::vector<cudaStream_t> streams(static_cast<size_t>(producers));
