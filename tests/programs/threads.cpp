@@ -6,7 +6,9 @@
 //   threads come-and-go [threads]
 //     threads two at a time, each making a pair on its per-thread default
 //     stream and ending; every tenth leaves a block live for the main thread
-//     to check and free after it has ended. Prints {"threads": N, "left": K}.
+//     to check and free after it has ended, and every third first makes a
+//     pair on a stream of the main thread's (its cache, made then, holds its
+//     per-thread stream's block when it ends). Prints {"threads": N, "left": K}.
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -37,12 +39,18 @@ int come_and_go(int threads) {
   void* first = nullptr;
   CHECK_CUDA(cudaMallocAsync(&first, kBytes, cudaStreamPerThread));
   std::vector<Handoff> left;
+  cudaStream_t shared = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&shared, cudaStreamNonBlocking));
   for (int t = 0; t < threads; t += 2) {
     std::thread pair[2];
     for (int k = 0; k < 2; ++k) {
       pair[k] = std::thread([&, n = t + k] {
         const auto tag = static_cast<unsigned char>(1 + n % 250);
         void* p = nullptr;
+        if (n % 3 == 0) {
+          CHECK_CUDA(cudaMallocAsync(&p, 4096, shared));
+          CHECK_CUDA(cudaFreeAsync(p, shared));
+        }
         CHECK_CUDA(cudaMallocAsync(&p, kBytes, cudaStreamPerThread));
         CHECK_CUDA(cudaMemsetAsync(p, tag, kBytes, cudaStreamPerThread));
         if (n % 10 == 0) {
@@ -63,6 +71,8 @@ int come_and_go(int threads) {
   }
   CHECK_CUDA(cudaFreeAsync(first, cudaStreamPerThread));
   CHECK_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
+  CHECK_CUDA(cudaStreamSynchronize(shared));
+  CHECK_CUDA(cudaStreamDestroy(shared));
   std::printf("{\"threads\": %d, \"left\": %zu, \"corrupted\": %d}\n", threads, left.size(), corrupted.load());
   return corrupted.load() == 0 ? 0 : 1;
 }
