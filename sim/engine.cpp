@@ -1,5 +1,8 @@
 #include "sim/engine.hpp"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -10,7 +13,22 @@
 namespace simcuda {
 
 namespace {
-thread_local std::vector<Stream*> t_per_thread;  // per device
+// This thread's per-thread default streams, by device. Retired when the
+// thread ends, so that threads that come and go leave no worker behind (each
+// would be woken by every operation of every stream). Not the main thread's:
+// that is the process ending, and its exit handlers may still use the stream.
+// The slots are cleared, so a use after that (a thread-local destroyed
+// later) makes a new stream.
+struct PerThreadStreams {
+  static constexpr std::size_t kMostDevices = Memory::kMostDevices;
+  Stream* by_device[kMostDevices] = {};
+  ~PerThreadStreams() {
+    if (getpid() == static_cast<pid_t>(syscall(SYS_gettid))) return;
+    Engine::instance().retire_per_thread_streams(by_device, kMostDevices);
+    for (Stream*& s : by_device) s = nullptr;
+  }
+};
+thread_local PerThreadStreams t_per_thread;
 thread_local cudaStreamCaptureMode t_capture_mode = cudaStreamCaptureModeGlobal;
 
 std::uint64_t env_u64(const char* name, std::uint64_t fallback) {
@@ -38,8 +56,7 @@ Stream* Engine::resolve(cudaStream_t handle, bool per_thread, int device) {
   const auto raw = reinterpret_cast<std::uintptr_t>(handle);
   const bool wants_per_thread = raw == 0x2 || (raw == 0 && per_thread);
   if (wants_per_thread) {
-    if (t_per_thread.empty()) t_per_thread.assign(legacy_.size(), nullptr);
-    Stream*& mine = t_per_thread[static_cast<std::size_t>(device)];
+    Stream*& mine = t_per_thread.by_device[static_cast<std::size_t>(device)];
     if (mine == nullptr) {
       std::lock_guard<std::mutex> lock(mu_);
       mine = new Stream();
@@ -70,6 +87,14 @@ cudaError_t Engine::destroy_stream(Stream* s) {
   s->destroyed = true;
   cv_.notify_all();
   return cudaSuccess;
+}
+
+void Engine::retire_per_thread_streams(Stream* const* streams, std::size_t count) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (std::size_t i = 0; i < count; ++i) {
+    if (streams[i] != nullptr) streams[i]->destroyed = true;
+  }
+  cv_.notify_all();
 }
 
 void Engine::invalidate_captures_blocked_by_legacy(int device) {

@@ -76,6 +76,10 @@ class Engine {
   Stream* resolve(cudaStream_t handle, bool per_thread, int device);
   Stream* create_stream(unsigned flags, int device);
   cudaError_t destroy_stream(Stream* s);
+  // A thread's per-thread streams, as it ends: each is retired as a
+  // destroyed stream is (its queued work still runs, and still orders the
+  // legacy stream until done; then its worker ends).
+  void retire_per_thread_streams(Stream* const* streams, std::size_t count);
 
   // Queues `run` on `s` behind CUDA's implicit dependencies (plus `extra`).
   // Returns an error instead when the call would break a capture.

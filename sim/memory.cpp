@@ -43,6 +43,7 @@ Memory::Memory()
       fail_error_(static_cast<cudaError_t>(env_size("SIMCUDA_FAIL_ERROR", cudaErrorMemoryAllocation))),
       rng_(env_size("SIMCUDA_FAIL_SEED", 1)) {
   if (devices_ < 1) devices_ = 1;
+  if (devices_ > kMostDevices) devices_ = kMostDevices;
   used_.assign(static_cast<std::size_t>(devices_), 0);
   peers_.assign(static_cast<std::size_t>(devices_), 0);
 }

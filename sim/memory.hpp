@@ -19,6 +19,7 @@ namespace simcuda {
 
 class Memory {
  public:
+  static constexpr int kMostDevices = 64;  // SIMCUDA_DEVICES above this is taken as this
   static Memory& instance();
 
   cudaError_t allocate(int device, std::size_t size, void** out);
