@@ -1,7 +1,7 @@
 // gpupool-bench-api: cudaMalloc/cudaFree pairs through the CUDA runtime API, as
 // a program sees them (run it with and without LD_PRELOAD=libgpupool.so).
 //   gpupool-bench-api [plain|async] [threads] [pairs per thread] [sizes per thread] [idle streams]
-//   gpupool-bench-api churn [threads]
+//   gpupool-bench-api churn [threads] [pause]
 // plain: cudaMalloc + cudaFree. async: cudaMallocAsync + cudaFreeAsync on the
 // thread's own stream. Sizes cycle through the real traces' sizes. Idle
 // streams: non-blocking streams made first and never used, as PyTorch makes
@@ -11,7 +11,9 @@
 // memory from the device then), and all start the loop together.
 // churn: threads one after another, each making one 1 MiB cudaMallocAsync +
 // cudaFreeAsync pair on its per-thread default stream and ending (a server
-// that starts a thread per request); prints microseconds per thread.
+// that starts a thread per request), with `pause` microseconds between one
+// thread's end and the next one's start (0); prints microseconds per thread,
+// pauses included.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -26,9 +28,10 @@
 #include "bench/trace_sizes.hpp"
 
 namespace {
-int churn(int threads) {
+int churn(int threads, int pause_us) {
   const auto start = std::chrono::steady_clock::now();
   for (int t = 0; t < threads; ++t) {
+    if (pause_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
     std::thread([] {
       void* p = nullptr;
       if (cudaMallocAsync(&p, 1 << 20, cudaStreamPerThread) != cudaSuccess ||
@@ -46,7 +49,9 @@ int churn(int threads) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1 && std::strcmp(argv[1], "churn") == 0) return churn(argc > 2 ? std::atoi(argv[2]) : 2000);
+  if (argc > 1 && std::strcmp(argv[1], "churn") == 0) {
+    return churn(argc > 2 ? std::atoi(argv[2]) : 2000, argc > 3 ? std::atoi(argv[3]) : 0);
+  }
   const bool async = argc > 1 && std::strcmp(argv[1], "async") == 0;
   const int threads = argc > 2 ? std::atoi(argv[2]) : 1;
   const long pairs = argc > 3 ? std::atol(argv[3]) : 200000;
