@@ -23,6 +23,24 @@ int count(const std::vector<Call>& calls, Call::Kind kind, StreamId stream) {
   for (const Call& c : calls) n += (c.kind == kind && c.stream == stream) ? 1 : 0;
   return n;
 }
+
+constexpr StreamId kPtdsA = 0x12;  // two threads' per-thread default streams
+constexpr StreamId kPtdsB = 0x22;
+
+// Thread A frees a 1 MiB block on its per-thread stream, its work pending;
+// thread B's stream is known too. With `only_room` the device holds 2 MiB and
+// the rest of the block's segment is taken first: the freed block is then
+// the only room.
+DevicePtr freed_on_thread_a(PoolFixture& f, bool only_room) {
+  f.make(only_room ? 2 * kMiB : kUnlimited);
+  f.pool->stream_created(kPtdsA, StreamKind::PerThread);
+  f.pool->stream_created(kPtdsB, StreamKind::PerThread);
+  f.upstream.set_events_complete_at_once(false);
+  const DevicePtr a = f.alloc(kMiB, kPtdsA);
+  if (only_room) f.alloc(kMiB);
+  f.release(a, kPtdsA);
+  return a;
+}
 }  // namespace
 
 TEST_CASE_METHOD(PoolFixture, "same-stream reuse needs no event at all") {
@@ -530,15 +548,7 @@ TEST_CASE_METHOD(PoolFixture, "a destroyed stream's fence whose query fails no l
 }
 
 TEST_CASE_METHOD(PoolFixture, "another thread's per-thread stream is ordered through the barrier") {
-  make(2 * kMiB);  // no room to grow: the cached block is the only way
-  constexpr StreamId kPtdsA = 0x12;
-  constexpr StreamId kPtdsB = 0x22;
-  pool->stream_created(kPtdsA, StreamKind::PerThread);
-  pool->stream_created(kPtdsB, StreamKind::PerThread);
-  upstream.set_events_complete_at_once(false);
-  const DevicePtr a = alloc(kMiB, kPtdsA);
-  alloc(kMiB);  // the rest of the segment: a's bytes are the only free ones
-  release(a, kPtdsA);
+  const DevicePtr a = freed_on_thread_a(*this, true);  // no room to grow: the cached block is the only way
   upstream.clear_calls();
   CHECK(alloc(kMiB, kPtdsB) == a);
   CHECK(count(upstream.calls(), Call::Record, kPtdsA) == 0);  // unreachable from here
@@ -763,14 +773,7 @@ TEST_CASE_METHOD(PoolFixture, "threads that come and go reuse the blocks of thos
 TEST_CASE_METHOD(PoolFixture, "an ended thread's stream leaves the books, its blocks still ordered") {
   // Its state goes at once; the blocks freed on it keep its id, and are
   // handed to another stream only once a completion fence shows them done.
-  make();
-  upstream.set_events_complete_at_once(false);
-  constexpr StreamId kPtdsA = 0x12;
-  constexpr StreamId kPtdsB = 0x22;
-  pool->stream_created(kPtdsA, StreamKind::PerThread);
-  pool->stream_created(kPtdsB, StreamKind::PerThread);
-  const DevicePtr a = alloc(kMiB, kPtdsA);
-  release(a, kPtdsA);
+  const DevicePtr a = freed_on_thread_a(*this, false);
   pool->thread_stream_ended(kPtdsA);
   int rows = 0;
   for (const StreamReport& r : pool->streams()) {
@@ -794,15 +797,7 @@ TEST_CASE_METHOD(PoolFixture, "an ended thread's stream leaves the books, its bl
 }
 
 TEST_CASE_METHOD(PoolFixture, "an ended thread's stream under pressure is ordered through the barrier") {
-  make(2 * kMiB);  // no room to grow
-  upstream.set_events_complete_at_once(false);
-  constexpr StreamId kPtdsA = 0x12;
-  constexpr StreamId kPtdsB = 0x22;
-  pool->stream_created(kPtdsA, StreamKind::PerThread);
-  pool->stream_created(kPtdsB, StreamKind::PerThread);
-  const DevicePtr a = alloc(kMiB, kPtdsA);
-  alloc(kMiB);  // the rest of the segment
-  release(a, kPtdsA);
+  const DevicePtr a = freed_on_thread_a(*this, true);  // no room to grow
   pool->thread_stream_ended(kPtdsA);
   upstream.clear_calls();
   CHECK(alloc(kMiB, kPtdsB) == a);
@@ -815,11 +810,10 @@ TEST_CASE_METHOD(PoolFixture, "an ended thread's stream under pressure is ordere
 
 TEST_CASE_METHOD(PoolFixture, "only a per-thread stream that is not capturing ends with its thread") {
   make();
-  constexpr StreamId kPtds = 0x12;
-  pool->stream_created(kPtds, StreamKind::PerThread);
+  pool->stream_created(kPtdsA, StreamKind::PerThread);
   pool->stream_created(kS1, StreamKind::NonBlocking);
-  pool->capture_began(kPtds);
-  pool->thread_stream_ended(kPtds);
+  pool->capture_began(kPtdsA);
+  pool->thread_stream_ended(kPtdsA);
   pool->thread_stream_ended(kS1);  // not a per-thread stream: never ended so
   auto alive = [&](StreamId id) {
     for (const StreamReport& r : pool->streams()) {
@@ -827,12 +821,12 @@ TEST_CASE_METHOD(PoolFixture, "only a per-thread stream that is not capturing en
     }
     return false;
   };
-  CHECK(alive(kPtds));
+  CHECK(alive(kPtdsA));
   CHECK(alive(kS1));
-  CHECK(pool->is_capturing(kPtds));
-  pool->capture_ended(kPtds);
-  pool->thread_stream_ended(kPtds);
-  CHECK_FALSE(alive(kPtds));
+  CHECK(pool->is_capturing(kPtdsA));
+  pool->capture_ended(kPtdsA);
+  pool->thread_stream_ended(kPtdsA);
+  CHECK_FALSE(alive(kPtdsA));
   CHECK_FALSE(pool->capture_active());
 }
 
