@@ -85,6 +85,7 @@ class OutOfMemory(ShimTest):
                 self.assertIn("oom: cudaErrorMemoryAllocation", run.stdout)
                 oom = run.report()["devices"]["0"]["ooms"][0]
                 self.assertEqual(oom["cause"], "pending_reuse")
+                self.assertRegex(oom["stream"], r"^0x[0-9a-f]+$")  # the asking stream, not cudaMalloc's
                 self.assertTrue(oom["during_capture"])
                 self.assertEqual(oom["largest_fitting_free_block_bytes"], 48 << 20)
                 self.assertIn("a free block of 48.00 MiB fits", oom["verdict"])
@@ -185,6 +186,12 @@ class Leaks(ShimTest):
         self.assertEqual(leaks["sites"], [])
         self.assertTrue(any("GPUPOOL_BACKTRACE=1" in a for a in run.report()["devices"]["0"]["advice"]))
 
+    def test_a_stream_ordered_leak_names_its_stream(self):
+        run = self.run_program(["test-lifecycle", "leak-async"])
+        self.assertSucceeded(run)
+        [block] = run.report()["devices"]["0"]["leaks"]["largest"]
+        self.assertEqual(block["stream"], run.output_json()["stream"])
+
     def test_the_text_report_lists_leaks_largest_first(self):
         run = self.run_program(["test-lifecycle", "leak"], fmt="text")
         self.assertSucceeded(run)
@@ -282,6 +289,14 @@ class Contents(ShimTest):
         self.assertLessEqual(len(timeline["samples"]), 1024)
         peak = run.report()["devices"]["0"]["stats"]["reserved_bytes.all.peak"]
         self.assertTrue(all(s[3] <= peak for s in timeline["samples"]))
+        # The columns it names: requested <= allocated <= reserved, with room
+        # between allocated and reserved somewhere in the run.
+        columns = timeline["columns"]
+        at = {name: columns.index(name) for name in ("requested_bytes", "allocated_bytes", "reserved_bytes")}
+        samples = timeline["samples"]
+        self.assertTrue(all(s[at["requested_bytes"]] <= s[at["allocated_bytes"]] <= s[at["reserved_bytes"]]
+                            for s in samples))
+        self.assertTrue(any(s[at["allocated_bytes"]] < s[at["reserved_bytes"]] for s in samples))
 
     def test_times_are_seconds_into_the_run(self):
         run = self.run_program(["test-oom", "full"], env={"SIMCUDA_MEMORY": "64M"})

@@ -1,6 +1,8 @@
 // Process lifecycle under gpupool, one mode per run:
 //   leak       leaves three blocks allocated (allocated in leak_here(), for
 //              GPUPOOL_BACKTRACE=1 to name)
+//   leak-async leaves a block allocated on a stream of its own; prints
+//              {"stream": the stream's handle, as the report names it}
 //   static     frees a block from a static object's destructor, after main
 //   fork       uses CUDA, then forks a child that exits without using it
 //   fork-reports N  forks N children (each exits at once) while another
@@ -63,6 +65,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <thread>
 #include <vector>
@@ -134,6 +137,15 @@ __attribute__((noinline)) void* leak_here(size_t bytes) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "leak-async") {
+    cudaStream_t s = nullptr;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    void* p = nullptr;
+    CHECK_CUDA(cudaMallocAsync(&p, 1 << 20, s));
+    CHECK_CUDA(cudaStreamSynchronize(s));
+    std::printf("{\"stream\": \"%#llx\"}\n", static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(s)));
+    return 0;
+  }
   if (mode == "leak") {
     for (size_t n : {size_t{1} << 20, size_t{3} << 20, size_t{5} << 10}) leak_here(n);
     void* freed = nullptr;
@@ -396,6 +408,6 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::fprintf(stderr,
-               "usage: lifecycle leak|static|fork|reset|reset-live|chdir|ipc|ipc-foreign|signal[-lent-again] REPORT|driver LIB USE [fork]\n");
+               "usage: lifecycle leak|leak-async|static|fork|reset|reset-live|chdir|ipc|ipc-foreign|signal[-lent-again] REPORT|driver LIB USE [fork]\n");
   return 64;
 }
