@@ -3,7 +3,7 @@
  * dlsym(RTLD_DEFAULT, "simcuda_counters") when they are optional.
  *
  * The environment sets the rest, read once (each where it is used):
- *   SIMCUDA_DEVICES=N           devices (1)
+ *   SIMCUDA_DEVICES=N           devices (1; at most 64)
  *   SIMCUDA_MEMORY=SIZE         each device's capacity, bytes or with K, M, G (16G)
  *   SIMCUDA_OP_DELAY_US=N       each queued operation first sleeps this long (0)
  *   SIMCUDA_FAIL_AFTER=N        allocations that succeed before every later one fails
