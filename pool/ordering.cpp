@@ -30,7 +30,7 @@ StreamOrdering::StreamOrdering(Upstream& upstream, const PoolOptions& options)
     : upstream_(upstream), options_(options) {
   device_.id = kAnyStream;
   device_.kind = StreamKind::Legacy;
-  destroyed_.reserve(kDestroyedStreamsReported);  // so that report_destroyed never allocates
+  destroyed_.reserve(kDestroyedStreamsReported);  // so that report_gone never allocates
 }
 
 StreamState& StreamOrdering::lookup(StreamId id) {
@@ -128,25 +128,25 @@ void StreamOrdering::report_destroyed(const StreamState& s) {
   StreamReport r;
   r.id = s.id;
   r.kind = s.kind;
-  r.alive = false;
   r.counters = s.counters;
+  report_gone(r);
+}
+
+void StreamOrdering::report_gone(const StreamReport& r) {
   if (destroyed_.size() < kDestroyedStreamsReported) {
     destroyed_.push_back(r);
-  } else {
-    destroyed_.back().id = 0;  // stands for "this and every later gone stream"
-    add_counters(destroyed_.back().counters, r.counters);
+    destroyed_.back().alive = false;
+    return;
   }
+  StreamReport& rest = destroyed_.back();
+  rest.id = 0;  // the last row stands for "this and every later gone stream"
+  rest.streams += r.streams;
+  add_counters(rest.counters, r.counters);
 }
 
 void StreamOrdering::continue_history(const StreamOrdering& before) {
   add_counters(device_.counters, before.device_.counters);
-  for (const StreamReport& r : before.destroyed_) {
-    StreamState gone;
-    gone.id = r.id;
-    gone.kind = r.kind;
-    gone.counters = r.counters;
-    report_destroyed(gone);
-  }
+  for (const StreamReport& r : before.destroyed_) report_gone(r);
   for (const auto& [id, s] : before.streams_) {
     // The reset destroyed the streams the program created; the legacy and
     // per-thread streams are the runtime's and go on, their kind known.

@@ -178,6 +178,7 @@ class StreamOrdering {
     return it == streams_.end() ? nullptr : &it->second;
   }
   void report_destroyed(const StreamState& s);
+  void report_gone(const StreamReport& r);  // never allocates (room is reserved)
   bool capturing(StreamId id) const;
   EventHandle take_event();
   void refill_spare_events();  // before a barrier

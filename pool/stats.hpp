@@ -190,6 +190,9 @@ struct StreamReport {
   StreamId id = 0;
   StreamKind kind = StreamKind::Blocking;
   bool alive = true;
+  // The streams the row stands for: 1, but for the row of every gone stream
+  // past the first ones reported one by one (id 0).
+  std::uint64_t streams = 1;
   std::size_t cached_blocks = 0;
   std::size_t cached_bytes = 0;
   StreamCounters counters;

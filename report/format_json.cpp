@@ -89,6 +89,7 @@ void device(JsonWriter& w, const DeviceReport& d) {
     w.begin_object();
     w.field("stream", stream_name(r.id));
     w.field("alive", r.alive);
+    w.field("streams", r.streams);
     w.field("cached_blocks", r.cached_blocks);
     w.field("cached_bytes", r.cached_bytes);
     w.field("same_stream_reuses", r.counters.same_stream_reuses);

@@ -60,7 +60,8 @@ void stream_rows(std::string& out, const std::vector<StreamReport>& streams) {
       quiet_ones.counters.fences_recorded += r.counters.fences_recorded;
       continue;
     }
-    row(stream_name(r.id) + (r.alive ? "" : " (gone)"), r);
+    // The row of every stream gone after the first ones listed: how many.
+    row(r.id == 0 ? std::to_string(r.streams) + " more gone" : stream_name(r.id) + (r.alive ? "" : " (gone)"), r);
   }
   if (folded >= 2) row(std::to_string(folded) + " others, no reuse", quiet_ones);
   for (const StreamReport& r : streams) {

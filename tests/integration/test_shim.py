@@ -180,7 +180,10 @@ class Integrity(ShimTest):
                 alive = [s["stream"] for s in per_thread if s["alive"]]
                 self.assertEqual(len(alive), 1, alive)  # the main thread's
                 self.assertEqual(len(per_thread) - 1, 63)  # gone: the first 63 ended threads'
-                self.assertEqual(sum(1 for s in device["streams"] if s["stream"] == "later streams"), 1)
+                [later] = [s for s in device["streams"] if s["stream"] == "later streams"]
+                # The other ended threads' streams, and the main thread's stream destroyed at the end.
+                self.assertEqual(later["streams"], threads - 63 + 1)
+                self.assertTrue(all(s["streams"] == 1 for s in device["streams"] if s is not later))
                 # Not a block per thread (the fix before this kept each one pending).
                 self.assertLess(stats["reserved_bytes.all.peak"], threads // 2 << 20)
 

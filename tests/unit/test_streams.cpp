@@ -765,6 +765,16 @@ TEST_CASE_METHOD(PoolFixture, "threads that come and go reuse the blocks of thos
         upstream.complete_all();
       }
       CHECK(pool->stats().reserved_bytes[kAll].peak <= static_cast<std::int64_t>(4 * kMiB));
+      // The ended ones are reported as gone: 63 rows of one, a row for the rest.
+      std::uint64_t gone = 0;
+      int gone_rows = 0;
+      for (const StreamReport& r : pool->streams()) {
+        if (r.alive) continue;
+        gone += r.streams;
+        ++gone_rows;
+      }
+      CHECK(gone == 100);
+      CHECK(gone_rows == 64);
       check();
     }
   }
