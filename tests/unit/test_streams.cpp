@@ -780,6 +780,35 @@ TEST_CASE_METHOD(PoolFixture, "threads that come and go reuse the blocks of thos
   }
 }
 
+TEST_CASE_METHOD(PoolFixture, "a device reset carries the count of gone streams over") {
+  make();
+  auto end_threads = [&](StreamId first, int n) {
+    for (StreamId t = first; t < first + static_cast<StreamId>(n); ++t) {
+      const StreamId stream = (t << 4) | 0x2;
+      pool->stream_created(stream, StreamKind::PerThread);
+      pool->thread_stream_ended(stream);
+    }
+  };
+  auto gone = [&] {
+    std::uint64_t streams = 0;
+    int rows = 0;
+    for (const StreamReport& r : pool->streams()) {
+      if (r.alive) continue;
+      streams += r.streams;
+      ++rows;
+    }
+    return std::pair{streams, rows};
+  };
+  end_threads(1, 100);
+  CHECK(gone() == std::pair{std::uint64_t{100}, 64});
+  std::unique_ptr<DevicePool> before = std::move(pool);
+  make();
+  pool->continue_history(*before);
+  CHECK(gone() == std::pair{std::uint64_t{100}, 64});
+  end_threads(101, 5);
+  CHECK(gone() == std::pair{std::uint64_t{105}, 64});
+}
+
 TEST_CASE_METHOD(PoolFixture, "an ended thread's stream leaves the books, its blocks still ordered") {
   // Its state goes at once; the blocks freed on it keep its id, and are
   // handed to another stream only once a completion fence shows them done.
