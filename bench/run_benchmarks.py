@@ -309,8 +309,8 @@ def main():
               "thread's stream is seen done through a completion fence, whose event the simulated device "
               "completes once a worker thread has woken up: where threads come faster than that, each finds "
               "the last ones pending and takes new memory, and the peak varies from run to run. With a pause, "
-              "the device keeps up, as a GPU's events (microseconds) would. The report keeps a row for the "
-              "first 63 ended threads' streams and one for the rest.", "",
+              "the device keeps up, as a GPU's events (microseconds) are expected to; no GPU ran this. The report "
+              "keeps a row for the first 63 ended threads' streams and one for the rest.", "",
               "| segments | pause | peak reserved, median (lowest-highest) | from cache | us per thread | stream "
               "rows in the report |",
               "|---|---:|---:|---:|---:|---:|"]
