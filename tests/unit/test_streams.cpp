@@ -1,4 +1,6 @@
 // The cross-stream protocol, seen through the upstream calls it makes.
+#include <utility>
+
 #include "pool_fixture.hpp"
 #include "report/collect.hpp"
 #include "report/diagnosis.hpp"
@@ -40,6 +42,18 @@ DevicePtr freed_on_thread_a(PoolFixture& f, bool only_room) {
   if (only_room) f.alloc(kMiB);
   f.release(a, kPtdsA);
   return a;
+}
+
+// The gone streams the pool reports, and the rows they take.
+std::pair<std::uint64_t, int> gone_streams(const DevicePool& pool) {
+  std::uint64_t streams = 0;
+  int rows = 0;
+  for (const StreamReport& r : pool.streams()) {
+    if (r.alive) continue;
+    streams += r.streams;
+    ++rows;
+  }
+  return {streams, rows};
 }
 }  // namespace
 
@@ -766,13 +780,7 @@ TEST_CASE_METHOD(PoolFixture, "threads that come and go reuse the blocks of thos
       }
       CHECK(pool->stats().reserved_bytes[kAll].peak <= static_cast<std::int64_t>(4 * kMiB));
       // The ended ones are reported as gone: 63 rows of one, a row for the rest.
-      std::uint64_t gone = 0;
-      int gone_rows = 0;
-      for (const StreamReport& r : pool->streams()) {
-        if (r.alive) continue;
-        gone += r.streams;
-        ++gone_rows;
-      }
+      const auto [gone, gone_rows] = gone_streams(*pool);
       CHECK(gone == 100);
       CHECK(gone_rows == 64);
       check();
@@ -789,16 +797,7 @@ TEST_CASE_METHOD(PoolFixture, "a device reset carries the count of gone streams 
       pool->thread_stream_ended(stream);
     }
   };
-  auto gone = [&] {
-    std::uint64_t streams = 0;
-    int rows = 0;
-    for (const StreamReport& r : pool->streams()) {
-      if (r.alive) continue;
-      streams += r.streams;
-      ++rows;
-    }
-    return std::pair{streams, rows};
-  };
+  auto gone = [&] { return gone_streams(*pool); };
   end_threads(1, 100);
   CHECK(gone() == std::pair{std::uint64_t{100}, 64});
   std::unique_ptr<DevicePool> before = std::move(pool);
