@@ -14,16 +14,6 @@ constexpr std::uint8_t kBusyCheckInterval = 8;
 // From this many non-blocking streams on, a barrier first looks whether the
 // device has caught up (see record_barrier).
 constexpr std::size_t kCaughtUpCheckStreams = 4;
-
-void add_counters(StreamCounters& into, const StreamCounters& from) {
-  into.same_stream_reuses += from.same_stream_reuses;
-  into.cross_stream_reuses += from.cross_stream_reuses;
-  into.event_waits += from.event_waits;
-  into.barrier_waits += from.barrier_waits;
-  into.caught_up_barriers += from.caught_up_barriers;
-  into.fences_recorded += from.fences_recorded;
-  into.host_syncs += from.host_syncs;
-}
 }  // namespace
 
 StreamOrdering::StreamOrdering(Upstream& upstream, const PoolOptions& options)
@@ -141,11 +131,11 @@ void StreamOrdering::report_gone(const StreamReport& r) {
   StreamReport& rest = destroyed_.back();
   rest.id = 0;  // the last row stands for "this and every later gone stream"
   rest.streams += r.streams;
-  add_counters(rest.counters, r.counters);
+  rest.counters += r.counters;
 }
 
 void StreamOrdering::continue_history(const StreamOrdering& before) {
-  add_counters(device_.counters, before.device_.counters);
+  device_.counters += before.device_.counters;
   for (const StreamReport& r : before.destroyed_) report_gone(r);
   for (const auto& [id, s] : before.streams_) {
     // The reset destroyed the streams the program created; the legacy and
@@ -153,7 +143,7 @@ void StreamOrdering::continue_history(const StreamOrdering& before) {
     if (s.kind == StreamKind::Legacy || s.kind == StreamKind::PerThread) {
       StreamState& kept = stream(id);
       kept.kind = s.kind;
-      add_counters(kept.counters, s.counters);
+      kept.counters += s.counters;
     } else {
       report_destroyed(s);
     }

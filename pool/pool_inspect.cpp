@@ -1,5 +1,6 @@
 // Read-only views of a DevicePool: fragmentation, per-stream figures,
 // histograms, and the invariant checker the tests run after every operation.
+#include <map>
 #include <sstream>
 #include <tuple>
 
@@ -38,16 +39,37 @@ SizeHistogram DevicePool::free_block_histogram() const {
   return h;
 }
 
+// Every cached block is counted in one row, so that the rows add up to the
+// cache: a live stream's row, else the row of the gone stream that freed it
+// (an ended thread's per-thread stream, whose blocks keep its id, or a
+// destroyed stream whose blocks a failure kept from being re-keyed), else the
+// row of every later gone stream. A destroyed stream's handle may be a live
+// stream's now: live rows are looked up first.
 std::vector<StreamReport> DevicePool::streams() const {
   std::vector<StreamReport> reports = ordering_.stream_reports();
+  std::map<StreamId, StreamReport*> live;
+  std::map<StreamId, StreamReport*> gone;
+  StreamReport* later = nullptr;
   for (StreamReport& r : reports) {
-    if (!r.alive) continue;
-    for (const BlockPool& pool : pools_) {
-      for (const Block* b = pool.best_fit(r.id, 0); b != nullptr && b->stream == r.id;) {
-        ++r.cached_blocks;
-        r.cached_bytes += b->size;
-        b = pool.next(b);
-      }
+    if (r.alive) {
+      live.emplace(r.id, &r);
+    } else if (r.id == 0) {
+      later = &r;
+    } else {
+      gone.emplace(r.id, &r);  // the first row, should a handle have gone twice
+    }
+  }
+  auto row_of = [&](StreamId id) -> StreamReport* {
+    if (const auto it = live.find(id); it != live.end()) return it->second;
+    if (const auto it = gone.find(id); it != gone.end()) return it->second;
+    return later;
+  };
+  for (const BlockPool& pool : pools_) {
+    for (const Block* b : pool.blocks()) {
+      StreamReport* r = row_of(b->stream);
+      if (r == nullptr) continue;  // the rows then fall short of the cache: the tests check they do not
+      ++r->cached_blocks;
+      r->cached_bytes += b->size;
     }
   }
   return reports;

@@ -184,6 +184,17 @@ struct StreamCounters {
   std::uint64_t caught_up_barriers = 0;   // device barriers that found the device caught up: no waits
   std::uint64_t fences_recorded = 0;      // events recorded on this stream
   std::uint64_t host_syncs = 0;           // host waits involving this stream
+
+  StreamCounters& operator+=(const StreamCounters& o) {
+    same_stream_reuses += o.same_stream_reuses;
+    cross_stream_reuses += o.cross_stream_reuses;
+    event_waits += o.event_waits;
+    barrier_waits += o.barrier_waits;
+    caught_up_barriers += o.caught_up_barriers;
+    fences_recorded += o.fences_recorded;
+    host_syncs += o.host_syncs;
+    return *this;
+  }
 };
 
 struct StreamReport {

@@ -64,9 +64,15 @@ def check_books(report):
     the current. The current allocations, their bytes and the bytes asked
     for them must also be those of the blocks the pool holds allocated (the
     report's "leaks", found by walking the blocks, not from the figures),
-    unless gpupool stepped aside (its figures then stop where they were)."""
+    unless gpupool stepped aside (its figures then stop where they were).
+    The stream rows hold every cached block once: they add up to the cache."""
     for device, d in report.get("devices", {}).items():
         s = d["stats"]
+        rows = (sum(st["cached_blocks"] for st in d["streams"]), sum(st["cached_bytes"] for st in d["streams"]))
+        cache = (d["fragmentation"]["free_blocks"], d["fragmentation"]["free_bytes"])
+        if rows != cache:
+            raise AssertionError(f"device {device}: the stream rows hold {rows} cached blocks and bytes, "
+                                 f"the cache {cache}")
         if "stepped_aside" not in report:
             counted = (s["allocation.all.current"], s["allocated_bytes.all.current"], s["requested_bytes.all.current"])
             walked = (d["leaks"]["blocks"], d["leaks"]["bytes"], d["leaks"]["requested_bytes"])

@@ -788,6 +788,34 @@ TEST_CASE_METHOD(PoolFixture, "threads that come and go reuse the blocks of thos
   }
 }
 
+TEST_CASE_METHOD(PoolFixture, "blocks kept under ended threads' streams are counted in the gone rows") {
+  // 100 threads each free a block whose work is still pending and end: the
+  // blocks keep their streams' ids. The first 63 are counted in their own
+  // rows, the rest in the row of every later gone stream.
+  make();
+  upstream.set_events_complete_at_once(false);
+  for (StreamId t = 1; t <= 100; ++t) {
+    const StreamId stream = (t << 4) | 0x2;
+    pool->stream_created(stream, StreamKind::PerThread);
+    release(alloc(kMiB, stream), stream);
+    pool->thread_stream_ended(stream);
+  }
+  check();  // the rows add up to the cache
+  std::size_t own_rows = 0;
+  std::size_t later_blocks = 0;
+  for (const StreamReport& r : pool->streams()) {
+    if (r.alive) continue;
+    if (r.id == 0) {
+      later_blocks = r.cached_blocks;
+    } else {
+      CHECK(r.cached_blocks == 1);
+      ++own_rows;
+    }
+  }
+  CHECK(own_rows == 63);
+  CHECK(later_blocks == 37);
+}
+
 TEST_CASE_METHOD(PoolFixture, "a device reset carries the count of gone streams over") {
   make();
   auto end_threads = [&](StreamId first, int n) {
