@@ -51,11 +51,25 @@ void stream_rows(std::string& out, const std::vector<StreamReport>& streams) {
             static_cast<unsigned long long>(r.counters.fences_recorded),
             static_cast<unsigned long long>(r.counters.host_syncs));
   };
-  std::size_t folded = 0;
-  StreamReport quiet_ones;
-  for (const StreamReport& r : streams) folded += quiet(r) ? 1 : 0;
+  // Gone streams that hold no cache (a server that starts a thread per
+  // request ends one per-thread stream each) are one row, as are quiet ones.
+  auto gone = [](const StreamReport& r) { return !r.alive && r.cached_blocks == 0; };
+  std::size_t gone_rows = 0;
+  std::size_t quiet_rows = 0;
   for (const StreamReport& r : streams) {
-    if (folded >= 2 && quiet(r)) {
+    gone_rows += gone(r) ? 1 : 0;
+    quiet_rows += !gone(r) && quiet(r) ? 1 : 0;
+  }
+  StreamReport gone_ones;
+  gone_ones.streams = 0;
+  StreamReport quiet_ones;
+  for (const StreamReport& r : streams) {
+    if (gone_rows >= 2 && gone(r)) {
+      gone_ones.streams += r.streams;
+      gone_ones.counters += r.counters;
+      continue;
+    }
+    if (quiet_rows >= 2 && quiet(r)) {
       quiet_ones.counters.barrier_waits += r.counters.barrier_waits;
       quiet_ones.counters.fences_recorded += r.counters.fences_recorded;
       continue;
@@ -63,7 +77,8 @@ void stream_rows(std::string& out, const std::vector<StreamReport>& streams) {
     // The row of every stream gone after the first ones listed: how many.
     row(r.id == 0 ? std::to_string(r.streams) + " more gone" : stream_name(r.id) + (r.alive ? "" : " (gone)"), r);
   }
-  if (folded >= 2) row(std::to_string(folded) + " others, no reuse", quiet_ones);
+  if (gone_rows >= 2) row(std::to_string(gone_ones.streams) + " gone, none cached", gone_ones);
+  if (quiet_rows >= 2) row(std::to_string(quiet_rows) + " others, no reuse", quiet_ones);
   for (const StreamReport& r : streams) {
     if (r.id != kAnyStream || r.counters.caught_up_barriers == 0) continue;
     appendf(out, "  %llu of the %llu device barriers found the device caught up: no stream waited for them\n",

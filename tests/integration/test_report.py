@@ -484,6 +484,41 @@ class StreamCosts(ShimTest):
         self.assertFalse(any(name.startswith("0x") for name in rows), rows)
 
 
+class GoneStreams(ShimTest):
+    # 100 threads that come and go, each on its own per-thread stream, and the
+    # main thread's stream destroyed at the end: 101 gone streams. Those that
+    # hold no cache are one row; those that do keep their own.
+    THREADS = ["test-threads", "come-and-go", "100"]
+    GONE = 101
+
+    def test_the_text_report_shows_gone_streams_without_cache_as_one_row(self):
+        run = self.run_program(self.THREADS, fmt="text")
+        self.assertSucceeded(run)
+        rows = {line[2:24].strip(): line[24:].split() for line in run.report().splitlines()
+                if line.startswith("  ") and len(line) > 24 and line[24:].split()[-1].isdigit()}
+        [folded] = [name for name in rows if name.endswith(" gone, none cached")]
+        self.assertEqual(rows[folded][0], "0")  # the cached blocks column
+        one_by_one = [name for name in rows if name.endswith(" (gone)")]
+        self.assertTrue(all(rows[name][0] != "0" for name in one_by_one), rows)
+        more = [int(name.split()[0]) for name in rows if name.endswith(" more gone")]
+        self.assertEqual(int(folded.split()[0]) + len(one_by_one) + sum(more), self.GONE, rows)
+
+    def test_the_viewer_shows_gone_streams_without_cache_as_one_line(self):
+        run = self.run_program(self.THREADS)
+        self.assertSucceeded(run)
+        streams = run.report()["devices"]["0"]["streams"]
+        gone = [s for s in streams if not s["alive"] and s["cached_blocks"] == 0]
+        self.assertGreaterEqual(len(gone), 2)
+        viewed = subprocess.run([sys.executable, GPUPOOL, "report", run.reports()[0]], capture_output=True,
+                                text=True, timeout=120)
+        reuses = sum(s["cross_stream_reuses"] for s in gone)
+        self.assertIn(f"{sum(s['streams'] for s in gone)} gone streams, none cached: "
+                      f"{sum(s['same_stream_reuses'] for s in gone)} same-stream and {reuses} cross-stream reuse",
+                      viewed.stdout)
+        listed = [line for line in viewed.stdout.splitlines() if line.startswith("  stream ")]
+        self.assertEqual(len(listed), len(streams) - len(gone), viewed.stdout)
+
+
 class Command(ShimTest):
     def gpupool(self, *args, env=None):
         e = dict(os.environ)
