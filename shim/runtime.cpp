@@ -1,5 +1,6 @@
 #include "shim/runtime.hpp"
 
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -40,15 +41,23 @@ namespace {
 // Trivially destructible, so the hot path's check is one thread-local load.
 thread_local std::uint64_t t_stream_devices = 0;
 
-// Ends the thread's per-thread stream in the pools when the thread ends
-// (see Runtime::thread_ending). Registered on its first use.
-struct StreamEnder {
-  bool armed = false;
-  ~StreamEnder() {
-    if (Runtime* rt = Runtime::if_started()) rt->thread_ending();
-  }
-};
-thread_local StreamEnder t_stream_ender;
+// Ends the thread's per-thread stream in the pools when the thread ends (see
+// Runtime::thread_ending): the destructor of a pthread key, not of a
+// thread_local, because glibc runs key destructors after every thread_local
+// destructor. A program's thread_local made before the thread's first CUDA
+// call is destroyed after any thread_local of gpupool's made at that call,
+// and may free on the per-thread stream then: the stream would come back,
+// for good. A later use still (another key's destructor) sets the key again,
+// and the destructor runs once more.
+void end_thread_stream(void*) {
+  if (Runtime* rt = Runtime::if_started()) rt->thread_ending();
+}
+
+void arm_thread_stream_end() {
+  static pthread_key_t key;
+  static const bool made = pthread_key_create(&key, end_thread_stream) == 0;
+  if (made) pthread_setspecific(key, &key);  // any value but null; failing, the stream stays in the books
+}
 }  // namespace
 
 Runtime& Runtime::get() {
@@ -458,7 +467,7 @@ void Runtime::ensure_known(StreamId stream, int dev) {
     std::uint64_t& known = t_stream_devices;
     if ((known >> dev & 1u) != 0) return;
     known |= std::uint64_t{1} << dev;
-    t_stream_ender.armed = true;
+    arm_thread_stream_end();
     DeviceState& d = device(dev);
     std::lock_guard<AdaptiveMutex> lock(d.mu);
     d.pool->stream_created(stream, StreamKind::PerThread);

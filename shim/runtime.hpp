@@ -113,7 +113,7 @@ class Runtime {
   // that device's pool on first sight. Cached per thread for the last stream.
   int prepare_stream(StreamId stream);
   void note_stream_ordered_call() { caches_.note_caller(); }
-  // The calling thread is ending (a thread-local's destructor): its cache
+  // The calling thread is ending (a pthread key's destructor): its cache
   // goes back, then its per-thread stream leaves the pools' books
   // (DevicePool::thread_stream_ended), so that they do not keep a stream per
   // thread that ever lived. Not the main thread's, which ends with the

@@ -162,7 +162,9 @@ class Integrity(ShimTest):
     def test_threads_that_come_and_go_leave_no_stream_behind(self):
         # Each ended thread's per-thread stream leaves the pool's books (the
         # report keeps 64 of them and one row for the rest); the main thread's
-        # stays. Blocks they left live or cached are checked and reused.
+        # stays. Blocks they left live or cached are checked and reused, and
+        # blocks freed by a thread_local's destructor after gpupool's own
+        # thread-locals are gone bring no stream back.
         threads = 300
         for expandable in ("1", "0"):
             with self.subTest(expandable_segments=expandable):
@@ -174,7 +176,8 @@ class Integrity(ShimTest):
                 device = run.report()["devices"]["0"]
                 os.remove(run.reports()[0])
                 stats = device["stats"]
-                self.assertEqual(stats["allocation.all.allocated"], threads + 1 + threads // 3)
+                kept_to_the_end = (threads + 6) // 7
+                self.assertEqual(stats["allocation.all.allocated"], threads + 1 + threads // 3 + kept_to_the_end)
                 self.assertEqual(stats["allocation.all.current"], 0)
                 per_thread = [s for s in device["streams"] if s["stream"].startswith("per-thread")]
                 alive = [s["stream"] for s in per_thread if s["alive"]]

@@ -8,7 +8,11 @@
 //     stream and ending; every tenth leaves a block live for the main thread
 //     to check and free after it has ended, and every third first makes a
 //     pair on a stream of the main thread's (its cache, made then, holds its
-//     per-thread stream's block when it ends). Prints {"threads": N, "left": K}.
+//     per-thread stream's block when it ends); every seventh keeps a block in
+//     a thread_local made before its first CUDA call, which frees it on the
+//     per-thread stream as the thread ends, after gpupool's own thread-exit
+//     work would have run had it been a thread_local too. Prints
+//     {"threads": N, "left": K}.
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -33,6 +37,15 @@ std::deque<Handoff> queue;
 bool producers_done = false;
 std::atomic<int> corrupted{0};
 
+// A block a thread keeps to its end, freed on its per-thread stream then.
+struct KeptToTheEnd {
+  void* ptr = nullptr;
+  ~KeptToTheEnd() {
+    if (ptr != nullptr && cudaFreeAsync(ptr, cudaStreamPerThread) != cudaSuccess) ++corrupted;
+  }
+};
+thread_local KeptToTheEnd t_kept;
+
 int come_and_go(int threads) {
   constexpr size_t kBytes = 1 << 20;
   // The main thread's per-thread stream, used before and after them all.
@@ -46,6 +59,7 @@ int come_and_go(int threads) {
     for (int k = 0; k < 2; ++k) {
       pair[k] = std::thread([&, n = t + k] {
         const auto tag = static_cast<unsigned char>(1 + n % 250);
+        if (n % 7 == 0) t_kept.ptr = nullptr;  // made now, before any CUDA call: destroyed after those made later
         void* p = nullptr;
         if (n % 3 == 0) {
           CHECK_CUDA(cudaMallocAsync(&p, 4096, shared));
@@ -53,6 +67,7 @@ int come_and_go(int threads) {
         }
         CHECK_CUDA(cudaMallocAsync(&p, kBytes, cudaStreamPerThread));
         CHECK_CUDA(cudaMemsetAsync(p, tag, kBytes, cudaStreamPerThread));
+        if (n % 7 == 0) CHECK_CUDA(cudaMallocAsync(&t_kept.ptr, 4096, cudaStreamPerThread));
         if (n % 10 == 0) {
           std::lock_guard<std::mutex> lock(mu);
           left.push_back(Handoff{p, kBytes, tag, cudaStreamPerThread, true});
