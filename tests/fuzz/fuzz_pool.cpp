@@ -85,6 +85,22 @@ void check_valid(const DevicePool& pool) {
   std::abort();
 }
 
+// The report's stream rows hold every cached block once (checked where the
+// cache is largest: each step would slow the fuzzer down).
+void check_stream_rows(const DevicePool& pool) {
+  std::size_t blocks = 0;
+  std::size_t bytes = 0;
+  for (const StreamReport& r : pool.streams()) {
+    blocks += r.cached_blocks;
+    bytes += r.cached_bytes;
+  }
+  const Fragmentation cache = pool.fragmentation();
+  if (blocks == cache.free_blocks && bytes == cache.free_bytes) return;
+  std::fprintf(stderr, "stream rows hold %zu cached blocks (%zu bytes), the cache %zu (%zu bytes)\n", blocks, bytes,
+               cache.free_blocks, cache.free_bytes);
+  std::abort();
+}
+
 // FUZZ_POOL_TRACE=1 prints each step, for reading a failing input.
 const bool kTrace = std::getenv("FUZZ_POOL_TRACE") != nullptr;
 #define SAY(...)                                 \
@@ -322,6 +338,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     oracle.freed(ptr, block.size, kAnyStream);
     FUZZ_CHECK(pool.deallocate(ptr, kAnyStream) == FreeResult::Freed);
   }
+  check_stream_rows(pool);
   oracle.complete_all();
   pool.release_cached();
   check_valid(pool);
