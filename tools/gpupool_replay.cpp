@@ -288,6 +288,12 @@ int main(int argc, char** argv) {
                    "replaying the %zu events before it\n",
                    args.traces[i].c_str(), traces[i].cut_line, traces[i].events.size());
     }
+    if (traces[i].unterminated_line != 0) {
+      std::fprintf(stderr,
+                   "gpupool-replay: %s:%zu: the trace's last line has no newline; replayed as read (had its writer "
+                   "been stopped, its last field may be cut short)\n",
+                   args.traces[i].c_str(), traces[i].unterminated_line);
+    }
   }
 
   // Every combination of the swept values, on top of the fixed settings (and

@@ -86,6 +86,7 @@ bool parse_trace(std::istream& in, const std::string& name, Trace* out, std::str
   out->name = name;
   out->events.clear();
   out->cut_line = 0;
+  out->unterminated_line = 0;
   std::string line;
   std::string detail;
   std::size_t number = 0;
@@ -109,6 +110,7 @@ bool parse_trace(std::istream& in, const std::string& name, Trace* out, std::str
       return false;
     }
     out->events.push_back(e);
+    if (unterminated) out->unterminated_line = number;
   }
   return true;
 }

@@ -27,6 +27,9 @@ struct Trace {
   // The number of a last line cut short (no newline, not a whole line),
   // which is left out; 0 if the trace ends whole.
   std::size_t cut_line = 0;
+  // The number of a last line without a newline that reads as a whole line
+  // (replayed): a writer stopped partway may have cut its last field's digits.
+  std::size_t unterminated_line = 0;
 };
 
 // Reads a trace; on a malformed line returns false with "FILE:LINE: what".

@@ -28,6 +28,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   // Only a last line without its newline is left out as cut short.
   FUZZ_CHECK(trace.cut_line == 0 || (trace.cut_line > 1 && data[size - 1] != '\n'));
+  // A last line without its newline that reads whole is replayed, and named.
+  FUZZ_CHECK(trace.unterminated_line == 0 || (trace.cut_line == 0 && data[size - 1] != '\n'));
+  // And a last line without its newline is one or the other, unless empty or the header.
+  const std::string text(reinterpret_cast<const char*>(data), size);
+  const std::size_t end = text.rfind('\n');
+  std::string last = text.substr(end == std::string::npos ? 0 : end + 1);
+  if (!last.empty() && last.back() == '\r') last.pop_back();
+  const bool header = end == std::string::npos && last.rfind("Thread", 0) == 0;
+  FUZZ_CHECK(last.empty() || header || trace.cut_line != 0 || trace.unterminated_line != 0);
   auto count = [&](tools::TraceEvent::Action action) {
     return static_cast<std::uint64_t>(std::count_if(trace.events.begin(), trace.events.end(),
                                                     [&](const tools::TraceEvent& e) { return e.action == action; }));

@@ -271,12 +271,18 @@ class Replay(ShimTest):
     def test_a_trace_cut_partway_through_its_last_line_replays_the_lines_before_it(self):
         # A writer stopped partway leaves no newline after its last bytes. Cut
         # at each byte of a line: the events before it replay, the cut line is
-        # named; the same line whole, or any other malformed line, is not left out.
+        # named. The same line whole is replayed (and named when it has no
+        # newline); a malformed line anywhere else is an error.
         whole = ("Thread,Time,Action,Pointer,Size,Stream\n"
                  "1,00:00:00.000000,allocate,0x1000,512,0x7\n"
                  "1,00:00:00.000001,free,0x1000,512,0x7\n")
         last = "1,00:00:00.000002,allocate,0x2000,4096,0x7"
-        # A cut inside the stream's digits still reads as a line.
+        # Cut inside the stream's digits ("0x7" of "0x7f"), the line still
+        # reads whole: it is replayed, and the replay says so.
+        out = self.replay("--json", self.write("digits.csv", whole + last))
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(json.loads(out.stdout)["allocations"], 2)
+        self.assertIn("digits.csv:4: the trace's last line has no newline; replayed as read", out.stderr)
         for cut in range(1, len(last) - 2):
             with self.subTest(cut=cut):
                 path = self.write("cut.csv", whole + last[:cut])
@@ -285,10 +291,9 @@ class Replay(ShimTest):
                 self.assertEqual(json.loads(out.stdout)["allocations"], 1)
                 self.assertIn("cut.csv:4: the trace ends partway through this line", out.stderr)
                 self.assertIn("replaying the 2 events before it", out.stderr)
-        for text in (whole + last, whole + last + "\n"):
-            out = self.replay("--json", self.write("whole.csv", text))
-            self.assertEqual((out.returncode, out.stderr), (0, ""))
-            self.assertEqual(json.loads(out.stdout)["allocations"], 2)
+        out = self.replay("--json", self.write("whole.csv", whole + last + "\n"))
+        self.assertEqual((out.returncode, out.stderr), (0, ""))
+        self.assertEqual(json.loads(out.stdout)["allocations"], 2)
         # Cut short, but not the last line: an error as any other.
         out = self.replay(self.write("mid.csv", whole + last[:20] + "\n" + last + "\n"))
         self.assertEqual(out.returncode, 1)
