@@ -1,0 +1,137 @@
+// gpupool's memory as each device's default memory pool: which pool is
+// current, trimming, the pool's figures, peer access and IPC.
+#include "shim/messages.hpp"
+#include "shim/real_cuda.hpp"
+#include "shim/runtime.hpp"
+
+namespace gpupool::shim {
+
+// gpupool's memory stands for each device's default pool: the pool
+// cudaMallocAsync draws from unless the program made another one current
+// (then the runtime serves those calls).
+template <typename F>
+void Runtime::for_each_device_of_pool(cudaMemPool_t pool, F&& f) {
+  if (pool == nullptr) return;
+  for (int i = 0; i < kMaxDevices; ++i) {
+    DeviceState* d = existing(i);
+    if (d != nullptr && is_default_pool(pool, i)) f(*d);
+  }
+}
+
+bool Runtime::is_default_pool(cudaMemPool_t pool, int device) {
+  if (pool == nullptr || device < 0 || device >= kMaxDevices) return false;
+  cudaMemPool_t known = default_pools_[device].load(std::memory_order_acquire);
+  if (known == nullptr) {
+    if (real().cudaDeviceGetDefaultMemPool == nullptr ||
+        internal([&](const RealCuda& r) { return r.cudaDeviceGetDefaultMemPool(&known, device); }) != cudaSuccess) {
+      return false;
+    }
+    default_pools_[device].store(known, std::memory_order_release);
+  }
+  return pool == known;
+}
+
+void Runtime::current_pool_set(int device, cudaMemPool_t pool) {
+  if (device < 0 || device >= kMaxDevices) return;
+  // Unsure which pool it is: the runtime serves the calls, as without gpupool.
+  own_pool_current_[device].store(!is_default_pool(pool, device), std::memory_order_relaxed);
+}
+
+void Runtime::pool_destroyed() {
+  for (int i = 0; i < kMaxDevices; ++i) {
+    if (!own_pool_current_[i].load(std::memory_order_relaxed)) continue;
+    cudaMemPool_t current = nullptr;
+    if (real().cudaDeviceGetMemPool != nullptr &&
+        internal([&](const RealCuda& r) { return r.cudaDeviceGetMemPool(&current, i); }) == cudaSuccess) {
+      current_pool_set(i, current);
+    }
+  }
+}
+
+void Runtime::trim(cudaMemPool_t pool, std::size_t keep) {
+  bool flushed = false;
+  for_each_device_of_pool(pool, [&](DeviceState& d) {
+    if (!flushed && caches_.enabled()) caches_.flush_all();  // before the pool's lock, as allocate does
+    flushed = true;
+    std::lock_guard<AdaptiveMutex> lock(d.mu);
+    if (!d.foreign_frees.empty()) return_foreign_frees(d, false);
+    if (static_cast<std::size_t>(d.pool->stats().reserved_bytes[kAll].current) > keep) d.pool->release_cached();
+  });
+}
+
+void Runtime::add_pool_figure(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
+  const bool used = attr == cudaMemPoolAttrUsedMemCurrent || attr == cudaMemPoolAttrUsedMemHigh;
+  const bool high = attr == cudaMemPoolAttrReservedMemHigh || attr == cudaMemPoolAttrUsedMemHigh;
+  if (!used && !high && attr != cudaMemPoolAttrReservedMemCurrent) return;
+  std::uint64_t added = 0;
+  for_each_device_of_pool(pool, [&](DeviceState& d) {
+    // Not in use. (The high watermark counts them, as the report's peaks do.)
+    const std::int64_t kept = used && !high ? kept_by_threads(d.device) : 0;
+    std::lock_guard<AdaptiveMutex> lock(d.mu);
+    const MemoryStats& s = d.pool->stats();
+    const std::int64_t figure = high ? (used ? s.stream_ordered_high : s.reserved_high)
+                                     : (used ? s.stream_ordered_bytes.current : s.reserved_bytes[kAll].current) - kept;
+    // `kept` was read before this lock: a thread may have taken a kept block
+    // back since, so the figure can read low, even below 0.
+    if (figure > 0) added += static_cast<std::uint64_t>(figure);
+  });
+  *static_cast<std::uint64_t*>(value) += added;
+}
+
+void Runtime::reset_pool_high(cudaMemPool_t pool, cudaMemPoolAttr attr) {
+  if (attr != cudaMemPoolAttrUsedMemHigh && attr != cudaMemPoolAttrReservedMemHigh) return;
+  const auto which =
+      attr == cudaMemPoolAttrUsedMemHigh ? DevicePool::Watermark::StreamOrdered : DevicePool::Watermark::Reserved;
+  bool flushed = false;
+  for_each_device_of_pool(pool, [&](DeviceState& d) {
+    // Blocks threads keep go back first, so that the watermark starts from
+    // what the program holds.
+    if (!flushed && caches_.enabled()) caches_.flush_all();
+    flushed = true;
+    std::lock_guard<AdaptiveMutex> lock(d.mu);
+    d.pool->reset_high(which);
+  });
+}
+
+void Runtime::peer_access_enabled(int accessor, int owner) {
+  if (owner < 0 || owner >= kMaxDevices) return;
+  {
+    std::lock_guard<std::mutex> lock(devices_mu_);
+    peer_grants_.emplace_back(accessor, owner);
+  }
+  if (DeviceState* d = existing(owner)) {
+    std::lock_guard<AdaptiveMutex> lock(d->mu);
+    d->upstream.add_accessor(accessor);
+  }
+}
+
+bool Runtime::ipc_exportable(const void* ptr) {
+  const auto p = reinterpret_cast<DevicePtr>(ptr);
+  for (int i = 0; i < kMaxDevices; ++i) {
+    DeviceState* d = existing(i);
+    if (d == nullptr) continue;
+    std::string why;
+    {
+      std::lock_guard<AdaptiveMutex> lock(d->mu);
+      const Segment* seg = d->pool->segment_of(p);
+      if (seg == nullptr) continue;
+      const Block* b = seg->head;
+      while (b->next != nullptr && b->next->addr <= p) b = b->next;
+      if (seg->expandable) {
+        why = "this block lies in an expandable segment, which CUDA IPC cannot share";
+      } else if (b->addr != seg->base) {
+        why = "this block starts " + std::to_string(b->addr - seg->base) +
+              " bytes into a pooled segment, and a handle would make the other process map the segment's start";
+      } else {
+        return true;  // the handle names the segment, which starts where the block does
+      }
+    }
+    message(config::LogLevel::Warn, "gpupool: cudaIpcGetMemHandle: " + why +
+                                        "; refused with cudaErrorInvalidValue. Run programs that share device "
+                                        "memory over CUDA IPC with GPUPOOL_DISABLE=1");
+    return false;
+  }
+  return true;  // not gpupool's memory: the runtime judges
+}
+
+}  // namespace gpupool::shim

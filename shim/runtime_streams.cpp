@@ -1,0 +1,219 @@
+// The runtime's books of streams: which device each belongs to, introducing
+// them to the pools (those created where gpupool could not see them too),
+// their destruction, the end of a thread's per-thread stream, and captures.
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <iterator>
+#include <utility>
+
+#include "shim/messages.hpp"
+#include "shim/real_cuda.hpp"
+#include "shim/runtime.hpp"
+#include "shim/thread_state.hpp"
+
+namespace gpupool::shim {
+
+int& thread_local_captures() {
+  thread_local int captures = 0;
+  return captures;
+}
+
+StreamId this_thread_stream() {
+  static std::atomic<StreamId> next{1};
+  thread_local const StreamId id = (next.fetch_add(1) << 4) | 0x2;
+  return id;
+}
+
+namespace {
+// The devices this thread's per-thread stream was introduced to, a bit each.
+// Trivially destructible, so the hot path's check is one thread-local load.
+thread_local std::uint64_t t_stream_devices = 0;
+
+// Ends the thread's per-thread stream in the pools when the thread ends (see
+// Runtime::thread_ending): the destructor of a pthread key, not of a
+// thread_local, because glibc runs key destructors after every thread_local
+// destructor. A program's thread_local made before the thread's first CUDA
+// call is destroyed after any thread_local of gpupool's made at that call,
+// and may free on the per-thread stream then: the stream would come back,
+// for good. A later use still (another key's destructor) sets the key again,
+// and the destructor runs once more.
+void end_thread_stream(void*) {
+  if (Runtime* rt = Runtime::if_started()) rt->thread_ending();
+}
+
+void arm_thread_stream_end() {
+  static pthread_key_t key;
+  static const bool made = pthread_key_create(&key, end_thread_stream) == 0;
+  if (made) pthread_setspecific(key, &key);  // any value but null; failing, the stream stays in the books
+}
+}  // namespace
+
+int Runtime::device_of(StreamId stream) {
+  if (stream != kLegacyStream && !is_per_thread_id(stream)) {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    const auto& streams = streams_locked();
+    auto it = streams.find(stream);
+    if (it != streams.end()) return it->second;
+  }
+  return current_device();
+}
+
+int Runtime::prepare_stream(StreamId stream) {
+  if (stream == kLegacyStream || is_per_thread_id(stream)) {
+    const int dev = current_device();
+    ensure_known(stream, dev);
+    return dev;
+  }
+  struct Last {
+    StreamId stream = 0;
+    int device = 0;
+    std::uint64_t generation = 0;
+  };
+  thread_local Last last;
+  const std::uint64_t generation = streams_generation_.load(std::memory_order_acquire);
+  if (last.stream == stream && last.generation == generation) return last.device;
+  const int dev = device_of(stream);
+  ensure_known(stream, dev);
+  last = Last{stream, dev, generation};
+  return dev;
+}
+
+std::unordered_map<StreamId, int>& Runtime::streams_locked() {
+  if (parents_streams_) {
+    stream_devices_.clear();
+    parents_streams_ = false;
+  }
+  return stream_devices_;
+}
+
+void Runtime::stream_created(cudaStream_t stream, unsigned flags) {
+  const StreamId id = reinterpret_cast<StreamId>(stream);
+  const int dev = current_device();
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    streams_locked()[id] = dev;
+  }
+  streams_generation_.fetch_add(1, std::memory_order_acq_rel);
+  introduce_stream(dev, id, flags);
+}
+
+void Runtime::introduce_stream(int dev, StreamId id, unsigned flags) {
+  DeviceState& d = device(dev);
+  bool ordered = true;
+  {
+    std::lock_guard<AdaptiveMutex> lock(d.mu);
+    ordered = d.pool->stream_created(id, (flags & cudaStreamNonBlocking) != 0 ? StreamKind::NonBlocking
+                                                                               : StreamKind::Blocking);
+  }
+  if (!ordered) {
+    message(config::LogLevel::Warn, "gpupool: device " + std::to_string(dev) +
+                                        ": the runtime refused both cudaStreamWaitEvent and cudaEventSynchronize "
+                                        "for a new stream: memory that cudaFree released before may still be in "
+                                        "use by earlier work when used on it");
+  }
+}
+
+void Runtime::ensure_known(StreamId stream, int dev) {
+  if (stream == kLegacyStream) return;
+  if (is_per_thread_id(stream)) {
+    std::uint64_t& known = t_stream_devices;
+    if ((known >> dev & 1u) != 0) return;
+    known |= std::uint64_t{1} << dev;
+    arm_thread_stream_end();
+    DeviceState& d = device(dev);
+    std::lock_guard<AdaptiveMutex> lock(d.mu);
+    d.pool->stream_created(stream, StreamKind::PerThread);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    auto& streams = streams_locked();
+    if (streams.count(stream) != 0) return;
+    streams[stream] = dev;
+  }
+  // A stream created where gpupool could not see it: ask its kind (taken as
+  // non-blocking, which needs the most ordering, when it cannot be read; an
+  // error the program had pending stays pending).
+  unsigned flags = cudaStreamNonBlocking;
+  if (real().cudaStreamGetFlags != nullptr && internal([&](const RealCuda& r) {
+        return r.cudaStreamGetFlags(reinterpret_cast<cudaStream_t>(stream), &flags);
+      }) != cudaSuccess) {
+    flags = cudaStreamNonBlocking;
+  }
+  introduce_stream(dev, stream, flags);
+}
+
+void Runtime::stream_destroying(cudaStream_t stream) {
+  const StreamId id = reinterpret_cast<StreamId>(stream);
+  int dev = -1;
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    auto& streams = streams_locked();
+    auto it = streams.find(id);
+    if (it == streams.end()) return;
+    dev = it->second;
+    streams.erase(it);
+  }
+  streams_generation_.fetch_add(1, std::memory_order_acq_rel);
+  // Blocks threads keep for this stream go back first: once it is gone, its
+  // handle may name a new stream.
+  if (caches_.enabled()) caches_.flush_stream(id);
+  if (DeviceState* d = existing(dev)) {
+    std::lock_guard<AdaptiveMutex> lock(d->mu);
+    d->pool->stream_destroying(id);
+  }
+}
+
+void Runtime::thread_ending() {
+  const std::uint64_t devices = std::exchange(t_stream_devices, 0);
+  // The main thread ends with the process: its stream stays in the report.
+  if (devices == 0 || bypass() || getpid() == static_cast<pid_t>(syscall(SYS_gettid))) return;
+  caches_.end_this_thread();  // its blocks kept for the stream go back first
+  const StreamId id = this_thread_stream();
+  for (int dev = 0; dev < kMaxDevices; ++dev) {
+    DeviceState* d = (devices >> dev & 1u) != 0 ? existing(dev) : nullptr;
+    if (d == nullptr) continue;
+    std::lock_guard<AdaptiveMutex> lock(d->mu);
+    d->pool->thread_stream_ended(id);
+  }
+}
+
+namespace {
+// Counts a capture in the mode it began in, by whom it forbids unsafe calls.
+void count_capture(cudaStreamCaptureMode mode, std::atomic<int>& global_captures, int delta) {
+  if (mode == cudaStreamCaptureModeGlobal) global_captures.fetch_add(delta, std::memory_order_relaxed);
+  if (mode == cudaStreamCaptureModeThreadLocal) thread_local_captures() += delta;
+}
+}  // namespace
+
+void Runtime::capture_began(StreamId stream, cudaStreamCaptureMode mode) {
+  // The stream is introduced to the pool first: one it met only later (a
+  // thread's per-thread stream, a stream made where gpupool could not see
+  // it) would start afresh there and forget its capture.
+  const int dev = prepare_stream(stream);
+  captures_active_.fetch_add(1, std::memory_order_relaxed);
+  count_capture(mode, global_captures_, 1);
+  DeviceState& d = device(dev);
+  std::lock_guard<AdaptiveMutex> lock(d.mu);
+  d.pool->capture_began(stream);
+  d.captures.emplace_back(stream, mode);
+}
+
+void Runtime::capture_ended(StreamId stream) {
+  DeviceState& d = device(device_of(stream));
+  std::lock_guard<AdaptiveMutex> lock(d.mu);
+  if (d.pool->is_capturing(stream)) captures_active_.fetch_sub(1, std::memory_order_relaxed);
+  d.pool->capture_ended(stream);
+  // The latest record for the stream: a begin the runtime refused is undone
+  // right after it was made.
+  for (auto it = d.captures.rbegin(); it != d.captures.rend(); ++it) {
+    if (it->first != stream) continue;
+    count_capture(it->second, global_captures_, -1);
+    d.captures.erase(std::next(it).base());
+    break;
+  }
+}
+
+}  // namespace gpupool::shim
