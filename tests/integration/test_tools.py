@@ -455,6 +455,20 @@ class Replay(ShimTest):
         self.assertTrue(all(r["last_pass_page_maps"] == r["last_pass_page_unmaps"] == 0 for r in single))
         self.assertNotIn("past the first pass", self.replay("--tune", path).stdout)
 
+    def test_tune_keeps_the_settings_given_with_set(self):
+        # Under a 24 MiB limit, each tuned configuration of a trace that holds 48 MiB
+        # at once runs out of memory; without the limit none would.
+        lines = [f"1,00:00:00.000000,allocate,{0x1000 * (i + 1):#x},{4 << 20},0x0" for i in range(12)]
+        lines += [f"1,00:00:00.000000,free,{0x1000 * (i + 1):#x},0,0x0" for i in range(12)]
+        path = self.write("s.csv", "Thread,Time,Action,Pointer,Size,Stream\n" + "\n".join(lines) + "\n")
+        rows = [json.loads(line) for line in
+                self.replay("--tune", "--json", "--set", "memory_limit=24M", path).stdout.splitlines()]
+        self.assertEqual(len(rows), 10)
+        for r in rows:
+            self.assertTrue(r["conf"].startswith("memory_limit:24M,"), r["conf"])
+            self.assertGreater(r["ooms"], 0, r["conf"])
+            self.assertLessEqual(r["peak_reserved_bytes"], 24 << 20, r["conf"])
+
     def test_a_last_pass_that_calls_cudamalloc_is_costed_too(self):
         # 40 blocks of 2 MiB, then one of 90 MiB that no split may serve, under a
         # 100 MiB limit: fixed segments give their cache back and take it again
