@@ -44,6 +44,16 @@ DevicePtr freed_on_thread_a(PoolFixture& f, bool only_room) {
   return a;
 }
 
+// Thread `t` makes a 1 MiB pair on its per-thread stream and, with `end`,
+// ends as the shim ends a thread. Returns the stream.
+StreamId pair_on_thread(PoolFixture& f, StreamId t, bool end) {
+  const StreamId stream = (t << 4) | 0x2;
+  f.pool->stream_created(stream, StreamKind::PerThread);
+  f.release(f.alloc(kMiB, stream), stream);
+  if (end) f.pool->thread_stream_ended(stream);
+  return stream;
+}
+
 // The gone streams the pool reports, and the rows they take.
 std::pair<std::uint64_t, int> gone_streams(const DevicePool& pool) {
   std::uint64_t streams = 0;
@@ -772,10 +782,7 @@ TEST_CASE_METHOD(PoolFixture, "threads that come and go reuse the blocks of thos
       make();
       upstream.set_events_complete_at_once(false);
       for (StreamId thread = 1; thread <= 200; ++thread) {
-        const StreamId stream = (thread << 4) | 0x2;
-        pool->stream_created(stream, StreamKind::PerThread);
-        release(alloc(kMiB, stream), stream);
-        if (thread % 2 == 0) pool->thread_stream_ended(stream);  // half of them as the shim ends them
+        pair_on_thread(*this, thread, thread % 2 == 0);  // half of them end
         upstream.complete_all();
       }
       CHECK(pool->stats().reserved_bytes[kAll].peak <= static_cast<std::int64_t>(4 * kMiB));
@@ -794,12 +801,7 @@ TEST_CASE_METHOD(PoolFixture, "blocks kept under ended threads' streams are coun
   // rows, the rest in the row of every later gone stream.
   make();
   upstream.set_events_complete_at_once(false);
-  for (StreamId t = 1; t <= 100; ++t) {
-    const StreamId stream = (t << 4) | 0x2;
-    pool->stream_created(stream, StreamKind::PerThread);
-    release(alloc(kMiB, stream), stream);
-    pool->thread_stream_ended(stream);
-  }
+  for (StreamId t = 1; t <= 100; ++t) pair_on_thread(*this, t, true);
   check();  // the rows add up to the cache
   std::size_t own_rows = 0;
   std::size_t later_blocks = 0;
