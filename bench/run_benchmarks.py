@@ -160,9 +160,10 @@ def main():
         lines.append(f"| `cudaMalloc{'Async' if mode == 'async' else ''}`+free through the shim (simulated runtime) "
                      f"| {api[mode]:.0f} | {api[mode] / malloc_ns:.2f} |")
         lines.append(f"| the same calls without gpupool (simulated runtime) | {raw:.0f} | {raw / malloc_ns:.2f} |")
-    lines += ["", "Code layout alone moves these figures by about a tenth: on 2026-12-03 the same source, built in "
+    lines += ["", "The build alone moves these figures by about a tenth: on 2026-12-03 the same source, built in "
               "two folders and run alternately, gave the plain pool pair 99-101 ns in one and 106-111 ns in the "
-              "other (its hot functions' instructions the same, their addresses not)."]
+              "other, though the pair's hot functions were the same instructions at the same addresses (the "
+              "folder's path is compiled into the benchmark); the cause was not found."]
     # Judged on the default segments, at pool level (the API's figures are
     # the simulated runtime's), each kind of pair on its own.
     pool_stream, pool_plain = gb["BM_PoolPair_Stream/expandable:1"], gb["BM_PoolPair_Plain/expandable:1"]
