@@ -191,6 +191,22 @@ class Integrity(ShimTest):
                 self.assertLess(stats["reserved_bytes.all.peak"], threads // 2 << 20)
 
 
+    def test_a_thread_whose_first_calls_come_from_a_key_destructor_leaves_no_stream_behind(self):
+        # Its cache is made after the thread_local destructors that hand caches
+        # back have run: gpupool's own thread-end hook hands it back before the
+        # stream leaves the books (else its block came back later under the
+        # ended stream, as a live row).
+        threads = 50
+        run = self.run_program(["test-threads", "first-use-at-exit", str(threads)])
+        self.assertSucceeded(run)
+        self.assertEqual(run.output_json()["corrupted"], 0)
+        device = run.report()["devices"]["0"]
+        alive = [s["stream"] for s in device["streams"] if s["alive"] and s["stream"].startswith("per-thread")]
+        self.assertEqual(alive, ["per-thread #1"])  # the main thread's
+        self.assertEqual(sum(s["streams"] for s in device["streams"] if not s["alive"]), threads + 1)
+        self.assertEqual(device["stats"]["allocation.all.allocated"], threads + 2)
+
+
 class PitchedMemory(ShimTest):
     """cudaMallocPitch and cudaMalloc3D, as image and volume code uses them."""
 

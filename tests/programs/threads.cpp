@@ -13,6 +13,14 @@
 //     per-thread stream as the thread ends, after gpupool's own thread-exit
 //     work would have run had it been a thread_local too. Prints
 //     {"threads": N, "left": K}.
+//   threads first-use-at-exit [threads]
+//     threads one after another whose first CUDA calls (a stream-ordered
+//     pair on the per-thread stream, its bytes checked) come from a pthread
+//     key's destructor the program made before gpupool's: the thread's cache
+//     is made then, after the thread_local destructors that hand caches back
+//     have run. Prints {"threads": N, "corrupted": C}.
+#include <pthread.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -92,10 +100,45 @@ int come_and_go(int threads) {
   return corrupted.load() == 0 ? 0 : 1;
 }
 
+// A pair on the per-thread stream, from a key's destructor as the thread ends.
+void pair_at_exit(void*) {
+  constexpr size_t kBytes = 1 << 20;
+  void* p = nullptr;
+  if (cudaMallocAsync(&p, kBytes, cudaStreamPerThread) != cudaSuccess ||
+      cudaMemsetAsync(p, 0x5a, kBytes, cudaStreamPerThread) != cudaSuccess ||
+      cudaStreamSynchronize(cudaStreamPerThread) != cudaSuccess || !testprog::holds_sampled(p, kBytes, 0x5a) ||
+      cudaFreeAsync(p, cudaStreamPerThread) != cudaSuccess) {
+    ++corrupted;
+  }
+}
+
+int first_use_at_exit(int threads) {
+  pthread_key_t key;  // made before any CUDA call: its destructor runs before gpupool's in a round
+  if (pthread_key_create(&key, pair_at_exit) != 0) return 1;
+  // Two threads' stream-ordered calls: the per-thread caches are on.
+  void* p = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&p, 4096, cudaStreamPerThread));
+  std::thread([] {
+    void* q = nullptr;
+    CHECK_CUDA(cudaMallocAsync(&q, 4096, cudaStreamPerThread));
+    CHECK_CUDA(cudaFreeAsync(q, cudaStreamPerThread));
+  }).join();
+  for (int t = 0; t < threads; ++t) {
+    std::thread([key] { pthread_setspecific(key, &key); }).join();
+  }
+  CHECK_CUDA(cudaFreeAsync(p, cudaStreamPerThread));
+  CHECK_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
+  std::printf("{\"threads\": %d, \"corrupted\": %d}\n", threads, corrupted.load());
+  return corrupted.load() == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "come-and-go") == 0) return come_and_go(argc > 2 ? std::atoi(argv[2]) : 400);
+  if (argc > 1 && std::strcmp(argv[1], "first-use-at-exit") == 0) {
+    return first_use_at_exit(argc > 2 ? std::atoi(argv[2]) : 50);
+  }
   const int producers = argc > 1 ? std::atoi(argv[1]) : 3;
   const int per_thread = argc > 2 ? std::atoi(argv[2]) : 400;
   std::vector<cudaStream_t> streams(static_cast<size_t>(producers));
