@@ -26,6 +26,7 @@
 #include "pool/virtual_upstream.hpp"
 #include "tests/fuzz/fuzz_check.hpp"
 #include "tests/fuzz/ordering_oracle.hpp"
+#include "tests/stream_rows.hpp"
 
 using namespace gpupool;
 
@@ -88,16 +89,8 @@ void check_valid(const DevicePool& pool) {
 // The report's stream rows hold every cached block once (checked where the
 // cache is largest: each step would slow the fuzzer down).
 void check_stream_rows(const DevicePool& pool) {
-  std::size_t blocks = 0;
-  std::size_t bytes = 0;
-  for (const StreamReport& r : pool.streams()) {
-    blocks += r.cached_blocks;
-    bytes += r.cached_bytes;
-  }
-  const Fragmentation cache = pool.fragmentation();
-  if (blocks == cache.free_blocks && bytes == cache.free_bytes) return;
-  std::fprintf(stderr, "stream rows hold %zu cached blocks (%zu bytes), the cache %zu (%zu bytes)\n", blocks, bytes,
-               cache.free_blocks, cache.free_bytes);
+  if (testing::stream_rows_cover_cache(pool)) return;
+  std::fprintf(stderr, "stream rows do not add up to the cache\n");
   std::abort();
 }
 

@@ -9,6 +9,7 @@
 
 #include "pool/device_pool.hpp"
 #include "pool/virtual_upstream.hpp"
+#include "tests/stream_rows.hpp"
 
 namespace gpupool::testing {
 
@@ -51,16 +52,7 @@ struct PoolFixture {
     const bool ok = pool->validate(&why);
     INFO(why);
     REQUIRE(ok);
-    // The report's stream rows hold every cached block, each once.
-    std::size_t blocks = 0;
-    std::size_t bytes = 0;
-    for (const StreamReport& r : pool->streams()) {
-      blocks += r.cached_blocks;
-      bytes += r.cached_bytes;
-    }
-    const Fragmentation cache = pool->fragmentation();
-    REQUIRE(blocks == cache.free_blocks);
-    REQUIRE(bytes == cache.free_bytes);
+    REQUIRE(stream_rows_cover_cache(*pool));
   }
 
   std::int64_t current(const StatArray& s, int index = kAll) const { return s[index].current; }

@@ -15,6 +15,7 @@
 #include "pool/device_pool.hpp"
 #include "pool/ordering.hpp"
 #include "pool/virtual_upstream.hpp"
+#include "tests/stream_rows.hpp"
 
 namespace {
 // When positive, the allocation that brings it to 0 throws (this thread's).
@@ -65,19 +66,6 @@ void run_streams(StreamOrdering& ordering, VirtualUpstream& upstream) {
 }
 
 using Live = std::vector<std::pair<DevicePtr, StreamId>>;
-
-// The report's stream rows hold every cached block once, whatever a failure
-// left half done (a destroy cut short leaves blocks keyed to a gone stream).
-bool rows_cover_cache(const DevicePool& pool) {
-  std::size_t blocks = 0;
-  std::size_t bytes = 0;
-  for (const StreamReport& r : pool.streams()) {
-    blocks += r.cached_blocks;
-    bytes += r.cached_bytes;
-  }
-  const Fragmentation cache = pool.fragmentation();
-  return blocks == cache.free_blocks && bytes == cache.free_bytes;
-}
 
 // Plain and stream-ordered blocks of both pools: new segments, splits,
 // merges, reuse across streams, a destroyed stream, the cache given back
@@ -144,7 +132,7 @@ TEST_CASE("a host allocation failing anywhere in a pool operation leaves the poo
       const bool valid = pool.validate(&why);
       INFO(why);
       REQUIRE(valid);
-      REQUIRE(rows_cover_cache(pool));
+      REQUIRE(testing::stream_rows_cover_cache(pool));  // a destroy cut short: blocks under a gone stream
       if (!failed) break;
       ++failures;
       // A call in flight goes on with what the failure left.
