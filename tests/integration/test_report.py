@@ -578,6 +578,24 @@ class Command(ShimTest):
             values = {row["key"]: row["value"] for row in json.load(f)["config"]}
         self.assertEqual((values["max_split_size_mb"], values["roundup_power2_divisions"]), ("128", "4"))
 
+    def test_run_keeps_the_report_format_set_in_the_environment(self):
+        # Asked for text, the user gets text, which is not summarized; --format still wins.
+        program = self.beside_the_command("test-repeat")
+        for env_format, flags, written in (("text", [], "text"), ("TEXT", ["--format", "json"], "json")):
+            with self.subTest(env_format=env_format, flags=flags):
+                log = os.path.join(self.workdir, f"{written}-report")
+                out = self.gpupool("run", "--sim", "--log", log, *flags, "--", program, "3",
+                                   env={"GPUPOOL_LOG_FORMAT": env_format})
+                self.assertEqual(out.returncode, 0, out.stderr)
+                with open(log) as f:
+                    text = f.read()
+                if written == "text":
+                    self.assertRaises(ValueError, json.loads, text)
+                    self.assertNotIn("for 30 allocations", out.stdout)
+                else:
+                    self.assertEqual(json.loads(text)["program"], "test-repeat")
+                    self.assertIn("for 30 allocations", out.stdout)
+
     def test_run_summarizes_each_report_and_exits_as_its_program_did(self):
         program = self.beside_the_command("test-repeat")
         out = self.gpupool("run", "--sim", "--", "sh", "-c", f"{program} 3 && {program} 2")
