@@ -175,6 +175,17 @@ TEST_CASE("sizes take K, M, G and T suffixes where the key is a byte size") {
   CHECK(parse({{"GPUPOOL_MEMORY_LIMIT", "8X"}}).problems.size() == 1);
 }
 
+TEST_CASE("a size that fits a whole number but not with its unit is refused, not wrapped around") {
+  // 2^44 T and 2^44 MiB are 2^84 and 2^64 bytes: the number alone fits 64 bits.
+  for (const auto& [variable, value] : {std::pair{"GPUPOOL_MEMORY_LIMIT", "17592186044416T"},
+                                        std::pair{"GPUPOOL_MAX_SPLIT_SIZE_MB", "17592186044416"}}) {
+    INFO(variable << "=" << value);
+    const ParsedConfig p = parse({{variable, value}});
+    REQUIRE(p.problems.size() == 1);
+    CHECK(p.problems[0].line().find("size too large") != std::string::npos);
+  }
+}
+
 TEST_CASE("every problem is reported, not just the first") {
   const ParsedConfig p = parse({{"GPUPOOL_CONF", "max_split_size_mb:abc,bogus:1,pinned_use_cuda_host_register:True,nocolon"},
                                 {"GPUPOOL_LOG_FORMAT", "xml"},
@@ -270,7 +281,7 @@ TEST_CASE("choices, flags and signals parse every accepted spelling") {
   CHECK(parse({{"GPUPOOL_LOG", "/tmp/r-%e-%p-%r.txt"}}).config.log == "/tmp/r-%e-%p-%r.txt");
 }
 
-TEST_CASE("a trace path may name the device; a report path may not (one report covers every device)") {
+TEST_CASE("a trace path may name the device, a report path may not (one report covers every device)") {
   CHECK(parse({{"GPUPOOL_TRACE", "/tmp/t-%p-%d.csv"}}).problems.empty());
   CHECK(parse({{"GPUPOOL_TRACE", "/tmp/t-%p-%d.csv"}}).config.trace == "/tmp/t-%p-%d.csv");
   const ParsedConfig log = parse({{"GPUPOOL_LOG", "/tmp/r-%d.txt"}});
