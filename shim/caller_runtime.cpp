@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "shim/library_opening.hpp"
 #include "shim/real_cuda.hpp"
 #include "shim/thread_state.hpp"
 
@@ -92,7 +93,7 @@ CallerRuntime resolve(std::uintptr_t address, std::uintptr_t* outside_libraries)
   CallerRuntime runtime{0, real_errors()};
   // The program (no name) resolves through the global scope, as real() does.
   if (library.found && library.name[0] != '\0') {
-    if (void* handle = dlopen(library.name, RTLD_LAZY | RTLD_NOLOAD)) {
+    if (void* handle = open_loaded_library(library.name)) {
       // A handle's lookup covers the library and its own dependencies only,
       // not the preload library before them.
       void* get_last = dlsym(handle, "cudaGetLastError");

@@ -11,6 +11,7 @@
 #include "shim/caller_runtime.hpp"
 #include "shim/core_interface.h"
 #include "shim/guard.hpp"
+#include "shim/library_opening.hpp"
 #include "shim/messages.hpp"
 #include "shim/ptsz.h"
 #include "shim/real_cuda.hpp"
@@ -52,6 +53,7 @@ bool allocate_pitched(void** ptr, size_t* pitch, size_t width, size_t rows, cuda
 }
 }  // namespace gpupool::shim
 using gpupool::shim::allocate_pitched;
+using gpupool::shim::close_library_opening;
 using gpupool::shim::explain_nothing_pooled;
 using gpupool::shim::fail;
 using gpupool::shim::guarded;
@@ -164,6 +166,7 @@ cudaError_t end_capture(cudaStream_t stream, bool per_thread, cudaError_t err) {
 // ---------------------------------------------------------------- lifecycle
 
 void at_exit() {
+  close_library_opening();  // before glibc's _dl_fini, which comes next
   try {
     if (Runtime* rt = Runtime::if_started()) {
       rt->at_exit();

@@ -10,6 +10,7 @@
 #include <limits.h>
 #include <link.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,14 @@ static char core_path[PATH_MAX];
 static _Atomic(const struct gpupool_core*) core;
 static pthread_once_t core_once = PTHREAD_ONCE_INIT;
 static struct gpupool_core passthrough;
+static pthread_once_t passthrough_once = PTHREAD_ONCE_INIT;
+/* Once the exit handler runs, the core is no longer loaded from other
+   threads: glibc's _dl_fini comes next, and a dlopen racing it runs the
+   constructors of libraries already finalized again (library_opening.hpp).
+   Sequentially consistent on both sides: a caller either sees `exiting`, or
+   is counted in `core_loaders` when the exit handler looks, and waited for. */
+static atomic_int exiting;
+static atomic_int core_loaders;
 
 static void* next_symbol(const char* name) { return dlsym(RTLD_NEXT, name); }
 
@@ -73,7 +82,7 @@ static void load_core(void) {
   if (loaded == NULL) {
     fprintf(stderr, "gpupool: cannot load %s (%s); CUDA calls go straight to the runtime, unpooled\n", core_path,
             problem != NULL ? problem : "unknown error");
-    fill_passthrough();
+    pthread_once(&passthrough_once, fill_passthrough);
     loaded = &passthrough;
   }
   atomic_store_explicit(&core, loaded, memory_order_release);
@@ -82,8 +91,14 @@ static void load_core(void) {
 static const struct gpupool_core* get_core(void) {
   const struct gpupool_core* c = atomic_load_explicit(&core, memory_order_acquire);
   if (c != NULL) return c;
-  pthread_once(&core_once, load_core);
-  return atomic_load_explicit(&core, memory_order_acquire);
+  atomic_fetch_add(&core_loaders, 1);
+  if (!atomic_load(&exiting)) pthread_once(&core_once, load_core);
+  atomic_fetch_sub(&core_loaders, 1);
+  c = atomic_load_explicit(&core, memory_order_acquire);
+  if (c != NULL) return c;
+  /* The process exits, and gpupool never served it: the runtime serves. */
+  pthread_once(&passthrough_once, fill_passthrough);
+  return &passthrough;
 }
 
 /* For driver_hook.c. */
@@ -119,13 +134,17 @@ static int driver_at_fork;   /* in the parent, just before fork */
 static int inherited_driver; /* in the child */
 
 static void at_exit(void) {
+  atomic_store(&exiting, 1);
+  while (atomic_load(&core_loaders) != 0) sched_yield();
   const struct gpupool_core* c = atomic_load_explicit(&core, memory_order_acquire);
   if (c == NULL) {
     /* No call reached gpupool. If CUDA was used all the same (a program with
        the static runtime, or one allocating through the driver API), the
-       core explains; otherwise nothing to do. */
+       core explains; otherwise nothing to do. (Loaded here, before
+       _dl_fini: safe.) */
     if (inherited_driver || !driver_loaded()) return;
-    c = get_core();
+    pthread_once(&core_once, load_core);
+    c = atomic_load_explicit(&core, memory_order_acquire);
   }
   if (c->at_exit != NULL) c->at_exit();
 }

@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "shim/driver_runtime.hpp"
+#include "shim/library_opening.hpp"
 
 namespace gpupool::shim {
 
@@ -27,7 +28,7 @@ int find_cudart(struct dl_phdr_info* info, size_t, void* data) {
 void* loaded_cudart() {
   const char* path = nullptr;
   dl_iterate_phdr(find_cudart, &path);
-  return path != nullptr ? dlopen(path, RTLD_LAZY | RTLD_NOLOAD) : nullptr;
+  return path != nullptr ? open_loaded_library(path) : nullptr;
 }
 
 std::atomic<void* (*)(const char*)> symbol_lookup{nullptr};

@@ -19,7 +19,15 @@
 //     key's destructor the program made before gpupool's: the thread's cache
 //     is made then, after the thread_local destructors that hand caches back
 //     have run. Prints {"threads": N, "corrupted": C}.
+//   threads busy-at-exit [threads] [milliseconds]
+//     detached threads allocate, fill, check and free, plain and
+//     stream-ordered, without end, and others come and go doing the same,
+//     while the main thread returns after the given time: the process exits
+//     under their calls (gpupool's exit handler, its report, threads ending
+//     after it). A block found overwritten ends the process with status 3; a
+//     call the exit makes fail stops that thread.
 #include <pthread.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -132,9 +140,49 @@ int first_use_at_exit(int threads) {
   return corrupted.load() == 0 ? 0 : 1;
 }
 
+// One block of each kind, filled, checked and freed: false once a call fails.
+bool pairs_checked(unsigned char tag) {
+  constexpr size_t kBytes = 256 << 10;
+  void* p = nullptr;
+  void* q = nullptr;
+  if (cudaMalloc(&p, kBytes) != cudaSuccess) return false;
+  if (cudaMallocAsync(&q, kBytes, cudaStreamPerThread) != cudaSuccess) {
+    cudaFree(p);
+    return false;
+  }
+  const bool ok = cudaMemset(p, tag, kBytes) == cudaSuccess &&
+                  cudaMemsetAsync(q, tag ^ 0xff, kBytes, cudaStreamPerThread) == cudaSuccess &&
+                  cudaStreamSynchronize(cudaStreamPerThread) == cudaSuccess;
+  if (ok && (!testprog::holds_sampled(p, kBytes, tag) || !testprog::holds_sampled(q, kBytes, tag ^ 0xff))) {
+    std::fprintf(stderr, "threads: a block was overwritten\n");
+    _exit(3);
+  }
+  const bool freed = cudaFreeAsync(q, cudaStreamPerThread) == cudaSuccess && cudaFree(p) == cudaSuccess;
+  return ok && freed;
+}
+
+int busy_at_exit(int threads, int milliseconds) {
+  for (int t = 0; t < threads; ++t) {
+    std::thread([t] {
+      for (unsigned i = 0; pairs_checked(static_cast<unsigned char>(t * 31 + i)); ++i) {
+      }
+    }).detach();
+  }
+  std::thread([] {  // threads that come and go, to the end
+    for (unsigned i = 0;; ++i) std::thread([i] { pairs_checked(static_cast<unsigned char>(i)); }).join();
+  }).detach();
+  std::this_thread::sleep_for(std::chrono::milliseconds(milliseconds));
+  std::printf("{\"threads\": %d}\n", threads);
+  std::fflush(stdout);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "busy-at-exit") == 0) {
+    return busy_at_exit(argc > 2 ? std::atoi(argv[2]) : 3, argc > 3 ? std::atoi(argv[3]) : 50);
+  }
   if (argc > 1 && std::strcmp(argv[1], "come-and-go") == 0) return come_and_go(argc > 2 ? std::atoi(argv[2]) : 400);
   if (argc > 1 && std::strcmp(argv[1], "first-use-at-exit") == 0) {
     return first_use_at_exit(argc > 2 ? std::atoi(argv[2]) : 50);
