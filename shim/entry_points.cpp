@@ -195,6 +195,7 @@ void parent_after_fork() {
   gpupool::shim::caller_lookups_mutex().unlock();
 }
 void child_after_fork() {
+  gpupool::shim::forget_library_openers();
   if (Runtime* rt = Runtime::if_started()) rt->after_fork_child();
   gpupool::shim::caller_lookups_mutex().unlock();
 }

@@ -4,6 +4,7 @@
 #include <sched.h>
 
 #include <atomic>
+#include <chrono>
 
 namespace gpupool::shim {
 
@@ -23,7 +24,10 @@ void* open_loaded_library(const char* path) {
 
 void close_library_opening() {
   closed.store(true);
-  while (openers.load() != 0) sched_yield();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (openers.load() != 0 && std::chrono::steady_clock::now() < deadline) sched_yield();
 }
+
+void forget_library_openers() { openers.store(0); }
 
 }  // namespace gpupool::shim

@@ -12,7 +12,11 @@ namespace gpupool::shim {
 // dlopen(path, RTLD_LAZY | RTLD_NOLOAD), or null once the opening is closed.
 void* open_loaded_library(const char* path);
 
-// No library is opened from now on; returns once those being opened are.
+// No library is opened from now on; returns once those being opened are
+// (waiting a second at most: the exit must go on, whatever happens).
 void close_library_opening();
+
+// In a fork's child: the threads that were opening libraries are not there.
+void forget_library_openers();
 
 }  // namespace gpupool::shim

@@ -10,11 +10,11 @@
 #include <limits.h>
 #include <link.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "shim/core_interface.h"
 #include "shim/ptsz.h"
@@ -135,7 +135,11 @@ static int inherited_driver; /* in the child */
 
 static void at_exit(void) {
   atomic_store(&exiting, 1);
-  while (atomic_load(&core_loaders) != 0) sched_yield();
+  /* A second at most: the exit goes on, whatever happens. */
+  for (int waited = 0; atomic_load(&core_loaders) != 0 && waited < 1000; ++waited) {
+    const struct timespec millisecond = {0, 1000000};
+    nanosleep(&millisecond, NULL);
+  }
   const struct gpupool_core* c = atomic_load_explicit(&core, memory_order_acquire);
   if (c == NULL) {
     /* No call reached gpupool. If CUDA was used all the same (a program with
@@ -159,6 +163,9 @@ static void parent_after_fork(void) {
   if (c != NULL && c->parent_after_fork != NULL) c->parent_after_fork();
 }
 static void child_after_fork(void) {
+  /* A thread loading the core is not in the child (glibc's pthread_once lets
+     the child load it anew). */
+  atomic_store(&core_loaders, 0);
   const struct gpupool_core* c = atomic_load_explicit(&core, memory_order_acquire);
   inherited_driver = c == NULL && driver_at_fork;
   if (c != NULL && c->child_after_fork != NULL) c->child_after_fork();

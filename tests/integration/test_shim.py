@@ -618,6 +618,19 @@ class Fidelity(ShimTest):
         # Every allocation went to the runtime: 5 rounds of 10 sizes.
         self.assertEqual(run.counters()["malloc_calls"], 50)
 
+    def test_a_child_forked_while_a_thread_loads_the_core_exits_at_once(self):
+        # The exit handler waits for a load of the core under way (see
+        # test_threads_calling_while_the_process_exits...); in a fork's child
+        # the loading thread is gone, and nothing may be waited for.
+        slow = os.path.join(self.workdir, "slow")
+        os.mkdir(slow)
+        shutil.copy(LIBRARY, slow)
+        shutil.copy(os.path.join(BUILD, "tests", "libtest-slow-core.so"), os.path.join(slow, "libgpupool-core.so"))
+        run = self.run_program(["test-lifecycle", "fork-while-loading"], library=os.path.join(slow, "libgpupool.so"))
+        self.assertSucceeded(run)
+        # Without forgetting the parent's loader: 1091 ms (the wait's limit, 1 s).
+        self.assertLess(run.output_json()["child_exit_ms"], 500)
+
     def test_relative_preload_path_survives_a_change_of_directory(self):
         build = os.path.abspath(BUILD)
         run = self.run_program(["test-lifecycle", "chdir"], library="lib/libgpupool.so", cwd=build)

@@ -5,6 +5,9 @@
 //              {"stream": the stream's handle, as the report names it}
 //   static     frees a block from a static object's destructor, after main
 //   fork       uses CUDA, then forks a child that exits without using it
+//   fork-while-loading  a thread's first CUDA call loads the core (under a
+//              slow one) while the main thread forks a child that exits at
+//              once; prints {"child_exit_ms": how long the child took}
 //   fork-reports N  forks N children (each exits at once) while another
 //              thread has reports written over and over (SIGUSR1), with
 //              blocks leaked from leak_here() for GPUPOOL_BACKTRACE=1 to name:
@@ -165,6 +168,26 @@ int main(int argc, char** argv) {
     if (child == 0) std::exit(0);  // runs the child's exit handlers
     int status = 0;
     waitpid(child, &status, 0);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+  }
+  if (mode == "fork-while-loading") {
+    // Under a core that loads slowly (slow_core.c): a thread's first call
+    // loads it while the main thread forks a child that exits at once.
+    std::thread first([] {
+      void* p = nullptr;
+      CHECK_CUDA(cudaMalloc(&p, 4096));
+      CHECK_CUDA(cudaFree(p));
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const auto start = std::chrono::steady_clock::now();
+    const pid_t child = fork();
+    if (child == 0) std::exit(0);  // the exit handlers, in a child without the loading thread
+    int status = 0;
+    waitpid(child, &status, 0);
+    const auto waited = std::chrono::steady_clock::now() - start;
+    first.join();
+    std::printf("{\"child_exit_ms\": %lld}\n",
+                static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()));
     return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
   }
   if (mode == "fork-reports" && argc > 2) {
