@@ -101,17 +101,17 @@ class ShimTest(unittest.TestCase):
         e = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "SIMCUDA_"))}
         e["LD_LIBRARY_PATH"] = SIM
         e["SIMCUDA_COUNTERS_FILE"] = os.path.join(self.workdir, "counters.json")
+        runtime = sanitizer_runtime() if preload else None
         if preload:
-            runtime = sanitizer_runtime()
             preloads = [p for p in (runtime, library) if p]
             e["LD_PRELOAD"] = ":".join(preloads)
-            if runtime and "libtsan" in runtime:
-                supp = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tsan.supp")
-                e["TSAN_OPTIONS"] = f"suppressions={supp} " + e.get("TSAN_OPTIONS", "")
             if log:
                 e["GPUPOOL_LOG"] = os.path.join(self.workdir, "report-%p." + fmt)
             e["GPUPOOL_LOG_FORMAT"] = fmt
         e.update(env or {})
+        if runtime and "libtsan" in runtime:  # the suppressions, and any options the test gave
+            supp = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tsan.supp")
+            e["TSAN_OPTIONS"] = f"suppressions={supp} " + e.get("TSAN_OPTIONS", "")
         if isinstance(args, str):
             args = [args]
         args = [program(args[0]) if not os.path.isabs(args[0]) and "/" not in args[0] and

@@ -626,7 +626,8 @@ class Fidelity(ShimTest):
         os.mkdir(slow)
         shutil.copy(LIBRARY, slow)
         shutil.copy(os.path.join(BUILD, "tests", "libtest-slow-core.so"), os.path.join(slow, "libgpupool-core.so"))
-        run = self.run_program(["test-lifecycle", "fork-while-loading"], library=os.path.join(slow, "libgpupool.so"))
+        run = self.run_program(["test-lifecycle", "fork-while-loading"], library=os.path.join(slow, "libgpupool.so"),
+                               env={"TSAN_OPTIONS": "atexit_sleep_ms=0"})  # ThreadSanitizer's own second
         self.assertSucceeded(run)
         # Without forgetting the parent's loader: 1091 ms (the wait's limit, 1 s).
         self.assertLess(run.output_json()["child_exit_ms"], 500)
