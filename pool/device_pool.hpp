@@ -80,7 +80,7 @@ class DevicePool {
   void stream_destroying(StreamId id);
   // The thread of this per-thread default stream has ended (see
   // StreamOrdering::thread_stream_ended). Never throws.
-  void thread_stream_ended(StreamId id) { ordering_.thread_stream_ended(id); }
+  void thread_stream_ended(StreamId id, bool again = false) { ordering_.thread_stream_ended(id, again); }
   void capture_began(StreamId id) { ordering_.capture_began(id); }
   void capture_ended(StreamId id) { ordering_.capture_ended(id); }
   bool is_capturing(StreamId id) const { return ordering_.is_capturing(id); }

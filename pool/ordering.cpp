@@ -101,7 +101,7 @@ void StreamOrdering::stream_destroying(StreamId id) {
   streams_.erase(it);
 }
 
-void StreamOrdering::thread_stream_ended(StreamId id) {
+void StreamOrdering::thread_stream_ended(StreamId id, bool again) {
   const auto it = streams_.find(id);
   // Never recorded on (it cannot be named from other threads), so it holds
   // no fence; one that did would be kept, not lost.
@@ -109,7 +109,11 @@ void StreamOrdering::thread_stream_ended(StreamId id) {
       !it->second.pending.empty()) {
     return;
   }
-  report_destroyed(it->second);
+  if (again) {
+    report_gone_again(it->second);
+  } else {
+    report_destroyed(it->second);
+  }
   if (last_stream_ == &it->second) last_stream_ = nullptr;
   streams_.erase(it);
 }
@@ -120,6 +124,22 @@ void StreamOrdering::report_destroyed(const StreamState& s) {
   r.kind = s.kind;
   r.counters = s.counters;
   report_gone(r);
+}
+
+void StreamOrdering::report_gone_again(const StreamState& s) {
+  // Per-thread stream ids are never reused: a row with its id is its own.
+  for (StreamReport& r : destroyed_) {
+    if (r.id == s.id) {
+      r.counters += s.counters;
+      return;
+    }
+  }
+  // Else its first end went to the row of later gone streams, which counts it.
+  if (!destroyed_.empty() && destroyed_.back().id == 0) {
+    destroyed_.back().counters += s.counters;
+    return;
+  }
+  report_destroyed(s);
 }
 
 void StreamOrdering::report_gone(const StreamReport& r) {

@@ -92,8 +92,10 @@ class StreamOrdering {
   // stream for each. Blocks freed on it keep its id as their key: such ids are
   // never reused, and a stream this ordering does not know is ordered as
   // another thread's per-thread stream is, through the device (stream_ready).
-  // Left as it is while it captures.
-  void thread_stream_ended(StreamId id);
+  // Left as it is while it captures. `again`: it ended before and was used
+  // since (from a pthread key's destructor that ran after the shim's): the
+  // same stream, whose counters join the row its first end made.
+  void thread_stream_ended(StreamId id, bool again = false);
   // After a device reset, in a fresh ordering (see DevicePool::continue_history):
   // the streams of `before` are reported on, as destroyed where the reset
   // destroyed them. Its events are gone with the reset: none is taken over.
@@ -178,6 +180,7 @@ class StreamOrdering {
     return it == streams_.end() ? nullptr : &it->second;
   }
   void report_destroyed(const StreamState& s);
+  void report_gone_again(const StreamState& s);  // see thread_stream_ended
   void report_gone(const StreamReport& r);  // never allocates (room is reserved)
   bool capturing(StreamId id) const;
   EventHandle take_event();

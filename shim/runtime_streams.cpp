@@ -30,6 +30,9 @@ namespace {
 // The devices this thread's per-thread stream was introduced to, a bit each.
 // Trivially destructible, so the hot path's check is one thread-local load.
 thread_local std::uint64_t t_stream_devices = 0;
+// The devices where its per-thread stream ended once already (used again
+// since, from a pthread key's destructor that ran after gpupool's).
+thread_local std::uint64_t t_stream_ended_devices = 0;
 
 // Ends the thread's per-thread stream in the pools when the thread ends (see
 // Runtime::thread_ending): the destructor of a pthread key, not of a
@@ -172,11 +175,12 @@ void Runtime::thread_ending() {
   if (devices == 0 || bypass() || getpid() == static_cast<pid_t>(syscall(SYS_gettid))) return;
   caches_.end_this_thread();  // its blocks kept for the stream go back first
   const StreamId id = this_thread_stream();
+  const std::uint64_t ended_before = std::exchange(t_stream_ended_devices, t_stream_ended_devices | devices);
   for (int dev = 0; dev < kMaxDevices; ++dev) {
     DeviceState* d = (devices >> dev & 1u) != 0 ? existing(dev) : nullptr;
     if (d == nullptr) continue;
     std::lock_guard<AdaptiveMutex> lock(d->mu);
-    d->pool->thread_stream_ended(id);
+    d->pool->thread_stream_ended(id, (ended_before >> dev & 1u) != 0);
   }
 }
 

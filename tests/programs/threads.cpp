@@ -19,6 +19,11 @@
 //     key's destructor the program made before gpupool's: the thread's cache
 //     is made then, after the thread_local destructors that hand caches back
 //     have run. Prints {"threads": N, "corrupted": C}.
+//   threads used-after-end [threads]
+//     the same pair, from the destructor of a pthread key the program made
+//     after its first CUDA call, so after gpupool's: each thread's
+//     per-thread stream, ended by gpupool's key, is used again and ends
+//     again. Prints {"threads": N, "corrupted": C}.
 //   threads busy-at-exit [threads] [milliseconds]
 //     detached threads allocate, fill, check and free, plain and
 //     stream-ordered, without end, and others come and go doing the same,
@@ -140,6 +145,25 @@ int first_use_at_exit(int threads) {
   return corrupted.load() == 0 ? 0 : 1;
 }
 
+int used_after_end(int threads) {
+  void* p = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&p, 4096, cudaStreamPerThread));  // gpupool's key is made now
+  pthread_key_t key;  // so its destructor runs after gpupool's in a round
+  if (pthread_key_create(&key, pair_at_exit) != 0) return 1;
+  for (int t = 0; t < threads; ++t) {
+    std::thread([key] {
+      void* q = nullptr;
+      CHECK_CUDA(cudaMallocAsync(&q, 4096, cudaStreamPerThread));
+      CHECK_CUDA(cudaFreeAsync(q, cudaStreamPerThread));
+      pthread_setspecific(key, &key);
+    }).join();
+  }
+  CHECK_CUDA(cudaFreeAsync(p, cudaStreamPerThread));
+  CHECK_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
+  std::printf("{\"threads\": %d, \"corrupted\": %d}\n", threads, corrupted.load());
+  return corrupted.load() == 0 ? 0 : 1;
+}
+
 // One block of each kind, filled, checked and freed: false once a call fails.
 bool pairs_checked(unsigned char tag) {
   constexpr size_t kBytes = 256 << 10;
@@ -180,6 +204,7 @@ int busy_at_exit(int threads, int milliseconds) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "used-after-end") == 0) return used_after_end(argc > 2 ? std::atoi(argv[2]) : 50);
   if (argc > 1 && std::strcmp(argv[1], "busy-at-exit") == 0) {
     return busy_at_exit(argc > 2 ? std::atoi(argv[2]) : 3, argc > 3 ? std::atoi(argv[3]) : 50);
   }

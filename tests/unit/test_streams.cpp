@@ -818,6 +818,34 @@ TEST_CASE_METHOD(PoolFixture, "blocks kept under ended threads' streams are coun
   CHECK(later_blocks == 37);
 }
 
+TEST_CASE_METHOD(PoolFixture, "a per-thread stream used after its thread's end and ended again is one gone stream") {
+  // Used from a pthread key's destructor that ran after the shim's: its
+  // second end joins the row of its first. Past the 63 rows of their own,
+  // both lives are in the row of later streams, which counts it once.
+  auto gone_reuses = [&] {
+    std::uint64_t reuses = 0;
+    for (const StreamReport& r : pool->streams()) reuses += r.alive ? 0 : r.counters.same_stream_reuses;
+    return reuses;
+  };
+  for (int threads : {1, 70}) {
+    INFO(threads << " threads");
+    make();
+    StreamId last = 0;
+    for (StreamId t = 1; t <= static_cast<StreamId>(threads); ++t) last = pair_on_thread(*this, t, true);
+    const auto ended = gone_streams(*pool);
+    CHECK(ended == std::pair{static_cast<std::uint64_t>(threads), std::min(threads, 64)});
+    const std::uint64_t reuses = gone_reuses();
+    // The last thread's stream comes back (the shim introduces it again) and
+    // reuses its own block.
+    pool->stream_created(last, StreamKind::PerThread);
+    release(alloc(kMiB, last), last);
+    pool->thread_stream_ended(last, true);
+    CHECK(gone_streams(*pool) == ended);
+    CHECK(gone_reuses() == reuses + 1);
+    check();
+  }
+}
+
 TEST_CASE_METHOD(PoolFixture, "a device reset carries the count of gone streams over") {
   make();
   auto end_threads = [&](StreamId first, int n) {
