@@ -738,6 +738,17 @@ class Command(ShimTest):
         worst_pid = reports[peaks.index(max(peaks))]["pid"]
         self.assertIn(f"[{worst_pid}]", worst_line)
 
+    def test_merge_names_a_process_without_device_activity(self):
+        paths = self.reports(3)
+        with open(paths[1]) as f:
+            idle = json.load(f)
+        idle["devices"] = {}  # as a rank that never allocated writes it
+        with open(paths[1], "w") as f:
+            json.dump(idle, f)
+        lines = self.gpupool("merge", *paths).stdout.splitlines()
+        self.assertTrue(lines[-2].startswith("total (2)"), lines)
+        self.assertEqual(lines[-1], f"no device activity: {idle['program']}[{idle['pid']}]")
+
     def test_plot_draws_a_png(self):
         path = self.reports(1)[0]
         png = os.path.join(self.workdir, "memory.png")
