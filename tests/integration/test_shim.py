@@ -1206,6 +1206,17 @@ class Lifecycle(ShimTest):
             return
         self.assertEqual(result, {"child_heap_calls": 0})
 
+    def test_children_forked_while_threads_allocate_exit_and_the_threads_go_on(self):
+        # A data loader forks its workers while the training threads allocate,
+        # plain and stream-ordered, with their caches: each child exits through
+        # the exit handlers (gpupool's among them), none waits for good, and
+        # the threads find their blocks intact.
+        run = self.run_program(["test-threads", "busy-at-fork", "3", "40"], env=NO_LEAK_CHECK_AFTER_FORK, timeout=300)
+        self.assertSucceeded(run)
+        self.assertEqual(run.output_json(), {"threads": 3, "children": 40, "failed": 0})
+        # At least a pair (two allocations) between one fork and the next.
+        self.assertGreaterEqual(run.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 2 * 40)
+
     def test_a_forked_child_writes_its_lines_while_another_thread_was_writing_one_at_the_fork(self):
         # The thread is held inside gpupool's line (stderr a full pipe) when
         # the program forks; the child's own line waited for good on the

@@ -24,6 +24,12 @@
 //     after its first CUDA call, so after gpupool's: each thread's
 //     per-thread stream, ended by gpupool's key, is used again and ends
 //     again. Prints {"threads": N, "corrupted": C}.
+//   threads busy-at-fork [threads] [children]
+//     the same busy threads, while the main thread forks children one after
+//     another, as a data loader forks its workers: each child checks a
+//     block the parent filled before the fork (host memory here) and exits
+//     without CUDA; each fork comes after the threads' next pair. Prints
+//     {"threads": N, "children": C, "failed": F}.
 //   threads busy-at-exit [threads] [milliseconds]
 //     detached threads allocate, fill, check and free, plain and
 //     stream-ordered, without end, and others come and go doing the same,
@@ -32,8 +38,10 @@
 //     after it). A block found overwritten ends the process with status 3; a
 //     call the exit makes fail stops that thread.
 #include <pthread.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -185,6 +193,43 @@ bool pairs_checked(unsigned char tag) {
   return ok && freed;
 }
 
+int busy_at_fork(int threads, int children) {
+  // CUDA (and gpupool) in use before the first fork, as in a training
+  // process that starts its loader's workers. (A fork while gpupool loads
+  // would hang the child under ASan, whose globals lock the fork does not
+  // cover: test-lifecycle fork-while-loading runs that case uninstrumented.)
+  if (!pairs_checked(0x11)) return 1;
+  std::atomic<bool> stop{false};
+  std::atomic<int> pairs{0};
+  std::vector<std::thread> busy;
+  for (int t = 0; t < threads; ++t) {
+    busy.emplace_back([t, &stop, &pairs] {
+      for (unsigned i = 0; !stop.load() && pairs_checked(static_cast<unsigned char>(t * 31 + i)); ++i) {
+        pairs.fetch_add(1);
+      }
+    });
+  }
+  std::vector<unsigned char> page(4096, 0x3c);
+  int failed = 0;
+  for (int c = 0; c < children; ++c) {
+    // Each fork comes after the threads' next pair, so that they fork
+    // under way, not all before the threads have started.
+    const int before = pairs.load();
+    for (int waited = 0; pairs.load() == before && waited < 10000; ++waited) usleep(100);
+    const pid_t child = fork();
+    if (child == 0) {
+      // Exits through the exit handlers, gpupool's among them.
+      std::exit(std::all_of(page.begin(), page.end(), [](unsigned char b) { return b == 0x3c; }) ? 0 : 1);
+    }
+    int status = 0;
+    if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+  }
+  stop.store(true);
+  for (std::thread& t : busy) t.join();
+  std::printf("{\"threads\": %d, \"children\": %d, \"failed\": %d}\n", threads, children, failed);
+  return failed == 0 ? 0 : 1;
+}
+
 int busy_at_exit(int threads, int milliseconds) {
   for (int t = 0; t < threads; ++t) {
     std::thread([t] {
@@ -205,6 +250,9 @@ int busy_at_exit(int threads, int milliseconds) {
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "used-after-end") == 0) return used_after_end(argc > 2 ? std::atoi(argv[2]) : 50);
+  if (argc > 1 && std::strcmp(argv[1], "busy-at-fork") == 0) {
+    return busy_at_fork(argc > 2 ? std::atoi(argv[2]) : 3, argc > 3 ? std::atoi(argv[3]) : 50);
+  }
   if (argc > 1 && std::strcmp(argv[1], "busy-at-exit") == 0) {
     return busy_at_exit(argc > 2 ? std::atoi(argv[2]) : 3, argc > 3 ? std::atoi(argv[3]) : 50);
   }
