@@ -191,17 +191,21 @@ class Integrity(ShimTest):
                 self.assertLess(stats["reserved_bytes.all.peak"], threads // 2 << 20)
 
 
-    def late_thread_locals(self):
-        """The environment for a program whose threads make CUDA calls from a
-        pthread key's destructor. A thread_local first used that late
-        (gpupool's cache holder, the simulated runtime's stream) is
-        registered after glibc has run the thread's thread_local destructors:
-        glibc never runs nor frees that entry (32 bytes). Under ASan, only
-        those entries are let go."""
+    def run_key_destructor_threads(self, mode, threads):
+        """Runs test-threads MODE THREADS, whose threads make CUDA calls from a
+        pthread key's destructor, and returns its device's report. A
+        thread_local first used that late (gpupool's cache holder, the
+        simulated runtime's stream) is registered after glibc has run the
+        thread's thread_local destructors: glibc never runs nor frees that
+        entry (32 bytes). Under ASan, only those entries are let go."""
         suppressions = os.path.join(self.workdir, "lsan.supp")
         with open(suppressions, "w") as f:
             f.write("leak:__cxa_thread_atexit_impl\n")
-        return {"LSAN_OPTIONS": f"suppressions={suppressions}"}
+        run = self.run_program(["test-threads", mode, str(threads)],
+                               env={"LSAN_OPTIONS": f"suppressions={suppressions}"})
+        self.assertSucceeded(run)
+        self.assertEqual(run.output_json()["corrupted"], 0)
+        return run.report()["devices"]["0"]
 
     def test_a_thread_whose_first_calls_come_from_a_key_destructor_leaves_no_stream_behind(self):
         # Its cache is made after the thread_local destructors that hand caches
@@ -209,10 +213,7 @@ class Integrity(ShimTest):
         # stream leaves the books (else its block came back later under the
         # ended stream, as a live row).
         threads = 50
-        run = self.run_program(["test-threads", "first-use-at-exit", str(threads)], env=self.late_thread_locals())
-        self.assertSucceeded(run)
-        self.assertEqual(run.output_json()["corrupted"], 0)
-        device = run.report()["devices"]["0"]
+        device = self.run_key_destructor_threads("first-use-at-exit", threads)
         alive = [s["stream"] for s in device["streams"] if s["alive"] and s["stream"].startswith("per-thread")]
         self.assertEqual(alive, ["per-thread #1"])  # the main thread's
         self.assertEqual(sum(s["streams"] for s in device["streams"] if not s["alive"]), threads + 1)
@@ -222,10 +223,7 @@ class Integrity(ShimTest):
         # A key destructor of the program's runs after gpupool's and uses the
         # stream again: its second end joins its first (140 gone for 70 before).
         threads = 70
-        run = self.run_program(["test-threads", "used-after-end", str(threads)], env=self.late_thread_locals())
-        self.assertSucceeded(run)
-        self.assertEqual(run.output_json()["corrupted"], 0)
-        device = run.report()["devices"]["0"]
+        device = self.run_key_destructor_threads("used-after-end", threads)
         self.assertEqual(sum(s["streams"] for s in device["streams"] if not s["alive"]), threads)
         self.assertEqual(device["stats"]["allocation.all.allocated"], 2 * threads + 1)
 
