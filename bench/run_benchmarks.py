@@ -160,8 +160,9 @@ def main():
         lines.append(f"| `cudaMalloc{'Async' if mode == 'async' else ''}`+free through the shim (simulated runtime) "
                      f"| {api[mode]:.0f} | {api[mode] / malloc_ns:.2f} |")
         lines.append(f"| the same calls without gpupool (simulated runtime) | {raw:.0f} | {raw / malloc_ns:.2f} |")
-    lines += ["", "The build alone moves these figures by about a tenth: on 2026-12-03 the same source, built in "
-              "two folders and run alternately, gave the plain pool pair 99-101 ns in one and 106-111 ns in the "
+    lines += ["", "The build alone moves these figures by about a tenth: on 2026-12-03 the same source (commit "
+              "308ace4), built in two folders and run alternately (`gpupool-bench "
+              "--benchmark_filter=BM_PoolPair_Plain --benchmark_repetitions=5` from each), gave the plain pool pair 99-101 ns in one and 106-111 ns in the "
               "other, though the pair's hot functions were the same instructions at the same addresses (the "
               "folder's path is compiled into the benchmark); the cause was not found."]
     # Judged on the default segments, at pool level (the API's figures are
