@@ -511,6 +511,7 @@ extern "C" __attribute__((visibility("default"))) const gpupool_core* gpupool_co
   if (abi != GPUPOOL_CORE_ABI) return nullptr;
   gpupool::shim::set_symbol_lookup(lookup);
   gpupool::shim::set_caller_lookup(caller);
+  gpupool::shim::resolve_real_where_runtime_loaded();
   static const gpupool_core table = {
       GPUPOOL_CORE_ABI,
 #define GPUPOOL_ENTRY(name, params, args) &name,

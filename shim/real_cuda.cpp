@@ -56,6 +56,12 @@ void* preload_library_base() {
   return info.dli_fbase;
 }
 
+void resolve_real_where_runtime_loaded() {
+  const char* path = nullptr;
+  dl_iterate_phdr(find_cudart, &path);
+  if (path != nullptr) real();
+}
+
 const RealCuda& real() {
   // Every intercepted call asks: one acquire load once resolved (call_once
   // alone costs a thread-local lookup per call in a dlopen'ed library).

@@ -107,6 +107,14 @@ void set_driver_lookup(int (*lookup)(const char* symbol, void** pfn, int version
 // runtime). Set before the first call; without it, dlsym(RTLD_NEXT) here.
 void set_symbol_lookup(void* (*lookup)(const char* name));
 
+// Resolves real() now if a shared runtime is loaded (the result is the same
+// as at the first call then). Called as the core opens, inside the preload
+// library's load of it: real()'s look into the runtime's own scope then never
+// comes after the exit handler has closed the opening of libraries
+// (library_opening.hpp), when it would fail, and a runtime reachable only
+// from a library's local scope would leave real()'s functions null.
+void resolve_real_where_runtime_loaded();
+
 // Where the preload library is loaded (its dli_fbase), found from the lookup
 // function it passed: call stacks skip its frames as they skip this library's.
 // Null before set_symbol_lookup.
