@@ -166,6 +166,14 @@ cudaError_t end_capture(cudaStream_t stream, bool per_thread, cudaError_t err) {
 // ---------------------------------------------------------------- lifecycle
 
 void at_exit() {
+  // The runtime's functions are resolved now, if they have not been, while
+  // libraries may still be opened: a runtime loaded since the core opened,
+  // reachable only from a library's own scope, could not be found once the
+  // opening is closed, and a thread's first use of them would call nothing.
+  try {
+    gpupool::shim::resolve_real_where_runtime_loaded();
+  } catch (...) {  // (std::call_once's own failure) the handler goes on
+  }
   close_library_opening();  // before glibc's _dl_fini, which comes next
   try {
     if (Runtime* rt = Runtime::if_started()) {
