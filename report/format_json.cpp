@@ -203,6 +203,9 @@ std::string to_json(const Report& r) {
   w.key("config_notes").begin_array();
   for (const std::string& n : r.config_notes) w.value(n);
   w.end_array();
+  w.key("trace_problems").begin_array();
+  for (const std::string& t : r.trace_problems) w.value(t);
+  w.end_array();
   if (!r.stepped_aside_call.empty()) {
     w.key("stepped_aside").begin_object();
     w.field("call", r.stepped_aside_call);

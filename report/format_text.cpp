@@ -281,6 +281,7 @@ std::string to_text(const Report& r) {
   }
   for (const std::string& p : r.config_problems) out += "  problem: " + p + "\n";
   for (const std::string& n : r.config_notes) out += "  note: " + n + "\n";
+  for (const std::string& t : r.trace_problems) out += "  trace: " + t + "\n";
   if (!r.stepped_aside_call.empty()) {
     out += '\n';
     out += stepped_aside_line(r);

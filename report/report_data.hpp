@@ -87,6 +87,7 @@ struct Report {
   std::vector<ConfigRow> config;
   std::vector<std::string> config_problems;
   std::vector<std::string> config_notes;  // valid settings another setting makes ineffective
+  std::vector<std::string> trace_problems;  // GPUPOOL_TRACE files not opened, cut short, or mixing devices
   // The call at which gpupool stepped aside and why; empty if it did not.
   std::string stepped_aside_call;
   std::string stepped_aside_reason;

@@ -97,7 +97,10 @@ void Runtime::write_report(const char* reason) {
     for (int i = 0; i < kMaxDevices; ++i) {
       if (DeviceState* d = existing(i)) states.push_back(d);
     }
-    write_report_file(config_, problems_, config_notes_, states, call_sites_, caches_, reason, seconds);
+    std::vector<std::string> trace_problems = trace_ ? trace_->problems() : std::vector<std::string>{};
+    if (!trace_not_opened_.empty()) trace_problems.push_back(trace_not_opened_);
+    write_report_file(config_, problems_, config_notes_, trace_problems, states, call_sites_, caches_, reason,
+                      seconds);
   } catch (const std::exception& e) {
     // Nothing in the pools changes while a report is made: only the report is lost.
     char line[200];
@@ -146,11 +149,8 @@ void Runtime::at_exit() {
   }
   if (trace_) {
     trace_->flush();
-    if (const int devices = trace_->devices_in_one_file(); devices > 1) {
-      message(config::LogLevel::Warn, "gpupool: GPUPOOL_TRACE: '" + trace_->one_file() + "' mixes " +
-                                          std::to_string(devices) +
-                                          " devices, which gpupool-replay replays as one; put %d in the path "
-                                          "for a trace per device");
+    if (const std::string mixed = trace_->mixed_devices_line(); !mixed.empty()) {
+      message(config::LogLevel::Warn, mixed);
     }
   }
 }

@@ -150,7 +150,8 @@ bool names_device(const std::string& pattern) { return names_field(pattern, 'd')
 bool names_process(const std::string& pattern) { return names_field(pattern, 'p'); }
 
 void write_report_file(const config::Config& config, const std::vector<config::Problem>& problems,
-                       const std::vector<std::string>& notes, const std::vector<DeviceState*>& devices, CallSites& call_sites, StreamCaches& caches,
+                       const std::vector<std::string>& notes, const std::vector<std::string>& trace_problems,
+                       const std::vector<DeviceState*>& devices, CallSites& call_sites, StreamCaches& caches,
                        const char* reason, double wall_seconds) {
   report::Report r;
   r.program = program_name();
@@ -162,6 +163,7 @@ void write_report_file(const config::Config& config, const std::vector<config::P
   }
   for (const config::Problem& p : problems) r.config_problems.push_back(p.line());
   r.config_notes = notes;
+  r.trace_problems = trace_problems;
   r.stepped_aside_call = stepped_aside_call();
   r.stepped_aside_reason = stepped_aside_reason();
   for (DeviceState* d : devices) {

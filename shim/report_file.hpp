@@ -21,7 +21,7 @@ bool names_process(const std::string& pattern);
 
 // Takes each device's lock in turn. Never calls into CUDA.
 void write_report_file(const config::Config& config, const std::vector<config::Problem>& problems,
-                       const std::vector<std::string>& notes,
+                       const std::vector<std::string>& notes, const std::vector<std::string>& trace_problems,
                        const std::vector<DeviceState*>& devices, CallSites& call_sites, StreamCaches& caches,
                        const char* reason, double wall_seconds);
 

@@ -52,8 +52,9 @@ Runtime::Runtime() {
     if (trace->open(config_.trace)) {
       trace_ = std::move(trace);
     } else {
-      message(config::LogLevel::Error, "gpupool: GPUPOOL_TRACE: cannot write '" +
-                                           expand_path_template(config_.trace) + "'; not tracing");
+      trace_not_opened_ = "gpupool: GPUPOOL_TRACE: cannot write '" + expand_path_template(config_.trace) +
+                          "'; not tracing";
+      message(config::LogLevel::Error, trace_not_opened_);
     }
   }
   install_report_signal();

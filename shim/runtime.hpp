@@ -225,6 +225,7 @@ class Runtime {
   config::Config config_;
   std::vector<config::Problem> problems_;
   std::vector<std::string> config_notes_;
+  std::string trace_not_opened_;  // GPUPOOL_TRACE's file could not be opened (said in the report too)
   bool disabled_ = false;
   std::atomic<bool> exiting_{false};
   std::atomic<bool> used_{false};  // an allocation reached the pool

@@ -138,9 +138,9 @@ TraceWriter::Output& TraceWriter::output_for(int device) {
   if (!out.tried) {
     const std::string path = expand_path_template(template_, device);
     if (!open_output(out, path)) {
-      message(config::LogLevel::Error, "gpupool: GPUPOOL_TRACE: cannot write '" + path + "'; " +
-                                           (per_device_ ? "device " + std::to_string(device) : std::string("it is")) +
-                                           " not traced");
+      out.problem = "gpupool: GPUPOOL_TRACE: cannot write '" + path + "'; " +
+                    (per_device_ ? "device " + std::to_string(device) : std::string("it is")) + " not traced";
+      message(config::LogLevel::Error, out.problem);
     }
   }
   return out;
@@ -233,8 +233,9 @@ void TraceWriter::flush_output(Output& out) {
   ::close(out.fd);
   out.fd = -1;
   try {
-    message(config::LogLevel::Error, "gpupool: GPUPOOL_TRACE: cannot write '" + out.path + "' (" +
-                                         std::strerror(error) + "); the rest of the trace is lost");
+    out.problem = "gpupool: GPUPOOL_TRACE: cannot write '" + out.path + "' (" + std::strerror(error) +
+                  "); the rest of the trace is lost";
+    message(config::LogLevel::Error, out.problem);
   } catch (...) {  // out of host memory: the trace is lost all the same
   }
 }
@@ -245,17 +246,33 @@ void TraceWriter::after_fork_child() {
     o.fd = -1;
     o.tried = false;
     o.buffer.clear();  // keeps its storage
+    o.problem.clear();
   }
   devices_seen_ = 0;
   unwritten_full_.store(false, std::memory_order_relaxed);
   if (!names_process(template_)) opened_ = false;
 }
 
-int TraceWriter::devices_in_one_file() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return per_device_ ? 0 : __builtin_popcountll(devices_seen_);
+std::string TraceWriter::mixed_devices_line_locked() const {
+  const int devices = per_device_ ? 0 : __builtin_popcountll(devices_seen_);
+  if (devices < 2) return std::string();
+  return "gpupool: GPUPOOL_TRACE: '" + expand_path_template(template_) + "' mixes " + std::to_string(devices) +
+         " devices, which gpupool-replay replays as one; put %d in the path for a trace per device";
 }
 
-std::string TraceWriter::one_file() const { return per_device_ ? std::string() : expand_path_template(template_); }
+std::string TraceWriter::mixed_devices_line() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return mixed_devices_line_locked();
+}
+
+std::vector<std::string> TraceWriter::problems() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> lines;
+  for (const Output& o : outputs_) {
+    if (!o.problem.empty()) lines.push_back(o.problem);
+  }
+  if (std::string mixed = mixed_devices_line_locked(); !mixed.empty()) lines.push_back(std::move(mixed));
+  return lines;
+}
 
 }  // namespace gpupool::shim

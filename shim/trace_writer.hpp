@@ -4,7 +4,8 @@
 // The layout has no device column: a path template with %d gives each device
 // its own file (opened at its first record), since gpupool-replay replays a
 // trace as one device. A write that fails (a pipe's reader gone, a full disk)
-// ends that file's trace there, said once on stderr.
+// ends that file's trace there, said once on stderr and in the report (a
+// trace cut at a line's end reads as whole: only the report can tell).
 #pragma once
 
 #include <atomic>
@@ -35,9 +36,10 @@ class TraceWriter {
   // its own files, opened at its first record, when the template names the
   // process (%p); otherwise it would write into the parent's, so it does not.
   void after_fork_child();
-  // Devices recorded into one file (a template without %d), and that file.
-  int devices_in_one_file() const;
-  std::string one_file() const;
+  // What the report says of the trace: each file that could not be opened or
+  // written to the end, and one file mixing devices. Lines as told on stderr.
+  std::vector<std::string> problems() const;
+  std::string mixed_devices_line() const;  // empty unless one file mixes devices
 
   // Held across fork() so that the child never inherits it locked.
   std::mutex& mutex() { return mu_; }
@@ -48,10 +50,12 @@ class TraceWriter {
     bool tried = false;  // opened, or failed to: not tried again
     std::string path;
     std::string buffer;
+    std::string problem;  // why it could not be opened or written to the end
   };
   Output& output_for(int device);  // with mu_ held; opens the output at its first use
   bool open_output(Output& out, const std::string& path);
   static void flush_output(Output& out);
+  std::string mixed_devices_line_locked() const;
 
   mutable std::mutex mu_;
   std::string template_;

@@ -676,6 +676,35 @@ class Command(ShimTest):
         old = self.older_report(run.reports()[0], lambda report: report.pop("config_notes"))
         self.assertEqual(self.gpupool("report", old).returncode, 0)
 
+    def test_the_report_says_when_the_trace_is_incomplete(self):
+        # A trace cut at a line's end reads as whole: the report keeps what
+        # stderr told, and `gpupool report` shows it.
+        run = self.run_program(["test-repeat", "2"], env={"GPUPOOL_TRACE": "/dev/full"})
+        self.assertSucceeded(run)
+        self.assertEqual(run.output_json()["allocations"], 20)
+        told = [line for line in run.stderr.splitlines() if "GPUPOOL_TRACE" in line]
+        self.assertEqual(told, ["gpupool: GPUPOOL_TRACE: cannot write '/dev/full' (No space left on device); "
+                                "the rest of the trace is lost"])
+        self.assertEqual(run.report()["trace_problems"], told)
+        out = self.gpupool("report", run.reports()[0])
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn(f"  trace problem: {told[0]}\n", out.stdout)
+        # A report from before these lines still reads.
+        old = self.older_report(run.reports()[0], lambda report: report.pop("trace_problems"))
+        self.assertEqual(self.gpupool("report", old).returncode, 0)
+        # A file that cannot be opened at all, in the text report.
+        blocker = os.path.join(self.workdir, "a-file")  # where a folder should be
+        with open(blocker, "w") as f:
+            f.write("not a folder\n")
+        trace = os.path.join(blocker, "trace.csv")
+        self.remove_reports()
+        run = self.run_program(["test-repeat", "2"], env={"GPUPOOL_TRACE": trace}, fmt="text")
+        self.assertSucceeded(run)
+        line = f"gpupool: GPUPOOL_TRACE: cannot write '{trace}'; not tracing"
+        self.assertIn(line, run.stderr.splitlines())
+        with open(run.reports()[0]) as f:
+            self.assertIn(f"  trace: {line}\n", f.read())
+
     def test_report_shows_device_resets_and_reads_reports_from_before_them(self):
         run = self.run_program(["test-lifecycle", "reset"], env={"GPUPOOL_BACKTRACE": "1"})
         self.assertSucceeded(run)

@@ -35,6 +35,7 @@ class Recording(ShimTest):
         rows = read_csv(path)
         self.assertEqual(rows[0], ["Thread", "Time", "Action", "Pointer", "Size", "Stream"])
         did = run.output_json()
+        self.assertEqual(run.report()["trace_problems"], [])
         self.assertEqual(sum(r[2] == "allocate" for r in rows[1:]), did["allocations"])
         self.assertEqual(sum(r[2] == "free" for r in rows[1:]), did["allocations"])
         for row in rows[1:]:
@@ -189,6 +190,8 @@ class Recording(ShimTest):
         self.assertTrue(first[0].startswith(b"Thread,Time,Action,Pointer,Size,Stream\n"))
         self.assertEqual(run.stderr.count(f"GPUPOOL_TRACE: cannot write '{fifo}' (Broken pipe); "
                                           "the rest of the trace is lost"), 1, run.stderr)
+        self.assertEqual(run.report()["trace_problems"],
+                         [f"gpupool: GPUPOOL_TRACE: cannot write '{fifo}' (Broken pipe); the rest of the trace is lost"])
 
     def test_failures_are_recorded(self):
         run, path = self.trace(["test-oom", "full"], env={"SIMCUDA_MEMORY": "64M"})
@@ -226,12 +229,18 @@ class Recording(ShimTest):
         self.assertSucceeded(run)
         for device in (0, 1):
             self.assertEqual(run.stderr.count(f"t-{device}.csv'; device {device} not traced"), 1, run.stderr)
+        # The report says so too, in the same words.
+        told = [line for line in run.stderr.splitlines() if "GPUPOOL_TRACE" in line]
+        self.assertEqual(sorted(run.report()["trace_problems"]), sorted(told))
 
     def test_one_trace_of_two_devices_says_it_mixes_them(self):
         run, path = self.trace(["test-devices", "threads", "5"], env={"SIMCUDA_DEVICES": "2"})
         self.assertSucceeded(run)
         self.assertIn("mixes 2 devices", run.stderr)
         self.assertIn("put %d in the path", run.stderr)
+        told = [line for line in run.stderr.splitlines() if "GPUPOOL_TRACE" in line]
+        self.assertEqual(len(told), 1, run.stderr)
+        self.assertEqual(run.report()["trace_problems"], told)
 
 
 class Replay(ShimTest):
