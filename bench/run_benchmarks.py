@@ -338,6 +338,8 @@ def main():
     # Ordering calls: what each trace would cost in event calls on a GPU.
     plain = {r["trace"]: r for r in replay(["--passes", "2", "--plain"] + traces)}
     beside = {r["trace"]: r for r in replay(["--passes", "2", "--plain", "--idle-streams", "64"] + traces)}
+    searched = {r["trace"]: r for r in replay(["--passes", "2", "--plain", "--idle-streams", "64",
+                                               "--conf", "plain_reuse_search:16"] + traces)}
     lines += ["## Ordering calls", "",
               "Event calls the pool would make on a GPU to order reuse, per allocation: every trace replayed twice "
               "as recorded (stream-ordered, `gpupool-replay --passes 2 --json TRACE`) and as plain "
@@ -348,17 +350,23 @@ def main():
               "nothing (`--plain --idle-streams 64`, as PyTorch's stream pool): every call the ordering makes, "
               "per allocation, when each barrier finds them idle and the device caught up (one query each, and "
               "the legacy stream's event recorded first and queried once); where that event has not completed "
-              "by then, each stream also waits for it, and one found busy costs a record and a wait more.", "",
+              "by then, each stream also waits for it, and one found busy costs a record and a wait more. "
+              "The last three columns are the same with `--conf plain_reuse_search:16` "
+              "(`GPUPOOL_PLAIN_REUSE_SEARCH`, off by default), which looks at 16 larger free blocks for covered "
+              "memory before recording a barrier: fewer barriers, for more memory.", "",
               "| trace | stream-ordered: records | queries | plain: barriers | records | queries "
-              "| plain peak reserved / live | plain, 64 idle streams: calls |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+              "| plain peak reserved / live | plain, 64 idle streams: calls "
+              "| search 16: barriers | calls | peak reserved / live |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    def ordering_calls(r):
+        return r["events_recorded"] + r["event_queries"] + r["stream_waits"] + r["stream_queries"]
     for name in sorted(default):
-        d, p, b = default[name], plain[name], beside[name]
+        d, p, b, s = default[name], plain[name], beside[name], searched[name]
         n = d["allocations"]
-        calls = b["events_recorded"] + b["event_queries"] + b["stream_waits"] + b["stream_queries"]
         lines.append(f"| {name} | {d['events_recorded'] / n:.3f} | {d['event_queries'] / n:.3f} | "
                      f"{p['barriers'] / n:.3f} | {p['events_recorded'] / n:.3f} | {p['event_queries'] / n:.3f} | "
-                     f"{p['peak_reserved_to_peak_live']:.4f} | {calls / n:.1f} |")
+                     f"{p['peak_reserved_to_peak_live']:.4f} | {ordering_calls(b) / n:.1f} | "
+                     f"{s['barriers'] / n:.3f} | {ordering_calls(s) / n:.1f} | {s['peak_reserved_to_peak_live']:.4f} |")
     # The API loop of plain pairs that the GPU target times: its barriers, as
     # the simulated runtime counts its event records (no other stream exists,
     # so each barrier is one record on the legacy stream).

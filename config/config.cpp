@@ -327,6 +327,7 @@ PoolOptions to_pool_options(const Config& c) {
   o.expandable_segments = c.expandable_segments;
   o.recycle_pages = c.recycle_pages;
   o.recycle_idle_allocations = c.recycle_idle_allocations;
+  o.plain_reuse_search = static_cast<std::uint32_t>(c.plain_reuse_search);
   o.unsafe_skip_ordering = c.debug_unsafe_skip_ordering;
   return o;
 }

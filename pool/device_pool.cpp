@@ -214,8 +214,11 @@ DevicePool::Taken DevicePool::take_cached(PoolKind kind, std::size_t rounded, St
   }
   const bool own_fits = own != nullptr && fits_size_rules(own, rounded);
   if (own_fits && consumer == kAnyStream && !ordering_.device_ordered(own->device_epoch)) {
-    // Or the part of it that the last barrier covers.
-    if (const Taken part = take_covered_part(own, rounded); part.block != nullptr) {
+    // Or the part of it that the last barrier covers, or, where allowed, of
+    // a larger block.
+    Taken part = take_covered_part(own, rounded);
+    if (part.block == nullptr) part = take_covered_larger(own, rounded);
+    if (part.block != nullptr) {
       ++counters.same_stream_reuses;
       return part;
     }

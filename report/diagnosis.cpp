@@ -264,16 +264,23 @@ std::vector<std::string> advice(const DeviceReport& dev) {
   // PyTorch's stream pool that is dozens of driver calls per barrier. (Streams
   // come and go, so the count is of those that ever waited, not per barrier.)
   if (barrier_waits > 1000 && barrier_waits > allocations) {
+    // The search's figures: BENCHMARKS.md, plain replays beside 64 idle streams.
+    const char* search =
+        o.plain_reuse_search > 0
+            ? ""
+            : " GPUPOOL_PLAIN_REUSE_SEARCH=16 records fewer barriers for more memory (the shared PyTorch traces "
+              "replayed plain: 3-6x fewer, up to 13% more reserved); gpupool-replay --plain --idle-streams N "
+              "--sweep plain_reuse_search=0,16 on a GPUPOOL_TRACE of this program shows both.";
     add(format("cudaMalloc reused cudaFree'd memory behind %llu device barriers, and non-blocking streams (%zu "
                "of them) waited for those %llu times, %.1f per allocation. A stream made "
                "with cudaStreamNonBlocking costs this even when unused (PyTorch makes 32 per priority level for its "
                "first side stream); streams made without that flag cost nothing here, and cudaMallocAsync/"
-               "cudaFreeAsync on the stream that uses the memory need no barrier. A PyTorch program may do better "
-               "with its own allocator: unset PYTORCH_NO_CUDA_MEMORY_CACHING and set "
+               "cudaFreeAsync on the stream that uses the memory need no barrier.%s A PyTorch program may do "
+               "better with its own allocator: unset PYTORCH_NO_CUDA_MEMORY_CACHING and set "
                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which keeps its waste low",
                static_cast<unsigned long long>(barriers), waiting_streams,
                static_cast<unsigned long long>(barrier_waits),
-               static_cast<double>(barrier_waits) / static_cast<double>(allocations)));
+               static_cast<double>(barrier_waits) / static_cast<double>(allocations), search));
   }
   if (waits > 1000 && waits * 10 > allocations && o.cross_stream_reuse == CrossStreamReuse::Auto) {
     add(format("streams waited on each other %llu times to reuse memory: "

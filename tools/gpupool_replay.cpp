@@ -203,19 +203,25 @@ int label_width(const std::vector<std::string>& labels) {
 }
 
 void print_header(const char* title, int width) {
-  std::printf("%-*s %8s %12s %14s %8s %10s %7s %5s %9s %9s %7s\n", width, title, "allocs", "peak live",
-              "peak reserved", "ratio", "cudaMalloc", "maps", "OOMs", "extfrag@pk", "last pass", "ns/op");
+  std::printf("%-*s %8s %12s %14s %8s %10s %7s %5s %9s %9s %10s %7s\n", width, title, "allocs", "peak live",
+              "peak reserved", "ratio", "cudaMalloc", "maps", "OOMs", "extfrag@pk", "last pass", "sync/alloc",
+              "ns/op");
 }
 
 // "last pass": the device calls (maps, unmaps, cudaMalloc, cudaFree) of the
 // last pass, which a loop would make at every step; "-" with one pass.
+// "sync/alloc": the pool's event and stream calls that order reuse (records,
+// waits, queries), per allocation: what --plain and --idle-streams weigh.
 void print_row(const tools::ReplayResult& r, const std::string& label, int width) {
   const std::string last = r.passes > 1 ? std::to_string(r.last_pass.total()) : "-";
-  std::printf("%-*s %8llu %12s %14s %8.4f %10lld %7lld %5lld %9.3f %9s %7.0f\n", width, label.c_str(),
+  const double sync_calls =
+      static_cast<double>(r.events_recorded + r.event_queries + r.stream_waits + r.stream_queries);
+  const double per_allocation = r.allocations > 0 ? sync_calls / static_cast<double>(r.allocations) : 0.0;
+  std::printf("%-*s %8llu %12s %14s %8.4f %10lld %7lld %5lld %9.3f %9s %10.2f %7.0f\n", width, label.c_str(),
               static_cast<unsigned long long>(r.allocations), human(r.peak_live).c_str(),
               human(r.peak_reserved).c_str(), r.ratio(), static_cast<long long>(r.upstream_mallocs),
               static_cast<long long>(r.device.stats.num_page_maps), static_cast<long long>(r.ooms),
-              r.external_fragmentation_at_peak, last.c_str(), r.ns_per_op);
+              r.external_fragmentation_at_peak, last.c_str(), per_allocation, r.ns_per_op);
   if (r.unknown_frees > 0) {
     std::printf("%*s (%llu frees of pointers the trace never allocated: skipped)\n", width, "",
                 static_cast<unsigned long long>(r.unknown_frees));

@@ -58,6 +58,10 @@ PoolOptions options_from(Input& in) {
   o.expandable_segments = (flags & 1) != 0;
   o.recycle_pages = (flags & 2) != 0;
   o.cross_stream_reuse = static_cast<CrossStreamReuse>((flags >> 2) % 3);
+  // From the flags' top bits, so that the saved inputs decode as before
+  // (those with both bits clear, exactly).
+  constexpr std::uint32_t kSearches[] = {0, 1, 4, 16};
+  o.plain_reuse_search = kSearches[flags >> 6];
   o.max_split_size = in.pick({kUnlimited, 21 * kMiB, 64 * kMiB, 300 * kMiB});
   o.max_non_split_rounding = in.pick({std::size_t{0}, 20 * kMiB, kUnlimited});
   o.small_segment_size = in.pick({2 * kMiB, 4 * kMiB});

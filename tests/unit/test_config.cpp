@@ -294,13 +294,15 @@ TEST_CASE("the pool options follow the configuration") {
   const ParsedConfig p = parse({{"GPUPOOL_CONF", "max_split_size_mb:256,garbage_collection_threshold:0.8"},
                                 {"GPUPOOL_MEMORY_LIMIT", "8G"},
                                 {"GPUPOOL_CROSS_STREAM_REUSE", "completed"},
-                                {"GPUPOOL_RECYCLE_IDLE_ALLOCATIONS", "0"}});
+                                {"GPUPOOL_RECYCLE_IDLE_ALLOCATIONS", "0"},
+                                {"GPUPOOL_PLAIN_REUSE_SEARCH", "16"}});
   const PoolOptions o = to_pool_options(p.config);
   CHECK(o.max_split_size == 256 * kMiB);
   CHECK(o.garbage_collection_threshold == Approx(0.8));
   CHECK(o.memory_limit == 8 * kGiB);
   CHECK(o.cross_stream_reuse == CrossStreamReuse::Completed);
   CHECK(o.recycle_idle_allocations == 0);
+  CHECK(o.plain_reuse_search == 16);
   CHECK_FALSE(o.unsafe_skip_ordering);
 }
 

@@ -226,6 +226,10 @@ TEST_CASE("barrier waits of unused streams are advised once they pass the alloca
   d.streams[1].counters.barrier_waits = 3001;
   CHECK(advice_with(d, "device barriers").find("behind 100 device barriers, and non-blocking streams (1 of them) "
                                                "waited for those 3001 times, 1.0 per allocation") != std::string::npos);
+  // The search that trades memory for barriers, unless it is on already.
+  CHECK(advice_with(d, "device barriers").find("GPUPOOL_PLAIN_REUSE_SEARCH=16") != std::string::npos);
+  d.options.plain_reuse_search = 4;
+  CHECK(advice_with(d, "device barriers").find("GPUPOOL_PLAIN_REUSE_SEARCH") == std::string::npos);
 }
 
 TEST_CASE("leaks are advised GPUPOOL_BACKTRACE only when it was off") {

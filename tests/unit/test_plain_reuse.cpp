@@ -86,6 +86,32 @@ TEST_CASE_METHOD(PoolFixture, "requests over 64 MiB keep their place and take a 
   CHECK(barriers(*pool) == before + 1);
 }
 
+TEST_CASE_METHOD(PoolFixture, "plain_reuse_search takes a larger block's covered memory instead of a barrier") {
+  const std::uint32_t search = GENERATE(0u, 1u, 16u);
+  options.plain_reuse_search = search;
+  make();
+  const DevicePtr exact = alloc(32 * kMiB);  // segments of their own: no merging
+  const DevicePtr larger = alloc(128 * kMiB);
+  release(larger);
+  cover_frees_so_far(*this);
+  release(exact);  // hot: freed after the last barrier
+  const std::uint64_t before = barriers(*pool);
+  SECTION("a covered larger block serves, where the search is on") {
+    const DevicePtr p = alloc(32 * kMiB);
+    CHECK(p == (search > 0 ? larger : exact));
+    CHECK(barriers(*pool) == before + (search > 0 ? 0 : 1));
+  }
+  SECTION("none covered: the best fit after a barrier, as without the search") {
+    release(alloc(128 * kMiB));  // the larger block, hot again
+    const std::uint64_t now = barriers(*pool);
+    CHECK(alloc(32 * kMiB) == exact);
+    CHECK(barriers(*pool) == now + 1);
+  }
+  std::string why;
+  CHECK(pool->validate(&why));
+  INFO(why);
+}
+
 TEST_CASE_METHOD(PoolFixture, "a split keeps each part's hot bytes, and a merge joins them") {
   make();
   const DevicePtr region = alloc(64 * kMiB);
@@ -143,8 +169,10 @@ TEST_CASE_METHOD(PoolFixture, "during a capture, covered bytes are taken only on
 
 TEST_CASE("no plain allocation holds a byte freed after the last barrier", "[random]") {
   const bool expandable = GENERATE(false, true);
+  const std::uint32_t search = GENERATE(0u, 16u);
   PoolOptions options;
   options.expandable_segments = expandable;
+  options.plain_reuse_search = search;
   VirtualUpstream upstream;
   upstream.set_virtual_memory(true);
   upstream.set_events_complete_at_once(false);
@@ -152,7 +180,7 @@ TEST_CASE("no plain allocation holds a byte freed after the last barrier", "[ran
   constexpr StreamId kStreams[] = {kAnyStream, kAnyStream, kAnyStream, 0x1000, 0x2000};
   pool.stream_created(0x1000, StreamKind::Blocking);
   pool.stream_created(0x2000, StreamKind::NonBlocking);
-  std::mt19937_64 rng(expandable ? 11 : 12);
+  std::mt19937_64 rng((expandable ? 11 : 12) + search);
 
   struct Freed {
     DevicePtr end;
