@@ -13,7 +13,9 @@ scripts/bench.sh copies into BENCHMARKS.md.
    caching allocator; PYTORCH_NO_CUDA_MEMORY_CACHING=1 (every tensor a
    cudaMalloc); the same under gpupool; and the first and last again with
    each step's input made on a side stream (which creates PyTorch's stream
-   pool). Step time and peak reserved memory.
+   pool), under gpupool also with GPUPOOL_PLAIN_REUSE_SEARCH=16 (fewer device
+   barriers, each of which that pool's streams wait for). Step time and peak
+   reserved memory.
 """
 import datetime
 import glob
@@ -210,6 +212,8 @@ def main():
         with tempfile.TemporaryDirectory() as reports:
             caching_side = torch_steps({}, side_stream=True)
             pooled_side = torch_steps({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, report_dir=reports, side_stream=True)
+            searched_side = torch_steps({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "GPUPOOL_PLAIN_REUSE_SEARCH": "16"},
+                                        report_dir=reports, side_stream=True)
         gib = 2**30
         lines += ["### PyTorch training steps", "",
                   "`python3 bench/torch_steps.py 60`: an 8-layer transformer encoder, sequence length changing "
@@ -227,6 +231,9 @@ def main():
                   f"| `PYTORCH_NO_CUDA_MEMORY_CACHING=1` under gpupool, input on a side stream | "
                   f"{pooled_side['ms_per_step']:.1f} | {pooled_side['gpupool_reserved_peak'] / gib:.2f} GiB | "
                   f"{pooled_side['gpupool_allocated_peak'] / gib:.2f} GiB |",
+                  f"| the same with `GPUPOOL_PLAIN_REUSE_SEARCH=16` | "
+                  f"{searched_side['ms_per_step']:.1f} | {searched_side['gpupool_reserved_peak'] / gib:.2f} GiB | "
+                  f"{searched_side['gpupool_allocated_peak'] / gib:.2f} GiB |",
                   "",
                   "`--side-stream` makes each step's input on a side stream; asking for one makes PyTorch create "
                   "its stream pool (32 non-blocking streams per priority level), and every gpupool device barrier "
@@ -234,7 +241,9 @@ def main():
                   f"{pooled['gpupool_barriers_per_allocation']:.3f} barriers and "
                   f"{pooled['gpupool_barrier_waits_per_allocation']:.1f} barrier waits without the side stream, "
                   f"{pooled_side['gpupool_barriers_per_allocation']:.3f} barriers and "
-                  f"{pooled_side['gpupool_barrier_waits_per_allocation']:.1f} barrier waits with it "
+                  f"{pooled_side['gpupool_barrier_waits_per_allocation']:.1f} barrier waits with it, "
+                  f"{searched_side['gpupool_barriers_per_allocation']:.3f} and "
+                  f"{searched_side['gpupool_barrier_waits_per_allocation']:.1f} with it and the search "
                   "(from gpupool's reports).", ""]
         time_ratio = pooled["ms_per_step"] / caching["ms_per_step"]
         memory_ratio = pooled["gpupool_reserved_peak"] / caching["torch_reserved_peak"]
