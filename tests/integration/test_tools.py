@@ -384,6 +384,44 @@ class Replay(ShimTest):
         self.assertEqual(beside["peak_reserved_bytes"], alone["peak_reserved_bytes"])
         self.assertEqual(self.replay("--idle-streams", "-1", path).returncode, 2)
 
+    def test_a_sweep_weighs_ordering_calls_against_memory(self):
+        # Fixed segments of 32 MiB and 256 MiB, both freed; then plain pairs of
+        # 32 MiB. Each reuse of the just freed 32 MiB needs a new barrier;
+        # plain_reuse_search takes the 256 MiB block's covered front instead,
+        # every other pair. A 32 MiB block then held while 256 MiB are asked
+        # for costs a new segment where it sits in the large one (an odd
+        # number of pairs), and nothing where it is the small one (even).
+        def trace(pairs):
+            mib = 1 << 20
+            events = [("allocate", 0x1000, 32), ("allocate", 0x2000, 256), ("free", 0x2000, 256),
+                      ("free", 0x1000, 32)]
+            events += [e for _ in range(pairs) for e in (("allocate", 0x3000, 32), ("free", 0x3000, 32))]
+            events += [("allocate", 0x4000, 32), ("allocate", 0x5000, 256), ("free", 0x5000, 256),
+                       ("free", 0x4000, 32)]
+            return self.write(f"refit-{pairs}.csv", "Thread,Time,Action,Pointer,Size,Stream\n" + "".join(
+                f"1,00:00:00.{i:06d},{a},{p:#x},{s * mib},0x0\n" for i, (a, p, s) in enumerate(events)))
+
+        def sweep(path):
+            out = self.replay("--plain", "--conf", "expandable_segments:0", "--sweep", "plain_reuse_search=0,16", path)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            header = next(line for line in out.stdout.splitlines() if line.startswith("configuration "))
+            self.assertEqual(header.split()[-2:], ["sync/alloc", "ns/op"])
+            sync = {line.split()[0].split(":")[-1]: float(line.split()[-2]) for line in out.stdout.splitlines()
+                    if line.startswith("expandable_segments:0,")}
+            return out.stdout, sync
+
+        out, sync = sweep(trace(41))
+        self.assertLess(sync["16"] * 2, sync["0"] * 1.1, out)  # about half the calls
+        self.assertIn("best for refit-41.csv: GPUPOOL_CONF=expandable_segments:0,plain_reuse_search:0\n", out)
+        self.assertRegex(out, r"half the ordering calls or fewer: GPUPOOL_CONF=expandable_segments:0,"
+                              r"plain_reuse_search:16 \(0\.\d\d per allocation against 0\.\d\d; 1\.8889\)")
+        # The same memory either way: the fewer calls win.
+        out, sync = sweep(trace(40))
+        self.assertLess(sync["16"], sync["0"], out)
+        self.assertIn("best for refit-40.csv: GPUPOOL_CONF=expandable_segments:0,plain_reuse_search:16\n", out)
+        self.assertIn("recommended for this trace: GPUPOOL_CONF=expandable_segments:0,plain_reuse_search:16 ", out)
+        self.assertNotIn("half the ordering calls", out)
+
     def test_sweep_recommends_a_setting(self):
         path = self.write("w.csv", "Thread,Time,Action,Pointer,Size,Stream\n" + "".join(
             f"1,00:00:00.{i:06d},{'allocate' if i % 2 == 0 else 'free'},{0x1000 * (i // 2 + 1):#x},"
