@@ -121,6 +121,11 @@ def replay(args):
     return [json.loads(line) for line in out.splitlines()]
 
 
+def ordering_calls(r):
+    """The event and stream calls a replay's ordering made (its text table's sync/alloc, times allocations)."""
+    return r["events_recorded"] + r["event_queries"] + r["stream_waits"] + r["stream_queries"]
+
+
 def main():
     traces = sorted(os.path.join(TRACES, t) for t in os.listdir(TRACES) if t.endswith(".csv"))
     lines = [
@@ -281,8 +286,12 @@ def main():
     default = {r["trace"]: r for r in replay(["--passes", "2"] + traces)}
     sweep = ["--passes", "2", "--tune"]
     best = {}
+
+    def rank(r):  # as the replay ranks them: the lowest peak, then the fewest ordering calls
+        return r["peak_reserved_bytes"], ordering_calls(r)
+
     for r in replay(sweep + traces):
-        if r["ooms"] == 0 and (r["trace"] not in best or r["peak_reserved_bytes"] < best[r["trace"]]["peak_reserved_bytes"]):
+        if r["ooms"] == 0 and (r["trace"] not in best or rank(r) < rank(best[r["trace"]])):
             best[r["trace"]] = r
     lines += ["## 5. Memory", "",
               "Every trace replayed twice back to back through the pool (`build-bench/bin/gpupool-replay --passes 2 "
@@ -358,8 +367,6 @@ def main():
               "| plain peak reserved / live | plain, 64 idle streams: calls "
               "| search 16: barriers | calls | peak reserved / live |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    def ordering_calls(r):
-        return r["events_recorded"] + r["event_queries"] + r["stream_waits"] + r["stream_queries"]
     for name in sorted(default):
         d, p, b, s = default[name], plain[name], beside[name], searched[name]
         n = d["allocations"]
