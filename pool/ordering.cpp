@@ -248,7 +248,12 @@ bool StreamOrdering::seen_idle(StreamState& s) {
     --s.idle_checks_skipped;
     return false;
   }
-  if (!addressable(s) || !usable(s) || upstream_.query_stream(s.id) != EventStatus::Complete) {
+  if (!addressable(s) || !usable(s)) {
+    s.idle_checks_skipped = kBusyCheckInterval - 1;
+    return false;
+  }
+  ++s.counters.idle_queries;
+  if (upstream_.query_stream(s.id) != EventStatus::Complete) {
     s.idle_checks_skipped = kBusyCheckInterval - 1;
     return false;
   }

@@ -181,6 +181,7 @@ struct StreamCounters {
   std::uint64_t cross_stream_reuses = 0;  // cached block taken from another stream
   std::uint64_t event_waits = 0;          // waits so this stream could take another stream's block
   std::uint64_t barrier_waits = 0;        // waits for device barriers (plain cudaFree then cudaMalloc)
+  std::uint64_t idle_queries = 0;         // cudaStreamQuery calls of device barriers, to find it idle
   std::uint64_t caught_up_barriers = 0;   // device barriers that found the device caught up: no waits
   std::uint64_t fences_recorded = 0;      // events recorded on this stream
   std::uint64_t host_syncs = 0;           // host waits involving this stream
@@ -190,6 +191,7 @@ struct StreamCounters {
     cross_stream_reuses += o.cross_stream_reuses;
     event_waits += o.event_waits;
     barrier_waits += o.barrier_waits;
+    idle_queries += o.idle_queries;
     caught_up_barriers += o.caught_up_barriers;
     fences_recorded += o.fences_recorded;
     host_syncs += o.host_syncs;

@@ -251,19 +251,23 @@ std::vector<std::string> advice(const DeviceReport& dev) {
   }
   std::uint64_t waits = 0;
   std::uint64_t barrier_waits = 0;
+  std::uint64_t idle_queries = 0;
   std::uint64_t barriers = 0;
   std::size_t waiting_streams = 0;
   for (const StreamReport& r : dev.streams) {
     waits += r.counters.event_waits;
     barrier_waits += r.counters.barrier_waits;
-    waiting_streams += r.counters.barrier_waits > 0 ? 1 : 0;
+    idle_queries += r.counters.idle_queries;
+    waiting_streams += r.counters.barrier_waits > 0 || r.counters.idle_queries > 0 ? 1 : 0;
     if (r.id == kAnyStream) barriers = r.counters.fences_recorded;
   }
   const auto allocations = static_cast<std::uint64_t>(s.allocation[kAll].allocated);
-  // Every barrier makes each live non-blocking stream wait, used or not: with
-  // PyTorch's stream pool that is dozens of driver calls per barrier. (Streams
-  // come and go, so the count is of those that ever waited, not per barrier.)
-  if (barrier_waits > 1000 && barrier_waits > allocations) {
+  // Every barrier makes each live non-blocking stream wait, used or not, or
+  // asks it whether it is idle where the device has caught up: with PyTorch's
+  // stream pool that is dozens of driver calls per barrier. (Streams come and
+  // go, so the count is of those ever asked or made to wait, not per barrier.)
+  const std::uint64_t barrier_calls = barrier_waits + idle_queries;
+  if (barrier_calls > 1000 && barrier_calls > allocations) {
     // The search's figures: BENCHMARKS.md, plain replays beside 64 idle streams.
     const char* search =
         o.plain_reuse_search > 0
@@ -271,16 +275,17 @@ std::vector<std::string> advice(const DeviceReport& dev) {
             : " GPUPOOL_PLAIN_REUSE_SEARCH=16 records fewer barriers for more memory (the shared PyTorch traces "
               "replayed plain: 3-6x fewer, up to 13% more reserved); gpupool-replay --plain --idle-streams N "
               "--sweep plain_reuse_search=0,16 on a GPUPOOL_TRACE of this program shows both.";
-    add(format("cudaMalloc reused cudaFree'd memory behind %llu device barriers, and non-blocking streams (%zu "
-               "of them) waited for those %llu times, %.1f per allocation. A stream made "
+    add(format("cudaMalloc reused cudaFree'd memory behind %llu device barriers, which made %llu calls on "
+               "non-blocking streams (%zu of them: %llu waits and %llu idle queries), %.1f per allocation. A stream made "
                "with cudaStreamNonBlocking costs this even when unused (PyTorch makes 32 per priority level for its "
                "first side stream); streams made without that flag cost nothing here, and cudaMallocAsync/"
                "cudaFreeAsync on the stream that uses the memory need no barrier.%s A PyTorch program may do "
                "better with its own allocator: unset PYTORCH_NO_CUDA_MEMORY_CACHING and set "
                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which keeps its waste low",
-               static_cast<unsigned long long>(barriers), waiting_streams,
-               static_cast<unsigned long long>(barrier_waits),
-               static_cast<double>(barrier_waits) / static_cast<double>(allocations), search));
+               static_cast<unsigned long long>(barriers), static_cast<unsigned long long>(barrier_calls),
+               waiting_streams, static_cast<unsigned long long>(barrier_waits),
+               static_cast<unsigned long long>(idle_queries),
+               static_cast<double>(barrier_calls) / static_cast<double>(allocations), search));
   }
   if (waits > 1000 && waits * 10 > allocations && o.cross_stream_reuse == CrossStreamReuse::Auto) {
     add(format("streams waited on each other %llu times to reuse memory: "

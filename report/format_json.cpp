@@ -96,6 +96,7 @@ void device(JsonWriter& w, const DeviceReport& d) {
     w.field("cross_stream_reuses", r.counters.cross_stream_reuses);
     w.field("event_waits", r.counters.event_waits);
     w.field("barrier_waits", r.counters.barrier_waits);
+    w.field("idle_queries", r.counters.idle_queries);
     w.field("caught_up_barriers", r.counters.caught_up_barriers);
     w.field("fences_recorded", r.counters.fences_recorded);
     w.field("host_syncs", r.counters.host_syncs);

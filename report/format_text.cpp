@@ -71,6 +71,7 @@ void stream_rows(std::string& out, const std::vector<StreamReport>& streams) {
     }
     if (quiet_rows >= 2 && quiet(r)) {
       quiet_ones.counters.barrier_waits += r.counters.barrier_waits;
+      quiet_ones.counters.idle_queries += r.counters.idle_queries;
       quiet_ones.counters.fences_recorded += r.counters.fences_recorded;
       continue;
     }
@@ -79,11 +80,17 @@ void stream_rows(std::string& out, const std::vector<StreamReport>& streams) {
   }
   if (gone_rows >= 2) row(std::to_string(gone_ones.streams) + " gone, none cached", gone_ones);
   if (quiet_rows >= 2) row(std::to_string(quiet_rows) + " others, no reuse", quiet_ones);
+  std::uint64_t idle_queries = 0;
   for (const StreamReport& r : streams) {
+    idle_queries += r.counters.idle_queries;
     if (r.id != kAnyStream || r.counters.caught_up_barriers == 0) continue;
     appendf(out, "  %llu of the %llu device barriers found the device caught up: no stream waited for them\n",
             static_cast<unsigned long long>(r.counters.caught_up_barriers),
             static_cast<unsigned long long>(r.counters.fences_recorded));
+  }
+  if (idle_queries > 0) {
+    appendf(out, "  device barriers asked the non-blocking streams %llu times whether they were idle\n",
+            static_cast<unsigned long long>(idle_queries));
   }
 }
 

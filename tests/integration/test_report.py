@@ -458,12 +458,18 @@ class StreamCosts(ShimTest):
         self.assertGreater(barriers, 100)
         waits = sum(s["barrier_waits"] for s in dev["streams"])
         self.assertEqual(waits, 16 * (barriers - device_row["caught_up_barriers"]))
+        # Each barrier asks each stream whether it is idle, or, for one found
+        # busy, every 8th barrier.
+        queries = sum(s["idle_queries"] for s in dev["streams"])
+        self.assertLessEqual(queries, 16 * barriers)
+        self.assertGreaterEqual(queries, 16 * barriers // 8)
+        self.assertEqual(device_row["idle_queries"], 0)  # not a stream of its own
         self.assertEqual(sum(s["event_waits"] for s in dev["streams"]), 0)
         self.assertTrue(any("cudaStreamNonBlocking" in a for a in dev["advice"]), dev["advice"])
         self.assertFalse(any("GPUPOOL_CROSS_STREAM_REUSE" in a for a in dev["advice"]), dev["advice"])
         viewed = subprocess.run([sys.executable, GPUPOOL, "report", run.reports()[0]], capture_output=True,
                                 text=True, timeout=120)
-        self.assertIn(f"16 other streams, no reuse: {waits} barrier waits", viewed.stdout)
+        self.assertIn(f"16 other streams, no reuse: {waits} barrier waits, {queries} idle queries\n", viewed.stdout)
         # Folded into that line, not listed one by one.
         listed = [line for line in viewed.stdout.splitlines() if line.startswith("  stream ")]
         self.assertEqual(len(listed), len(dev["streams"]) - 16, viewed.stdout)
@@ -481,6 +487,11 @@ class StreamCosts(ShimTest):
             self.assertEqual(int(caught_up.group(2)), barriers)
         waits = 16 * (barriers - (int(caught_up.group(1)) if caught_up else 0))
         self.assertEqual(int(rows["16 others, no reuse"][-3]), waits)  # the barrier waits column
+        asked = re.search(r"device barriers asked the non-blocking streams (\d+) times whether they were idle",
+                          run.report())
+        self.assertIsNotNone(asked, run.report())
+        self.assertLessEqual(int(asked.group(1)), 16 * barriers)
+        self.assertGreaterEqual(int(asked.group(1)), 16 * barriers // 8)
         self.assertFalse(any(name.startswith("0x") for name in rows), rows)
 
 

@@ -212,7 +212,7 @@ TEST_CASE("reserved memory well above the requested peak is advised a trace and 
   CHECK(advice_with(d, "gpupool-replay --tune").find("reserved memory peaked at 520.00 MiB, 1.30x") == 0);
 }
 
-TEST_CASE("barrier waits of unused streams are advised once they pass the allocations") {
+TEST_CASE("barrier calls on unused streams are advised once they pass the allocations") {
   report::DeviceReport d;
   d.stats.allocation[kAll].allocated = 3000;
   StreamReport barriers;
@@ -220,12 +220,18 @@ TEST_CASE("barrier waits of unused streams are advised once they pass the alloca
   barriers.counters.fences_recorded = 100;
   StreamReport unused;
   unused.id = 0x7000;
-  unused.counters.barrier_waits = 3000;  // one per allocation: not yet
+  unused.counters.barrier_waits = 2000;
+  unused.counters.idle_queries = 1000;  // one call per allocation: not yet
   d.streams = {barriers, unused};
   CHECK(advice_with(d, "device barriers").empty());
-  d.streams[1].counters.barrier_waits = 3001;
-  CHECK(advice_with(d, "device barriers").find("behind 100 device barriers, and non-blocking streams (1 of them) "
-                                               "waited for those 3001 times, 1.0 per allocation") != std::string::npos);
+  d.streams[1].counters.idle_queries = 1001;
+  CHECK(advice_with(d, "device barriers").find("behind 100 device barriers, which made 3001 calls on non-blocking "
+                                               "streams (1 of them: 2000 waits and 1001 idle queries), 1.0 per "
+                                               "allocation") != std::string::npos);
+  // Queries alone count: barriers that always find the device caught up.
+  d.streams[1].counters.barrier_waits = 0;
+  d.streams[1].counters.idle_queries = 3001;
+  CHECK_FALSE(advice_with(d, "device barriers").empty());
   // The search that trades memory for barriers, unless it is on already.
   CHECK(advice_with(d, "device barriers").find("GPUPOOL_PLAIN_REUSE_SEARCH=16") != std::string::npos);
   d.options.plain_reuse_search = 4;

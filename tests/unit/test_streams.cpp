@@ -134,9 +134,13 @@ TEST_CASE_METHOD(PoolFixture, "a barrier asks idle non-blocking streams instead 
   CHECK(count(c, Call::Wait, kLegacy) == 0);
   CHECK(upstream.stream_queries() - queries == kStreams);
   CHECK(upstream.event_queries() - event_queries == 1);
+  std::uint64_t idle_queries = 0;  // the report's count of the queries made
   for (const StreamReport& r : pool->streams()) {
     if (r.id == kAnyStream) CHECK(r.counters.caught_up_barriers == (caught_up ? 1u : 0u));
+    if (r.kind == StreamKind::NonBlocking) CHECK(r.counters.idle_queries == 1u);
+    idle_queries += r.counters.idle_queries;
   }
+  CHECK(idle_queries == kStreams);
   // Either way a later free is ordered by a barrier of its own.
   release(a);
   upstream.clear_calls();
