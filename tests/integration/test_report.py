@@ -788,6 +788,11 @@ class Command(ShimTest):
         lines = self.gpupool("merge", *paths).stdout.splitlines()
         self.assertTrue(lines[-2].startswith("total (2)"), lines)
         self.assertEqual(lines[-1], f"no device activity: {idle['program']}[{idle['pid']}]")
+        # All of them idle: still named, every one.
+        out = self.gpupool("merge", paths[1], paths[1])
+        self.assertEqual(out.returncode, 0, out.stderr)
+        name = f"{idle['program']}[{idle['pid']}]"
+        self.assertEqual(out.stdout, f"gpupool merge: no device activity in these reports: {name}, {name}\n")
 
     def test_plot_draws_a_png(self):
         path = self.reports(1)[0]
