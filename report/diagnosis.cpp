@@ -275,15 +275,15 @@ std::vector<std::string> advice(const DeviceReport& dev) {
             : " GPUPOOL_PLAIN_REUSE_SEARCH=16 records fewer barriers for more memory (the shared PyTorch traces "
               "replayed plain: 3-6x fewer, up to 13% more reserved); gpupool-replay --plain --idle-streams N "
               "--sweep plain_reuse_search=0,16 on a GPUPOOL_TRACE of this program shows both.";
-    add(format("cudaMalloc reused cudaFree'd memory behind %llu device barriers, which made %llu calls on "
-               "non-blocking streams (%zu of them: %llu waits and %llu idle queries), %.1f per allocation. A stream made "
+    add(format("cudaMalloc reused cudaFree'd memory behind %llu device barriers, which made non-blocking streams "
+               "(%zu of them) wait %llu times and asked them %llu times whether they were idle: %.1f of these calls "
+               "per allocation. A stream made "
                "with cudaStreamNonBlocking costs this even when unused (PyTorch makes 32 per priority level for its "
                "first side stream); streams made without that flag cost nothing here, and cudaMallocAsync/"
                "cudaFreeAsync on the stream that uses the memory need no barrier.%s A PyTorch program may do "
                "better with its own allocator: unset PYTORCH_NO_CUDA_MEMORY_CACHING and set "
                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which keeps its waste low",
-               static_cast<unsigned long long>(barriers), static_cast<unsigned long long>(barrier_calls),
-               waiting_streams, static_cast<unsigned long long>(barrier_waits),
+               static_cast<unsigned long long>(barriers), waiting_streams, static_cast<unsigned long long>(barrier_waits),
                static_cast<unsigned long long>(idle_queries),
                static_cast<double>(barrier_calls) / static_cast<double>(allocations), search));
   }

@@ -225,9 +225,9 @@ TEST_CASE("barrier calls on unused streams are advised once they pass the alloca
   d.streams = {barriers, unused};
   CHECK(advice_with(d, "device barriers").empty());
   d.streams[1].counters.idle_queries = 1001;
-  CHECK(advice_with(d, "device barriers").find("behind 100 device barriers, which made 3001 calls on non-blocking "
-                                               "streams (1 of them: 2000 waits and 1001 idle queries), 1.0 per "
-                                               "allocation") != std::string::npos);
+  CHECK(advice_with(d, "device barriers").find("behind 100 device barriers, which made non-blocking streams (1 of "
+                                               "them) wait 2000 times and asked them 1001 times whether they were "
+                                               "idle: 1.0 of these calls per allocation") != std::string::npos);
   // Queries alone count: barriers that always find the device caught up.
   d.streams[1].counters.barrier_waits = 0;
   d.streams[1].counters.idle_queries = 3001;
