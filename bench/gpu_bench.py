@@ -80,17 +80,20 @@ def torch_available():
 
 
 def barrier_figures(report):
-    """Device barriers and the waits they made non-blocking streams do, per allocation, from a JSON report."""
-    allocations = barriers = waits = 0
+    """Device barriers, the waits they made non-blocking streams do and the idle queries they made of them, per
+    allocation, from a JSON report."""
+    allocations = barriers = waits = queries = 0
     for device in report["devices"].values():
         allocations += device["stats"]["allocation.all.allocated"]
         for s in device["streams"]:
             waits += s["barrier_waits"]
+            queries += s.get("idle_queries", 0)
             if s["stream"] == "cudaMalloc/cudaFree":
                 barriers += s["fences_recorded"]
     allocations = max(allocations, 1)
     return {"gpupool_barriers_per_allocation": barriers / allocations,
-            "gpupool_barrier_waits_per_allocation": waits / allocations}
+            "gpupool_barrier_waits_per_allocation": waits / allocations,
+            "gpupool_idle_queries_per_allocation": queries / allocations}
 
 
 def torch_steps(env, report_dir=None, runs=3, side_stream=False):
@@ -240,10 +243,12 @@ def main():
                   "orders each of them. Per allocation under gpupool: "
                   f"{pooled['gpupool_barriers_per_allocation']:.3f} barriers and "
                   f"{pooled['gpupool_barrier_waits_per_allocation']:.1f} barrier waits without the side stream, "
-                  f"{pooled_side['gpupool_barriers_per_allocation']:.3f} barriers and "
-                  f"{pooled_side['gpupool_barrier_waits_per_allocation']:.1f} barrier waits with it, "
-                  f"{searched_side['gpupool_barriers_per_allocation']:.3f} and "
-                  f"{searched_side['gpupool_barrier_waits_per_allocation']:.1f} with it and the search "
+                  f"{pooled_side['gpupool_barriers_per_allocation']:.3f} barriers, "
+                  f"{pooled_side['gpupool_barrier_waits_per_allocation']:.1f} barrier waits and "
+                  f"{pooled_side['gpupool_idle_queries_per_allocation']:.1f} idle queries with it, "
+                  f"{searched_side['gpupool_barriers_per_allocation']:.3f}, "
+                  f"{searched_side['gpupool_barrier_waits_per_allocation']:.1f} and "
+                  f"{searched_side['gpupool_idle_queries_per_allocation']:.1f} with it and the search "
                   "(from gpupool's reports).", ""]
         time_ratio = pooled["ms_per_step"] / caching["ms_per_step"]
         memory_ratio = pooled["gpupool_reserved_peak"] / caching["torch_reserved_peak"]
