@@ -100,6 +100,7 @@ DevicePool::Taken DevicePool::take_covered_part(Block* b, std::size_t rounded, b
 }
 
 DevicePool::Taken DevicePool::take_covered_larger(const Block* own, std::size_t rounded) {
+  if (options_.plain_reuse_search == 0) return Taken{};  // off: not even a step through the tree
   const BlockPool& pool = pool_of(own->segment->kind);
   Block* b = pool.next(own);
   // Larger plain blocks, smallest first; past one the size rules refuse, all

@@ -109,10 +109,11 @@ void set_symbol_lookup(void* (*lookup)(const char* name));
 
 // Resolves real() now if a shared runtime is loaded (the result is the same
 // as at the first call then). Called as the core opens, inside the preload
-// library's load of it: real()'s look into the runtime's own scope then never
-// comes after the exit handler has closed the opening of libraries
-// (library_opening.hpp), when it would fail, and a runtime reachable only
-// from a library's local scope would leave real()'s functions null.
+// library's load of it, and again by the core's exit handler just before it
+// closes the opening of libraries (library_opening.hpp): real()'s look into
+// the runtime's own scope then never comes after that close, when it would
+// fail, and a runtime reachable only from a library's local scope would leave
+// real()'s functions null.
 void resolve_real_where_runtime_loaded();
 
 // Where the preload library is loaded (its dli_fbase), found from the lookup
