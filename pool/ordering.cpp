@@ -78,9 +78,14 @@ void StreamOrdering::stream_destroying(StreamId id) {
   retired_.reserve(retired_.size() + s.pending.size() + 1);  // as in stream_created
   // Work queued on s may still run after the destroy returns. Keep an event at
   // its end: barriers make the legacy stream wait for it until it completes.
-  if (!options_.unsafe_skip_ordering && addressable(s)) {
+  if (!options_.unsafe_skip_ordering && addressable(s) && s.captures > 0) {
+    // Its work from before the capture: neither an event nor a host wait may
+    // touch a capturing stream (either breaks the capture, which goes on if
+    // the runtime refuses the destroy). Nothing covers that work now.
+    destroyed_work_unordered_ = true;
+  } else if (!options_.unsafe_skip_ordering && addressable(s)) {
     const EventHandle event = take_event();
-    if (event != 0 && s.captures == 0 && upstream_.record_event(event, id)) {
+    if (event != 0 && upstream_.record_event(event, id)) {
       retired_.push_back(event);
       ++s.counters.fences_recorded;
     } else {

@@ -444,8 +444,13 @@ cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flag
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   Runtime& rt = enter();
-  if (!rt.bypass() && stream != nullptr) rt.stream_destroying(stream);
-  return real().cudaStreamDestroy(stream);
+  const int device = !rt.bypass() && stream != nullptr ? rt.stream_destroying(stream) : -1;
+  const cudaError_t err = real().cudaStreamDestroy(stream);
+  if (device >= 0) {
+    const StreamId id = reinterpret_cast<StreamId>(stream);
+    keep_books("cudaStreamDestroy", [&] { rt.stream_destroy_answered(id, device, err == cudaSuccess); });
+  }
+  return err;
 }
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {

@@ -433,6 +433,11 @@ void Runtime::device_reset(int dev) {
 }
 
 void Runtime::device_reset_done(int dev) {
+  if (DeviceState* d = existing(dev)) {
+    // The reset destroyed its streams, and their captures with them.
+    std::lock_guard<AdaptiveMutex> lock(d->mu);
+    forget_captures(*d, kAnyStream);
+  }
   for (int i = 0; i < kMaxDevices; ++i) {
     DeviceState* other = i == dev ? nullptr : existing(i);
     if (other == nullptr) continue;

@@ -45,8 +45,14 @@ struct DeviceState {
   };
   std::vector<ForeignFree> foreign_frees;
   // Captures under way on its streams, with the mode each began in (which
-  // says whom it forbids unsafe calls). Guarded by mu.
-  std::vector<std::pair<StreamId, cudaStreamCaptureMode>> captures;
+  // says whom it forbids unsafe calls) and the thread that began it (whose
+  // count a thread-local one is in). Guarded by mu.
+  struct Capture {
+    StreamId stream;
+    cudaStreamCaptureMode mode;
+    StreamId thread;  // its this_thread_stream(), never reused
+  };
+  std::vector<Capture> captures;
   // A block a thread's cache lent again may serve a request of another size
   // than the one the pool lent it for, which the pool goes on counting (its
   // current requested bytes drift from the program's; the caches count the
@@ -108,7 +114,10 @@ class Runtime {
   int current_device() const;
   int device_of(StreamId stream);
   void stream_created(cudaStream_t stream, unsigned flags);
-  void stream_destroying(cudaStream_t stream);
+  // Before the runtime destroys `stream`: returns its device, or -1 where
+  // gpupool does not know it. Then stream_destroy_answered with the answer.
+  int stream_destroying(cudaStream_t stream);
+  void stream_destroy_answered(StreamId stream, int device, bool destroyed);
   // The device of a stream a call names, after registering the stream with
   // that device's pool on first sight. Cached per thread for the last stream.
   int prepare_stream(StreamId stream);
@@ -186,6 +195,12 @@ class Runtime {
   // frees whose work on another device is done) go back to them.
   void return_held_blocks();
   void warn_oom(const DeviceState& d);
+  // Drops the captures of `stream` (kAnyStream: of all d's streams) from the
+  // books: captures that ended without cudaStreamEndCapture (their stream
+  // was destroyed, their thread ended, their device was reset). Under d.mu.
+  void forget_captures(DeviceState& d, StreamId stream);
+  // Takes a capture's share off the counts capture_began added to.
+  void uncount_capture(const DeviceState::Capture& c);
   // Tells the device's pool of a program's stream (flags as cudaStreamCreateWithFlags').
   void introduce_stream(int dev, StreamId id, unsigned flags);
   // Bytes of `device`'s blocks that threads keep for reuse: the program freed

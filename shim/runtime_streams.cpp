@@ -148,14 +148,14 @@ void Runtime::ensure_known(StreamId stream, int dev) {
   introduce_stream(dev, stream, flags);
 }
 
-void Runtime::stream_destroying(cudaStream_t stream) {
+int Runtime::stream_destroying(cudaStream_t stream) {
   const StreamId id = reinterpret_cast<StreamId>(stream);
   int dev = -1;
   {
     std::lock_guard<std::mutex> lock(streams_mu_);
     auto& streams = streams_locked();
     auto it = streams.find(id);
-    if (it == streams.end()) return;
+    if (it == streams.end()) return -1;
     dev = it->second;
     streams.erase(it);
   }
@@ -167,6 +167,45 @@ void Runtime::stream_destroying(cudaStream_t stream) {
     std::lock_guard<AdaptiveMutex> lock(d->mu);
     d->pool->stream_destroying(id);
   }
+  return dev;
+}
+
+void Runtime::stream_destroy_answered(StreamId stream, int dev, bool destroyed) {
+  DeviceState* d = existing(dev);
+  if (d == nullptr) return;
+  if (destroyed) {
+    // Its capture ended with it (the driver ends it as cuStreamEndCapture
+    // would), and no later call can name it: kept, it would forbid the pool
+    // cudaFree, and keep the threads' caches aside, for good.
+    std::lock_guard<AdaptiveMutex> lock(d->mu);
+    forget_captures(*d, stream);
+    return;
+  }
+  // Refused: the stream lives on, still capturing. The pool, which forgot
+  // it, is told of its captures again, and meets it as a non-blocking stream
+  // (the most ordering) with no call that would touch it.
+  std::lock_guard<std::mutex> streams_lock(streams_mu_);  // before a device's, as everywhere
+  std::lock_guard<AdaptiveMutex> lock(d->mu);
+  bool capturing = false;
+  for (const DeviceState::Capture& c : d->captures) {
+    if (c.stream != stream) continue;
+    d->pool->capture_began(stream);
+    capturing = true;
+  }
+  if (capturing) streams_locked().emplace(stream, dev);
+}
+
+void Runtime::forget_captures(DeviceState& d, StreamId stream) {
+  std::size_t kept = 0;
+  for (const DeviceState::Capture& c : d.captures) {
+    if (stream != kAnyStream && c.stream != stream) {
+      d.captures[kept++] = c;
+      continue;
+    }
+    uncount_capture(c);
+    if (d.pool->is_capturing(c.stream)) d.pool->capture_ended(c.stream);
+  }
+  d.captures.resize(kept);
 }
 
 void Runtime::thread_ending() {
@@ -180,17 +219,12 @@ void Runtime::thread_ending() {
     DeviceState* d = (devices >> dev & 1u) != 0 ? existing(dev) : nullptr;
     if (d == nullptr) continue;
     std::lock_guard<AdaptiveMutex> lock(d->mu);
+    // A capture left open on its stream can no longer be ended (another
+    // thread names its own stream with the same handle).
+    forget_captures(*d, id);
     d->pool->thread_stream_ended(id, (ended_before >> dev & 1u) != 0);
   }
 }
-
-namespace {
-// Counts a capture in the mode it began in, by whom it forbids unsafe calls.
-void count_capture(cudaStreamCaptureMode mode, std::atomic<int>& global_captures, int delta) {
-  if (mode == cudaStreamCaptureModeGlobal) global_captures.fetch_add(delta, std::memory_order_relaxed);
-  if (mode == cudaStreamCaptureModeThreadLocal) thread_local_captures() += delta;
-}
-}  // namespace
 
 void Runtime::capture_began(StreamId stream, cudaStreamCaptureMode mode) {
   // The stream is introduced to the pool first: one it met only later (a
@@ -198,23 +232,33 @@ void Runtime::capture_began(StreamId stream, cudaStreamCaptureMode mode) {
   // it) would start afresh there and forget its capture.
   const int dev = prepare_stream(stream);
   captures_active_.fetch_add(1, std::memory_order_relaxed);
-  count_capture(mode, global_captures_, 1);
+  if (mode == cudaStreamCaptureModeGlobal) global_captures_.fetch_add(1, std::memory_order_relaxed);
+  if (mode == cudaStreamCaptureModeThreadLocal) ++thread_local_captures();
   DeviceState& d = device(dev);
   std::lock_guard<AdaptiveMutex> lock(d.mu);
   d.pool->capture_began(stream);
-  d.captures.emplace_back(stream, mode);
+  d.captures.push_back(DeviceState::Capture{stream, mode, this_thread_stream()});
+}
+
+void Runtime::uncount_capture(const DeviceState::Capture& c) {
+  captures_active_.fetch_sub(1, std::memory_order_relaxed);
+  if (c.mode == cudaStreamCaptureModeGlobal) global_captures_.fetch_sub(1, std::memory_order_relaxed);
+  // Another thread's count cannot be reached: it stays, and forbids that
+  // thread more than CUDA does, never less.
+  if (c.mode == cudaStreamCaptureModeThreadLocal && c.thread == this_thread_stream() && thread_local_captures() > 0) {
+    --thread_local_captures();
+  }
 }
 
 void Runtime::capture_ended(StreamId stream) {
   DeviceState& d = device(device_of(stream));
   std::lock_guard<AdaptiveMutex> lock(d.mu);
-  if (d.pool->is_capturing(stream)) captures_active_.fetch_sub(1, std::memory_order_relaxed);
   d.pool->capture_ended(stream);
   // The latest record for the stream: a begin the runtime refused is undone
   // right after it was made.
   for (auto it = d.captures.rbegin(); it != d.captures.rend(); ++it) {
-    if (it->first != stream) continue;
-    count_capture(it->second, global_captures_, -1);
+    if (it->stream != stream) continue;
+    uncount_capture(*it);
     d.captures.erase(std::next(it).base());
     break;
   }

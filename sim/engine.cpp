@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "sim/counters.hpp"
@@ -81,10 +82,18 @@ Stream* Engine::create_stream(unsigned flags, int device) {
 
 cudaError_t Engine::destroy_stream(Stream* s) {
   if (s->kind == StreamKind::Legacy || s->kind == StreamKind::PerThread) return cudaErrorInvalidResourceHandle;
+  static const bool refuse_capturing = [] {
+    const char* v = std::getenv("SIMCUDA_REFUSE_CAPTURING_DESTROY");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
   std::lock_guard<std::mutex> lock(mu_);
   if (s->destroyed) return cudaErrorInvalidResourceHandle;
+  if (s->capturing && refuse_capturing) return cudaErrorStreamCaptureUnsupported;
   // As CUDA: returns at once; queued work still runs, then the worker ends.
+  // A capture ends with its stream (the driver takes cuStreamEndCapture's
+  // path), its graph lost.
   s->destroyed = true;
+  s->capturing = false;
   cv_.notify_all();
   return cudaSuccess;
 }
@@ -92,7 +101,9 @@ cudaError_t Engine::destroy_stream(Stream* s) {
 void Engine::retire_per_thread_streams(Stream* const* streams, std::size_t count) {
   std::lock_guard<std::mutex> lock(mu_);
   for (std::size_t i = 0; i < count; ++i) {
-    if (streams[i] != nullptr) streams[i]->destroyed = true;
+    if (streams[i] == nullptr) continue;
+    streams[i]->destroyed = true;
+    streams[i]->capturing = false;  // as a destroyed stream's
   }
   cv_.notify_all();
 }
@@ -294,6 +305,13 @@ cudaError_t Engine::end_capture(Stream* s, bool* valid) {
   *valid = !s->invalidated;
   if (s->invalidated) counters().captures_invalidated++;
   return s->invalidated ? cudaErrorStreamCaptureInvalidated : cudaSuccess;
+}
+
+void Engine::end_captures(int device) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Stream* s : streams_) {
+    if (s->device == device) s->capturing = false;
+  }
 }
 
 cudaStreamCaptureStatus Engine::capture_status(Stream* s) {

@@ -99,6 +99,8 @@ class Engine {
   cudaError_t begin_capture(Stream* s, cudaStreamCaptureMode mode);
   cudaError_t end_capture(Stream* s, bool* valid);
   cudaStreamCaptureStatus capture_status(Stream* s);
+  // cudaDeviceReset: the captures on the device's streams end with them.
+  void end_captures(int device);
   // Calls CUDA calls "potentially unsafe" (cudaMalloc, cudaFree, ...) are
   // refused, and invalidate the capture that forbids them, by CUDA's rule:
   // none is forbidden to a thread in the relaxed mode; otherwise the

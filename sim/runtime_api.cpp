@@ -348,6 +348,7 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
 // not destroyed here (a program must not use them afterwards).
 cudaError_t cudaDeviceReset(void) {
   Engine::instance().synchronize_all();
+  Engine::instance().end_captures(t_device);
   Memory::instance().reset(t_device);
   simcuda::mem_pool_device_reset(t_device);
   std::lock_guard<std::mutex> lock(events_mu());

@@ -21,6 +21,9 @@
  *   SIMCUDA_FAIL_SEED=N         seeds the four kinds of injected failure (1)
  *   SIMCUDA_NO_VMM=1            no virtual memory calls (a driver without them)
  *   SIMCUDA_POOLLESS_DEVICE=N   device N has no stream-ordered allocator
+ *   SIMCUDA_REFUSE_CAPTURING_DESTROY=1  cudaStreamDestroy refuses a stream
+ *                               that captures (cudaErrorStreamCaptureUnsupported);
+ *                               by default the capture ends with the stream
  *   SIMCUDA_COUNTERS_FILE=PATH  the counters below, as JSON, written at exit */
 #ifndef SIMCUDA_H
 #define SIMCUDA_H

@@ -257,6 +257,24 @@ class Capture(ShimTest):
                 self.assertEqual(run.counters()["captures_begun"], 1)
                 self.assertEqual(run.report()["devices"]["0"]["quarantined_bytes"], 0)
 
+    def test_a_capture_never_ended_leaves_the_books_when_its_stream_goes(self):
+        # A capture whose stream is destroyed, whose thread ends or whose
+        # device is reset can no longer be ended; the runtime ends it. Kept in
+        # gpupool's books, it would forbid the pool cudaFree for good: a
+        # request only the cache can serve would fail. A destroy the runtime
+        # refuses leaves the stream capturing, and the pool treating it so.
+        for how in ("stream", "thread", "reset", "refused"):
+            for expandable in ("1", "0"):
+                with self.subTest(how=how, expandable_segments=expandable):
+                    self.remove_reports()
+                    run = self.run_program(["test-capture", "gone", how],
+                                           env={"SIMCUDA_MEMORY": "64M", "GPUPOOL_EXPANDABLE_SEGMENTS": expandable,
+                                                "SIMCUDA_REFUSE_CAPTURING_DESTROY": "1" if how == "refused" else "0"})
+                    self.assertSucceeded(run)
+                    self.assertEqual(run.output_json(), {"after": "cudaSuccess"})
+                    self.assertEqual(run.counters()["captures_invalidated"], 0)
+                    self.assertEqual(run.report()["devices"]["0"]["ooms"], [])
+
     def test_free_synchronizes_does_not_synchronize_during_a_capture(self):
         # A plain cudaFree inside a capture: a device synchronization there
         # would be refused and invalidate the capture.

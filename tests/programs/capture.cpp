@@ -36,6 +36,18 @@
 //                      in global mode: gpupool serves it from memory it maps
 //                      and calls nothing the capture forbids (so, with
 //                      free_synchronizes:1, no device synchronization)
+//   capture gone stream|thread|reset|refused
+//                      (64 MiB) a capture that is never ended: its stream is
+//                      destroyed (stream), its thread ends (thread: the
+//                      thread's per-thread default stream), or its device is
+//                      reset (reset); or the runtime
+//                      refuses to destroy its stream (refused: run with
+//                      SIMCUDA_REFUSE_CAPTURING_DESTROY=1), which captures
+//                      on: a stream-ordered request on it goes to the
+//                      runtime, and the capture is then ended. Afterwards a
+//                      request that only the cache can serve: gpupool may
+//                      give the cache back only if it knows the capture gone.
+//                      Prints that request's result as JSON
 //   capture refused    captures the runtime refuses to begin, on the legacy
 //                      stream and on a stream already capturing: once the one
 //                      capture begun has ended, the pool serves both streams'
@@ -239,6 +251,52 @@ int new_thread() {
   return 0;
 }
 
+int gone(const char* how) {
+  if (std::strcmp(how, "thread") == 0) {
+    std::thread([] {
+      CHECK_CUDA(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeGlobal));
+      CHECK_CUDA(cudaLaunchHostFunc(cudaStreamPerThread, noop, nullptr));
+    }).join();
+  } else {
+    cudaStream_t s = nullptr;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CHECK_CUDA(cudaLaunchHostFunc(s, noop, nullptr));
+    if (std::strcmp(how, "stream") == 0) {
+      CHECK_CUDA(cudaStreamDestroy(s));
+    } else if (std::strcmp(how, "reset") == 0) {
+      CHECK_CUDA(cudaDeviceReset());
+    } else {
+      EXPECT(cudaStreamDestroy(s) == cudaErrorStreamCaptureUnsupported);
+      (void)cudaGetLastError();
+      // Still capturing: the request is the graph's, not the pool's.
+      simcuda_counters c0{};
+      const bool sim = testprog::sim_counters(&c0);
+      void* p = nullptr;
+      CHECK_CUDA(cudaMallocAsync(&p, 1 << 20, s));
+      CHECK_CUDA(cudaFreeAsync(p, s));
+      if (sim) {
+        simcuda_counters c1{};
+        testprog::sim_counters(&c1);
+        EXPECT(c1.malloc_async_calls - c0.malloc_async_calls == 1);
+      }
+      if (!ended_valid(s)) return 1;
+      CHECK_CUDA(cudaStreamDestroy(s));
+    }
+  }
+  void* cached = nullptr;
+  void* live = nullptr;
+  CHECK_CUDA(cudaMalloc(&cached, 40 << 20));
+  CHECK_CUDA(cudaMalloc(&live, 12 << 20));
+  CHECK_CUDA(cudaFree(cached));
+  void* after = nullptr;
+  const cudaError_t err_after = cudaMalloc(&after, 48 << 20);
+  if (err_after == cudaSuccess) CHECK_CUDA(cudaFree(after));
+  CHECK_CUDA(cudaFree(live));
+  std::printf("{\"after\": \"%s\"}\n", cudaGetErrorName(err_after));
+  return 0;
+}
+
 int refused() {
   cudaStream_t s;
   CHECK_CUDA(cudaStreamCreate(&s));
@@ -280,6 +338,7 @@ int refused() {
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "others") == 0) return others();
   if (argc > 1 && std::strcmp(argv[1], "refused") == 0) return refused();
+  if (argc > 2 && std::strcmp(argv[1], "gone") == 0) return gone(argv[2]);
   if (argc > 1 && std::strcmp(argv[1], "new-thread") == 0) return new_thread();
   if (argc > 1 && std::strcmp(argv[1], "plain") == 0) return plain();
   if (argc > 3 && std::strcmp(argv[1], "other-device") == 0) {
