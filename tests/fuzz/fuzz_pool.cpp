@@ -3,9 +3,10 @@
 // streams (and three more non-blocking streams no block is freed on, as in a
 // stream pool, which make barriers check first whether the device has caught
 // up), cross-stream frees, captures (here and on another device), a stream
-// destroyed and its handle reused, device failures, a device that lags or
-// keeps up (or one stream that lags behind the rest), cache releases, threads
-// that allocate on their per-thread default streams and end. After
+// destroyed and its handle reused (a capturing one too), device failures, a
+// device that lags or keeps up (or one stream that lags behind the rest),
+// cache releases, threads that allocate on their per-thread default streams
+// and end. After
 // every step every invariant of the pool holds; no allocation overlaps a live
 // one or leaves the device's memory, and none may race the work queued before
 // its bytes were last freed (ordering_oracle.hpp judges by CUDA's rules), not
@@ -272,6 +273,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         SAY("non-blocking stream destroyed and made again\n");
         pool.stream_destroying(kNonBlocking);
         begin_stream(kNonBlocking, StreamKind::NonBlocking);
+        if (pool.is_capturing(kBlocking)) {  // and the blocking one, its capture ending with it
+          SAY("capturing blocking stream destroyed and made again\n");
+          pool.stream_destroying(kBlocking);
+          begin_stream(kBlocking, StreamKind::Blocking);
+        }
         break;
       case 11:  // the device fails: allocations (for want of memory, or a device error), records, waits, events
         switch (in.byte() % 3) {
