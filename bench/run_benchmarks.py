@@ -251,7 +251,9 @@ def main():
                      f"{two_small:.2f}x with 4 sizes per thread, {two_large:.2f}x with 64 sizes per thread"))
     lines += ["", "Plain `cudaMalloc`/`cudaFree` pairs (`gpupool-bench-api plain THREADS PAIRS 64`, the same runs "
               "interleaved) have no per-thread cache: every pair takes the device's lock twice, and a reuse may "
-              "record a device barrier under it. Waiters spin reading the lock for up to 10 us before they sleep. "
+              "record a device barrier under it. Waiters spin for up to 10 us before they sleep, reading the lock "
+              "word after pauses that double up to 128 `pause` instructions (each read takes the word's cache line "
+              "from the holder). "
               "No target; the ratio shows what the lock costs when threads share it.", "",
               "| threads | median ns per pair | pairs per second, all threads | vs 1 thread |",
               "|---:|---:|---:|---:|"]
