@@ -124,6 +124,8 @@ echo "== the CUDA rule the device barrier rests on (no gpupool)"
 run "legacy stream event orders blocking streams" 0 -- "$out/hazards_gpu" legacy-barrier-rule
 echo "== the capture modes the simulated runtime keeps: a cudaMalloc during a capture (no gpupool)"
 run "capture modes: which captures an unsafe call invalidates" 0 -- build/bin/test-capture rules
+echo "== a capture ends with its stream, its thread and its device's reset (no gpupool; gpupool's books assume it)"
+run "capture gone: an unsafe call after it is not refused" 0 -- build/bin/test-capture gone-rules
 echo "== cudaFree(NULL) as the first call, under gpupool: a current context, as without it"
 run "cudaFree(NULL) creates the context" 0 "${pool[@]}" -- "$out/hazards_gpu" null-free-creates-context
 
@@ -166,6 +168,12 @@ for mode in 1 0; do
   run "capture (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-capture
   run "capture while other streams allocate (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-capture others
   run "capture into a graph (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-capture to-graph
+  # A capture that goes without an end leaves gpupool's books: the cache, the
+  # only room under the limit, goes back for the next request.
+  for how in stream thread reset; do
+    run "capture gone with its $how (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" GPUPOOL_MEMORY_LIMIT=64M \
+      -- build/bin/test-capture gone "$how"
+  done
   run "fidelity (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-fidelity
   pitched_report="$out/report-pitched-$mode.json"
   run "pitched 2D/3D arrays (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" GPUPOOL_LOG="$pitched_report" \

@@ -275,6 +275,14 @@ class Capture(ShimTest):
                     self.assertEqual(run.counters()["captures_invalidated"], 0)
                     self.assertEqual(run.report()["devices"]["0"]["ooms"], [])
 
+    def test_the_simulated_runtime_ends_a_capture_with_its_stream_thread_or_device(self):
+        # The rule the books follow above, kept by the simulated runtime as
+        # scripts/gpu-check.sh checks it on CUDA.
+        run = self.run_program(["test-capture", "gone-rules"], preload=False)
+        self.assertSucceeded(run)
+        self.assertEqual(run.output_json(), {how: {"end": "cudaSuccess", "cudaMalloc after": "cudaSuccess"}
+                                             for how in ("stream", "thread", "reset")})
+
     def test_free_synchronizes_does_not_synchronize_during_a_capture(self):
         # A plain cudaFree inside a capture: a device synchronization there
         # would be refused and invalidate the capture.

@@ -48,6 +48,13 @@
 //                      request that only the cache can serve: gpupool may
 //                      give the cache back only if it knows the capture gone.
 //                      Prints that request's result as JSON
+//   capture gone-rules without gpupool: a capture ends with its stream, with
+//                      the thread whose per-thread stream it captures, and
+//                      with its device's reset (unless the runtime refuses
+//                      the destroy or the reset): a cudaMalloc then, which a
+//                      global-mode capture forbids, is not refused. Prints
+//                      each way's results as JSON; exits 1 if a capture
+//                      outlived its end
 //   capture refused    captures the runtime refuses to begin, on the legacy
 //                      stream and on a stream already capturing: once the one
 //                      capture begun has ended, the pool serves both streams'
@@ -294,7 +301,48 @@ int gone(const char* how) {
   if (err_after == cudaSuccess) CHECK_CUDA(cudaFree(after));
   CHECK_CUDA(cudaFree(live));
   std::printf("{\"after\": \"%s\"}\n", cudaGetErrorName(err_after));
-  return 0;
+  return err_after == cudaSuccess ? 0 : 1;
+}
+
+int gone_rules() {
+  // A cudaMalloc, which a global-mode capture still under way would refuse.
+  auto unsafe_call = [] {
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, 1 << 20);
+    if (err == cudaSuccess) CHECK_CUDA(cudaFree(p));
+    (void)cudaGetLastError();
+    return err;
+  };
+  bool outlived = false;
+  std::printf("{");
+  for (const char* how : {"stream", "thread", "reset"}) {
+    cudaError_t end = cudaSuccess;  // the destroy's or the reset's answer
+    cudaStream_t s = nullptr;
+    if (std::strcmp(how, "thread") == 0) {
+      std::thread([] {
+        CHECK_CUDA(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeGlobal));
+        CHECK_CUDA(cudaLaunchHostFunc(cudaStreamPerThread, noop, nullptr));
+      }).join();
+    } else {
+      CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+      CHECK_CUDA(cudaLaunchHostFunc(s, noop, nullptr));
+      end = std::strcmp(how, "stream") == 0 ? cudaStreamDestroy(s) : cudaDeviceReset();
+      (void)cudaGetLastError();
+    }
+    const cudaError_t after = unsafe_call();
+    if (end == cudaSuccess && after != cudaSuccess) outlived = true;
+    if (end != cudaSuccess) {  // refused: the capture goes on, and is ended here
+      cudaGraph_t graph = nullptr;
+      if (cudaStreamEndCapture(s, &graph) == cudaSuccess && graph != nullptr) CHECK_CUDA(cudaGraphDestroy(graph));
+      (void)cudaGetLastError();
+    }
+    std::printf("%s\"%s\": {\"end\": \"%s\", \"cudaMalloc after\": \"%s\"}", how[0] == 's' ? "" : ", ", how,
+                cudaGetErrorName(end), cudaGetErrorName(after));
+  }
+  std::printf("}\n");
+  if (outlived) std::fprintf(stderr, "capture: a capture outlived its stream, thread or device reset\n");
+  return outlived ? 1 : 0;
 }
 
 int refused() {
@@ -339,6 +387,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "others") == 0) return others();
   if (argc > 1 && std::strcmp(argv[1], "refused") == 0) return refused();
   if (argc > 2 && std::strcmp(argv[1], "gone") == 0) return gone(argv[2]);
+  if (argc > 1 && std::strcmp(argv[1], "gone-rules") == 0) return gone_rules();
   if (argc > 1 && std::strcmp(argv[1], "new-thread") == 0) return new_thread();
   if (argc > 1 && std::strcmp(argv[1], "plain") == 0) return plain();
   if (argc > 3 && std::strcmp(argv[1], "other-device") == 0) {
