@@ -258,17 +258,27 @@ int new_thread() {
   return 0;
 }
 
+// A global-mode capture on a new non-blocking stream, with one node in it.
+cudaStream_t capturing_stream() {
+  cudaStream_t s = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CHECK_CUDA(cudaLaunchHostFunc(s, noop, nullptr));
+  return s;
+}
+// A thread that begins a global-mode capture of its per-thread stream, and ends.
+void thread_ending_in_capture() {
+  std::thread([] {
+    CHECK_CUDA(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeGlobal));
+    CHECK_CUDA(cudaLaunchHostFunc(cudaStreamPerThread, noop, nullptr));
+  }).join();
+}
+
 int gone(const char* how) {
   if (std::strcmp(how, "thread") == 0) {
-    std::thread([] {
-      CHECK_CUDA(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeGlobal));
-      CHECK_CUDA(cudaLaunchHostFunc(cudaStreamPerThread, noop, nullptr));
-    }).join();
+    thread_ending_in_capture();
   } else {
-    cudaStream_t s = nullptr;
-    CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    CHECK_CUDA(cudaLaunchHostFunc(s, noop, nullptr));
+    cudaStream_t s = capturing_stream();
     if (std::strcmp(how, "stream") == 0) {
       CHECK_CUDA(cudaStreamDestroy(s));
     } else if (std::strcmp(how, "reset") == 0) {
@@ -319,14 +329,9 @@ int gone_rules() {
     cudaError_t end = cudaSuccess;  // the destroy's or the reset's answer
     cudaStream_t s = nullptr;
     if (std::strcmp(how, "thread") == 0) {
-      std::thread([] {
-        CHECK_CUDA(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeGlobal));
-        CHECK_CUDA(cudaLaunchHostFunc(cudaStreamPerThread, noop, nullptr));
-      }).join();
+      thread_ending_in_capture();
     } else {
-      CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-      CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-      CHECK_CUDA(cudaLaunchHostFunc(s, noop, nullptr));
+      s = capturing_stream();
       end = std::strcmp(how, "stream") == 0 ? cudaStreamDestroy(s) : cudaDeviceReset();
       (void)cudaGetLastError();
     }
