@@ -275,6 +275,17 @@ class Capture(ShimTest):
                     self.assertEqual(run.counters()["captures_invalidated"], 0)
                     self.assertEqual(run.report()["devices"]["0"]["ooms"], [])
 
+    def test_a_capture_ended_on_another_thread_leaves_that_threads_count_alone(self):
+        # A thread-local capture counts for the thread that began it. Ended on
+        # another thread, it used to come off that thread's count, which went
+        # below zero: that thread's own thread-local capture then let gpupool
+        # cudaFree there, which invalidated it.
+        run = self.run_program(["test-capture", "wrong-thread-end"],
+                               env={"SIMCUDA_DEVICES": "2", "SIMCUDA_MEMORY": "64M"})
+        self.assertSucceeded(run)
+        self.assertEqual(run.counters()["captures_invalidated"], 0)
+        self.assertEqual(run.output_json(), {"during": "cudaErrorMemoryAllocation", "after": "cudaSuccess"})
+
     def test_the_simulated_runtime_ends_a_capture_with_its_stream_thread_or_device(self):
         # The rule the books follow above, kept by the simulated runtime as
         # scripts/gpu-check.sh checks it on CUDA.

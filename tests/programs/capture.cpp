@@ -29,6 +29,12 @@
 //                      forbids it to all threads, a thread-local one to its
 //                      own); prints the request's result during and after the
 //                      capture as JSON
+//   capture wrong-thread-end  (2 devices, 64 MiB each) a thread-local capture
+//                      of device 1 that another thread began is ended here
+//                      (the simulated runtime allows it), then capture
+//                      other-device thread-local same-thread: the end must not
+//                      have come off this thread's own count, or its capture
+//                      would not forbid it cudaFree
 //   capture rules      without gpupool: the simulated runtime refuses an
 //                      unsafe call (cudaMalloc) during a capture, and
 //                      invalidates it, as CUDA's capture modes say
@@ -171,6 +177,20 @@ int other_device(cudaStreamCaptureMode mode, bool other_thread) {
   CHECK_CUDA(cudaStreamDestroy(capturing));
   std::printf("{\"during\": \"%s\", \"after\": \"%s\"}\n", cudaGetErrorName(err_during), cudaGetErrorName(err_after));
   return 0;
+}
+
+int wrong_thread_end() {
+  cudaStream_t t = nullptr;
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking));
+  std::thread([t] {
+    CHECK_CUDA(cudaSetDevice(1));
+    CHECK_CUDA(cudaStreamBeginCapture(t, cudaStreamCaptureModeThreadLocal));
+    CHECK_CUDA(cudaLaunchHostFunc(t, noop, nullptr));
+  }).join();
+  if (!ended_valid(t)) return 1;
+  CHECK_CUDA(cudaStreamDestroy(t));
+  return other_device(cudaStreamCaptureModeThreadLocal, false);
 }
 
 // A capture begun in `capture_mode`, and one cudaMalloc during it from a
@@ -402,6 +422,7 @@ int main(int argc, char** argv) {
     return other_device(mode, std::strcmp(argv[3], "other-thread") == 0);
   }
   if (argc > 1 && std::strcmp(argv[1], "rules") == 0) return rules();
+  if (argc > 1 && std::strcmp(argv[1], "wrong-thread-end") == 0) return wrong_thread_end();
   const bool to_graph = argc > 1 && std::strcmp(argv[1], "to-graph") == 0;
   if (argc > 1 && std::strcmp(argv[1], "threads") == 0) {
     std::thread([] {
