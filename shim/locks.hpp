@@ -84,12 +84,12 @@ class AdaptiveMutex {
   // Plain cudaMalloc/cudaFree pairs from 2 and 4 threads on the simulated
   // runtime, here (2 cores, a pause takes 25 ns): spinning 10 us instead of
   // 2.5 us took 13-15% off their time, 37 us added 7-10% (reading the word
-  // after every pause). Backing off to at most 128 pauses took 64-70% off
-  // (2 threads: 1250-1360 ns a pair to 430-470; 4: 2740-3400 to 820-930);
-  // 32 took 58-64%, 512 the same as 128. With it, 2.5 us of spinning was
-  // worse again (4 threads: 1130-1270 ns), 40 us better (700-730 ns) for
-  // four times the spinning; one thread's pairs, and the thread caches'
-  // stream-ordered ones, did not change.
+  // after every pause). Backing off to at most 128 pauses took 64-68% off
+  // the medians of one round (2 threads: 1272 ns a pair to 454; 4: 2813 to
+  // 909); 32 took 59-64%, 512 about as much as 128. With it, 2.5 us of
+  // spinning was worse again (4 threads: 1133-1267 ns), 40 us better
+  // (696-732 ns) for four times the spinning; one thread's pairs, and the
+  // thread caches' stream-ordered ones, did not change.
   static constexpr std::int64_t kSpinNs = 10'000;
   static constexpr int kMaxPause = 128;
   static std::int64_t now_ns() {
