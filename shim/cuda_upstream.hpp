@@ -13,14 +13,14 @@
 
 #include "pool/upstream.hpp"
 #include "shim/thread_state.hpp"
+#include "shim/unsafe_call_rules.hpp"
 
 namespace gpupool::shim {
 
 class CudaUpstream final : public Upstream {
  public:
-  // `global_captures`: the global-mode captures under way in the process, on every device.
-  CudaUpstream(int device, const std::atomic<int>& global_captures)
-      : device_(device), global_captures_(global_captures) {}
+  // `rules`: the process's, which captures on every device feed.
+  CudaUpstream(int device, const UnsafeCallRules& rules) : device_(device), unsafe_call_rules_(rules) {}
 
   DevicePtr allocate_segment(std::size_t bytes) override;
   void release_segment(DevicePtr base, std::size_t bytes) override;
@@ -46,9 +46,7 @@ class CudaUpstream final : public Upstream {
   // Whether the runtime says the stream is capturing now (false if it cannot say).
   bool capturing(StreamId stream);
   StreamId legacy_stream() const override;
-  bool capture_forbids_unsafe_calls() const override {
-    return global_captures_.load(std::memory_order_relaxed) > 0 || thread_local_captures() > 0;
-  }
+  bool capture_forbids_unsafe_calls() const override { return unsafe_call_rules_.forbid_this_thread(); }
   bool memory_info(std::size_t* free_bytes, std::size_t* total_bytes) override;
 
   // Virtual memory through the driver's cuMem* calls (found with
@@ -68,7 +66,7 @@ class CudaUpstream final : public Upstream {
   CUresult set_access(DevicePtr addr, std::size_t bytes, const std::vector<int>& devices);
 
   int device_;
-  const std::atomic<int>& global_captures_;
+  const UnsafeCallRules& unsafe_call_rules_;
   cudaError_t last_error_ = cudaSuccess;
   mutable std::size_t page_ = 1;  // 1: not asked yet
   std::unordered_map<DevicePtr, unsigned long long> pages_;  // mapped page -> physical handle

@@ -64,7 +64,7 @@ DeviceState& Runtime::device(int index) {
   if (DeviceState* d = existing(index)) return *d;
   std::lock_guard<std::mutex> lock(devices_mu_);
   if (DeviceState* d = existing(index)) return *d;
-  auto* d = new DeviceState(index, global_captures_);
+  auto* d = new DeviceState(index, unsafe_call_rules_);
   for (const auto& [accessor, owner] : peer_grants_) {
     if (owner == index) d->upstream.add_accessor(accessor);
   }

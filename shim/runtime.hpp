@@ -28,7 +28,7 @@ namespace gpupool::shim {
 inline constexpr int kMaxDevices = 64;
 
 struct DeviceState {
-  DeviceState(int index, const std::atomic<int>& global_captures) : device(index), upstream(index, global_captures) {}
+  DeviceState(int index, const UnsafeCallRules& rules) : device(index), upstream(index, rules) {}
   int device;
   AdaptiveMutex mu;
   CudaUpstream upstream;
@@ -264,7 +264,7 @@ class Runtime {
   std::unique_ptr<TraceWriter> trace_;
   std::atomic<int> oom_warnings_{0};
   std::atomic<int> captures_active_{0};  // per-thread caches stand aside while any capture runs
-  std::atomic<int> global_captures_{0};  // those in the global mode: they forbid unsafe calls to every thread
+  UnsafeCallRules unsafe_call_rules_;
   std::atomic<bool> own_pool_current_[kMaxDevices] = {};  // see current_pool_set
   std::atomic<cudaMemPool_t> default_pools_[kMaxDevices] = {};  // each device's, once asked
   std::atomic<std::uint64_t> own_pool_allocations_{0};     // left to the runtime so, told at exit

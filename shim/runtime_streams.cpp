@@ -15,11 +15,6 @@
 
 namespace gpupool::shim {
 
-int& thread_local_captures() {
-  thread_local int captures = 0;
-  return captures;
-}
-
 StreamId this_thread_stream() {
   static std::atomic<StreamId> next{1};
   thread_local const StreamId id = (next.fetch_add(1) << 4) | 0x2;
@@ -232,8 +227,7 @@ void Runtime::capture_began(StreamId stream, cudaStreamCaptureMode mode) {
   // it) would start afresh there and forget its capture.
   const int dev = prepare_stream(stream);
   captures_active_.fetch_add(1, std::memory_order_relaxed);
-  if (mode == cudaStreamCaptureModeGlobal) global_captures_.fetch_add(1, std::memory_order_relaxed);
-  if (mode == cudaStreamCaptureModeThreadLocal) ++thread_local_captures();
+  unsafe_call_rules_.capture_began(mode);
   DeviceState& d = device(dev);
   std::lock_guard<AdaptiveMutex> lock(d.mu);
   d.pool->capture_began(stream);
@@ -242,12 +236,7 @@ void Runtime::capture_began(StreamId stream, cudaStreamCaptureMode mode) {
 
 void Runtime::uncount_capture(const DeviceState::Capture& c) {
   captures_active_.fetch_sub(1, std::memory_order_relaxed);
-  if (c.mode == cudaStreamCaptureModeGlobal) global_captures_.fetch_sub(1, std::memory_order_relaxed);
-  // Another thread's count cannot be reached: it stays, and forbids that
-  // thread more than CUDA does, never less.
-  if (c.mode == cudaStreamCaptureModeThreadLocal && c.thread == this_thread_stream() && thread_local_captures() > 0) {
-    --thread_local_captures();
-  }
+  unsafe_call_rules_.capture_ended(c.mode, c.thread);
 }
 
 void Runtime::capture_ended(StreamId stream) {

@@ -21,11 +21,6 @@ cudaError_t& thread_error(int runtime);
 // only, kept out of the hot ones.
 [[gnu::cold]] cudaError_t fail(cudaError_t error);
 
-// Captures this thread began in the thread-local mode and has not ended:
-// they forbid unsafe calls to this thread only (CUDA requires that a
-// non-relaxed capture end on the thread that began it).
-int& thread_local_captures();
-
 // This thread's per-thread default stream, as a pool stream id unique for the
 // life of the process (thread ids and addresses are reused; these are not).
 StreamId this_thread_stream();

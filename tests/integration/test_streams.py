@@ -261,9 +261,11 @@ class Capture(ShimTest):
         # A capture whose stream is destroyed, whose thread ends or whose
         # device is reset can no longer be ended; the runtime ends it. Kept in
         # gpupool's books, it would forbid the pool cudaFree for good: a
-        # request only the cache can serve would fail. A destroy the runtime
-        # refuses leaves the stream capturing, and the pool treating it so.
-        for how in ("stream", "thread", "reset", "refused"):
+        # request only the cache can serve would fail. So would a thread-local
+        # capture whose stream or device goes on another thread, in the count
+        # of the thread that began it. A destroy the runtime refuses leaves
+        # the stream capturing, and the pool treating it so.
+        for how in ("stream", "thread", "reset", "stream-elsewhere", "reset-elsewhere", "refused"):
             for expandable in ("1", "0"):
                 with self.subTest(how=how, expandable_segments=expandable):
                     self.remove_reports()

@@ -42,11 +42,13 @@
 //                      in global mode: gpupool serves it from memory it maps
 //                      and calls nothing the capture forbids (so, with
 //                      free_synchronizes:1, no device synchronization)
-//   capture gone stream|thread|reset|refused
+//   capture gone stream|thread|reset|stream-elsewhere|reset-elsewhere|refused
 //                      (64 MiB) a capture that is never ended: its stream is
 //                      destroyed (stream), its thread ends (thread: the
 //                      thread's per-thread default stream), or its device is
-//                      reset (reset); or the runtime
+//                      reset (reset); a thread-local one begun on this thread
+//                      whose stream another thread destroys, or whose device
+//                      it resets (stream-elsewhere, reset-elsewhere); or the runtime
 //                      refuses to destroy its stream (refused: run with
 //                      SIMCUDA_REFUSE_CAPTURING_DESTROY=1), which captures
 //                      on: a stream-ordered request on it goes to the
@@ -297,6 +299,14 @@ void thread_ending_in_capture() {
 int gone(const char* how) {
   if (std::strcmp(how, "thread") == 0) {
     thread_ending_in_capture();
+  } else if (std::strcmp(how, "stream-elsewhere") == 0 || std::strcmp(how, "reset-elsewhere") == 0) {
+    // Begun here in the thread-local mode, which forbids this thread alone.
+    cudaStream_t s = nullptr;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    CHECK_CUDA(cudaLaunchHostFunc(s, noop, nullptr));
+    const bool reset = how[0] == 'r';
+    std::thread([s, reset] { CHECK_CUDA(reset ? cudaDeviceReset() : cudaStreamDestroy(s)); }).join();
   } else {
     cudaStream_t s = capturing_stream();
     if (std::strcmp(how, "stream") == 0) {
