@@ -126,6 +126,8 @@ echo "== the capture modes the simulated runtime keeps: a cudaMalloc during a ca
 run "capture modes: which captures an unsafe call invalidates" 0 -- build/bin/test-capture rules
 echo "== a capture ends with its stream, its thread and its device's reset (no gpupool; gpupool's books assume it)"
 run "capture gone: an unsafe call after it is not refused" 0 -- build/bin/test-capture gone-rules
+echo "== a thread-local capture's end on another thread: refused, the capture going on (no gpupool; gpupool's books assume it)"
+run "capture end elsewhere: its answer and the capture's status after it" 0 -- build/bin/test-capture wrong-thread-rules
 echo "== cudaFree(NULL) as the first call, under gpupool: a current context, as without it"
 run "cudaFree(NULL) creates the context" 0 "${pool[@]}" -- "$out/hazards_gpu" null-free-creates-context
 
@@ -170,10 +172,12 @@ for mode in 1 0; do
   run "capture into a graph (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-capture to-graph
   # A capture that goes without an end leaves gpupool's books: the cache, the
   # only room under the limit, goes back for the next request.
-  for how in stream thread reset; do
+  for how in stream thread reset stream-elsewhere reset-elsewhere; do
     run "capture gone with its $how (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" GPUPOOL_MEMORY_LIMIT=64M \
       -- build/bin/test-capture gone "$how"
   done
+  run "capture end refused on another thread (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" GPUPOOL_MEMORY_LIMIT=64M \
+    -- build/bin/test-capture wrong-thread-end
   run "fidelity (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-fidelity
   pitched_report="$out/report-pitched-$mode.json"
   run "pitched 2D/3D arrays (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" GPUPOOL_LOG="$pitched_report" \

@@ -157,9 +157,15 @@ cudaError_t begin_capture(cudaStream_t stream, bool per_thread, cudaStreamCaptur
 }
 
 cudaError_t end_capture(cudaStream_t stream, bool per_thread, cudaError_t err) {
-  // The capture is over whatever the result (an invalidated one ends too).
+  // The capture is over whatever the result (an invalidated one ends too),
+  // unless the runtime refused an end on another thread than the one that
+  // began it and says the capture goes on.
   Runtime& rt = Runtime::get();
-  if (!rt.bypass()) keep_books("cudaStreamEndCapture", [&] { rt.capture_ended(stream_id(stream, per_thread)); });
+  if (!rt.bypass()) {
+    keep_books("cudaStreamEndCapture", [&] {
+      rt.capture_ended(stream_id(stream, per_thread), err == cudaErrorStreamCaptureWrongThread);
+    });
+  }
   return err;
 }
 

@@ -129,7 +129,9 @@ class Runtime {
   // process.
   void thread_ending();
   void capture_began(StreamId stream, cudaStreamCaptureMode mode);
-  void capture_ended(StreamId stream);
+  // `ask`: the runtime refused the end; it is over only if the runtime says
+  // the stream no longer captures.
+  void capture_ended(StreamId stream, bool ask = false);
   bool any_capture() const { return captures_active_.load(std::memory_order_relaxed) > 0; }
   void adjust_mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
   void device_reset(int device);

@@ -301,6 +301,11 @@ cudaError_t Engine::begin_capture(Stream* s, cudaStreamCaptureMode mode) {
 cudaError_t Engine::end_capture(Stream* s, bool* valid) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!s->capturing) return cudaErrorIllegalState;
+  // CUDA's rule: only the beginning thread may end a capture that is not
+  // relaxed. Refused, it goes on.
+  if (s->capture_mode != cudaStreamCaptureModeRelaxed && s->capture_thread != std::this_thread::get_id()) {
+    return cudaErrorStreamCaptureWrongThread;
+  }
   s->capturing = false;
   *valid = !s->invalidated;
   if (s->invalidated) counters().captures_invalidated++;

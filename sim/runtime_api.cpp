@@ -291,6 +291,7 @@ const char* cudaGetErrorName(cudaError_t error) {
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
     case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
     case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
+    case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
     case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
     case cudaErrorIllegalState: return "cudaErrorIllegalState";
     case cudaErrorNoDevice: return "cudaErrorNoDevice";

@@ -277,16 +277,27 @@ class Capture(ShimTest):
                     self.assertEqual(run.counters()["captures_invalidated"], 0)
                     self.assertEqual(run.report()["devices"]["0"]["ooms"], [])
 
-    def test_a_capture_ended_on_another_thread_leaves_that_threads_count_alone(self):
-        # A thread-local capture counts for the thread that began it. Ended on
-        # another thread, it used to come off that thread's count, which went
-        # below zero: that thread's own thread-local capture then let gpupool
-        # cudaFree there, which invalidated it.
-        run = self.run_program(["test-capture", "wrong-thread-end"],
-                               env={"SIMCUDA_DEVICES": "2", "SIMCUDA_MEMORY": "64M"})
+    def test_a_capture_end_refused_on_another_thread_leaves_the_capture_going(self):
+        # CUDA refuses to end a non-relaxed capture on another thread than
+        # the one that began it, and the capture goes on. Counted as ended,
+        # it would let the pool serve its stream's requests itself and give
+        # the beginning thread's cache back with cudaFree, which would
+        # invalidate the capture.
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                run = self.run_program(["test-capture", "wrong-thread-end"],
+                                       env={"SIMCUDA_MEMORY": "64M", "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                self.assertSucceeded(run)
+                self.assertEqual(run.counters()["captures_invalidated"], 0)
+                self.assertEqual(run.output_json(), {"end elsewhere": "cudaErrorStreamCaptureWrongThread",
+                                                     "during": "cudaErrorMemoryAllocation", "after": "cudaSuccess"})
+
+    def test_the_simulated_runtime_refuses_a_capture_end_on_another_thread(self):
+        # The rule the test above relies on, as scripts/gpu-check.sh checks it on CUDA.
+        run = self.run_program(["test-capture", "wrong-thread-rules"], preload=False)
         self.assertSucceeded(run)
-        self.assertEqual(run.counters()["captures_invalidated"], 0)
-        self.assertEqual(run.output_json(), {"during": "cudaErrorMemoryAllocation", "after": "cudaSuccess"})
+        self.assertEqual(run.output_json(), {"end elsewhere": "cudaErrorStreamCaptureWrongThread",
+                                             "status after": "active", "end": "cudaSuccess"})
 
     def test_the_simulated_runtime_ends_a_capture_with_its_stream_thread_or_device(self):
         # The rule the books follow above, kept by the simulated runtime as

@@ -29,12 +29,19 @@
 //                      forbids it to all threads, a thread-local one to its
 //                      own); prints the request's result during and after the
 //                      capture as JSON
-//   capture wrong-thread-end  (2 devices, 64 MiB each) a thread-local capture
-//                      of device 1 that another thread began is ended here
-//                      (the simulated runtime allows it), then capture
-//                      other-device thread-local same-thread: the end must not
-//                      have come off this thread's own count, or its capture
-//                      would not forbid it cudaFree
+//   capture wrong-thread-end  (64 MiB) a thread-local capture begun here,
+//                      whose end another thread calls, which the runtime
+//                      refuses (CUDA's rule): the capture goes on, so a
+//                      stream-ordered request on its stream is the graph's and
+//                      a request only the cache can serve fails here until
+//                      the capture is ended here (validly). Prints the
+//                      refused end's error and the request's results as JSON
+//   capture wrong-thread-rules  without gpupool: what the runtime does with a
+//                      thread-local capture's end on another thread: its
+//                      answer, the capture's status after it, and the
+//                      beginning thread's end then (JSON); exits 1 unless
+//                      they are the simulated runtime's (refused, active,
+//                      ended validly)
 //   capture rules      without gpupool: the simulated runtime refuses an
 //                      unsafe call (cudaMalloc) during a capture, and
 //                      invalidates it, as CUDA's capture modes say
@@ -181,18 +188,79 @@ int other_device(cudaStreamCaptureMode mode, bool other_thread) {
   return 0;
 }
 
+// A thread-local capture this thread began, ended by another thread, which
+// CUDA refuses: the capture goes on. Returns the refused end's error.
+cudaError_t end_elsewhere(cudaStream_t capturing) {
+  cudaError_t refused = cudaSuccess;
+  std::thread([&] {
+    cudaGraph_t graph = nullptr;
+    refused = cudaStreamEndCapture(capturing, &graph);
+    if (refused == cudaSuccess && graph != nullptr) CHECK_CUDA(cudaGraphDestroy(graph));
+    (void)cudaGetLastError();
+  }).join();
+  return refused;
+}
+
+const char* capture_status_name(cudaStream_t s) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &status) != cudaSuccess) return "unknown";
+  return status == cudaStreamCaptureStatusNone ? "none" : status == cudaStreamCaptureStatusActive ? "active" : "invalidated";
+}
+
 int wrong_thread_end() {
   cudaStream_t t = nullptr;
-  CHECK_CUDA(cudaSetDevice(1));
   CHECK_CUDA(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking));
-  std::thread([t] {
-    CHECK_CUDA(cudaSetDevice(1));
-    CHECK_CUDA(cudaStreamBeginCapture(t, cudaStreamCaptureModeThreadLocal));
-    CHECK_CUDA(cudaLaunchHostFunc(t, noop, nullptr));
-  }).join();
+  void* cached = nullptr;
+  void* live = nullptr;
+  CHECK_CUDA(cudaMalloc(&cached, 40 << 20));
+  CHECK_CUDA(cudaMalloc(&live, 12 << 20));
+  CHECK_CUDA(cudaFree(cached));
+  CHECK_CUDA(cudaStreamBeginCapture(t, cudaStreamCaptureModeThreadLocal));
+  CHECK_CUDA(cudaLaunchHostFunc(t, noop, nullptr));
+  const cudaError_t refused = end_elsewhere(t);
+  // Still capturing: a request on its stream is the graph's...
+  simcuda_counters c0{};
+  const bool sim = testprog::sim_counters(&c0);
+  void* p = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&p, 1 << 20, t));
+  CHECK_CUDA(cudaFreeAsync(p, t));
+  if (sim) {
+    simcuda_counters c1{};
+    testprog::sim_counters(&c1);
+    EXPECT(c1.malloc_async_calls - c0.malloc_async_calls == 1);
+  }
+  // ...and it still forbids this thread cudaFree: only the cache has room.
+  void* during = nullptr;
+  const cudaError_t err_during = cudaMalloc(&during, 48 << 20);
+  if (err_during == cudaSuccess) CHECK_CUDA(cudaFree(during));
+  (void)cudaGetLastError();
   if (!ended_valid(t)) return 1;
+  void* after = nullptr;
+  const cudaError_t err_after = cudaMalloc(&after, 48 << 20);
+  if (err_after == cudaSuccess) CHECK_CUDA(cudaFree(after));
+  CHECK_CUDA(cudaFree(live));
   CHECK_CUDA(cudaStreamDestroy(t));
-  return other_device(cudaStreamCaptureModeThreadLocal, false);
+  std::printf("{\"end elsewhere\": \"%s\", \"during\": \"%s\", \"after\": \"%s\"}\n", cudaGetErrorName(refused),
+              cudaGetErrorName(err_during), cudaGetErrorName(err_after));
+  return 0;
+}
+
+int wrong_thread_rules() {
+  cudaStream_t t = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamBeginCapture(t, cudaStreamCaptureModeThreadLocal));
+  CHECK_CUDA(cudaLaunchHostFunc(t, noop, nullptr));
+  const cudaError_t refused = end_elsewhere(t);
+  const char* status = capture_status_name(t);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(t, &graph);
+  if (end == cudaSuccess && graph != nullptr) CHECK_CUDA(cudaGraphDestroy(graph));
+  (void)cudaGetLastError();
+  CHECK_CUDA(cudaStreamDestroy(t));
+  std::printf("{\"end elsewhere\": \"%s\", \"status after\": \"%s\", \"end\": \"%s\"}\n",
+              cudaGetErrorName(refused), status, cudaGetErrorName(end));
+  // What the simulated runtime does, and wrong-thread-end expects.
+  return refused == cudaErrorStreamCaptureWrongThread && std::strcmp(status, "active") == 0 && end == cudaSuccess ? 0 : 1;
 }
 
 // A capture begun in `capture_mode`, and one cudaMalloc during it from a
@@ -433,6 +501,7 @@ int main(int argc, char** argv) {
   }
   if (argc > 1 && std::strcmp(argv[1], "rules") == 0) return rules();
   if (argc > 1 && std::strcmp(argv[1], "wrong-thread-end") == 0) return wrong_thread_end();
+  if (argc > 1 && std::strcmp(argv[1], "wrong-thread-rules") == 0) return wrong_thread_rules();
   const bool to_graph = argc > 1 && std::strcmp(argv[1], "to-graph") == 0;
   if (argc > 1 && std::strcmp(argv[1], "threads") == 0) {
     std::thread([] {
