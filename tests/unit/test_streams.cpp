@@ -426,6 +426,11 @@ TEST_CASE_METHOD(PoolFixture, "neighbours freed on two streams with pending work
 }
 
 TEST_CASE_METHOD(PoolFixture, "neighbours kept apart merge once their work is known done") {
+  // Under "never" too: known done after the host wait, the merged block is
+  // then no stream's (only the barrier orders it), which under "never" only
+  // plain requests take.
+  options.cross_stream_reuse = GENERATE(CrossStreamReuse::Auto, CrossStreamReuse::Never);
+  const StreamId taker = options.cross_stream_reuse == CrossStreamReuse::Never ? kAnyStream : kS2;
   make_two_streams_with_pending_work();
   const DevicePtr a = alloc(1024, kS1);
   const DevicePtr b = alloc(1024, kS1);
@@ -437,7 +442,7 @@ TEST_CASE_METHOD(PoolFixture, "neighbours kept apart merge once their work is kn
   pool->release_cached();  // waits for the device: the two merge (c keeps the segment)
   CHECK(pool->fragmentation().free_blocks == 1);
   const std::uint64_t segments = upstream.allocations();
-  CHECK(alloc(2048, kS2) == a);  // the merged block serves a request neither half could
+  CHECK(alloc(2048, taker) == a);  // the merged block serves a request neither half could
   CHECK(upstream.allocations() == segments);
   release(c, kS1);
   release(d, kS1);
@@ -456,6 +461,46 @@ TEST_CASE_METHOD(PoolFixture, "during a capture nothing is recorded and only com
   CHECK(pool->release_cached() == 0);  // cudaFree would break the capture
   pool->capture_ended(kS1);
   CHECK(alloc(12 * kMiB) == a);
+}
+
+TEST_CASE_METHOD(PoolFixture, "a capturing stream is never made to wait for another stream's block") {
+  // The wait would join the capture: the graph would wait on an event from
+  // outside it.
+  make(2 * kMiB);  // no room to grow: a wait is the only way to the block
+  pool->stream_created(kS1, StreamKind::Blocking);
+  pool->stream_created(kS2, StreamKind::Blocking);
+  upstream.set_events_complete_at_once(false);
+  const DevicePtr a = alloc(kMiB, kS1);
+  const DevicePtr rest = alloc(kMiB);
+  release(a, kS1);
+  pool->capture_began(kS2);
+  upstream.clear_calls();
+  CHECK_FALSE(pool->allocate(kMiB, kS2).ok);
+  CHECK(count(upstream.calls(), Call::Wait, kS2) == 0);
+  pool->capture_ended(kS2);
+  CHECK(alloc(kMiB, kS2) == a);  // the capture over, after a wait
+  CHECK(count(upstream.calls(), Call::Wait, kS2) == 1);
+  release(rest);
+}
+
+TEST_CASE_METHOD(PoolFixture, "a capturing stream's block waits for the capture's end to go to another stream") {
+  // Nothing can be recorded on the capturing stream to order its block, and
+  // no barrier can be recorded during the capture.
+  make(2 * kMiB);
+  pool->stream_created(kS1, StreamKind::Blocking);
+  pool->stream_created(kS2, StreamKind::Blocking);
+  upstream.set_events_complete_at_once(false);
+  const DevicePtr a = alloc(kMiB, kS1);
+  const DevicePtr rest = alloc(kMiB);
+  release(a, kS1);
+  pool->capture_began(kS1);
+  upstream.clear_calls();
+  CHECK_FALSE(pool->allocate(kMiB, kS2).ok);
+  CHECK(count(upstream.calls(), Call::Record, kS1) == 0);
+  pool->capture_ended(kS1);
+  CHECK(alloc(kMiB, kS2) == a);  // ordered now: a fence on kS1, waited for on kS2
+  CHECK(count(upstream.calls(), Call::Record, kS1) == 1);
+  release(rest);
 }
 
 TEST_CASE_METHOD(PoolFixture, "while another device's stream captures, no cudaFree, device wait or unmapping") {
