@@ -90,6 +90,10 @@ class DevicePool {
   const MemoryStats& stats() const { return stats_; }
   const PoolOptions& options() const { return options_; }
   Fragmentation fragmentation() const;
+  // The address of some device memory the pool holds (a segment's, a mapped
+  // page's), or 0 if it holds none: whether the device still has it tells
+  // whether a reset the runtime answered with an error took place.
+  DevicePtr held_address() const;
   // When reserved memory peaked (within 1/64 of the peak: see allocate).
   const Fragmentation& fragmentation_at_peak() const { return fragmentation_at_peak_; }
   std::vector<StreamReport> streams() const;

@@ -9,6 +9,16 @@
 
 namespace gpupool {
 
+DevicePtr DevicePool::held_address() const {
+  for (const auto& [base, seg] : segments_) {
+    if (!seg->expandable) return base;
+    for (const Block* b = seg->head; b != nullptr; b = b->next) {
+      if (b->mapped) return b->addr;
+    }
+  }
+  return 0;
+}
+
 Fragmentation DevicePool::fragmentation() const {
   Fragmentation f;
   for (const BlockPool& pool : pools_) {

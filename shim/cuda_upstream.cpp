@@ -191,6 +191,18 @@ bool CudaUpstream::capturing(StreamId stream) {
   return err == cudaSuccess && status != cudaStreamCaptureStatusNone;
 }
 
+std::optional<bool> CudaUpstream::device_memory_at(DevicePtr addr) {
+  if (real().cudaPointerGetAttributes == nullptr) return std::nullopt;
+  cudaPointerAttributes attributes{};
+  const cudaError_t err = internal([&](const RealCuda& r) {
+    return r.cudaPointerGetAttributes(&attributes, reinterpret_cast<const void*>(addr));
+  });
+  // Runtimes before CUDA 11 refuse an address they do not know.
+  if (err == cudaErrorInvalidValue) return false;
+  if (err != cudaSuccess) return std::nullopt;
+  return attributes.type == cudaMemoryTypeDevice && attributes.device == device_;
+}
+
 StreamId CudaUpstream::legacy_stream() const { return kLegacyStream; }
 
 bool CudaUpstream::memory_info(std::size_t* free_bytes, std::size_t* total_bytes) {

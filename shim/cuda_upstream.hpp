@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -45,6 +46,9 @@ class CudaUpstream final : public Upstream {
   cudaError_t synchronize_for_free();
   // Whether the runtime says the stream is capturing now (false if it cannot say).
   bool capturing(StreamId stream);
+  // Whether the runtime says `addr` is this device's memory now (nothing if
+  // it cannot say).
+  std::optional<bool> device_memory_at(DevicePtr addr);
   StreamId legacy_stream() const override;
   bool capture_forbids_unsafe_calls() const override { return unsafe_call_rules_.forbid_this_thread(); }
   bool memory_info(std::size_t* free_bytes, std::size_t* total_bytes) override;

@@ -130,18 +130,16 @@ CUresult mem_alloc_pitch(CUdeviceptr* p, size_t* pitch, size_t width, size_t hei
 }
 
 // cudaDeviceReset of the static runtime: the pool forgets the device's memory
-// first, as for the shared runtime's (both versions of the reset take the device).
+// once it is gone, as for the shared runtime's (both versions of the reset take the device).
 CUresult primary_ctx_reset(CUdevice device) {
   return cu(guarded("cuDevicePrimaryCtxReset", [&] {
     Runtime& runtime = Runtime::get();
     const bool tell = device >= 0 && device < kMaxDevices && !runtime.bypass();
-    if (tell) {
-      runtime.device_reset(device);
-    } else if (device >= 0 && device < kMaxDevices && stepped_aside()) {
-      runtime.device_reset_after_stepping_aside(device);
-    }
+    const bool aside = !tell && device >= 0 && device < kMaxDevices && stepped_aside();
+    if (tell) runtime.device_resetting(device);
     const auto err = static_cast<cudaError_t>(real_of(real_primary_ctx_reset, &primary_ctx_reset)(device));
-    if (err == cudaSuccess && tell) keep_books("cuDevicePrimaryCtxReset", [&] { runtime.device_reset_done(device); });
+    if (tell) keep_books("cuDevicePrimaryCtxReset", [&] { runtime.device_reset_answered(device, err); });
+    if (aside) runtime.device_reset_after_stepping_aside(device, err);
     return err;
   }));
 }

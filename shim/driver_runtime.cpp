@@ -306,6 +306,7 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   table.cudaStreamSynchronize = stream_synchronize;
   table.cudaStreamQuery = stream_query;
   table.cudaStreamIsCapturing = stream_is_capturing;
+  table.cudaPointerGetAttributes = nullptr;  // a reset's error is then taken as its having happened
   table.cudaStreamGetFlags = stream_get_flags;
   table.cudaStreamCreate = stream_create;
   table.cudaStreamCreateWithFlags = stream_create_with_flags;

@@ -317,13 +317,11 @@ cudaError_t cudaDeviceReset(void) {
   Runtime& rt = enter();
   const int device = rt.current_device();
   const bool tell = !rt.bypass();
-  if (tell) {
-    rt.device_reset(device);
-  } else if (gpupool::shim::stepped_aside()) {
-    rt.device_reset_after_stepping_aside(device);
-  }
+  const bool aside = !tell && gpupool::shim::stepped_aside();
+  if (tell) rt.device_resetting(device);
   const cudaError_t err = real().cudaDeviceReset != nullptr ? real().cudaDeviceReset() : missing();
-  if (err == cudaSuccess && tell) keep_books("cudaDeviceReset", [&] { rt.device_reset_done(device); });
+  if (tell) keep_books("cudaDeviceReset", [&] { rt.device_reset_answered(device, err); });
+  if (aside) rt.device_reset_after_stepping_aside(device, err);
   return err;
 }
 

@@ -46,6 +46,7 @@ namespace gpupool::shim {
   X(cudaStreamSynchronize, cudaError_t(cudaStream_t))                                 \
   X(cudaStreamQuery, cudaError_t(cudaStream_t))                                       \
   X(cudaStreamIsCapturing, cudaError_t(cudaStream_t, cudaStreamCaptureStatus*))       \
+  X(cudaPointerGetAttributes, cudaError_t(cudaPointerAttributes*, const void*))       \
   X(cudaStreamGetFlags, cudaError_t(cudaStream_t, unsigned int*))                     \
   X(cudaStreamCreate, cudaError_t(cudaStream_t*))                                     \
   X(cudaStreamCreateWithFlags, cudaError_t(cudaStream_t*, unsigned int))              \

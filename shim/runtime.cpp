@@ -280,8 +280,9 @@ FreeResult Runtime::keep_after_stepping_aside(DevicePtr ptr, int* owner) {
   return FreeResult::NotOwned;
 }
 
-void Runtime::device_reset_after_stepping_aside(int dev) {
-  if (DeviceState* d = existing(dev)) d->reset_after_stepping_aside.store(true);
+void Runtime::device_reset_after_stepping_aside(int dev, cudaError_t err) {
+  DeviceState* d = existing(dev);
+  if (d != nullptr && reset_outcome(*d, err) != ResetOutcome::Refused) d->reset_after_stepping_aside.store(true);
 }
 
 cudaError_t Runtime::synchronize_for_free(int dev) {
@@ -384,46 +385,11 @@ std::int64_t Runtime::kept_by_threads(int device) {
   return caches_.enabled() ? std::max<std::int64_t>(caches_.traffic(device).kept_bytes, 0) : 0;
 }
 
-void Runtime::device_reset(int dev) {
-  // The reset destroys the pools the program made: the default one is
-  // current again (asked for anew: the handle may change).
-  own_pool_current_[dev].store(false, std::memory_order_relaxed);
-  default_pools_[dev].store(nullptr, std::memory_order_release);
-  // The runtime is about to free everything on the device, our segments too:
-  // forget them (their memory is gone) and start a fresh pool on next use.
-  DeviceState* d = existing(dev);
-  if (d == nullptr) return;
-  // Blocks threads keep go back to the pool first, so that what it holds
-  // allocated is what the program does (taken before the pool's lock: a
-  // flush takes the caches, then the pool).
-  const std::vector<std::pair<DevicePtr, LiveBlock>> held = caches_.forget_device(dev);
-  {
-    std::lock_guard<AdaptiveMutex> lock(d->mu);
-    // The reset frees them: the pool counts them freed as it forgets them.
-    for (const auto& [ptr, live] : held) count_last_request(*d, ptr, live.requested);
-    // Frees still waiting on another device's stream were the program's own
-    // (and traced when made): frees, not losses to the reset.
-    settle_foreign_frees(*d, true);
-    if (trace_) {
-      // The reset frees what the program still holds here: traced as frees,
-      // so that the trace stays a history gpupool-replay can follow.
-      d->pool->for_each_allocated([&](const Block& b) {
-        trace_->record(TraceWriter::Action::Free, b.addr, b.requested, b.stream, dev, false);
-      });
-    }
-    d->upstream.forget_pages();
-    streams_generation_.fetch_add(1);
-    // The old pool goes (its destructor frees bookkeeping only, no upstream
-    // call); the new one carries on its history for the report.
-    auto fresh = std::make_unique<DevicePool>(d->upstream, config::to_pool_options(config_),
-                                              d->pool->device_capacity(), &clock_);
-    fresh->stream_created(kLegacyStream, StreamKind::Legacy);
-    fresh->continue_history(*d->pool);
-    d->pool = std::move(fresh);
-  }
+void Runtime::device_resetting(int dev) {
   // Other devices' blocks freed on this device's streams wait on its events,
-  // which the reset destroys: wait for them now, while they still mean
-  // something (the reset would wait for that work too).
+  // which a reset destroys: wait for them now, while they still mean
+  // something (the reset would wait for that work too; a refused one loses
+  // nothing by it).
   for (int i = 0; i < kMaxDevices; ++i) {
     DeviceState* other = i == dev ? nullptr : existing(i);
     if (other == nullptr) continue;
@@ -432,12 +398,45 @@ void Runtime::device_reset(int dev) {
   }
 }
 
-void Runtime::device_reset_done(int dev) {
-  if (DeviceState* d = existing(dev)) {
+Runtime::ResetOutcome Runtime::reset_outcome(DeviceState& d, cudaError_t err) {
+  if (err == cudaSuccess) return ResetOutcome::Happened;
+  // A reset may return an earlier launch's error having reset all the same,
+  // or be refused: the memory gpupool holds there says which.
+  DevicePtr held = 0;
+  {
+    std::lock_guard<AdaptiveMutex> lock(d.mu);
+    held = d.pool->held_address();
+  }
+  const std::optional<bool> still = held != 0 ? d.upstream.device_memory_at(held) : std::nullopt;
+  if (!still.has_value()) return ResetOutcome::Unknown;
+  return *still ? ResetOutcome::Refused : ResetOutcome::Happened;
+}
+
+void Runtime::device_reset_answered(int dev, cudaError_t err) {
+  DeviceState* d = existing(dev);
+  const ResetOutcome outcome = d != nullptr ? reset_outcome(*d, err) : err == cudaSuccess ? ResetOutcome::Happened
+                                                                                          : ResetOutcome::Unknown;
+  // Refused, the device keeps its memory, pools and captures: so do the books.
+  if (outcome == ResetOutcome::Refused) return;
+  // Unknown, gpupool forgets memory that may be gone (keeping it would lend
+  // freed memory), and asks the runtime which captures ended.
+  // The reset destroys the pools the program made: the default one is
+  // current again (asked for anew: the handle may change).
+  own_pool_current_[dev].store(false, std::memory_order_relaxed);
+  default_pools_[dev].store(nullptr, std::memory_order_release);
+  if (d == nullptr) return;
+  forget_device_memory(*d);
+  if (outcome == ResetOutcome::Unknown) {
+    forget_ended_captures(*d);
+    return;
+  }
+  {
     // The reset destroyed its streams, and their captures with them.
     std::lock_guard<AdaptiveMutex> lock(d->mu);
     forget_captures(*d, kAnyStream);
   }
+  // Other devices' blocks freed inside a capture of its streams (event 0)
+  // were the graphs', which are gone: they go back as freed now.
   for (int i = 0; i < kMaxDevices; ++i) {
     DeviceState* other = i == dev ? nullptr : existing(i);
     if (other == nullptr) continue;
@@ -452,6 +451,55 @@ void Runtime::device_reset_done(int dev) {
     }
     other->foreign_frees.resize(kept);
   }
+}
+
+void Runtime::forget_device_memory(DeviceState& d) {
+  // The runtime freed everything on the device, our segments too: forget
+  // them and start a fresh pool. Blocks threads keep go back to the pool
+  // first, so that what it holds allocated is what the program does (taken
+  // before the pool's lock: a flush takes the caches, then the pool).
+  const int dev = d.device;
+  const std::vector<std::pair<DevicePtr, LiveBlock>> held = caches_.forget_device(dev);
+  std::lock_guard<AdaptiveMutex> lock(d.mu);
+  // The reset freed them: the pool counts them freed as it forgets them.
+  for (const auto& [ptr, live] : held) count_last_request(d, ptr, live.requested);
+  // Frees still waiting on another device's stream were the program's own
+  // (and traced when made): frees, not losses to the reset.
+  settle_foreign_frees(d, true);
+  if (trace_) {
+    // The reset freed what the program still held here: traced as frees,
+    // so that the trace stays a history gpupool-replay can follow.
+    d.pool->for_each_allocated([&](const Block& b) {
+      trace_->record(TraceWriter::Action::Free, b.addr, b.requested, b.stream, dev, false);
+    });
+  }
+  d.upstream.forget_pages();
+  streams_generation_.fetch_add(1);
+  // The old pool goes (its destructor frees bookkeeping only, no upstream
+  // call); the new one carries on its history for the report.
+  auto fresh = std::make_unique<DevicePool>(d.upstream, config::to_pool_options(config_), d.pool->device_capacity(),
+                                            &clock_);
+  fresh->stream_created(kLegacyStream, StreamKind::Legacy);
+  fresh->continue_history(*d.pool);
+  d.pool = std::move(fresh);
+}
+
+void Runtime::forget_ended_captures(DeviceState& d) {
+  std::vector<StreamId> ended;
+  {
+    std::lock_guard<AdaptiveMutex> lock(d.mu);
+    for (const DeviceState::Capture& c : d.captures) {
+      // Another thread's per-thread stream cannot be asked about: kept.
+      cudaStream_t handle = nullptr;
+      if (stream_handle(c.stream, &handle)) ended.push_back(c.stream);
+    }
+  }
+  // Asked without the lock (as free_foreign asks), each stream once.
+  std::sort(ended.begin(), ended.end());
+  ended.erase(std::unique(ended.begin(), ended.end()), ended.end());
+  std::erase_if(ended, [&](StreamId s) { return d.upstream.capturing(s); });
+  std::lock_guard<AdaptiveMutex> lock(d.mu);
+  for (StreamId s : ended) forget_captures(d, s);
 }
 
 }  // namespace gpupool::shim

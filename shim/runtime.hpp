@@ -134,15 +134,20 @@ class Runtime {
   void capture_ended(StreamId stream, bool ask = false);
   bool any_capture() const { return captures_active_.load(std::memory_order_relaxed) > 0; }
   void adjust_mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
-  void device_reset(int device);
-  // After the runtime's reset of `device` succeeded: other devices' blocks
-  // freed on its streams that no event could cover (freed inside a capture
-  // of one, or their host wait failed) go back to their pools, now that its
-  // work and graphs are gone.
-  void device_reset_done(int device);
+  // Before the runtime's reset of `device`: what must be done while its
+  // events still mean something.
+  void device_resetting(int device);
+  // After it, with the runtime's answer. If the reset took place (it
+  // succeeded, or the memory gpupool held there is gone: a reset may return
+  // an earlier launch's error), gpupool forgets the device's memory and
+  // pools, its streams' captures end, and other devices' blocks freed inside
+  // those captures go back to their pools. If the runtime refused it (that
+  // memory is still there), nothing changes.
+  void device_reset_answered(int device, cudaError_t err);
   // The same, once gpupool has stepped aside: the device's pool is left as
-  // it was, and pointers into it are no longer taken as gpupool's.
-  void device_reset_after_stepping_aside(int device);
+  // it was, and pointers into it are no longer taken as gpupool's (unless
+  // the runtime refused the reset).
+  void device_reset_after_stepping_aside(int device, cudaError_t err);
   // cudaMemPoolTrimTo(pool, keep): each device whose default pool that is
   // gives back its idle memory (threads' caches first), unless it reserves
   // no more than `keep`.
@@ -201,6 +206,13 @@ class Runtime {
   // books: captures that ended without cudaStreamEndCapture (their stream
   // was destroyed, their thread ended, their device was reset). Under d.mu.
   void forget_captures(DeviceState& d, StreamId stream);
+  // After a reset that may or may not have taken place: drops the captures
+  // whose stream the runtime says no longer captures. Takes d.mu.
+  void forget_ended_captures(DeviceState& d);
+  // The reset took place: a fresh pool, the old one's history carried on.
+  void forget_device_memory(DeviceState& d);
+  enum class ResetOutcome { Happened, Refused, Unknown };
+  ResetOutcome reset_outcome(DeviceState& d, cudaError_t err);
   // Takes a capture's share off the counts capture_began added to.
   void uncount_capture(const DeviceState::Capture& c);
   // Tells the device's pool of a program's stream (flags as cudaStreamCreateWithFlags').

@@ -296,6 +296,8 @@ const char* cudaGetErrorName(cudaError_t error) {
     case cudaErrorIllegalState: return "cudaErrorIllegalState";
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorNotPermitted: return "cudaErrorNotPermitted";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     default: return "cudaErrorUnknown";
   }
 }
@@ -348,6 +350,10 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
 // destroys its events (a later use of one fails and is counted). Streams are
 // not destroyed here (a program must not use them afterwards).
 cudaError_t cudaDeviceReset(void) {
+  static const char* const error = std::getenv("SIMCUDA_RESET_ERROR");
+  const bool refused = error != nullptr && std::strcmp(error, "refused") == 0;
+  const bool late = error != nullptr && std::strcmp(error, "late") == 0;
+  if (refused) return result(cudaErrorNotPermitted);
   Engine::instance().synchronize_all();
   Engine::instance().end_captures(t_device);
   Memory::instance().reset(t_device);
@@ -362,7 +368,7 @@ cudaError_t cudaDeviceReset(void) {
     reset_events().insert(*it);
     it = events().erase(it);
   }
-  return cudaSuccess;
+  return late ? result(cudaErrorLaunchFailure) : cudaSuccess;
 }
 
 cudaError_t cudaDeviceSynchronize(void) {

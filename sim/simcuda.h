@@ -24,6 +24,11 @@
  *   SIMCUDA_REFUSE_CAPTURING_DESTROY=1  cudaStreamDestroy refuses a stream
  *                               that captures (cudaErrorStreamCaptureUnsupported);
  *                               by default the capture ends with the stream
+ *   SIMCUDA_RESET_ERROR=refused|late  cudaDeviceReset answers with an error:
+ *                               refused, it resets nothing
+ *                               (cudaErrorNotPermitted); late, it resets and
+ *                               returns an earlier launch's error
+ *                               (cudaErrorLaunchFailure)
  *   SIMCUDA_COUNTERS_FILE=PATH  the counters below, as JSON, written at exit */
 #ifndef SIMCUDA_H
 #define SIMCUDA_H

@@ -1316,6 +1316,26 @@ class Lifecycle(ShimTest):
                 self.assertEqual(dev["stats"]["requested_bytes.all.allocated"], 512 + (4 << 20) * 2 + (7 << 19))
                 self.assertEqual(dev["stats"]["requested_bytes.all.freed"], 512 + (4 << 20) * 2 + (7 << 19))
 
+    def test_a_reset_answered_with_an_error_is_judged_by_the_memory_it_left(self):
+        # A reset may be refused (nothing reset: the program's blocks keep
+        # their bytes and are still gpupool's to free), or return an earlier
+        # launch's error having reset all the same (their memory is gone, and
+        # must not be lent again).
+        for error, answer, resets in (("refused", "cudaErrorNotPermitted", 0), ("late", "cudaErrorLaunchFailure", 1)):
+            for expandable in ("1", "0"):
+                with self.subTest(reset=error, expandable_segments=expandable):
+                    run = self.run_program(["test-lifecycle", "reset-error"],
+                                           env={"SIMCUDA_RESET_ERROR": error, "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                    self.assertSucceeded(run)
+                    self.assertEqual(run.output_json(), {"reset": answer})
+                    self.assertEqual(run.counters()["stale_event_uses"], 0)
+                    report = run.report()
+                    os.remove(run.reports()[0])
+                    dev = report["devices"]["0"]
+                    self.assertEqual(dev["device_resets"]["count"], resets)
+                    self.assertEqual(dev["device_resets"]["blocks_freed_by_reset"], 2 * resets)
+                    self.assertEqual(dev["stats"]["allocation.all.current"], 0)
+
     def test_the_report_covers_the_run_across_a_device_reset(self):
         # One 512-byte block on another thread (to turn the thread caches on),
         # two blocks freed into this thread's cache and one never freed before

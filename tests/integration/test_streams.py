@@ -265,13 +265,16 @@ class Capture(ShimTest):
         # capture whose stream or device goes on another thread, in the count
         # of the thread that began it. A destroy the runtime refuses leaves
         # the stream capturing, and the pool treating it so.
-        for how in ("stream", "thread", "reset", "stream-elsewhere", "reset-elsewhere", "refused"):
+        # A reset that returns an earlier launch's error (reset-late) has
+        # ended the capture all the same.
+        for how in ("stream", "thread", "reset", "reset-late", "stream-elsewhere", "reset-elsewhere", "refused"):
             for expandable in ("1", "0"):
                 with self.subTest(how=how, expandable_segments=expandable):
                     self.remove_reports()
-                    run = self.run_program(["test-capture", "gone", how],
+                    run = self.run_program(["test-capture", "gone", how.removesuffix("-late")],
                                            env={"SIMCUDA_MEMORY": "64M", "GPUPOOL_EXPANDABLE_SEGMENTS": expandable,
-                                                "SIMCUDA_REFUSE_CAPTURING_DESTROY": "1" if how == "refused" else "0"})
+                                                "SIMCUDA_REFUSE_CAPTURING_DESTROY": "1" if how == "refused" else "0",
+                                                "SIMCUDA_RESET_ERROR": "late" if how == "reset-late" else ""})
                     self.assertSucceeded(run)
                     self.assertEqual(run.output_json(), {"after": "cudaSuccess"})
                     self.assertEqual(run.counters()["captures_invalidated"], 0)

@@ -26,6 +26,12 @@
 //              frees that block stream-ordered: refused, as the reset freed
 //              it (were it taken into a thread cache, the next allocation
 //              would get memory the reset took)
+//   reset-error  blocks live (a thread cache's lent again, a plain one, each
+//              filled) and one kept in the thread's cache when the device is
+//              reset under SIMCUDA_RESET_ERROR: refused, the blocks keep their
+//              bytes and are freed; reset with an earlier launch's error, their
+//              frees are refused as after any reset. Then new blocks are used.
+//              Prints {"reset": the reset's answer}
 //   trim [KEEP] with thread caches on, frees 8 blocks of 8 MiB on the legacy
 //              stream, then, given KEEP, trims the device's default pool to
 //              KEEP bytes; then allocates and uses a block
@@ -257,6 +263,39 @@ int main(int argc, char** argv) {
     std::printf("lifecycle: reset-live\n");
     return 0;
   }
+  if (mode == "reset-error") {
+    // SIMCUDA_RESET_ERROR says how the runtime answers the reset.
+    testprog::turn_thread_caches_on();
+    constexpr size_t kSize = size_t{4} << 20;
+    void* held = lent_again(kSize);  // this thread's cache's
+    void* plain = nullptr;
+    CHECK_CUDA(cudaMalloc(&plain, size_t{2} << 20));
+    CHECK_CUDA(cudaMemsetAsync(held, 0x3c, kSize - (512 << 10), nullptr));
+    CHECK_CUDA(cudaMemsetAsync(plain, 0x4d, size_t{2} << 20, nullptr));
+    void* kept = nullptr;  // kept in this thread's cache at the reset
+    CHECK_CUDA(cudaMallocAsync(&kept, size_t{1} << 20, nullptr));
+    CHECK_CUDA(cudaFreeAsync(kept, nullptr));
+    CHECK_CUDA(cudaStreamSynchronize(nullptr));
+    const cudaError_t reset = cudaDeviceReset();
+    (void)cudaGetLastError();
+    if (reset == cudaErrorNotPermitted) {
+      // Nothing was reset: the blocks keep their bytes, and are freed as ever.
+      EXPECT(testprog::holds_sampled(held, kSize - (512 << 10), 0x3c));
+      EXPECT(testprog::holds_sampled(plain, size_t{2} << 20, 0x4d));
+      CHECK_CUDA(cudaFreeAsync(held, nullptr));
+      CHECK_CUDA(cudaFree(plain));
+    } else {
+      // Reset all the same: the blocks went with it.
+      EXPECT(cudaFreeAsync(held, nullptr) == cudaErrorInvalidValue);
+      EXPECT(cudaFree(plain) == cudaErrorInvalidValue);
+      (void)cudaGetLastError();
+    }
+    use_after_reset(kSize);
+    use_after_reset(size_t{1} << 20);
+    CHECK_CUDA(cudaStreamSynchronize(nullptr));
+    std::printf("{\"reset\": \"%s\"}\n", cudaGetErrorName(reset));
+    return 0;
+  }
   if (mode == "thread-exit") {
     testprog::turn_thread_caches_on();
     cudaStream_t stream = nullptr;
@@ -431,6 +470,6 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::fprintf(stderr,
-               "usage: lifecycle leak|leak-async|static|fork|reset|reset-live|chdir|ipc|ipc-foreign|signal[-lent-again] REPORT|driver LIB USE [fork]\n");
+               "usage: lifecycle leak|leak-async|static|fork|reset|reset-live|reset-error|chdir|ipc|ipc-foreign|signal[-lent-again] REPORT|driver LIB USE [fork]\n");
   return 64;
 }

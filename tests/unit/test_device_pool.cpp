@@ -539,3 +539,15 @@ TEST_CASE_METHOD(PoolFixture, "after a device reset a fresh pool carries on the 
   CHECK(pool->reset_losses().lost.blocks == 3);
   CHECK(pool->reset_losses().lost.bytes == held_bytes + after_bytes);
 }
+
+TEST_CASE_METHOD(PoolFixture, "the address of held memory is a segment's while the pool holds one") {
+  make();
+  CHECK(pool->held_address() == 0);
+  const DevicePtr a = alloc(kMiB);
+  const DevicePtr held = pool->held_address();
+  CHECK(held != 0);
+  CHECK(upstream.covers(held, 1));
+  release(a);
+  CHECK(pool->release_cached() > 0);
+  CHECK(pool->held_address() == 0);
+}

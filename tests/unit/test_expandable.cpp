@@ -366,3 +366,19 @@ TEST_CASE_METHOD(ExpandableFixture, "with no event to be made, a full pool waits
   CHECK(upstream.device_syncs() == 1);
   CHECK(pool->stats().num_ooms == 0);
 }
+
+TEST_CASE_METHOD(ExpandableFixture, "the address of held memory is a mapped page and never bare address space") {
+  // A reset answered with an error is judged by whether that address is still memory.
+  make();
+  CHECK(pool->held_address() == 0);
+  const DevicePtr a = alloc(2 * kPage);
+  const DevicePtr b = alloc(2 * kPage);
+  release(a);
+  CHECK(pool->release_cached() > 0);  // a's pages go: the segment starts with address space
+  const DevicePtr held = pool->held_address();
+  CHECK(held != 0);
+  CHECK(upstream.covers(held, 1));
+  release(b);
+  CHECK(pool->release_cached() > 0);
+  CHECK(pool->held_address() == 0);  // address space only
+}
