@@ -417,10 +417,10 @@ void Runtime::device_reset_answered(int dev, cudaError_t err) {
   const ResetOutcome outcome = d != nullptr ? reset_outcome(*d, err) : err == cudaSuccess ? ResetOutcome::Happened
                                                                                           : ResetOutcome::Unknown;
   // Refused, the device keeps its memory, pools and captures: so do the books.
-  if (outcome == ResetOutcome::Refused) return;
-  // Unknown, gpupool forgets memory that may be gone (keeping it would lend
+  // Unknown, gpupool forgets memory that may be gone (keeping it could lend
   // freed memory), and asks the runtime which captures ended.
-  // The reset destroys the pools the program made: the default one is
+  if (outcome == ResetOutcome::Refused) return;
+  // The reset destroyed the pools the program made: the default one is
   // current again (asked for anew: the handle may change).
   own_pool_current_[dev].store(false, std::memory_order_relaxed);
   default_pools_[dev].store(nullptr, std::memory_order_release);
