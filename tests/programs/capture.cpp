@@ -188,6 +188,21 @@ int other_device(cudaStreamCaptureMode mode, bool other_thread) {
   return 0;
 }
 
+// A stream-ordered pair on a capturing stream: the runtime's (the graph's),
+// not the pool's, as the simulated runtime's count shows.
+void pair_is_the_graphs(cudaStream_t capturing) {
+  simcuda_counters c0{};
+  const bool sim = testprog::sim_counters(&c0);
+  void* p = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&p, 1 << 20, capturing));
+  CHECK_CUDA(cudaFreeAsync(p, capturing));
+  if (sim) {
+    simcuda_counters c1{};
+    testprog::sim_counters(&c1);
+    EXPECT(c1.malloc_async_calls - c0.malloc_async_calls == 1);
+  }
+}
+
 // A thread-local capture this thread began, ended by another thread, which
 // CUDA refuses: the capture goes on. Returns the refused end's error.
 cudaError_t end_elsewhere(cudaStream_t capturing) {
@@ -219,16 +234,7 @@ int wrong_thread_end() {
   CHECK_CUDA(cudaLaunchHostFunc(t, noop, nullptr));
   const cudaError_t refused = end_elsewhere(t);
   // Still capturing: a request on its stream is the graph's...
-  simcuda_counters c0{};
-  const bool sim = testprog::sim_counters(&c0);
-  void* p = nullptr;
-  CHECK_CUDA(cudaMallocAsync(&p, 1 << 20, t));
-  CHECK_CUDA(cudaFreeAsync(p, t));
-  if (sim) {
-    simcuda_counters c1{};
-    testprog::sim_counters(&c1);
-    EXPECT(c1.malloc_async_calls - c0.malloc_async_calls == 1);
-  }
+  pair_is_the_graphs(t);
   // ...and it still forbids this thread cudaFree: only the cache has room.
   void* during = nullptr;
   const cudaError_t err_during = cudaMalloc(&during, 48 << 20);
@@ -389,16 +395,7 @@ int gone(const char* how) {
       EXPECT(cudaStreamDestroy(s) == cudaErrorStreamCaptureUnsupported);
       (void)cudaGetLastError();
       // Still capturing: the request is the graph's, not the pool's.
-      simcuda_counters c0{};
-      const bool sim = testprog::sim_counters(&c0);
-      void* p = nullptr;
-      CHECK_CUDA(cudaMallocAsync(&p, 1 << 20, s));
-      CHECK_CUDA(cudaFreeAsync(p, s));
-      if (sim) {
-        simcuda_counters c1{};
-        testprog::sim_counters(&c1);
-        EXPECT(c1.malloc_async_calls - c0.malloc_async_calls == 1);
-      }
+      pair_is_the_graphs(s);
       if (!ended_valid(s)) return 1;
       CHECK_CUDA(cudaStreamDestroy(s));
     }

@@ -54,6 +54,20 @@ StreamId pair_on_thread(PoolFixture& f, StreamId t, bool end) {
   return stream;
 }
 
+// Blocking streams kS1 and kS2 on a 2 MiB device; kS1 frees a 1 MiB block
+// whose work is pending, and the rest of the device is taken (*rest, a plain
+// block): that block is the only room. Returns it.
+DevicePtr only_room_freed_on_s1(PoolFixture& f, DevicePtr* rest) {
+  f.make(2 * kMiB);
+  f.pool->stream_created(kS1, StreamKind::Blocking);
+  f.pool->stream_created(kS2, StreamKind::Blocking);
+  f.upstream.set_events_complete_at_once(false);
+  const DevicePtr a = f.alloc(kMiB, kS1);
+  *rest = f.alloc(kMiB);
+  f.release(a, kS1);
+  return a;
+}
+
 // The gone streams the pool reports, and the rows they take.
 std::pair<std::uint64_t, int> gone_streams(const DevicePool& pool) {
   std::uint64_t streams = 0;
@@ -466,13 +480,8 @@ TEST_CASE_METHOD(PoolFixture, "during a capture nothing is recorded and only com
 TEST_CASE_METHOD(PoolFixture, "a capturing stream is never made to wait for another stream's block") {
   // The wait would join the capture: the graph would wait on an event from
   // outside it.
-  make(2 * kMiB);  // no room to grow: a wait is the only way to the block
-  pool->stream_created(kS1, StreamKind::Blocking);
-  pool->stream_created(kS2, StreamKind::Blocking);
-  upstream.set_events_complete_at_once(false);
-  const DevicePtr a = alloc(kMiB, kS1);
-  const DevicePtr rest = alloc(kMiB);
-  release(a, kS1);
+  DevicePtr rest = 0;
+  const DevicePtr a = only_room_freed_on_s1(*this, &rest);  // a wait is the only way to it
   pool->capture_began(kS2);
   upstream.clear_calls();
   CHECK_FALSE(pool->allocate(kMiB, kS2).ok);
@@ -486,13 +495,8 @@ TEST_CASE_METHOD(PoolFixture, "a capturing stream is never made to wait for anot
 TEST_CASE_METHOD(PoolFixture, "a capturing stream's block waits for the capture's end to go to another stream") {
   // Nothing can be recorded on the capturing stream to order its block, and
   // no barrier can be recorded during the capture.
-  make(2 * kMiB);
-  pool->stream_created(kS1, StreamKind::Blocking);
-  pool->stream_created(kS2, StreamKind::Blocking);
-  upstream.set_events_complete_at_once(false);
-  const DevicePtr a = alloc(kMiB, kS1);
-  const DevicePtr rest = alloc(kMiB);
-  release(a, kS1);
+  DevicePtr rest = 0;
+  const DevicePtr a = only_room_freed_on_s1(*this, &rest);
   pool->capture_began(kS1);
   upstream.clear_calls();
   CHECK_FALSE(pool->allocate(kMiB, kS2).ok);
