@@ -188,6 +188,16 @@ int other_device(cudaStreamCaptureMode mode, bool other_thread) {
   return 0;
 }
 
+// A capture in `mode` (global: CUDA's default) on a new non-blocking stream,
+// with one node in it.
+cudaStream_t capturing_stream(cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal) {
+  cudaStream_t s = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamBeginCapture(s, mode));
+  CHECK_CUDA(cudaLaunchHostFunc(s, noop, nullptr));
+  return s;
+}
+
 // A stream-ordered pair on a capturing stream: the runtime's (the graph's),
 // not the pool's, as the simulated runtime's count shows.
 void pair_is_the_graphs(cudaStream_t capturing) {
@@ -223,15 +233,12 @@ const char* capture_status_name(cudaStream_t s) {
 }
 
 int wrong_thread_end() {
-  cudaStream_t t = nullptr;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking));
   void* cached = nullptr;
   void* live = nullptr;
   CHECK_CUDA(cudaMalloc(&cached, 40 << 20));
   CHECK_CUDA(cudaMalloc(&live, 12 << 20));
   CHECK_CUDA(cudaFree(cached));
-  CHECK_CUDA(cudaStreamBeginCapture(t, cudaStreamCaptureModeThreadLocal));
-  CHECK_CUDA(cudaLaunchHostFunc(t, noop, nullptr));
+  cudaStream_t t = capturing_stream(cudaStreamCaptureModeThreadLocal);
   const cudaError_t refused = end_elsewhere(t);
   // Still capturing: a request on its stream is the graph's...
   pair_is_the_graphs(t);
@@ -252,10 +259,7 @@ int wrong_thread_end() {
 }
 
 int wrong_thread_rules() {
-  cudaStream_t t = nullptr;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking));
-  CHECK_CUDA(cudaStreamBeginCapture(t, cudaStreamCaptureModeThreadLocal));
-  CHECK_CUDA(cudaLaunchHostFunc(t, noop, nullptr));
+  cudaStream_t t = capturing_stream(cudaStreamCaptureModeThreadLocal);
   const cudaError_t refused = end_elsewhere(t);
   const char* status = capture_status_name(t);
   cudaGraph_t graph = nullptr;
@@ -354,14 +358,6 @@ int new_thread() {
   return 0;
 }
 
-// A global-mode capture on a new non-blocking stream, with one node in it.
-cudaStream_t capturing_stream() {
-  cudaStream_t s = nullptr;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  CHECK_CUDA(cudaLaunchHostFunc(s, noop, nullptr));
-  return s;
-}
 // A thread that begins a global-mode capture of its per-thread stream, and ends.
 void thread_ending_in_capture() {
   std::thread([] {
@@ -375,10 +371,7 @@ int gone(const char* how) {
     thread_ending_in_capture();
   } else if (std::strcmp(how, "stream-elsewhere") == 0 || std::strcmp(how, "reset-elsewhere") == 0) {
     // Begun here in the thread-local mode, which forbids this thread alone.
-    cudaStream_t s = nullptr;
-    CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    CHECK_CUDA(cudaLaunchHostFunc(s, noop, nullptr));
+    cudaStream_t s = capturing_stream(cudaStreamCaptureModeThreadLocal);
     const bool reset = how[0] == 'r';
     std::thread([s, reset] { CHECK_CUDA(reset ? cudaDeviceReset() : cudaStreamDestroy(s)); }).join();
   } else {
