@@ -2,8 +2,6 @@
 // them to the pools (those created where gpupool could not see them too),
 // their destruction, the end of a thread's per-thread stream, and captures.
 #include <pthread.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <iterator>
 #include <utility>
@@ -205,8 +203,10 @@ void Runtime::forget_captures(DeviceState& d, StreamId stream) {
 
 void Runtime::thread_ending() {
   const std::uint64_t devices = std::exchange(t_stream_devices, 0);
-  // The main thread ends with the process: its stream stays in the report.
-  if (devices == 0 || bypass() || getpid() == static_cast<pid_t>(syscall(SYS_gettid))) return;
+  // (Key destructors run at a thread's end, not at the process's exit: the
+  // main thread's stream stays in the report unless it calls pthread_exit,
+  // and then it has ended like any other.)
+  if (devices == 0 || bypass()) return;
   caches_.end_this_thread();  // its blocks kept for the stream go back first
   const StreamId id = this_thread_stream();
   const std::uint64_t ended_before = std::exchange(t_stream_ended_devices, t_stream_ended_devices | devices);

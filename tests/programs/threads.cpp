@@ -30,6 +30,11 @@
 //     block the parent filled before the fork (host memory here) and exits
 //     without CUDA; each fork comes after the threads' next pair. Prints
 //     {"threads": N, "children": C, "failed": F}.
+//   threads main-exits
+//     the main thread makes a stream-ordered pair on its per-thread stream
+//     (thread caches on) and ends with pthread_exit; a thread it started
+//     waits for that end, makes its own pair and ends the process with exit.
+//     Prints {"main ended": 1}.
 //   threads busy-at-exit [threads] [milliseconds]
 //     detached threads allocate, fill, check and free, plain and
 //     stream-ordered, without end, and others come and go doing the same,
@@ -246,9 +251,42 @@ int busy_at_exit(int threads, int milliseconds) {
   return 0;
 }
 
+// A 1 MiB stream-ordered pair on `stream`, its bytes checked.
+void stream_pair_checked(cudaStream_t stream, unsigned char tag) {
+  constexpr size_t kBytes = 1 << 20;
+  void* p = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&p, kBytes, stream));
+  CHECK_CUDA(cudaMemsetAsync(p, tag, kBytes, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  EXPECT(testprog::holds_sampled(p, kBytes, tag));
+  CHECK_CUDA(cudaFreeAsync(p, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+}
+
+// The main thread's pair on its per-thread stream, then its pthread_exit; a
+// thread it started waits for that end, makes its own pair and ends the process.
+pthread_t g_main_thread;
+void* outlive_main(void*) {
+  pthread_join(g_main_thread, nullptr);
+  stream_pair_checked(cudaStreamPerThread, 0x5e);
+  std::printf("{\"main ended\": 1}\n");
+  std::fflush(stdout);
+  std::exit(0);
+}
+
+int main_exits() {
+  testprog::turn_thread_caches_on();  // so that the main thread's cache keeps its block
+  stream_pair_checked(cudaStreamPerThread, 0x4e);
+  g_main_thread = pthread_self();
+  pthread_t worker;
+  if (pthread_create(&worker, nullptr, outlive_main, nullptr) != 0) return 1;
+  pthread_exit(nullptr);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "main-exits") == 0) return main_exits();
   if (argc > 1 && std::strcmp(argv[1], "used-after-end") == 0) return used_after_end(argc > 2 ? std::atoi(argv[2]) : 50);
   if (argc > 1 && std::strcmp(argv[1], "busy-at-fork") == 0) {
     return busy_at_fork(argc > 2 ? std::atoi(argv[2]) : 3, argc > 3 ? std::atoi(argv[3]) : 50);
