@@ -13,12 +13,6 @@
 
 namespace gpupool::shim {
 
-StreamId this_thread_stream() {
-  static std::atomic<StreamId> next{1};
-  thread_local const StreamId id = (next.fetch_add(1) << 4) | 0x2;
-  return id;
-}
-
 namespace {
 // The devices this thread's per-thread stream was introduced to, a bit each.
 // Trivially destructible, so the hot path's check is one thread-local load.
@@ -202,6 +196,7 @@ void Runtime::forget_captures(DeviceState& d, StreamId stream) {
 }
 
 void Runtime::thread_ending() {
+  unsafe_call_rules_.thread_ending();  // nothing can be owed to it any more
   const std::uint64_t devices = std::exchange(t_stream_devices, 0);
   // (Key destructors run at a thread's end, not at the process's exit: the
   // main thread's stream stays in the report unless it calls pthread_exit,
@@ -228,6 +223,8 @@ void Runtime::capture_began(StreamId stream, cudaStreamCaptureMode mode) {
   const int dev = prepare_stream(stream);
   captures_active_.fetch_add(1, std::memory_order_relaxed);
   unsafe_call_rules_.capture_began(mode);
+  // Its thread's end unlists it from the rules (it may never end the capture).
+  if (mode == cudaStreamCaptureModeThreadLocal) arm_thread_stream_end();
   DeviceState& d = device(dev);
   std::lock_guard<AdaptiveMutex> lock(d.mu);
   d.pool->capture_began(stream);

@@ -1,6 +1,7 @@
 #include "shim/unsafe_call_rules.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include "shim/thread_state.hpp"
 
@@ -13,11 +14,20 @@ int& own_thread_local_captures() {
   thread_local int captures = 0;
   return captures;
 }
+
+template <typename List>
+auto find_beginner(List& list, StreamId thread) {
+  return std::find_if(list.begin(), list.end(), [&](const auto& b) { return b.thread == thread; });
+}
 }  // namespace
 
 void UnsafeCallRules::capture_began(cudaStreamCaptureMode mode) {
   if (mode == cudaStreamCaptureModeGlobal) global_.fetch_add(1, std::memory_order_relaxed);
-  if (mode == cudaStreamCaptureModeThreadLocal) ++own_thread_local_captures();
+  if (mode != cudaStreamCaptureModeThreadLocal) return;
+  if (++own_thread_local_captures() > 1) return;  // listed already
+  const StreamId me = this_thread_stream();
+  std::lock_guard<std::mutex> lock(beginners_mu_);
+  if (find_beginner(beginners_, me) == beginners_.end()) beginners_.push_back(Beginner{me, 0});
 }
 
 void UnsafeCallRules::capture_ended(cudaStreamCaptureMode mode, StreamId beginner) {
@@ -25,16 +35,13 @@ void UnsafeCallRules::capture_ended(cudaStreamCaptureMode mode, StreamId beginne
   if (mode != cudaStreamCaptureModeThreadLocal) return;
   if (beginner == this_thread_stream()) {
     int& count = own_thread_local_captures();
-    if (count > 0) --count;
+    if (count > 0 && --count == 0) forget_this_thread();
     return;
   }
-  std::lock_guard<std::mutex> lock(owed_mu_);
-  auto it = std::find_if(owed_.begin(), owed_.end(), [&](const auto& e) { return e.first == beginner; });
-  if (it == owed_.end()) {
-    owed_.emplace_back(beginner, 1);
-  } else {
-    ++it->second;
-  }
+  std::lock_guard<std::mutex> lock(beginners_mu_);
+  auto it = find_beginner(beginners_, beginner);
+  if (it == beginners_.end()) return;  // its thread has ended: nothing forbids it any more
+  ++it->owed;
   owed_total_.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -48,13 +55,30 @@ bool UnsafeCallRules::forbid_this_thread() const {
 }
 
 void UnsafeCallRules::settle_owed(int& count) const {
-  std::lock_guard<std::mutex> lock(owed_mu_);
-  const StreamId me = this_thread_stream();
-  auto it = std::find_if(owed_.begin(), owed_.end(), [&](const auto& e) { return e.first == me; });
-  if (it == owed_.end()) return;
-  count = std::max(0, count - it->second);
-  owed_total_.fetch_sub(it->second, std::memory_order_relaxed);
-  owed_.erase(it);
+  std::lock_guard<std::mutex> lock(beginners_mu_);
+  auto it = find_beginner(beginners_, this_thread_stream());
+  if (it == beginners_.end() || it->owed == 0) return;
+  count = std::max(0, count - it->owed);
+  owed_total_.fetch_sub(it->owed, std::memory_order_relaxed);
+  it->owed = 0;
+  if (count == 0) beginners_.erase(it);
+}
+
+void UnsafeCallRules::thread_ending() {
+  if (std::exchange(own_thread_local_captures(), 0) != 0) forget_this_thread();
+}
+
+void UnsafeCallRules::forget_this_thread() const {
+  std::lock_guard<std::mutex> lock(beginners_mu_);
+  auto it = find_beginner(beginners_, this_thread_stream());
+  if (it == beginners_.end()) return;
+  owed_total_.fetch_sub(it->owed, std::memory_order_relaxed);
+  beginners_.erase(it);
+}
+
+std::size_t UnsafeCallRules::beginners() const {
+  std::lock_guard<std::mutex> lock(beginners_mu_);
+  return beginners_.size();
 }
 
 }  // namespace gpupool::shim

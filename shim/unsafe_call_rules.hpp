@@ -7,8 +7,8 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <cstddef>
 #include <mutex>
-#include <utility>
 #include <vector>
 
 #include "pool/types.hpp"
@@ -26,18 +26,31 @@ class UnsafeCallRules {
   void capture_ended(cudaStreamCaptureMode mode, StreamId beginner);
   // Whether a capture under way forbids this thread unsafe calls.
   bool forbid_this_thread() const;
+  // Called as a thread ends: nothing can be owed to it any more.
+  void thread_ending();
+
+  // Threads with thread-local captures counted (for tests).
+  std::size_t beginners() const;
 
  private:
   // A thread counts its own thread-local captures, in a thread_local: the
   // check stays one load. One ended on another thread is owed to its
   // beginner, which settles it at its next check; until then it forbids that
-  // thread more than CUDA does, never less.
+  // thread more than CUDA does, never less. Only threads with a capture
+  // counted (and not yet ended) are listed, so the list stays as short as
+  // the captures under way.
+  struct Beginner {
+    StreamId thread;
+    int owed;
+  };
   void settle_owed(int& count) const;
+  // Unlists this thread, whose count is 0 now.
+  void forget_this_thread() const;
 
   std::atomic<int> global_{0};
   mutable std::atomic<int> owed_total_{0};
-  mutable std::mutex owed_mu_;
-  mutable std::vector<std::pair<StreamId, int>> owed_;  // by beginner; guarded by owed_mu_
+  mutable std::mutex beginners_mu_;
+  mutable std::vector<Beginner> beginners_;  // guarded by beginners_mu_
 };
 
 }  // namespace gpupool::shim
