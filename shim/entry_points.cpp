@@ -163,7 +163,9 @@ cudaError_t end_capture(cudaStream_t stream, bool per_thread, cudaError_t err) {
   Runtime& rt = Runtime::get();
   if (!rt.bypass()) {
     keep_books("cudaStreamEndCapture", [&] {
-      rt.capture_ended(stream_id(stream, per_thread), err == cudaErrorStreamCaptureWrongThread);
+      const StreamId id = stream_id(stream, per_thread);
+      if (err == cudaErrorStreamCaptureWrongThread && rt.still_capturing(id)) return;
+      rt.capture_ended(id);
     });
   }
   return err;

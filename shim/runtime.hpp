@@ -125,13 +125,13 @@ class Runtime {
   // The calling thread is ending (a pthread key's destructor): its cache
   // goes back, then its per-thread stream leaves the pools' books
   // (DevicePool::thread_stream_ended), so that they do not keep a stream per
-  // thread that ever lived. Not the main thread's, which ends with the
-  // process.
+  // thread that ever lived. A main thread gets here only by pthread_exit
+  // (exit runs no key destructors): its stream stays for the report.
   void thread_ending();
   void capture_began(StreamId stream, cudaStreamCaptureMode mode);
-  // `ask`: the runtime refused the end; it is over only if the runtime says
-  // the stream no longer captures.
-  void capture_ended(StreamId stream, bool ask = false);
+  void capture_ended(StreamId stream);
+  // Whether the runtime says `stream` captures (asked after it refused an end).
+  bool still_capturing(StreamId stream);
   bool any_capture() const { return captures_active_.load(std::memory_order_relaxed) > 0; }
   void adjust_mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
   // Before the runtime's reset of `device`: what must be done while its

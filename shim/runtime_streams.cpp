@@ -236,9 +236,10 @@ void Runtime::uncount_capture(const DeviceState::Capture& c) {
   unsafe_call_rules_.capture_ended(c.mode, c.thread);
 }
 
-void Runtime::capture_ended(StreamId stream, bool ask) {
+bool Runtime::still_capturing(StreamId stream) { return device(device_of(stream)).upstream.capturing(stream); }
+
+void Runtime::capture_ended(StreamId stream) {
   DeviceState& d = device(device_of(stream));
-  if (ask && d.upstream.capturing(stream)) return;
   std::lock_guard<AdaptiveMutex> lock(d.mu);
   d.pool->capture_ended(stream);
   // The latest record for the stream: a begin the runtime refused is undone
