@@ -266,15 +266,18 @@ class Capture(ShimTest):
         # of the thread that began it. A destroy the runtime refuses leaves
         # the stream capturing, and the pool treating it so.
         # A reset that returns an earlier launch's error (reset-late) has
-        # ended the capture all the same.
-        for how in ("stream", "thread", "reset", "reset-late", "stream-elsewhere", "reset-elsewhere", "refused"):
+        # ended the capture all the same; one the runtime refuses
+        # (reset-refused) has not.
+        for how in ("stream", "thread", "reset", "reset-late", "reset-refused", "stream-elsewhere", "reset-elsewhere",
+                    "refused"):
             for expandable in ("1", "0"):
                 with self.subTest(how=how, expandable_segments=expandable):
                     self.remove_reports()
                     run = self.run_program(["test-capture", "gone", how.removesuffix("-late")],
                                            env={"SIMCUDA_MEMORY": "64M", "GPUPOOL_EXPANDABLE_SEGMENTS": expandable,
                                                 "SIMCUDA_REFUSE_CAPTURING_DESTROY": "1" if how == "refused" else "0",
-                                                "SIMCUDA_RESET_ERROR": "late" if how == "reset-late" else ""})
+                                                "SIMCUDA_RESET_ERROR": how.removeprefix("reset-")
+                                                if how in ("reset-late", "reset-refused") else ""})
                     self.assertSucceeded(run)
                     self.assertEqual(run.output_json(), {"after": "cudaSuccess"})
                     self.assertEqual(run.counters()["captures_invalidated"], 0)

@@ -374,6 +374,18 @@ int gone(const char* how) {
     cudaStream_t s = capturing_stream(cudaStreamCaptureModeThreadLocal);
     const bool reset = how[0] == 'r';
     std::thread([s, reset] { CHECK_CUDA(reset ? cudaDeviceReset() : cudaStreamDestroy(s)); }).join();
+  } else if (std::strcmp(how, "reset-refused") == 0) {
+    // A reset the runtime refuses (SIMCUDA_RESET_ERROR=refused) while the
+    // pool holds memory, which says so: the capture goes on.
+    void* warm = nullptr;
+    CHECK_CUDA(cudaMalloc(&warm, 1 << 20));
+    CHECK_CUDA(cudaFree(warm));
+    cudaStream_t s = capturing_stream();
+    EXPECT(cudaDeviceReset() == cudaErrorNotPermitted);
+    (void)cudaGetLastError();
+    pair_is_the_graphs(s);
+    if (!ended_valid(s)) return 1;
+    CHECK_CUDA(cudaStreamDestroy(s));
   } else {
     cudaStream_t s = capturing_stream();
     if (std::strcmp(how, "stream") == 0) {
