@@ -1258,4 +1258,9 @@ MUTANTS = [
      '  if (!r.stepped_aside_call.empty()) {\n    w.key("stepped_aside")',
      '  if (false) {\n    w.key("stepped_aside")',
      'host_oom'),
+    ("once gpupool stepped aside, a reset the runtime refused leaves the blocks it lent its own to free",
+     'shim/runtime.cpp',
+     '  if (d != nullptr && reset_outcome(*d, err) != ResetOutcome::Refused) d->reset_after_stepping_aside.store(true);',
+     '  if (d != nullptr && (err == cudaSuccess || true)) d->reset_after_stepping_aside.store(true);',
+     'host_oom'),
 ]

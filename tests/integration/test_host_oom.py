@@ -119,6 +119,20 @@ class HostMemoryFailure(ShimTest):
                     # The case is there: the runtime's blocks landed in the old segment.
                     self.assertGreater(run.output_json()["in_old_segment"], 0)
 
+    def test_once_stepped_aside_a_refused_reset_leaves_gpupools_blocks_to_it(self):
+        # test-host-oom after-reset, its reset refused: nothing was freed, so
+        # the block gpupool lent before it stepped aside keeps its bytes and
+        # its free is still gpupool's to take (the runtime would refuse it, or
+        # free a whole segment under it).
+        for expandable in ("0", "1"):
+            with self.subTest(expandable_segments=expandable):
+                run = self.run_program(["test-host-oom", "after-reset"], library=f"{self.FAULTS}:{LIBRARY}",
+                                       env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable,
+                                            "SIMCUDA_RESET_ERROR": "refused"})
+                self.assertSucceeded(run)
+                self.assertIn("gpupool steps aside", run.stderr)
+                self.assertEqual(run.output_json(), {"reset": "refused"})
+
     def test_a_fork_whose_handlers_cannot_allocate_leaves_parent_and_child_whole(self):
         # test-host-oom fork: every host allocation of gpupool's fails from the
         # fork handler's on (in the child until it exits); the parent disarms

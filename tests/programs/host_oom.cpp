@@ -16,7 +16,9 @@
 //     at addresses the reset freed from gpupool; at the end the device must
 //     have as much memory free as after the first (no free of the runtime's
 //     memory was taken for gpupool's). Prints {"in_old_segment": K} (pairs
-//     that landed in gpupool's old fixed segment of 20 MiB).
+//     that landed in gpupool's old fixed segment of 20 MiB). A reset the
+//     runtime refuses (SIMCUDA_RESET_ERROR=refused) leaves the other block
+//     whole and its free gpupool's: prints {"reset": "refused"}.
 //   host-oom fork
 //     holds blocks, makes every core allocation fail from the next one on (the
 //     fork handler's room for the parent's pools the first), forks, and
@@ -136,6 +138,7 @@ int after_reset(int (*arm)(long, int)) {
   char* second = nullptr;
   CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&first), kBlock));
   CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&second), kBlock));
+  CHECK_CUDA(cudaMemset(second, 0x5a, kBlock));
   EXPECT(arm(1, 0) == 1);
   cudaStream_t stream = nullptr;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -144,7 +147,17 @@ int after_reset(int (*arm)(long, int)) {
   EXPECT(cudaIpcGetMemHandle(&handle, second) == cudaErrorInvalidValue);
   EXPECT(cudaGetLastError() == cudaErrorInvalidValue);
   CHECK_CUDA(cudaStreamDestroy(stream));
-  CHECK_CUDA(cudaDeviceReset());
+  const cudaError_t reset = cudaDeviceReset();
+  if (reset == cudaErrorNotPermitted) {
+    // Refused (SIMCUDA_RESET_ERROR=refused): the block is still the
+    // program's, whole, and its free gpupool's as before the reset.
+    (void)cudaGetLastError();
+    EXPECT(testprog::holds_sampled(second, kBlock, 0x5a));
+    CHECK_CUDA(cudaFree(second));
+    std::printf("{\"reset\": \"refused\"}\n");
+    return 0;
+  }
+  CHECK_CUDA(reset);
   int in_old_segment = 0;
   size_t free_after_first = 0;
   size_t total = 0;
