@@ -123,6 +123,25 @@ def size_mix():
     return "a fixed mix of 512 B to 64 MiB (no traces in TRACES_DIR on this machine)"
 
 
+def publish(lines, verdicts, finished):
+    """Writes what has been measured so far to bench/GPU.md (and $OUT/GPU.md): a run cut short by the GPU
+    lease's limit still leaves its figures where they come back."""
+    body = list(lines)
+    if not finished:
+        body += ["The run stopped before the rest of the benchmarks (these figures are all it measured).", ""]
+    body += ["| GPU target | verdict | measured |", "|---|---|---|"]
+    body += [f"| {t} | {v} | {m} |" for t, v, m in verdicts]
+    body.append("")
+    text = "\n".join(body)
+    paths = [os.path.join(ROOT, "bench", "GPU.md")]
+    if os.environ.get("OUT"):
+        paths.append(os.path.join(os.environ["OUT"], "GPU.md"))
+    for path in paths:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+    return text
+
+
 def main():
     lines = ["## GPU", "",
              f"Measured by `scripts/gpu-bench.sh` on {gpu_name()}, {datetime.date.today().isoformat()}{code_commit()}. "
@@ -134,6 +153,7 @@ def main():
               "| calls | threads | working set | without gpupool, ns | with gpupool, ns | speed-up |",
               "|---|---:|---:|---:|---:|---:|"]
     speedup = {}
+    verdicts = []
     for mode, threads, ws in (("plain", 1, 64), ("async", 1, 64), ("plain", 2, 4), ("async", 2, 4)):
         raw_pairs = 2000 if mode == "plain" else 50000
         raw, _ = api_pairs(mode, threads, raw_pairs, ws, False)
@@ -144,6 +164,10 @@ def main():
         name = "`cudaMalloc`+`cudaFree`" if mode == "plain" else "`cudaMallocAsync`+`cudaFreeAsync`"
         lines.append(f"| {name} | {threads} | {ws} | {raw:.0f} | {pooled:.0f} | {raw / pooled:.1f}x |")
         print(lines[-1], flush=True)  # partial results survive a later failure
+        if (mode, threads) == ("plain", 1):
+            verdicts = [("gpupool >= 100x faster than raw cudaMalloc/cudaFree",
+                         "met" if speedup[("plain", 1)] >= 100 else "not met", f"{speedup[('plain', 1)]:.0f}x")]
+            publish(lines + [""], verdicts, False)
     # PyTorch's stream pool: 128 idle non-blocking streams, each of which every
     # device barrier orders (fewer pairs: a barrier costs calls per stream).
     raw, _ = api_pairs("plain", 1, 2000, 64, False, idle_streams=128)
@@ -174,6 +198,7 @@ def main():
             lines.append(f"| `cudaMalloc`+`cudaFree`, static runtime | 1 | 64 | nvcc failed | | |")
         print(lines[-1], flush=True)
     lines.append("")
+    publish(lines, verdicts, False)
 
     # Where a plain pair's time goes: the same loop with the device barrier
     # (cudaFree's ordering, one event on the legacy stream) skipped. Unsafe,
@@ -190,8 +215,9 @@ def main():
     lines += ["Where the single-thread `cudaMalloc`+`cudaFree` pair's time goes: the same loop with "
               "`GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING=1` (no device barrier; unsafe, for measuring only) took "
               f"{unordered:.0f} ns; with the barriers, {ordered:.0f} ns, at {barriers:.2f} barriers (one "
-              "`cudaEventRecord` on the legacy stream each) per pair, so one barrier costs about "
-              f"{(ordered - unordered) / barriers:.0f} ns here.", ""]
+              "`cudaEventRecord` on the legacy stream each) per pair"
+              + (f", so one barrier costs about {(ordered - unordered) / barriers:.0f} ns here." if barriers > 0
+                 else "."), ""]
     # The CPU benchmark's threads target on this machine's cores: stream-ordered
     # pairs under gpupool cycling through 64 sizes each (more than a thread's
     # cache holds), one thread and two, alternated.
@@ -204,19 +230,13 @@ def main():
               f"(`gpupool-bench-api async T 400000 64`, 1 and 2 threads alternated, medians of 5; "
               f"{os.cpu_count()} cores): {ratio:.2f}x one thread's pairs per second.", ""]
     print(lines[-2], flush=True)
-    verdicts = [("gpupool >= 100x faster than raw cudaMalloc/cudaFree",
-                 "met" if speedup[("plain", 1)] >= 100 else "not met", f"{speedup[('plain', 1)]:.0f}x")]
+    publish(lines, verdicts, False)
 
     if torch_available():
         with tempfile.TemporaryDirectory() as reports:
             caching = torch_steps({})
             no_caching = torch_steps({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
             pooled = torch_steps({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, report_dir=reports)
-        with tempfile.TemporaryDirectory() as reports:
-            caching_side = torch_steps({}, side_stream=True)
-            pooled_side = torch_steps({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, report_dir=reports, side_stream=True)
-            searched_side = torch_steps({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "GPUPOOL_PLAIN_REUSE_SEARCH": "16"},
-                                        report_dir=reports, side_stream=True)
         gib = 2**30
         lines += ["### PyTorch training steps", "",
                   "`python3 bench/torch_steps.py 60`: an 8-layer transformer encoder, sequence length changing "
@@ -228,19 +248,35 @@ def main():
                   "not tracked | not tracked |",  # PyTorch keeps no statistics without its cache
                   f"| `PYTORCH_NO_CUDA_MEMORY_CACHING=1` under gpupool | {pooled['ms_per_step']:.1f} | "
                   f"{pooled['gpupool_reserved_peak'] / gib:.2f} GiB | {pooled['gpupool_allocated_peak'] / gib:.2f} GiB |",
-                  f"| PyTorch's caching allocator, input on a side stream | {caching_side['ms_per_step']:.1f} | "
+                  ""]
+        time_ratio = pooled["ms_per_step"] / caching["ms_per_step"]
+        memory_ratio = pooled["gpupool_reserved_peak"] / caching["torch_reserved_peak"]
+        verdicts.append(("PyTorch under gpupool within 5% of its own allocator in step time",
+                         "met" if time_ratio <= 1.05 else "not met", f"{time_ratio:.3f}x"))
+        verdicts.append(("PyTorch under gpupool not above its own allocator in peak memory",
+                         "met" if memory_ratio <= 1.0 else "not met", f"{memory_ratio:.3f}x"))
+        publish(lines, verdicts, False)
+        with tempfile.TemporaryDirectory() as reports:
+            caching_side = torch_steps({}, side_stream=True)
+            pooled_side = torch_steps({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, report_dir=reports, side_stream=True)
+            searched_side = torch_steps({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "GPUPOOL_PLAIN_REUSE_SEARCH": "16"},
+                                        report_dir=reports, side_stream=True)
+        lines += ["With each step's input made on a side stream (`--side-stream`); asking for one makes PyTorch "
+                  "create its stream pool (32 non-blocking streams per priority level), and every gpupool device "
+                  "barrier orders each of them:", "",
+                  "| allocator, input on a side stream | ms per step | peak reserved | peak allocated |",
+                  "|---|---:|---:|---:|",
+                  f"| PyTorch's caching allocator | {caching_side['ms_per_step']:.1f} | "
                   f"{caching_side['torch_reserved_peak'] / gib:.2f} GiB | "
                   f"{caching_side['torch_allocated_peak'] / gib:.2f} GiB |",
-                  f"| `PYTORCH_NO_CUDA_MEMORY_CACHING=1` under gpupool, input on a side stream | "
+                  f"| `PYTORCH_NO_CUDA_MEMORY_CACHING=1` under gpupool | "
                   f"{pooled_side['ms_per_step']:.1f} | {pooled_side['gpupool_reserved_peak'] / gib:.2f} GiB | "
                   f"{pooled_side['gpupool_allocated_peak'] / gib:.2f} GiB |",
                   f"| the same with `GPUPOOL_PLAIN_REUSE_SEARCH=16` | "
                   f"{searched_side['ms_per_step']:.1f} | {searched_side['gpupool_reserved_peak'] / gib:.2f} GiB | "
                   f"{searched_side['gpupool_allocated_peak'] / gib:.2f} GiB |",
                   "",
-                  "`--side-stream` makes each step's input on a side stream; asking for one makes PyTorch create "
-                  "its stream pool (32 non-blocking streams per priority level), and every gpupool device barrier "
-                  "orders each of them. Per allocation under gpupool: "
+                  "Per allocation under gpupool (from its reports): "
                   f"{pooled['gpupool_barriers_per_allocation']:.3f} barriers and "
                   f"{pooled['gpupool_barrier_waits_per_allocation']:.1f} barrier waits without the side stream, "
                   f"{pooled_side['gpupool_barriers_per_allocation']:.3f} barriers, "
@@ -248,28 +284,11 @@ def main():
                   f"{pooled_side['gpupool_idle_queries_per_allocation']:.1f} idle queries with it, "
                   f"{searched_side['gpupool_barriers_per_allocation']:.3f}, "
                   f"{searched_side['gpupool_barrier_waits_per_allocation']:.1f} and "
-                  f"{searched_side['gpupool_idle_queries_per_allocation']:.1f} with it and the search "
-                  "(from gpupool's reports).", ""]
-        time_ratio = pooled["ms_per_step"] / caching["ms_per_step"]
-        memory_ratio = pooled["gpupool_reserved_peak"] / caching["torch_reserved_peak"]
-        verdicts.append(("PyTorch under gpupool within 5% of its own allocator in step time",
-                         "met" if time_ratio <= 1.05 else "not met", f"{time_ratio:.3f}x"))
-        verdicts.append(("PyTorch under gpupool not above its own allocator in peak memory",
-                         "met" if memory_ratio <= 1.0 else "not met", f"{memory_ratio:.3f}x"))
+                  f"{searched_side['gpupool_idle_queries_per_allocation']:.1f} with it and the search.", ""]
     else:
         lines += ["PyTorch with CUDA was not installed on the GPU machine; its comparison was not run.", ""]
 
-    lines += ["| GPU target | verdict | measured |", "|---|---|---|"]
-    lines += [f"| {t} | {v} | {m} |" for t, v, m in verdicts]
-    lines.append("")
-    text = "\n".join(lines)
-    with open(os.path.join(ROOT, "bench", "GPU.md"), "w") as f:
-        f.write(text + "\n")
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, "GPU.md"), "w") as f:
-            f.write(text + "\n")
-    print(text)
+    print(publish(lines, verdicts, True))
     return 0
 
 
