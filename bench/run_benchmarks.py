@@ -385,13 +385,17 @@ def main():
                          env={"LD_LIBRARY_PATH": SIM, "TRACES_DIR": TRACES, "GPUPOOL_REPORT": "0",
                               "LD_PRELOAD": LIB, "SIMCUDA_COUNTERS_FILE": counters}))
     with open(counters) as f:
-        legacy_records = json.load(f)["event_records"]
+        calls = json.load(f)
+    legacy_records = calls["event_records"]
     os.remove(counters)
     lines += ["", f"The loop of plain pairs that the GPU target times (`gpupool-bench-api plain 1 {pairs} 64` under "
               f"`LD_PRELOAD` on the simulated runtime, whose `SIMCUDA_COUNTERS_FILE` counts the calls) records "
               f"{legacy_records} events, each a barrier's one `cudaEventRecord` on the legacy stream: "
               f"{legacy_records / pairs:.2f} per pair "
-              f"({loop['ns_per_pair']:.0f} ns per pair on the simulated runtime)."]
+              f"({loop['ns_per_pair']:.0f} ns per pair on the simulated runtime). Its other runtime calls: "
+              f"{calls['get_device_calls'] / pairs:.2f} `cudaGetDevice` per pair (one for each `cudaMalloc`, whose "
+              "memory is the current device's, and one for each barrier's event; a free finds its block in the "
+              "only device's pool without asking)."]
     # The same loop beside PyTorch's stream pool: 128 non-blocking streams that
     # run nothing, each of which every barrier orders.
     pairs = 20000

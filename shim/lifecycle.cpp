@@ -204,6 +204,8 @@ void Runtime::after_fork_child() {
     DeviceState* d = devices_[i].exchange(nullptr);
     if (d != nullptr && inherited_.size() < inherited_.capacity()) inherited_.push_back(d);  // room made before
   }
+  device_states_ = 0;
+  only_device_.store(-1);
   parents_streams_ = true;
   streams_generation_.fetch_add(1);
   caches_.disable_after_fork();

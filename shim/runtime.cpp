@@ -79,6 +79,7 @@ DeviceState& Runtime::device(int index) {
             "this driver does not give for device " + std::to_string(index) + "; it uses fixed segments from cudaMalloc");
   }
   devices_[index].store(d, std::memory_order_release);
+  only_device_.store(++device_states_ == 1 ? index : -1, std::memory_order_release);
   return *d;
 }
 
@@ -199,8 +200,11 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site, int site_device, int* o
   // order fork's handler takes the locks in.
   if (site_device >= 0) device(site_device);
   // The freeing stream's device first: a stream-ordered free is nearly
-  // always of its own device's memory (and cudaGetDevice is a call).
-  int first = site_device >= 0 ? site_device : current_device();
+  // always of its own device's memory. A plain free's block is looked for
+  // first on the only device with a pool, else on the current one:
+  // cudaGetDevice is a runtime call, which a one-device program's frees skip.
+  int first = site_device >= 0 ? site_device : only_device_.load(std::memory_order_acquire);
+  if (first < 0) first = current_device();
   std::size_t last_request = 0;  // of a block the live table tracked, going to the pool
   bool tracked = false;
   if (caches_.enabled()) {

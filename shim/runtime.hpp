@@ -261,6 +261,10 @@ class Runtime {
   bool forked_child_ = false;       // CUDA was the parent's to use
   std::atomic<DeviceState*> devices_[kMaxDevices] = {};
   std::mutex devices_mu_;  // creation of device states
+  int device_states_ = 0;  // made so far; guarded by devices_mu_
+  // The device while it is the only one with a state, else -1: where a plain
+  // free's block is, without asking the runtime.
+  std::atomic<int> only_device_{-1};
   // A forked child's copies of the parent's pools, kept and never used.
   // Room for one more fork's is made before it: the child's handler must not
   // allocate (another thread may have held an allocator's lock at the fork).

@@ -228,7 +228,8 @@ void write_counters_at_exit() {
                "\"device_syncs\": %llu, \"legacy_ops\": %llu, \"captures_begun\": %llu, "
                "\"captures_invalidated\": %llu, \"kernel_launches\": %llu, \"vmm_maps\": %llu, "
                "\"vmm_unmaps\": %llu, \"stale_event_uses\": %llu, \"null_free_calls\": %llu, "
-               "\"event_failures\": %llu, \"host_wait_failures\": %llu, \"event_query_failures\": %llu}\n",
+               "\"event_failures\": %llu, \"host_wait_failures\": %llu, \"event_query_failures\": %llu, "
+               "\"get_device_calls\": %llu}\n",
                (unsigned long long)c.malloc_calls, (unsigned long long)c.malloc_failures,
                (unsigned long long)c.free_calls, (unsigned long long)c.malloc_async_calls,
                (unsigned long long)c.free_async_calls, (unsigned long long)c.bytes_in_use,
@@ -240,7 +241,8 @@ void write_counters_at_exit() {
                (unsigned long long)c.kernel_launches, (unsigned long long)c.vmm_maps,
                (unsigned long long)c.vmm_unmaps, (unsigned long long)c.stale_event_uses,
                (unsigned long long)c.null_free_calls, (unsigned long long)c.event_failures,
-               (unsigned long long)c.host_wait_failures, (unsigned long long)c.event_query_failures);
+               (unsigned long long)c.host_wait_failures, (unsigned long long)c.event_query_failures,
+               (unsigned long long)c.get_device_calls);
   std::fclose(f);
 }
 
@@ -322,6 +324,7 @@ cudaError_t cudaGetDeviceCount(int* count) {
 }
 
 cudaError_t cudaGetDevice(int* device) {
+  counters().get_device_calls++;
   if (device == nullptr) return result(cudaErrorInvalidValue);
   *device = t_device;
   return cudaSuccess;
@@ -850,6 +853,7 @@ void simcuda_get_counters(struct simcuda_counters* out) {
   out->event_failures = c.event_failures;
   out->host_wait_failures = c.host_wait_failures;
   out->event_query_failures = c.event_query_failures;
+  out->get_device_calls = c.get_device_calls;
   out->malloc_calls = c.malloc_calls;
   out->malloc_failures = c.malloc_failures;
   out->free_calls = c.free_calls;

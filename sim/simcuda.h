@@ -65,6 +65,7 @@ struct simcuda_counters {
   uint64_t event_failures;      /* event calls failed on purpose (SIMCUDA_EVENT_FAIL_RATE) */
   uint64_t host_wait_failures;  /* host waits failed on purpose (SIMCUDA_HOST_WAIT_FAIL_RATE) */
   uint64_t event_query_failures; /* event queries failed on purpose (SIMCUDA_EVENT_QUERY_FAIL_RATE) */
+  uint64_t get_device_calls;    /* cudaGetDevice: a call on the hot paths of a real runtime */
 };
 
 /* Queues a fault on `stream` (a cudaStream_t): once it runs, the stream's

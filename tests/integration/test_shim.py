@@ -588,6 +588,18 @@ class Reuse(ShimTest):
         self.assertEqual(stats["requested_bytes.all.allocated"], did["requested_total"])
         self.assertGreaterEqual(report["devices"]["0"]["cache"]["hit_ratio"], 0.98)
 
+    def test_a_one_device_programs_cudafree_asks_the_runtime_nothing(self):
+        # On a real runtime every call costs: a cached pair asks the current
+        # device once, for its cudaMalloc (the memory's device), and a device
+        # barrier once more (its event's device); its cudaFree looks for the
+        # block where the only device's pool is. A few calls more set up the
+        # pool.
+        run = self.run_program(["test-repeat", "50"])
+        self.assertSucceeded(run)
+        counters = run.counters()
+        self.assertLessEqual(counters["get_device_calls"],
+                             run.output_json()["allocations"] + counters["event_records"] + 8)
+
     def test_demo_runs_intact_under_gpupool(self):
         run = self.run_program(["gpupool-demo", "--steps", "4"])
         self.assertSucceeded(run)
