@@ -392,10 +392,11 @@ def main():
               f"`LD_PRELOAD` on the simulated runtime, whose `SIMCUDA_COUNTERS_FILE` counts the calls) records "
               f"{legacy_records} events, each a barrier's one `cudaEventRecord` on the legacy stream: "
               f"{legacy_records / pairs:.2f} per pair "
-              f"({loop['ns_per_pair']:.0f} ns per pair on the simulated runtime). Its other runtime calls: "
-              f"{calls['get_device_calls'] / pairs:.2f} `cudaGetDevice` per pair (one for each `cudaMalloc`, whose "
-              "memory is the current device's, and one for each barrier's event; a free finds its block in the "
-              "only device's pool without asking)."]
+              f"({loop['ns_per_pair']:.0f} ns per pair on the simulated runtime). It makes "
+              f"{calls['get_device_calls']} `cudaGetDevice` calls in all: where the process sees one device, that "
+              "device is always the current one, so neither a `cudaMalloc` (whose memory is the current device's) "
+              "nor a barrier's event needs to ask, and a `cudaFree` finds its block in the only device's pool "
+              "without asking (with more devices visible, a `cudaMalloc` and a barrier ask once each)."]
     # The same loop beside PyTorch's stream pool: 128 non-blocking streams that
     # run nothing, each of which every barrier orders.
     pairs = 20000

@@ -13,10 +13,12 @@ namespace gpupool::shim {
 namespace {
 
 // Runs `call` with `device` current, restoring the caller's device after.
+// `alone`: the only device the process sees, which is always current.
 template <typename Call>
-cudaError_t on_device(int device, Call&& call) {
+cudaError_t on_device(int device, bool alone, Call&& call) {
   const RealCuda& r = real();
   int current = device;
+  if (alone) return call();
   if (r.cudaGetDevice != nullptr) r.cudaGetDevice(&current);
   if (current == device || r.cudaSetDevice == nullptr) return call();
   r.cudaSetDevice(device);
@@ -99,21 +101,21 @@ CUmemAllocationProp device_memory(int device) {
 DevicePtr CudaUpstream::allocate_segment(std::size_t bytes) {
   void* p = nullptr;
   const cudaError_t err = relaxed([&] {
-    return on_device(device_, [&] { return internal([&](const RealCuda& r) { return r.cudaMalloc(&p, bytes); }); });
+    return on_device(device_, alone_, [&] { return internal([&](const RealCuda& r) { return r.cudaMalloc(&p, bytes); }); });
   });
   last_error_ = err;
   return err == cudaSuccess ? reinterpret_cast<DevicePtr>(p) : 0;
 }
 
 void CudaUpstream::release_segment(DevicePtr base, std::size_t) {
-  on_device(device_, [&] {
+  on_device(device_, alone_, [&] {
     return internal([&](const RealCuda& r) { return r.cudaFree(reinterpret_cast<void*>(base)); });
   });
 }
 
 EventHandle CudaUpstream::create_event() {
   cudaEvent_t e = nullptr;
-  const cudaError_t err = on_device(device_, [&] {
+  const cudaError_t err = on_device(device_, alone_, [&] {
     return internal([&](const RealCuda& r) { return r.cudaEventCreateWithFlags(&e, cudaEventDisableTiming); });
   });
   return err == cudaSuccess ? reinterpret_cast<EventHandle>(e) : 0;
@@ -131,7 +133,7 @@ void CudaUpstream::destroy_event(EventHandle event) {
 bool CudaUpstream::record_event(EventHandle event, StreamId stream) {
   cudaStream_t s = nullptr;
   if (!stream_handle(stream, &s)) return false;
-  return on_device(device_, [&] {
+  return on_device(device_, alone_, [&] {
            return internal([&](const RealCuda& r) { return r.cudaEventRecord(as_event(event), s); });
          }) == cudaSuccess;
 }
@@ -139,7 +141,7 @@ bool CudaUpstream::record_event(EventHandle event, StreamId stream) {
 bool CudaUpstream::wait_event(StreamId stream, EventHandle event) {
   cudaStream_t s = nullptr;
   if (!stream_handle(stream, &s)) return false;
-  return on_device(device_, [&] {
+  return on_device(device_, alone_, [&] {
            return internal([&](const RealCuda& r) { return r.cudaStreamWaitEvent(s, as_event(event), 0); });
          }) == cudaSuccess;
 }
@@ -154,7 +156,7 @@ EventStatus CudaUpstream::query_stream(StreamId stream) {
   cudaStream_t s = nullptr;
   if (!stream_handle(stream, &s)) return EventStatus::Error;
   const cudaError_t err =
-      on_device(device_, [&] { return internal([&](const RealCuda& r) { return r.cudaStreamQuery(s); }); });
+      on_device(device_, alone_, [&] { return internal([&](const RealCuda& r) { return r.cudaStreamQuery(s); }); });
   if (err == cudaSuccess) return EventStatus::Complete;
   return err == cudaErrorNotReady ? EventStatus::Pending : EventStatus::Error;
 }
@@ -166,26 +168,26 @@ bool CudaUpstream::synchronize_event(EventHandle event) {
 bool CudaUpstream::synchronize_stream(StreamId stream) {
   cudaStream_t s = nullptr;
   if (!stream_handle(stream, &s)) return false;
-  return on_device(device_, [&] {
+  return on_device(device_, alone_, [&] {
            return internal([&](const RealCuda& r) { return r.cudaStreamSynchronize(s); });
          }) == cudaSuccess;
 }
 
 bool CudaUpstream::synchronize_device() {
-  return on_device(device_, [] {
+  return on_device(device_, alone_, [] {
            return internal([](const RealCuda& r) { return r.cudaDeviceSynchronize(); });
          }) == cudaSuccess;
 }
 
 cudaError_t CudaUpstream::synchronize_for_free() {
-  return on_device(device_, [] { return real().cudaDeviceSynchronize(); });
+  return on_device(device_, alone_, [] { return real().cudaDeviceSynchronize(); });
 }
 
 bool CudaUpstream::capturing(StreamId stream) {
   cudaStream_t s = nullptr;
   if (!stream_handle(stream, &s) || real().cudaStreamIsCapturing == nullptr) return false;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  const cudaError_t err = on_device(device_, [&] {
+  const cudaError_t err = on_device(device_, alone_, [&] {
     return internal([&](const RealCuda& r) { return r.cudaStreamIsCapturing(s, &status); });
   });
   return err == cudaSuccess && status != cudaStreamCaptureStatusNone;
@@ -206,7 +208,7 @@ std::optional<bool> CudaUpstream::device_memory_at(DevicePtr addr) {
 StreamId CudaUpstream::legacy_stream() const { return kLegacyStream; }
 
 bool CudaUpstream::memory_info(std::size_t* free_bytes, std::size_t* total_bytes) {
-  return on_device(device_, [&] {
+  return on_device(device_, alone_, [&] {
            return internal([&](const RealCuda& r) { return r.cudaMemGetInfo(free_bytes, total_bytes); });
          }) == cudaSuccess;
 }

@@ -20,8 +20,10 @@ namespace gpupool::shim {
 
 class CudaUpstream final : public Upstream {
  public:
-  // `rules`: the process's, which captures on every device feed.
-  CudaUpstream(int device, const UnsafeCallRules& rules) : device_(device), unsafe_call_rules_(rules) {}
+  // `rules`: the process's, which captures on every device feed. `alone`:
+  // the process sees no other device, so `device` is always the current one.
+  CudaUpstream(int device, const UnsafeCallRules& rules, bool alone)
+      : device_(device), alone_(alone), unsafe_call_rules_(rules) {}
 
   DevicePtr allocate_segment(std::size_t bytes) override;
   void release_segment(DevicePtr base, std::size_t bytes) override;
@@ -70,6 +72,7 @@ class CudaUpstream final : public Upstream {
   CUresult set_access(DevicePtr addr, std::size_t bytes, const std::vector<int>& devices);
 
   int device_;
+  bool alone_;
   const UnsafeCallRules& unsafe_call_rules_;
   cudaError_t last_error_ = cudaSuccess;
   mutable std::size_t page_ = 1;  // 1: not asked yet

@@ -29,6 +29,7 @@ struct Driver {
   decltype(&cuMemFreeAsync) mem_free_async_ptsz = nullptr;
   decltype(&cuMemGetInfo_v2) mem_get_info = nullptr;
   decltype(&cuCtxGetDevice) ctx_get_device = nullptr;
+  decltype(&cuDeviceGetCount) device_get_count = nullptr;
   decltype(&cuCtxSynchronize) ctx_synchronize = nullptr;
   decltype(&cuCtxSetCurrent) ctx_set_current = nullptr;
   decltype(&cuCtxPushCurrent_v2) ctx_push_current = nullptr;
@@ -95,6 +96,7 @@ cudaError_t free_async(void* p, cudaStream_t s) { return rt(d.mem_free_async(cu(
 cudaError_t free_async_ptsz(void* p, cudaStream_t s) { return rt(d.mem_free_async_ptsz(cu(p), cu(s))); }
 cudaError_t mem_get_info(size_t* free_bytes, size_t* total) { return rt(d.mem_get_info(free_bytes, total)); }
 cudaError_t get_device(int* device) { return rt(d.ctx_get_device(device)); }
+cudaError_t get_device_count(int* count) { return rt(d.device_get_count(count)); }
 cudaError_t mem_pool_trim_to(cudaMemPool_t pool, size_t keep) {
   return rt(d.mem_pool_trim_to(reinterpret_cast<CUmemoryPool>(pool), keep));
 }
@@ -240,6 +242,7 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   need(d.mem_free_async_ptsz, "cuMemFreeAsync", 11020, kPerThread);
   need(d.mem_get_info, "cuMemGetInfo", 3020);
   need(d.ctx_get_device, "cuCtxGetDevice", 2000);
+  need(d.device_get_count, "cuDeviceGetCount", 2000);
   need(d.ctx_set_current, "cuCtxSetCurrent", 4000);
   need(d.ctx_push_current, "cuCtxPushCurrent", 4000);
   need(d.ctx_pop_current, "cuCtxPopCurrent", 4000);
@@ -292,6 +295,7 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   table.cudaFreeAsync_ptsz = free_async_ptsz;
   table.cudaMemGetInfo = mem_get_info;
   table.cudaGetDevice = get_device;
+  table.cudaGetDeviceCount = get_device_count;
   table.cudaSetDevice = set_device;
   table.cudaGetLastError = no_error;
   table.cudaPeekAtLastError = no_error;

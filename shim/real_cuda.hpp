@@ -25,6 +25,7 @@ namespace gpupool::shim {
   X(cudaFreeAsync_ptsz, cudaError_t(void*, cudaStream_t))                             \
   X(cudaMemGetInfo, cudaError_t(size_t*, size_t*))                                    \
   X(cudaGetDevice, cudaError_t(int*))                                                 \
+  X(cudaGetDeviceCount, cudaError_t(int*))                                            \
   X(cudaSetDevice, cudaError_t(int))                                                  \
   X(cudaGetLastError, cudaError_t(void))                                              \
   X(cudaPeekAtLastError, cudaError_t(void))                                           \

@@ -64,7 +64,18 @@ DeviceState& Runtime::device(int index) {
   if (DeviceState* d = existing(index)) return *d;
   std::lock_guard<std::mutex> lock(devices_mu_);
   if (DeviceState* d = existing(index)) return *d;
-  auto* d = new DeviceState(index, unsafe_call_rules_);
+  if (!devices_counted_) {
+    // Asked once, as the first pool is made (the runtime is in use by then).
+    // Every call costs on a real runtime: with one device there is no
+    // current device to ask for on each allocation.
+    int count = 0;
+    devices_counted_ = true;
+    one_device_.store(real().cudaGetDeviceCount != nullptr &&
+                          internal([&](const RealCuda& r) { return r.cudaGetDeviceCount(&count); }) == cudaSuccess &&
+                          count == 1,
+                      std::memory_order_relaxed);
+  }
+  auto* d = new DeviceState(index, unsafe_call_rules_, one_device_.load(std::memory_order_relaxed));
   for (const auto& [accessor, owner] : peer_grants_) {
     if (owner == index) d->upstream.add_accessor(accessor);
   }
@@ -84,6 +95,7 @@ DeviceState& Runtime::device(int index) {
 }
 
 int Runtime::current_device() const {
+  if (one_device_.load(std::memory_order_relaxed)) return 0;
   int dev = 0;
   if (real().cudaGetDevice == nullptr || real().cudaGetDevice(&dev) != cudaSuccess) return 0;
   return dev >= 0 && dev < kMaxDevices ? dev : 0;

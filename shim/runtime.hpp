@@ -28,7 +28,7 @@ namespace gpupool::shim {
 inline constexpr int kMaxDevices = 64;
 
 struct DeviceState {
-  DeviceState(int index, const UnsafeCallRules& rules) : device(index), upstream(index, rules) {}
+  DeviceState(int index, const UnsafeCallRules& rules, bool alone) : device(index), upstream(index, rules, alone) {}
   int device;
   AdaptiveMutex mu;
   CudaUpstream upstream;
@@ -262,6 +262,10 @@ class Runtime {
   std::atomic<DeviceState*> devices_[kMaxDevices] = {};
   std::mutex devices_mu_;  // creation of device states
   int device_states_ = 0;  // made so far; guarded by devices_mu_
+  bool devices_counted_ = false;  // guarded by devices_mu_
+  // The runtime said it sees one device: it is always the current one, which
+  // current_device() then answers without a runtime call.
+  std::atomic<bool> one_device_{false};
   // The device while it is the only one with a state, else -1: where a plain
   // free's block is, without asking the runtime.
   std::atomic<int> only_device_{-1};
