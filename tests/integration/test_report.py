@@ -1,5 +1,6 @@
 """The report and the gpupool command, against workloads with known numbers."""
 import array
+import collections
 import ctypes.util
 import fcntl
 import glob
@@ -13,6 +14,52 @@ import threading
 import time
 
 from harness import BUILD, SOURCE, ShimTest, check_books, main
+
+
+def png_pixels(path):
+    """(width, height, rows of (r, g, b) tuples) of an 8-bit RGB or RGBA PNG
+    without interlacing (what matplotlib writes), decoded with zlib alone."""
+    import struct
+    import zlib
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, header = 8, [], None
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat.append(body)
+        pos += 12 + length
+    width, height, depth, colour_type, _, _, interlace = header
+    assert depth == 8 and colour_type in (2, 6) and interlace == 0, header
+    bpp = 3 if colour_type == 2 else 4
+    raw = zlib.decompress(b"".join(idat))
+    stride = width * bpp
+    rows, prev = [], bytearray(stride)
+    for y in range(height):
+        start = y * (stride + 1)
+        kind, line = raw[start], bytearray(raw[start + 1:start + 1 + stride])
+        if kind == 1:
+            for i in range(bpp, stride):
+                line[i] = (line[i] + line[i - bpp]) & 255
+        elif kind == 2:
+            line = bytearray((a + b) & 255 for a, b in zip(line, prev))
+        elif kind == 3:
+            for i in range(stride):
+                line[i] = (line[i] + ((line[i - bpp] if i >= bpp else 0) + prev[i]) // 2) & 255
+        elif kind == 4:
+            for i in range(stride):
+                a = line[i - bpp] if i >= bpp else 0
+                b, c = prev[i], prev[i - bpp] if i >= bpp else 0
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append([tuple(line[x * bpp:x * bpp + 3]) for x in range(width)])
+        prev = line
+    return width, height, rows
 
 SMALL_DEVICE = {"SIMCUDA_MEMORY": "64M"}
 FIXED = {"GPUPOOL_EXPANDABLE_SEGMENTS": "0"}
@@ -794,13 +841,26 @@ class Command(ShimTest):
         name = f"{idle['program']}[{idle['pid']}]"
         self.assertEqual(out.stdout, f"gpupool merge: no device activity in these reports: {name}, {name}\n")
 
-    def test_plot_draws_a_png(self):
-        path = self.reports(1)[0]
+    def test_plot_draws_each_devices_timeline_and_histograms(self):
+        # A two-device report: a row of two panels per device (14 by 4.5
+        # inches each row, at 100 dots per inch). Each row's left panel draws
+        # the reserved, allocated and requested lines, its right one the free
+        # blocks' bars. Each colour must cover more of its panel than its
+        # legend's sample does (about 50 pixels for a line, 300 for a bar).
+        run = self.run_program(["test-devices", "cross", "20"], env={"SIMCUDA_DEVICES": "2"})
+        self.assertSucceeded(run)
         png = os.path.join(self.workdir, "memory.png")
-        out = self.gpupool("plot", path, "-o", png)
+        out = self.gpupool("plot", run.reports()[0], "-o", png)
         self.assertEqual(out.returncode, 0, out.stderr)
-        with open(png, "rb") as f:
-            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+        width, height, rows = png_pixels(png)
+        self.assertEqual((width, height), (1400, 900))
+        lines = {"reserved": (214, 39, 40), "allocated": (31, 119, 180), "requested": (44, 160, 44)}
+        bars = {"free blocks at peak": (255, 127, 14), "free blocks at exit": (127, 127, 127)}
+        for device, top in (("0", 0), ("1", 450)):
+            for (left, right), drawn, least in (((0, 700), lines, 150), ((700, 1400), bars, 1000)):
+                seen = collections.Counter(rows[y][x] for y in range(top, top + 450) for x in range(left, right))
+                for name, colour in drawn.items():
+                    self.assertGreater(seen[colour], least, f"device {device}: {name}")
 
     def test_config_lists_every_option_and_the_problems(self):
         out = self.gpupool("config", env={"GPUPOOL_CONF": "max_split_size_mb:256", "GPUPOOL_LOG_FORMAT": "xml"})
