@@ -478,6 +478,9 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const vo
   if (attributes == nullptr) return result(cudaErrorInvalidValue);
   std::memset(attributes, 0, sizeof(*attributes));
   const int device = Memory::instance().device_of(p);
+  // Runtimes before CUDA 11 refused an address they did not know.
+  static const char* const answer = std::getenv("SIMCUDA_POINTER_ATTRIBUTES");
+  if (device < 0 && answer != nullptr && std::strcmp(answer, "legacy") == 0) return result(cudaErrorInvalidValue);
   attributes->type = device < 0 ? cudaMemoryTypeUnregistered : cudaMemoryTypeDevice;
   if (device >= 0) attributes->device = device;
   attributes->devicePointer = device < 0 ? nullptr : const_cast<void*>(p);

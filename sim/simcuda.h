@@ -29,6 +29,9 @@
  *                               (cudaErrorNotPermitted); late, it resets and
  *                               returns an earlier launch's error
  *                               (cudaErrorLaunchFailure)
+ *   SIMCUDA_POINTER_ATTRIBUTES=legacy  cudaPointerGetAttributes refuses an
+ *                               address it does not know (cudaErrorInvalidValue),
+ *                               as runtimes before CUDA 11 did
  *   SIMCUDA_COUNTERS_FILE=PATH  the counters below, as JSON, written at exit */
 #ifndef SIMCUDA_H
 #define SIMCUDA_H

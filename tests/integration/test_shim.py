@@ -391,12 +391,18 @@ class Devices(ShimTest):
     def test_a_block_freed_inside_a_capture_of_a_device_then_reset_comes_back(self):
         # The graph's until device 1 is reset, which destroys the graph and
         # ends its work. Room for one block: the next request on device 0
-        # needs it.
+        # needs it. Also where the reset returns an earlier launch's error
+        # (late): device 1's pool memory being gone says it happened, whether
+        # the runtime answers for an unknown address with an unregistered
+        # type (CUDA 11 on) or cudaErrorInvalidValue (legacy: before).
         def check(report):
             zero = report["devices"]["0"]
             self.assertEqual(zero["stats"]["num_ooms"], 0)
             self.assertEqual(zero["stats"]["allocation.all.current"], 0)
-        self.in_both_segment_modes(["foreign-capture-reset"], self.ENV, check)
+        for error, attributes in (("", ""), ("late", ""), ("late", "legacy")):
+            with self.subTest(reset_error=error, pointer_attributes=attributes):
+                self.in_both_segment_modes(["foreign-capture-reset"], dict(
+                    self.ENV, SIMCUDA_RESET_ERROR=error, SIMCUDA_POINTER_ATTRIBUTES=attributes), check)
 
     def test_a_block_freed_on_a_device_then_reset_comes_back(self):
         # The free still waits on device 1's stream when device 1 is reset: the
