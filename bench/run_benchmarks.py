@@ -392,8 +392,9 @@ def main():
               f"`LD_PRELOAD` on the simulated runtime, whose `SIMCUDA_COUNTERS_FILE` counts the calls) records "
               f"{legacy_records} events, each a barrier's one `cudaEventRecord` on the legacy stream: "
               f"{legacy_records / pairs:.2f} per pair "
-              f"({loop['ns_per_pair']:.0f} ns per pair on the simulated runtime). It makes "
-              f"{calls['get_device_calls']} `cudaGetDevice` calls in all: where the process sees one device, that "
+              f"({loop['ns_per_pair']:.0f} ns per pair on the simulated runtime). It calls `cudaGetDevice` "
+              f"{calls['get_device_calls']} time{'' if calls['get_device_calls'] == 1 else 's'} in all: where the "
+              "process sees one device, that "
               "device is always the current one, so neither a `cudaMalloc` (whose memory is the current device's) "
               "nor a barrier's event needs to ask, and a `cudaFree` finds its block in the only device's pool "
               "without asking (with more devices visible, a `cudaMalloc` and a barrier ask once each)."]
