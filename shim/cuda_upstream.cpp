@@ -16,9 +16,9 @@ namespace {
 // `alone`: the only device the process sees, which is always current.
 template <typename Call>
 cudaError_t on_device(int device, bool alone, Call&& call) {
+  if (alone) return call();
   const RealCuda& r = real();
   int current = device;
-  if (alone) return call();
   if (r.cudaGetDevice != nullptr) r.cudaGetDevice(&current);
   if (current == device || r.cudaSetDevice == nullptr) return call();
   r.cudaSetDevice(device);

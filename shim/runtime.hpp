@@ -125,8 +125,9 @@ class Runtime {
   // The calling thread is ending (a pthread key's destructor): its cache
   // goes back, then its per-thread stream leaves the pools' books
   // (DevicePool::thread_stream_ended), so that they do not keep a stream per
-  // thread that ever lived. A main thread gets here only by pthread_exit
-  // (exit runs no key destructors): its stream stays for the report.
+  // thread that ever lived. A main thread that returns from main never gets
+  // here (exit runs no key destructors), so its stream stays for the report;
+  // one that calls pthread_exit ends like any other thread.
   void thread_ending();
   void capture_began(StreamId stream, cudaStreamCaptureMode mode);
   void capture_ended(StreamId stream);

@@ -126,16 +126,19 @@ int come_and_go(int threads) {
   return corrupted.load() == 0 ? 0 : 1;
 }
 
-// A pair on the per-thread stream, from a key's destructor as the thread ends.
-void pair_at_exit(void*) {
+// A 1 MiB stream-ordered pair on `stream`, its bytes checked: false if a call
+// failed or a byte was wrong.
+bool stream_pair_holds(cudaStream_t stream, unsigned char tag) {
   constexpr size_t kBytes = 1 << 20;
   void* p = nullptr;
-  if (cudaMallocAsync(&p, kBytes, cudaStreamPerThread) != cudaSuccess ||
-      cudaMemsetAsync(p, 0x5a, kBytes, cudaStreamPerThread) != cudaSuccess ||
-      cudaStreamSynchronize(cudaStreamPerThread) != cudaSuccess || !testprog::holds_sampled(p, kBytes, 0x5a) ||
-      cudaFreeAsync(p, cudaStreamPerThread) != cudaSuccess) {
-    ++corrupted;
-  }
+  return cudaMallocAsync(&p, kBytes, stream) == cudaSuccess &&
+         cudaMemsetAsync(p, tag, kBytes, stream) == cudaSuccess && cudaStreamSynchronize(stream) == cudaSuccess &&
+         testprog::holds_sampled(p, kBytes, tag) && cudaFreeAsync(p, stream) == cudaSuccess;
+}
+
+// A pair on the per-thread stream, from a key's destructor as the thread ends.
+void pair_at_exit(void*) {
+  if (!stream_pair_holds(cudaStreamPerThread, 0x5a)) ++corrupted;
 }
 
 int first_use_at_exit(int threads) {
@@ -251,24 +254,13 @@ int busy_at_exit(int threads, int milliseconds) {
   return 0;
 }
 
-// A 1 MiB stream-ordered pair on `stream`, its bytes checked.
-void stream_pair_checked(cudaStream_t stream, unsigned char tag) {
-  constexpr size_t kBytes = 1 << 20;
-  void* p = nullptr;
-  CHECK_CUDA(cudaMallocAsync(&p, kBytes, stream));
-  CHECK_CUDA(cudaMemsetAsync(p, tag, kBytes, stream));
-  CHECK_CUDA(cudaStreamSynchronize(stream));
-  EXPECT(testprog::holds_sampled(p, kBytes, tag));
-  CHECK_CUDA(cudaFreeAsync(p, stream));
-  CHECK_CUDA(cudaStreamSynchronize(stream));
-}
-
 // The main thread's pair on its per-thread stream, then its pthread_exit; a
 // thread it started waits for that end, makes its own pair and ends the process.
 pthread_t g_main_thread;
 void* outlive_main(void*) {
   pthread_join(g_main_thread, nullptr);
-  stream_pair_checked(cudaStreamPerThread, 0x5e);
+  EXPECT(stream_pair_holds(cudaStreamPerThread, 0x5e));
+  CHECK_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
   std::printf("{\"main ended\": 1}\n");
   std::fflush(stdout);
   std::exit(0);
@@ -276,7 +268,8 @@ void* outlive_main(void*) {
 
 int main_exits() {
   testprog::turn_thread_caches_on();  // so that the main thread's cache keeps its block
-  stream_pair_checked(cudaStreamPerThread, 0x4e);
+  EXPECT(stream_pair_holds(cudaStreamPerThread, 0x4e));
+  CHECK_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
   g_main_thread = pthread_self();
   pthread_t worker;
   if (pthread_create(&worker, nullptr, outlive_main, nullptr) != 0) return 1;
