@@ -886,12 +886,16 @@ class StaticRuntime(ShimTest):
 
     def test_its_memory_pool_figures_include_gpupools(self):
         # The program reads its default pool's figures with the driver's
-        # cuMemPoolGetAttribute, as the static runtime's cudaMemPoolGetAttribute does.
+        # cuMemPoolGetAttribute, as the static runtime's cudaMemPoolGetAttribute does,
+        # and the device's free memory with cuMemGetInfo, where what gpupool
+        # keeps for reuse counts as free (mem_get_info's default).
         for keep in (None, "0"):
             run = self.run_program(["test-static-runtime", "trim"] + ([keep] if keep else []), env=self.ON)
             self.assertSucceeded(run)
             figures = run.output_json()
             self.assertGreaterEqual(figures["used_held"], 64 << 20)  # the 8 blocks of 8 MiB
+            self.assertLessEqual(figures["free_held"], figures["free_before"] - (64 << 20))
+            self.assertEqual(figures["free_after"], figures["free_before"])
             self.assertEqual(figures["used_high_reset"], 0)  # reset once all were freed
             if keep is None:
                 self.assertGreaterEqual(figures["reserved"], 64 << 20)  # kept for reuse

@@ -14,7 +14,9 @@
 //                                 runtime's cudaMallocPitch and cudaMalloc3D make them
 //   static_runtime trim [KEEP]    8 blocks of 8 MiB freed on a stream, then, given KEEP, the default
 //                                 memory pool trimmed to KEEP bytes; then a block allocated and checked.
-//                                 Prints the pool's figures (cuMemPoolGetAttribute) on the way
+//                                 Prints the pool's figures (cuMemPoolGetAttribute) on the way, and
+//                                 the device's free bytes (cuMemGetInfo) before, with the blocks
+//                                 held and after they were freed
 //   static_runtime own-pool       a memory pool of its own made device 0's current pool: 4 stream-ordered
 //                                 blocks drawn from it, one from each pool named (cuMemAllocFromPoolAsync),
 //                                 then one from the default pool made current again,
@@ -87,6 +89,7 @@ struct Driver {
   decltype(&cuMemFree_v2) mem_free;
   decltype(&cuMemAllocPitch_v2) mem_alloc_pitch;
   decltype(&cuMemPoolTrimTo) mem_pool_trim_to;
+  decltype(&cuMemGetInfo_v2) mem_get_info;
   decltype(&cuMemPoolCreate) mem_pool_create;
   decltype(&cuMemPoolDestroy) mem_pool_destroy;
   decltype(&cuDeviceSetMemPool) device_set_mem_pool;
@@ -142,6 +145,7 @@ void open_driver() {
   d.mem_free = fetch<decltype(d.mem_free)>("cuMemFree", 3020);
   d.mem_alloc_pitch = fetch<decltype(d.mem_alloc_pitch)>("cuMemAllocPitch", 3020);
   d.mem_pool_trim_to = fetch<decltype(d.mem_pool_trim_to)>("cuMemPoolTrimTo", 11020);
+  d.mem_get_info = fetch<decltype(d.mem_get_info)>("cuMemGetInfo", 3020);
   d.mem_pool_create = fetch<decltype(d.mem_pool_create)>("cuMemPoolCreate", 11020);
   d.mem_pool_destroy = fetch<decltype(d.mem_pool_destroy)>("cuMemPoolDestroy", 11020);
   d.device_set_mem_pool = fetch<decltype(d.device_set_mem_pool)>("cuDeviceSetMemPool", 11020);
@@ -311,12 +315,21 @@ int trim(const char* keep) {
     check(d.mem_pool_get_attribute(pool, attr, &value), "cuMemPoolGetAttribute");
     return static_cast<unsigned long long>(value);
   };
+  auto free_bytes = [] {
+    size_t free = 0;
+    size_t total = 0;
+    check(d.mem_get_info(&free, &total), "cuMemGetInfo");
+    return static_cast<unsigned long long>(free);
+  };
+  const unsigned long long free_before = free_bytes();
   std::vector<CUdeviceptr> blocks(8);
   for (CUdeviceptr& p : blocks) check(d.mem_alloc_async(&p, size_t{8} << 20, s), "cuMemAllocAsync");
   check(d.stream_synchronize(s), "cuStreamSynchronize");
   const unsigned long long used_held = figure(CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+  const unsigned long long free_held = free_bytes();
   for (CUdeviceptr p : blocks) check(d.mem_free_async(p, s), "cuMemFreeAsync");
   check(d.stream_synchronize(s), "cuStreamSynchronize");
+  const unsigned long long free_after = free_bytes();
   cuuint64_t zero = 0;  // resets the high watermark to what is in use
   check(d.mem_pool_set_attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero), "cuMemPoolSetAttribute");
   const unsigned long long used_high_reset = figure(CU_MEMPOOL_ATTR_USED_MEM_HIGH);
@@ -327,8 +340,10 @@ int trim(const char* keep) {
   write_and_check(p, size_t{1} << 20, 5);
   check(d.mem_free(p), "cuMemFree");
   check(d.stream_destroy(s), "cuStreamDestroy");
-  std::printf("{\"trimmed\": %s, \"used_held\": %llu, \"used_high_reset\": %llu, \"reserved\": %llu}\n",
-              keep != nullptr ? "true" : "false", used_held, used_high_reset, reserved);
+  std::printf(
+      "{\"trimmed\": %s, \"used_held\": %llu, \"used_high_reset\": %llu, \"reserved\": %llu, "
+      "\"free_before\": %llu, \"free_held\": %llu, \"free_after\": %llu}\n",
+      keep != nullptr ? "true" : "false", used_held, used_high_reset, reserved, free_before, free_held, free_after);
   return 0;
 }
 
