@@ -1333,4 +1333,9 @@ MUTANTS = [
      '  if (d != nullptr && reset_outcome(*d, err) != ResetOutcome::Refused) d->reset_after_stepping_aside.store(true);',
      '  if (d != nullptr && (err == cudaSuccess || true)) d->reset_after_stepping_aside.store(true);',
      'host_oom'),
+    ("once gpupool stepped aside, a reset returning an earlier launch's error still frees the blocks it lent",
+     'shim/runtime.cpp',
+     '  if (d != nullptr && reset_outcome(*d, err) != ResetOutcome::Refused) d->reset_after_stepping_aside.store(true);',
+     '  if (d != nullptr && err == cudaSuccess) d->reset_after_stepping_aside.store(true);',
+     'host_oom'),
 ]

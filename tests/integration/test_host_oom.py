@@ -119,6 +119,22 @@ class HostMemoryFailure(ShimTest):
                     # The case is there: the runtime's blocks landed in the old segment.
                     self.assertGreater(run.output_json()["in_old_segment"], 0)
 
+    def test_once_stepped_aside_a_reset_returning_an_earlier_error_frees_gpupools_blocks(self):
+        # test-host-oom after-reset, its reset returning an earlier launch's
+        # error having reset: as after a reset without one, the runtime's
+        # memory at the addresses of gpupool's old segment is the runtime's.
+        for expandable in ("0", "1"):
+            with self.subTest(expandable_segments=expandable):
+                run = self.run_program(["test-host-oom", "after-reset"], library=f"{self.FAULTS}:{LIBRARY}",
+                                       env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable,
+                                            "SIMCUDA_RESET_ERROR": "late"})
+                self.assertSucceeded(run)
+                self.assertIn("gpupool steps aside", run.stderr)
+                out = run.output_json()
+                self.assertEqual(out["reset"], "cudaErrorLaunchFailure")
+                if expandable == "0":
+                    self.assertGreater(out["in_old_segment"], 0)  # the case is there
+
     def test_once_stepped_aside_a_refused_reset_leaves_gpupools_blocks_to_it(self):
         # test-host-oom after-reset, its reset refused: nothing was freed, so
         # the block gpupool lent before it stepped aside keeps its bytes and
