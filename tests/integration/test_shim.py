@@ -987,7 +987,7 @@ class StaticRuntime(ShimTest):
                     os.remove(path)
 
     def test_calls_during_a_capture_leave_it_valid(self):
-        for mode in ("capture", "capture-to-graph", "capture-per-thread"):
+        for mode in ("capture", "capture-to-graph", "capture-per-thread", "capture-to-graph-per-thread"):
             with self.subTest(mode=mode):
                 run = self.run_program(["test-static-runtime", mode], env=self.ON)
                 self.assertSucceeded(run)

@@ -30,6 +30,7 @@
 //                                 (cuStreamBeginCaptureToGraph, CUDA 12.3)
 //   static_runtime capture-per-thread  the same on the per-thread default stream, through the
 //                                 entry points fetched for it (as a per-thread build's runtime does)
+//   static_runtime capture-to-graph-per-thread  the same, begun into a graph of the program's
 //   static_runtime ipc            a handle for a block inside a pooled segment
 //   static_runtime reset          allocations across cuDevicePrimaryCtxReset
 //   static_runtime lookups        where dlsym's answers come from (program, library, RTLD_NEXT)
@@ -480,10 +481,11 @@ int reuse_after_late_write(LateReuse how) {
   return 0;
 }
 
-enum class Capture { Stream, ToGraph, PerThread };
+enum class Capture { Stream, ToGraph, PerThread, ToGraphPerThread };
 int capture(Capture how) {
   // The per-thread default stream is NULL to the entry points fetched for it.
-  const bool per_thread = how == Capture::PerThread;
+  const bool per_thread = how == Capture::PerThread || how == Capture::ToGraphPerThread;
+  const bool to_graph = how == Capture::ToGraph || how == Capture::ToGraphPerThread;
   CUstream s = per_thread ? nullptr : new_stream(0);
   CUstream other = new_stream(CU_STREAM_NON_BLOCKING);
   const auto alloc_async = per_thread ? d.mem_alloc_async_ptsz : d.mem_alloc_async;
@@ -493,10 +495,11 @@ int capture(Capture how) {
   check(d.mem_alloc(&warm, 1 << 20), "cuMemAlloc");
   check(d.mem_free(warm), "cuMemFree");
   CUgraph target = nullptr;
-  if (how == Capture::ToGraph) {
+  if (to_graph) {
     // Fetched here: a CUDA 11 static runtime could not ask for them.
     const auto graph_create = fetch<decltype(&cuGraphCreate)>("cuGraphCreate", 10000);
-    const auto begin_to_graph = fetch<decltype(&cuStreamBeginCaptureToGraph)>("cuStreamBeginCaptureToGraph", 12030);
+    const auto begin_to_graph = fetch<decltype(&cuStreamBeginCaptureToGraph)>(
+        "cuStreamBeginCaptureToGraph", 12030, per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0);
     check(graph_create(&target, 0), "cuGraphCreate");
     check(begin_to_graph(s, target, nullptr, nullptr, 0, CU_STREAM_CAPTURE_MODE_GLOBAL),
           "cuStreamBeginCaptureToGraph");
@@ -517,7 +520,7 @@ int capture(Capture how) {
   check(d.mem_free_async(grown, other), "cuMemFreeAsync during a capture");
   CUgraph graph = nullptr;
   check((per_thread ? d.end_capture_ptsz : d.end_capture)(s, &graph), "cuStreamEndCapture");
-  if (graph == nullptr || (how == Capture::ToGraph && graph != target)) return 1;
+  if (graph == nullptr || (to_graph && graph != target)) return 1;
   check(d.graph_destroy(graph), "cuGraphDestroy");
   check(d.stream_synchronize(other), "cuStreamSynchronize");
   check(d.stream_destroy(other), "cuStreamDestroy");
@@ -668,6 +671,7 @@ int main(int argc, char** argv) {
   if (mode == "capture") return capture(Capture::Stream);
   if (mode == "capture-to-graph") return capture(Capture::ToGraph);
   if (mode == "capture-per-thread") return capture(Capture::PerThread);
+  if (mode == "capture-to-graph-per-thread") return capture(Capture::ToGraphPerThread);
   if (mode == "destroyed") return reuse_after_late_write(LateReuse::Destroyed);
   if (mode == "ipc") return ipc();
   if (mode == "reset") return reset();
