@@ -575,8 +575,19 @@ void DevicePool::absorb_next(Block* low) {
   delete_block(high);
 }
 
-void DevicePool::stream_destroying(StreamId id) {
-  ordering_.stream_destroying(id);
+void DevicePool::stream_destroy_begin(StreamId id) {
+  ordering_.stream_destroy_begin(id);
+  try {
+    rekey_to_any_stream(id);
+  } catch (...) {
+    // Out of host memory partway: some blocks may stay keyed to the stream,
+    // whose row must then be among the report's gone streams to count them.
+    ordering_.stream_destroy_end(id, true);
+    throw;
+  }
+}
+
+void DevicePool::rekey_to_any_stream(StreamId id) {
   // Blocks keyed to the stream: from now on only the device barrier (which the
   // retired fence feeds) orders their reuse. A new stream may get the same
   // handle, so none may stay keyed to it.

@@ -77,7 +77,15 @@ class DevicePool {
   // False when the new stream could not be ordered after the latest barrier
   // (see StreamOrdering::stream_created).
   bool stream_created(StreamId id, StreamKind kind) { return ordering_.stream_created(id, kind); }
-  void stream_destroying(StreamId id);
+  void stream_destroying(StreamId id) {
+    stream_destroy_begin(id);
+    stream_destroy_end(id, true);
+  }
+  // In two steps, around a destroy the runtime may refuse (see
+  // StreamOrdering::stream_destroy_begin): its cached blocks are re-keyed at
+  // the first either way.
+  void stream_destroy_begin(StreamId id);
+  void stream_destroy_end(StreamId id, bool destroyed) { ordering_.stream_destroy_end(id, destroyed); }
   // The thread of this per-thread default stream has ended (see
   // StreamOrdering::thread_stream_ended). Never throws.
   void thread_stream_ended(StreamId id, bool again = false) { ordering_.thread_stream_ended(id, again); }
@@ -212,6 +220,7 @@ class DevicePool {
   void count_listed(const Block* b);
   void uncount_listed(const Block* b);
   void absorb_next(Block* low);
+  void rekey_to_any_stream(StreamId id);  // the cached blocks of a stream being destroyed
   void release_segment(Segment* seg);
   bool release_oversize_for(std::size_t rounded);
   void garbage_collect();

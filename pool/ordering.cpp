@@ -71,11 +71,12 @@ bool StreamOrdering::order_after_last_barrier(StreamState& s) {
   return false;
 }
 
-void StreamOrdering::stream_destroying(StreamId id) {
+void StreamOrdering::stream_destroy_begin(StreamId id) {
   auto it = streams_.find(id);
   if (it == streams_.end()) return;
   StreamState& s = it->second;
   retired_.reserve(retired_.size() + s.pending.size() + 1);  // as in stream_created
+  destroying_.reserve(destroying_.size() + 1);  // so that holding it aside cannot fail
   // Work queued on s may still run after the destroy returns. Keep an event at
   // its end: barriers make the legacy stream wait for it until it completes.
   if (!options_.unsafe_skip_ordering && addressable(s) && s.captures > 0) {
@@ -100,10 +101,32 @@ void StreamOrdering::stream_destroying(StreamId id) {
     }
   }
   for (const Fence& f : s.pending) retired_.push_back(f.event);
+  s.pending.clear();
   captures_active_ -= s.captures;
-  report_destroyed(s);
   if (last_stream_ == &it->second) last_stream_ = nullptr;
-  streams_.erase(it);
+  // Moved as a node (no allocation); a stream held aside already (a destroy
+  // of it under way on another thread) is reported gone.
+  auto held = destroying_.insert(streams_.extract(it));
+  if (!held.inserted) report_destroyed(held.node.mapped());
+}
+
+void StreamOrdering::stream_destroy_end(StreamId id, bool destroyed) {
+  auto it = destroying_.find(id);
+  if (it == destroying_.end()) return;
+  auto node = destroying_.extract(it);
+  StreamState& s = node.mapped();
+  if (destroyed) {
+    report_destroyed(s);
+    return;
+  }
+  captures_active_ += s.captures;
+  // Met again meanwhile (a call on it from another thread): one stream.
+  if (StreamState* live = known(id)) {
+    live->counters += s.counters;
+    live->captures += s.captures;
+    return;
+  }
+  streams_.insert(std::move(node));
 }
 
 void StreamOrdering::thread_stream_ended(StreamId id, bool again) {
@@ -162,6 +185,7 @@ void StreamOrdering::report_gone(const StreamReport& r) {
 void StreamOrdering::continue_history(const StreamOrdering& before) {
   device_.counters += before.device_.counters;
   for (const StreamReport& r : before.destroyed_) report_gone(r);
+  for (const auto& [id, s] : before.destroying_) report_destroyed(s);  // destroyed with the rest
   for (const auto& [id, s] : before.streams_) {
     // The reset destroyed the streams the program created; the legacy and
     // per-thread streams are the runtime's and go on, their kind known.
@@ -567,6 +591,7 @@ bool StreamOrdering::events_held_once() const {
   };
   add_fences(device_);
   for (const auto& [id, s] : streams_) add_fences(s);
+  for (const auto& [id, s] : destroying_) add_fences(s);
   std::sort(held.begin(), held.end());
   return std::adjacent_find(held.begin(), held.end()) == held.end();
 }

@@ -85,7 +85,16 @@ class StreamOrdering {
   bool stream_created(StreamId id, StreamKind kind);
   // Before the real destroy: fences the stream's queued work so that nothing it
   // used is reused early. The caller re-keys the stream's cached blocks.
-  void stream_destroying(StreamId id);
+  void stream_destroying(StreamId id) {
+    stream_destroy_begin(id);
+    stream_destroy_end(id, true);
+  }
+  // The same in two steps, around a destroy the runtime may refuse: the
+  // fencing first, with the stream's state held aside; then, destroyed, its
+  // counters go to the report's gone streams, and refused, the stream lives
+  // on with its kind, counters and captures (its fences stay retired).
+  void stream_destroy_begin(StreamId id);
+  void stream_destroy_end(StreamId id, bool destroyed);
   // The thread whose per-thread default stream this is has ended. Its state
   // goes (its counters to the report's gone streams), so that a program whose
   // threads come and go does not make the pool keep, poll and report a
@@ -211,6 +220,7 @@ class StreamOrdering {
   const PoolOptions& options_;
   StreamState device_;
   std::unordered_map<StreamId, StreamState> streams_;
+  std::unordered_map<StreamId, StreamState> destroying_;  // between the steps of a destroy
   std::vector<EventHandle> spare_events_;
   std::vector<EventHandle> retired_;  // fences on destroyed streams, until complete
   std::vector<StreamReport> destroyed_;  // counters of destroyed streams, for the report

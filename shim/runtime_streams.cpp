@@ -152,7 +152,7 @@ int Runtime::stream_destroying(cudaStream_t stream) {
   if (caches_.enabled()) caches_.flush_stream(id);
   if (DeviceState* d = existing(dev)) {
     std::lock_guard<AdaptiveMutex> lock(d->mu);
-    d->pool->stream_destroying(id);
+    d->pool->stream_destroy_begin(id);
   }
   return dev;
 }
@@ -165,21 +165,16 @@ void Runtime::stream_destroy_answered(StreamId stream, int dev, bool destroyed) 
     // would), and no later call can name it: kept, it would forbid the pool
     // cudaFree, and keep the threads' caches aside, for good.
     std::lock_guard<AdaptiveMutex> lock(d->mu);
+    d->pool->stream_destroy_end(stream, true);
     forget_captures(*d, stream);
     return;
   }
-  // Refused: the stream lives on, still capturing. The pool, which forgot
-  // it, is told of its captures again, and meets it as a non-blocking stream
-  // (the most ordering) with no call that would touch it.
+  // Refused: the stream lives on, with its kind, counters and captures, which
+  // the pool takes back; its handle is gpupool's to know again.
   std::lock_guard<std::mutex> streams_lock(streams_mu_);  // before a device's, as everywhere
   std::lock_guard<AdaptiveMutex> lock(d->mu);
-  bool capturing = false;
-  for (const DeviceState::Capture& c : d->captures) {
-    if (c.stream != stream) continue;
-    d->pool->capture_began(stream);
-    capturing = true;
-  }
-  if (capturing) streams_locked().emplace(stream, dev);
+  d->pool->stream_destroy_end(stream, false);
+  streams_locked().emplace(stream, dev);
 }
 
 void Runtime::forget_captures(DeviceState& d, StreamId stream) {

@@ -273,7 +273,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         SAY("non-blocking stream destroyed and made again\n");
         pool.stream_destroying(kNonBlocking);
         begin_stream(kNonBlocking, StreamKind::NonBlocking);
-        if (pool.is_capturing(kBlocking)) {  // and the blocking one, its capture ending with it
+        if (pool.is_capturing(kBlocking) && in.byte() % 2 == 0) {  // a destroy the runtime refuses: it captures on
+          SAY("capturing blocking stream's destroy refused\n");
+          pool.stream_destroy_begin(kBlocking);
+          pool.stream_destroy_end(kBlocking, false);
+        } else if (pool.is_capturing(kBlocking)) {  // and the blocking one, its capture ending with it
           SAY("capturing blocking stream destroyed and made again\n");
           pool.stream_destroying(kBlocking);
           begin_stream(kBlocking, StreamKind::Blocking);

@@ -283,6 +283,30 @@ class Capture(ShimTest):
                     self.assertEqual(run.counters()["captures_invalidated"], 0)
                     self.assertEqual(run.report()["devices"]["0"]["ooms"], [])
 
+    def test_a_stream_whose_destroy_is_refused_keeps_its_kind_and_counters(self):
+        # test-capture refused-destroy: the runtime refuses to destroy a
+        # capturing blocking stream, which lives on. It stays one stream in
+        # the report, alive, with the reuse it made before; and blocking, so
+        # the device barriers after it (the plain pairs under a 24 MiB
+        # device) make it wait for none. Taken for a new non-blocking stream,
+        # it would wait at each.
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                self.remove_reports()
+                run = self.run_program(["test-capture", "refused-destroy"],
+                                       env={"SIMCUDA_MEMORY": "24M", "SIMCUDA_REFUSE_CAPTURING_DESTROY": "1",
+                                            "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                self.assertSucceeded(run)
+                self.assertEqual(run.counters()["captures_invalidated"], 0)
+                rows = run.report()["devices"]["0"]["streams"]
+                barriers = next(r for r in rows if r["stream"] == "cudaMalloc/cudaFree")["fences_recorded"]
+                self.assertGreater(barriers, 0, rows)  # the case is there
+                mine = [r for r in rows if r["stream"] == run.output_json()["stream"]]
+                self.assertEqual(len(mine), 1, rows)
+                self.assertTrue(mine[0]["alive"])
+                self.assertGreaterEqual(mine[0]["same_stream_reuses"], 1)
+                self.assertEqual(mine[0]["barrier_waits"], 0)
+
     def test_a_capture_end_refused_on_another_thread_leaves_the_capture_going(self):
         # CUDA refuses to end a non-relaxed capture on another thread than
         # the one that began it, and the capture goes on. Counted as ended,

@@ -70,6 +70,12 @@
 //                      global-mode capture forbids, is not refused. Prints
 //                      each way's results as JSON; exits 1 if a capture
 //                      outlived its end
+//   capture refused-destroy  (run with SIMCUDA_REFUSE_CAPTURING_DESTROY=1) a
+//                      blocking stream makes two stream-ordered pairs (a reuse
+//                      on it), captures, and the runtime refuses to destroy it;
+//                      the capture is ended, then the stream makes another
+//                      pair and plain pairs make device barriers. The stream is
+//                      left alive; prints its handle as JSON
 //   capture refused    captures the runtime refuses to begin, on the legacy
 //                      stream and on a stream already capturing: once the one
 //                      capture begun has ended, the pool serves both streams'
@@ -454,6 +460,34 @@ int gone_rules() {
   return outlived ? 1 : 0;
 }
 
+int refused_destroy() {
+  cudaStream_t s = nullptr;
+  CHECK_CUDA(cudaStreamCreate(&s));
+  for (int i = 0; i < 2; ++i) {
+    void* p = nullptr;
+    CHECK_CUDA(cudaMallocAsync(&p, 1 << 20, s));
+    CHECK_CUDA(cudaFreeAsync(p, s));
+  }
+  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CHECK_CUDA(cudaLaunchHostFunc(s, noop, nullptr));
+  EXPECT(cudaStreamDestroy(s) == cudaErrorStreamCaptureUnsupported);
+  (void)cudaGetLastError();
+  if (!ended_valid(s)) return 1;
+  void* p = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&p, 1 << 20, s));
+  CHECK_CUDA(cudaFreeAsync(p, s));
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  // Plain blocks reused: each reuse of a freed one needs a device barrier,
+  // which orders non-blocking streams only.
+  for (int i = 0; i < 8; ++i) {
+    void* q = nullptr;
+    CHECK_CUDA(cudaMalloc(&q, 6 << 20));
+    CHECK_CUDA(cudaFree(q));
+  }
+  std::printf("{\"stream\": \"%p\"}\n", static_cast<void*>(s));
+  return 0;
+}
+
 int refused() {
   cudaStream_t s;
   CHECK_CUDA(cudaStreamCreate(&s));
@@ -495,6 +529,7 @@ int refused() {
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "others") == 0) return others();
   if (argc > 1 && std::strcmp(argv[1], "refused") == 0) return refused();
+  if (argc > 1 && std::strcmp(argv[1], "refused-destroy") == 0) return refused_destroy();
   if (argc > 2 && std::strcmp(argv[1], "gone") == 0) return gone(argv[2]);
   if (argc > 1 && std::strcmp(argv[1], "gone-rules") == 0) return gone_rules();
   if (argc > 1 && std::strcmp(argv[1], "new-thread") == 0) return new_thread();

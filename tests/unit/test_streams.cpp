@@ -568,6 +568,65 @@ TEST_CASE_METHOD(PoolFixture, "a destroyed stream's blocks stay cached and are f
   CHECK(legacy_waited);
 }
 
+TEST_CASE_METHOD(PoolFixture, "a stream whose destroy is refused lives on with its kind, counters and captures") {
+  make();
+  pool->stream_created(kS1, StreamKind::Blocking);
+  upstream.set_events_complete_at_once(false);
+  release(alloc(1000, kS1), kS1);
+  const DevicePtr a = alloc(1000, kS1);  // a same-stream reuse
+  release(a, kS1);
+  pool->capture_began(kS1);
+  pool->stream_destroy_begin(kS1);
+  CHECK_FALSE(pool->capture_active());
+  check();  // held aside meanwhile: no event held twice, no block keyed to it
+  pool->stream_destroy_end(kS1, false);
+  CHECK(pool->is_capturing(kS1));
+  pool->capture_ended(kS1);
+  check();
+  int rows = 0;
+  for (const StreamReport& r : pool->streams()) {
+    if (r.id != kS1) continue;
+    ++rows;
+    CHECK(r.alive);
+    CHECK(r.kind == StreamKind::Blocking);
+    CHECK(r.counters.same_stream_reuses == 1);
+  }
+  CHECK(rows == 1);
+  CHECK(gone_streams(*pool).first == 0);
+  // Met again between the steps (a call from another thread): one stream.
+  pool->capture_began(kS1);
+  pool->stream_destroy_begin(kS1);
+  pool->stream_created(kS1, StreamKind::Blocking);
+  pool->stream_destroy_end(kS1, false);
+  CHECK(pool->is_capturing(kS1));
+  pool->capture_ended(kS1);
+  CHECK_FALSE(pool->capture_active());
+  rows = 0;
+  for (const StreamReport& r : pool->streams()) {
+    if (r.id != kS1) continue;
+    ++rows;
+    CHECK(r.counters.same_stream_reuses == 1);
+  }
+  CHECK(rows == 1);
+  // Destroyed after all: its counters go to the gone streams.
+  pool->stream_destroy_begin(kS1);
+  pool->stream_destroy_end(kS1, true);
+  CHECK(gone_streams(*pool) == std::pair<std::uint64_t, int>{1, 1});
+  check();
+  // A device reset between the steps destroys it with the rest: the fresh
+  // pool reports it gone, and the answer that comes after finds nothing.
+  pool->stream_created(kS2, StreamKind::Blocking);
+  pool->stream_destroy_begin(kS2);
+  std::unique_ptr<DevicePool> before = std::move(pool);
+  make();
+  pool->continue_history(*before);
+  CHECK(gone_streams(*pool) == std::pair<std::uint64_t, int>{2, 2});
+  pool->stream_destroy_end(kS2, false);
+  CHECK(gone_streams(*pool) == std::pair<std::uint64_t, int>{2, 2});
+  for (const StreamReport& r : pool->streams()) CHECK((r.id != kS2 || !r.alive));
+  check();
+}
+
 TEST_CASE_METHOD(PoolFixture, "a destroyed stream's work that nothing covers blocks reuse until a device wait") {
   // Its fence cannot be recorded and the host cannot wait for it: a barrier
   // would not follow that work, and a completion fence would not see it done.
