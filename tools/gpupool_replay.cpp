@@ -170,6 +170,7 @@ void print_json(const tools::ReplayResult& r, const std::string& conf, bool plai
   w.field("allocations", r.allocations);
   w.field("frees", r.frees);
   w.field("unknown_frees", r.unknown_frees);
+  w.field("lost_frees", r.lost_frees);
   w.field("trace_allocation_failures", r.trace_failures);
   w.field("peak_live_bytes", r.peak_live);
   w.field("peak_reserved_bytes", r.peak_reserved);
@@ -229,6 +230,14 @@ void print_row(const tools::ReplayResult& r, const std::string& label, int width
   if (r.unknown_frees > 0) {
     std::printf("%*s (%llu frees of pointers the trace never allocated: skipped)\n", width, "",
                 static_cast<unsigned long long>(r.unknown_frees));
+  }
+  if (r.lost_frees == 1) {
+    std::printf("%*s (1 allocation of a pointer still live, whose free the trace lost: that block freed first)\n",
+                width, "");
+  } else if (r.lost_frees > 1) {
+    std::printf("%*s (%llu allocations of pointers still live, whose frees the trace lost: those blocks freed "
+                "first)\n",
+                width, "", static_cast<unsigned long long>(r.lost_frees));
   }
 }
 

@@ -19,6 +19,7 @@ struct ReplayResult {
   std::uint64_t allocations = 0;    // allocate events replayed
   std::uint64_t frees = 0;
   std::uint64_t unknown_frees = 0;  // frees of pointers not live in the replay: counted, skipped
+  std::uint64_t lost_frees = 0;     // allocations of pointers still live: the earlier block freed first
   std::uint64_t trace_failures = 0; // "allocate failure" lines: the original run's, not replayed
   std::size_t peak_live = 0;        // the most requested bytes live at once
   std::size_t peak_reserved = 0;

@@ -324,6 +324,20 @@ class Replay(ShimTest):
         self.assertEqual((r["allocations"], r["frees"], r["unknown_frees"]), (1, 1, 1))
         self.assertEqual((r["trace_allocation_failures"], r["ooms"]), (1, 0))  # counted, not replayed
 
+    def test_an_allocation_of_a_pointer_still_live_frees_the_earlier_block_first(self):
+        # The trace lost a free: the address was free again when the second
+        # allocation got it. Both blocks live at once would make a peak the
+        # run never had, and the earlier block would never be freed.
+        path = self.write("l.csv", "Thread,Time,Action,Pointer,Size,Stream\n"
+                          "1,00:00:00.000000,allocate,0x1000,4096,0x0\n"
+                          "1,00:00:00.000001,allocate,0x1000,8192,0x0\n"
+                          "1,00:00:00.000002,free,0x1000,8192,0x0\n")
+        r = json.loads(self.replay("--json", "--passes", "2", path).stdout)
+        self.assertEqual((r["allocations"], r["frees"], r["unknown_frees"], r["lost_frees"]), (4, 2, 0, 2))
+        self.assertEqual(r["peak_live_bytes"], 8192)
+        self.assertIn("(1 allocation of a pointer still live", self.replay(path).stdout)
+        self.assertIn("(2 allocations of pointers still live", self.replay("--passes", "2", path).stdout)
+
     def test_the_free_of_an_allocation_that_failed_in_the_replay_is_no_unknown_free(self):
         # --capacity 64M: the 100 MiB request fails (the trace's did not), and
         # its free is of a pointer the trace did allocate.
