@@ -301,6 +301,15 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "gpupool-replay: %s\n", error.c_str());
       return 1;
     }
+    const auto& events = traces[i].events;
+    if (std::none_of(events.begin(), events.end(),
+                     [](const tools::TraceEvent& e) { return e.action == tools::TraceEvent::Action::Allocate; })) {
+      // An empty file (a run that never allocated, or one stopped before its
+      // first flush): nothing to measure, and no setting to recommend.
+      std::fprintf(stderr, "gpupool-replay: %s: no allocation to replay (%zu events)\n", args.traces[i].c_str(),
+                   events.size());
+      return 1;
+    }
     if (traces[i].cut_line != 0) {
       std::fprintf(stderr,
                    "gpupool-replay: %s:%zu: the trace ends partway through this line (was its writer stopped?); "

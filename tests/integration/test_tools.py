@@ -312,6 +312,17 @@ class Replay(ShimTest):
         self.assertEqual(out.returncode, 1)
         self.assertIn("one.csv:1: expected 6 fields", out.stderr)
 
+    def test_a_trace_without_allocations_is_an_error(self):
+        # Nothing to measure: a table of zeros and a recommendation would mislead.
+        for name, text in (("empty.csv", ""), ("header.csv", "Thread,Time,Action,Pointer,Size,Stream\n"),
+                           ("failures.csv", "Thread,Time,Action,Pointer,Size,Stream\n"
+                                            "1,00:00:00.000000,allocate failure,0x0,1099511627776,0x0\n")):
+            with self.subTest(name=name):
+                out = self.replay("--tune", self.write(name, text))
+                self.assertEqual(out.returncode, 1)
+                self.assertIn(f"{name}: no allocation to replay", out.stderr)
+                self.assertEqual(out.stdout, "")
+
     def test_unknown_frees_are_counted_and_skipped(self):
         path = self.write("t.csv", "Thread,Time,Action,Pointer,Size,Stream\n"
                           "1,00:00:00.000000,allocate,0x1000,4096,0x0\n"
@@ -551,7 +562,7 @@ class Replay(ShimTest):
         self.assertRegex(table.stdout, r"remapping a tenth as much or less: GPUPOOL_CONF=\S*memory_limit:400M \(")
 
     def test_bad_settings_are_refused(self):
-        path = self.write("t.csv", "Thread,Time,Action,Pointer,Size,Stream\n")
+        path = self.write("t.csv", "Thread,Time,Action,Pointer,Size,Stream\n1,00:00:00.000000,allocate,0x1000,512,0x0\n")
         out = self.replay("--set", "max_split_size_mb=tiny", path)
         self.assertEqual(out.returncode, 2)
         self.assertIn("GPUPOOL_CONF:max_split_size_mb", out.stderr)
