@@ -120,13 +120,20 @@ void StreamOrdering::stream_destroy_end(StreamId id, bool destroyed) {
     return;
   }
   captures_active_ += s.captures;
-  // Met again meanwhile (a call on it from another thread): one stream.
+  // Met again meanwhile (a call on it from another thread), it was made to
+  // follow the latest barrier then: one stream.
   if (StreamState* live = known(id)) {
     live->counters += s.counters;
     live->captures += s.captures;
     return;
   }
-  streams_.insert(std::move(node));
+  StreamState& back = streams_.insert(std::move(node)).position->second;
+  // A barrier recorded while it was held aside did not make it wait: it
+  // follows the latest as a new stream does (a capturing one cannot wait).
+  if (back.kind == StreamKind::NonBlocking && back.captures == 0 && last_barrier_.epoch > device_.completed_epoch &&
+      !options_.unsafe_skip_ordering) {
+    order_after_last_barrier(back);
+  }
 }
 
 void StreamOrdering::thread_stream_ended(StreamId id, bool again) {

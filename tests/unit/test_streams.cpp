@@ -627,6 +627,28 @@ TEST_CASE_METHOD(PoolFixture, "a stream whose destroy is refused lives on with i
   check();
 }
 
+TEST_CASE_METHOD(PoolFixture, "a non-blocking stream whose destroy is refused follows the barriers made meanwhile") {
+  // Another thread's plain pair records a barrier while the destroy is under
+  // way: the stream, held aside, was not made to wait for it, and the block
+  // that barrier covered may be used on the stream as soon as it lives on.
+  make();
+  pool->stream_created(kNB, StreamKind::NonBlocking);
+  upstream.set_events_complete_at_once(false);
+  release(alloc(1000));
+  pool->stream_destroy_begin(kNB);
+  upstream.clear_calls();
+  alloc(1000);  // the barrier
+  REQUIRE(count(upstream.calls(), Call::Record, kLegacy) == 1);
+  const EventHandle barrier = upstream.calls().back().event;
+  CHECK(count(upstream.calls(), Call::Wait, kNB) == 0);
+  upstream.clear_calls();
+  pool->stream_destroy_end(kNB, false);
+  REQUIRE(upstream.calls().size() == 1);
+  CHECK((upstream.calls()[0].kind == Call::Wait && upstream.calls()[0].stream == kNB &&
+         upstream.calls()[0].event == barrier));
+  check();
+}
+
 TEST_CASE_METHOD(PoolFixture, "a destroyed stream's work that nothing covers blocks reuse until a device wait") {
   // Its fence cannot be recorded and the host cannot wait for it: a barrier
   // would not follow that work, and a completion fence would not see it done.
