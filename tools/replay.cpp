@@ -64,12 +64,13 @@ ReplayResult replay(const Trace& trace, const PoolOptions& options, std::size_t 
         case TraceEvent::Action::Allocate: {
           ++r.allocations;
           ++operations;
-          if (auto it = live.find(e.pointer); it != live.end()) {
+          // One lookup: the entry is filled in once the pool has answered.
+          const auto [it, added] = live.try_emplace(e.pointer, LiveBlock{0, stream});
+          if (!added) {
             // The trace reuses a pointer it never freed: the free was lost
             // (the address was free again by then). Ours goes first.
             ++r.lost_frees;
             if (it->second.ptr != 0) pool.deallocate(it->second.ptr, it->second.stream);
-            live.erase(it);
           }
           const std::vector<StreamReport> before =
               find_peak_cause && reserved_peak == pool.stats().reserved_bytes[kAll].current ? pool.streams()
@@ -81,7 +82,7 @@ ReplayResult replay(const Trace& trace, const PoolOptions& options, std::size_t 
           }
           // A failure (counted by the pool as an out-of-memory) stays live with
           // no block, so that the trace's free of it is no unknown free.
-          live.emplace(e.pointer, LiveBlock{a.ok ? a.ptr : 0, stream});
+          it->second = LiveBlock{a.ok ? a.ptr : 0, stream};
           break;
         }
         case TraceEvent::Action::Free: {
