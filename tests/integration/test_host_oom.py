@@ -96,13 +96,13 @@ class HostMemoryFailure(ShimTest):
         self.assertGreater(outcomes["aside"], 0, outcomes)
         self.assertGreater(outcomes["report"], 0, outcomes)
 
-    def run_mode(self, mode, expandable):
+    def run_mode(self, mode, expandable, env=None):
         """test-host-oom MODE (after-reset, fork), which arms the failures
         itself; it must succeed. Only this run's report is left."""
         for path in glob.glob(os.path.join(self.workdir, "report-*")):
             os.remove(path)
         run = self.run_program(["test-host-oom", mode], library=f"{self.FAULTS}:{LIBRARY}",
-                               env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                               env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable, **(env or {})})
         self.assertSucceeded(run)
         return run
 
@@ -125,10 +125,7 @@ class HostMemoryFailure(ShimTest):
         # memory at the addresses of gpupool's old segment is the runtime's.
         for expandable in ("0", "1"):
             with self.subTest(expandable_segments=expandable):
-                run = self.run_program(["test-host-oom", "after-reset"], library=f"{self.FAULTS}:{LIBRARY}",
-                                       env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable,
-                                            "SIMCUDA_RESET_ERROR": "late"})
-                self.assertSucceeded(run)
+                run = self.run_mode("after-reset", expandable, {"SIMCUDA_RESET_ERROR": "late"})
                 self.assertIn("gpupool steps aside", run.stderr)
                 out = run.output_json()
                 self.assertEqual(out["reset"], "cudaErrorLaunchFailure")
@@ -142,10 +139,7 @@ class HostMemoryFailure(ShimTest):
         # free a whole segment under it).
         for expandable in ("0", "1"):
             with self.subTest(expandable_segments=expandable):
-                run = self.run_program(["test-host-oom", "after-reset"], library=f"{self.FAULTS}:{LIBRARY}",
-                                       env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable,
-                                            "SIMCUDA_RESET_ERROR": "refused"})
-                self.assertSucceeded(run)
+                run = self.run_mode("after-reset", expandable, {"SIMCUDA_RESET_ERROR": "refused"})
                 self.assertIn("gpupool steps aside", run.stderr)
                 self.assertEqual(run.output_json(), {"reset": "refused"})
 
