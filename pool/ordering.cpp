@@ -610,12 +610,15 @@ std::vector<StreamReport> StreamOrdering::stream_reports() const {
   d.kind = StreamKind::Legacy;
   d.counters = device_.counters;
   out.push_back(d);
-  for (const auto& [id, s] : streams_) {
-    StreamReport r;
-    r.id = id;
-    r.kind = s.kind;
-    r.counters = s.counters;
-    out.push_back(r);
+  // A stream whose destroy is under way is alive until the runtime answers.
+  for (const auto* streams : {&streams_, &destroying_}) {
+    for (const auto& [id, s] : *streams) {
+      StreamReport r;
+      r.id = id;
+      r.kind = s.kind;
+      r.counters = s.counters;
+      out.push_back(r);
+    }
   }
   out.insert(out.end(), destroyed_.begin(), destroyed_.end());
   return out;

@@ -579,6 +579,9 @@ TEST_CASE_METHOD(PoolFixture, "a stream whose destroy is refused lives on with i
   pool->stream_destroy_begin(kS1);
   CHECK_FALSE(pool->capture_active());
   check();  // held aside meanwhile: no event held twice, no block keyed to it
+  int held_rows = 0;  // and still in a report written meanwhile
+  for (const StreamReport& r : pool->streams()) held_rows += r.id == kS1 && r.alive ? 1 : 0;
+  CHECK(held_rows == 1);
   pool->stream_destroy_end(kS1, false);
   CHECK(pool->is_capturing(kS1));
   pool->capture_ended(kS1);
