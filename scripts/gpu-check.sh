@@ -309,6 +309,11 @@ run "static runtime: threads" 0 "${static[@]}" -- "$out/threads_static" 4 500
 run "static runtime: capture" 0 "${static[@]}" -- "$out/capture_static"
 run "static runtime: capture while other streams allocate" 0 "${static[@]}" -- "$out/capture_static" others
 run "static runtime: capture into a program's graph" 0 "${static[@]}" -- "$out/capture_static" to-graph
+# The per-thread entry points a --default-stream per-thread build's static
+# runtime fetches, played against the driver (no nvcc build of that kind here).
+for mode in capture-per-thread capture-to-graph-per-thread; do
+  run "static runtime (played): $mode" 0 "${static[@]}" -- build/bin/test-static-runtime "$mode"
+done
 run "static runtime: device reset" 0 "${static[@]}" -- "$out/lifecycle_static" reset
 static_trim_report="$out/report-trim-static.json"
 run "static runtime: cudaMemPoolTrimTo gives back the cache" 0 "${static[@]}" GPUPOOL_LOG="$static_trim_report" \
