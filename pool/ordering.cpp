@@ -102,12 +102,16 @@ void StreamOrdering::stream_destroy_begin(StreamId id) {
   }
   for (const Fence& f : s.pending) retired_.push_back(f.event);
   s.pending.clear();
-  captures_active_ -= s.captures;
+  // Its captures still count until the runtime answers: a refused destroy
+  // leaves them going, and no barrier may touch the legacy stream meanwhile.
   if (last_stream_ == &it->second) last_stream_ = nullptr;
   // Moved as a node (no allocation); a stream held aside already (a destroy
   // of it under way on another thread) is reported gone.
   auto held = destroying_.insert(streams_.extract(it));
-  if (!held.inserted) report_destroyed(held.node.mapped());
+  if (!held.inserted) {
+    captures_active_ -= held.node.mapped().captures;
+    report_destroyed(held.node.mapped());
+  }
 }
 
 void StreamOrdering::stream_destroy_end(StreamId id, bool destroyed) {
@@ -116,10 +120,10 @@ void StreamOrdering::stream_destroy_end(StreamId id, bool destroyed) {
   auto node = destroying_.extract(it);
   StreamState& s = node.mapped();
   if (destroyed) {
+    captures_active_ -= s.captures;  // ended with it
     report_destroyed(s);
     return;
   }
-  captures_active_ += s.captures;
   // Met again meanwhile (a call on it from another thread), it was made to
   // follow the latest barrier then: one stream.
   if (StreamState* live = known(id)) {
@@ -129,7 +133,7 @@ void StreamOrdering::stream_destroy_end(StreamId id, bool destroyed) {
   }
   StreamState& back = streams_.insert(std::move(node)).position->second;
   // A barrier recorded while it was held aside did not make it wait: it
-  // follows the latest as a new stream does (a capturing one cannot wait).
+  // follows the latest as a new stream does. (None was, had it captured.)
   if (back.kind == StreamKind::NonBlocking && back.captures == 0 && last_barrier_.epoch > device_.completed_epoch &&
       !options_.unsafe_skip_ordering) {
     order_after_last_barrier(back);

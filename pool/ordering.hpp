@@ -90,9 +90,10 @@ class StreamOrdering {
     stream_destroy_end(id, true);
   }
   // The same in two steps, around a destroy the runtime may refuse: the
-  // fencing first, with the stream's state held aside; then, destroyed, its
-  // counters go to the report's gone streams, and refused, the stream lives
-  // on with its kind, counters and captures (its fences stay retired).
+  // fencing first, with the stream's state held aside (its captures still
+  // count, so no barrier is made meanwhile if it captures); then, destroyed,
+  // its counters go to the report's gone streams, and refused, the stream
+  // lives on with its kind, counters and captures (its fences stay retired).
   void stream_destroy_begin(StreamId id);
   void stream_destroy_end(StreamId id, bool destroyed);
   // The thread whose per-thread default stream this is has ended. Its state
