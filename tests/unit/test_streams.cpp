@@ -68,6 +68,15 @@ DevicePtr only_room_freed_on_s1(PoolFixture& f, DevicePtr* rest) {
   return a;
 }
 
+// The rows the pool reports for a stream.
+std::vector<StreamReport> rows_of(const DevicePool& pool, StreamId id) {
+  std::vector<StreamReport> rows;
+  for (const StreamReport& r : pool.streams()) {
+    if (r.id == id) rows.push_back(r);
+  }
+  return rows;
+}
+
 // The gone streams the pool reports, and the rows they take.
 std::pair<std::uint64_t, int> gone_streams(const DevicePool& pool) {
   std::uint64_t streams = 0;
@@ -585,22 +594,18 @@ TEST_CASE_METHOD(PoolFixture, "a stream whose destroy is refused lives on with i
   alloc(1000);
   CHECK(count(upstream.calls(), Call::Record, kLegacy) == 0);
   check();  // held aside meanwhile: no event held twice, no block keyed to it
-  int held_rows = 0;  // and still in a report written meanwhile
-  for (const StreamReport& r : pool->streams()) held_rows += r.id == kS1 && r.alive ? 1 : 0;
-  CHECK(held_rows == 1);
+  const std::vector<StreamReport> held = rows_of(*pool, kS1);  // and still in a report written meanwhile
+  REQUIRE(held.size() == 1);
+  CHECK(held[0].alive);
   pool->stream_destroy_end(kS1, false);
   CHECK(pool->is_capturing(kS1));
   pool->capture_ended(kS1);
   check();
-  int rows = 0;
-  for (const StreamReport& r : pool->streams()) {
-    if (r.id != kS1) continue;
-    ++rows;
-    CHECK(r.alive);
-    CHECK(r.kind == StreamKind::Blocking);
-    CHECK(r.counters.same_stream_reuses == 1);
-  }
-  CHECK(rows == 1);
+  std::vector<StreamReport> rows = rows_of(*pool, kS1);
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0].alive);
+  CHECK(rows[0].kind == StreamKind::Blocking);
+  CHECK(rows[0].counters.same_stream_reuses == 1);
   CHECK(gone_streams(*pool).first == 0);
   // Met again between the steps (a call from another thread): one stream.
   pool->capture_began(kS1);
@@ -610,13 +615,9 @@ TEST_CASE_METHOD(PoolFixture, "a stream whose destroy is refused lives on with i
   CHECK(pool->is_capturing(kS1));
   pool->capture_ended(kS1);
   CHECK_FALSE(pool->capture_active());
-  rows = 0;
-  for (const StreamReport& r : pool->streams()) {
-    if (r.id != kS1) continue;
-    ++rows;
-    CHECK(r.counters.same_stream_reuses == 1);
-  }
-  CHECK(rows == 1);
+  rows = rows_of(*pool, kS1);
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0].counters.same_stream_reuses == 1);
   // Destroyed after all: its counters go to the gone streams.
   pool->stream_destroy_begin(kS1);
   pool->stream_destroy_end(kS1, true);
@@ -632,7 +633,7 @@ TEST_CASE_METHOD(PoolFixture, "a stream whose destroy is refused lives on with i
   CHECK(gone_streams(*pool) == std::pair<std::uint64_t, int>{2, 2});
   pool->stream_destroy_end(kS2, false);
   CHECK(gone_streams(*pool) == std::pair<std::uint64_t, int>{2, 2});
-  for (const StreamReport& r : pool->streams()) CHECK((r.id != kS2 || !r.alive));
+  for (const StreamReport& r : rows_of(*pool, kS2)) CHECK_FALSE(r.alive);
   check();
 }
 
@@ -1039,14 +1040,10 @@ TEST_CASE_METHOD(PoolFixture, "an ended thread's stream leaves the books, its bl
   // handed to another stream only once a completion fence shows them done.
   const DevicePtr a = freed_on_thread_a(*this, false);
   pool->thread_stream_ended(kPtdsA);
-  int rows = 0;
-  for (const StreamReport& r : pool->streams()) {
-    if (r.id != kPtdsA) continue;
-    ++rows;
-    CHECK_FALSE(r.alive);
-    CHECK(r.kind == StreamKind::PerThread);
-  }
-  CHECK(rows == 1);
+  std::vector<StreamReport> rows = rows_of(*pool, kPtdsA);
+  REQUIRE(rows.size() == 1);
+  CHECK_FALSE(rows[0].alive);
+  CHECK(rows[0].kind == StreamKind::PerThread);
   upstream.clear_calls();
   const DevicePtr pending = alloc(kMiB, kPtdsB);
   CHECK(pending != a);  // room to grow: not while its work may be pending
@@ -1054,9 +1051,7 @@ TEST_CASE_METHOD(PoolFixture, "an ended thread's stream leaves the books, its bl
   CHECK(count(upstream.calls(), Call::Record, kPtdsA) == 0);   // which cannot name it
   upstream.complete_all();
   CHECK(alloc(kMiB, kPtdsB) == a);  // that fence done: reused
-  rows = 0;
-  for (const StreamReport& r : pool->streams()) rows += r.id == kPtdsA ? 1 : 0;
-  CHECK(rows == 1);  // looking at its block made no state for it again
+  CHECK(rows_of(*pool, kPtdsA).size() == 1);  // looking at its block made no state for it again
   check();
 }
 
