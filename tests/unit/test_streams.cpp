@@ -637,6 +637,24 @@ TEST_CASE_METHOD(PoolFixture, "a stream whose destroy is refused lives on with i
   check();
 }
 
+TEST_CASE_METHOD(PoolFixture, "a second destroy of a stream met again while its first is under way reports both gone") {
+  // A racing program: one thread destroys the stream, another uses it (it is
+  // met again as a new stream, and captures) and destroys it too.
+  make();
+  pool->stream_created(kS1, StreamKind::Blocking);
+  pool->capture_began(kS1);
+  pool->stream_destroy_begin(kS1);
+  pool->stream_created(kS1, StreamKind::Blocking);
+  pool->capture_began(kS1);
+  pool->stream_destroy_begin(kS1);  // the first is still held aside: this one is gone at once
+  CHECK(gone_streams(*pool) == std::pair<std::uint64_t, int>{1, 1});
+  CHECK(pool->capture_active());  // the first's capture, until its answer
+  pool->stream_destroy_end(kS1, true);
+  CHECK(gone_streams(*pool) == std::pair<std::uint64_t, int>{2, 2});
+  CHECK_FALSE(pool->capture_active());
+  check();
+}
+
 TEST_CASE_METHOD(PoolFixture, "a non-blocking stream whose destroy is refused follows the barriers made meanwhile") {
   // Another thread's plain pair records a barrier while the destroy is under
   // way: the stream, held aside, was not made to wait for it, and the block
