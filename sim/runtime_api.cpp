@@ -180,13 +180,20 @@ cudaError_t memset_async(void* p, int value, size_t count, cudaStream_t stream, 
 cudaError_t malloc_async(void** p, size_t size, cudaStream_t stream, bool per_thread, cudaMemPool_t from = nullptr) {
   if (p == nullptr) return result(cudaErrorInvalidValue);
   counters().malloc_async_calls++;
-  const int device = from != nullptr ? simcuda::mem_pool_device(from) : stream_of(stream, per_thread)->device;
+  Stream* const s = stream_of(stream, per_thread);
+  const int device = from != nullptr ? simcuda::mem_pool_device(from) : s->device;
   if (device < 0) return result(cudaErrorInvalidValue);
   if (!simcuda::mem_pools_supported(device)) return result(cudaErrorNotSupported);
   if (const cudaError_t fault = fault_of(device); fault != cudaSuccess) return result(fault);
   if (size == 0) {
     *p = nullptr;
     return cudaSuccess;
+  }
+  // The allocation is an operation of the stream's: on the legacy stream it
+  // breaks a blocking stream's capture, as any legacy-stream work does; on a
+  // capturing stream it is the graph's node.
+  if (const cudaError_t err = Engine::instance().enqueue(s, nullptr, {}, false); err != cudaSuccess) {
+    return result(err);
   }
   // Memory is usable in stream order at once here; the pool of a real device
   // would also hand it out in stream order. Frees still queued would give
