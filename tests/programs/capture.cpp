@@ -568,6 +568,8 @@ int main(int argc, char** argv) {
   void* before = nullptr;
   CHECK_CUDA(cudaMallocAsync(&before, 1 << 20, s));
   CHECK_CUDA(cudaStreamSynchronize(s));
+  cudaMemPool_t default_pool = nullptr;
+  CHECK_CUDA(cudaDeviceGetDefaultMemPool(&default_pool, 0));
   simcuda_counters c0{};
   const bool sim = testprog::sim_counters(&c0);
 
@@ -578,8 +580,11 @@ int main(int argc, char** argv) {
   } else {
     CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   }
-  void* inside[3] = {};
-  for (void*& p : inside) CHECK_CUDA(cudaMallocAsync(&p, 1 << 20, s));
+  // Three by cudaMallocAsync, one by cudaMallocFromPoolAsync from the default
+  // pool (a _ptsz twin in test-capture-ptds, where stream 0 is per-thread).
+  void* inside[4] = {};
+  for (int i = 0; i < 3; ++i) CHECK_CUDA(cudaMallocAsync(&inside[i], 1 << 20, s));
+  CHECK_CUDA(cudaMallocFromPoolAsync(&inside[3], 1 << 20, default_pool, s));
   CHECK_CUDA(cudaLaunchHostFunc(s, noop, nullptr));
   for (void* p : inside) CHECK_CUDA(cudaFreeAsync(p, s));
   CHECK_CUDA(cudaFreeAsync(before, s));  // a pooled block freed inside the capture
@@ -587,7 +592,7 @@ int main(int argc, char** argv) {
   if (sim) {
     simcuda_counters c1{};
     testprog::sim_counters(&c1);
-    EXPECT(c1.malloc_async_calls - c0.malloc_async_calls == 3);  // the three inside went to the runtime
+    EXPECT(c1.malloc_async_calls - c0.malloc_async_calls == 4);  // the four inside went to the runtime
     EXPECT(c1.captures_invalidated == 0);
   }
   // After the capture the pool serves the stream again.

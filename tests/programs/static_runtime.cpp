@@ -99,6 +99,7 @@ struct Driver {
   decltype(&cuDeviceGetDefaultMemPool) device_get_default_mem_pool;
   decltype(&cuMemAllocAsync) mem_alloc_async;
   decltype(&cuMemAllocFromPoolAsync) mem_alloc_from_pool_async;
+  decltype(&cuMemAllocFromPoolAsync) mem_alloc_from_pool_async_ptsz;
   decltype(&cuMemFreeAsync) mem_free_async;
   decltype(&cuMemAllocAsync) mem_alloc_async_ptsz;
   decltype(&cuMemFreeAsync) mem_free_async_ptsz;
@@ -158,6 +159,8 @@ void open_driver() {
   d.mem_free_async = fetch<decltype(d.mem_free_async)>("cuMemFreeAsync", 11020);
   d.mem_alloc_async_ptsz = fetch<decltype(d.mem_alloc_async)>("cuMemAllocAsync", 11020, 2);
   d.mem_free_async_ptsz = fetch<decltype(d.mem_free_async)>("cuMemFreeAsync", 11020, 2);
+  d.mem_alloc_from_pool_async_ptsz =
+      fetch<decltype(d.mem_alloc_from_pool_async)>("cuMemAllocFromPoolAsync", 11020, 2);
   d.memcpy_htod = fetch<decltype(d.memcpy_htod)>("cuMemcpyHtoD", 3020);
   d.memcpy_dtoh = fetch<decltype(d.memcpy_dtoh)>("cuMemcpyDtoH", 3020);
   d.memcpy_htod_async = fetch<decltype(d.memcpy_htod_async)>("cuMemcpyHtoDAsync", 3020);
@@ -490,6 +493,9 @@ int capture(Capture how) {
   CUstream other = new_stream(CU_STREAM_NON_BLOCKING);
   const auto alloc_async = per_thread ? d.mem_alloc_async_ptsz : d.mem_alloc_async;
   const auto free_async = per_thread ? d.mem_free_async_ptsz : d.mem_free_async;
+  const auto alloc_from_pool = per_thread ? d.mem_alloc_from_pool_async_ptsz : d.mem_alloc_from_pool_async;
+  CUmemoryPool default_pool = nullptr;
+  check(d.device_get_default_mem_pool(&default_pool, 0), "cuDeviceGetDefaultMemPool");
   // Blocks to reuse while the capture runs: freed before it, plain and ordered.
   CUdeviceptr warm = 0;
   check(d.mem_alloc(&warm, 1 << 20), "cuMemAlloc");
@@ -509,6 +515,8 @@ int capture(Capture how) {
   }
   CUdeviceptr p = 0;
   check(alloc_async(&p, 4096, s), "cuMemAllocAsync (captured)");
+  check(free_async(p, s), "cuMemFreeAsync (captured)");
+  check(alloc_from_pool(&p, 4096, default_pool, s), "cuMemAllocFromPoolAsync (captured)");
   check(free_async(p, s), "cuMemFreeAsync (captured)");
   CUdeviceptr q = 0;
   check(d.mem_alloc(&q, 1 << 20), "cuMemAlloc during a capture");
