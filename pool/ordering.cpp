@@ -79,12 +79,10 @@ void StreamOrdering::stream_destroy_begin(StreamId id) {
   destroying_.reserve(destroying_.size() + 1);  // so that holding it aside cannot fail
   // Work queued on s may still run after the destroy returns. Keep an event at
   // its end: barriers make the legacy stream wait for it until it completes.
-  if (!options_.unsafe_skip_ordering && addressable(s) && s.captures > 0) {
-    // Its work from before the capture: neither an event nor a host wait may
-    // touch a capturing stream (either breaks the capture, which goes on if
-    // the runtime refuses the destroy). Nothing covers that work now.
-    destroyed_work_unordered_ = true;
-  } else if (!options_.unsafe_skip_ordering && addressable(s)) {
+  // A capturing stream gets neither an event nor a host wait: either breaks
+  // the capture, which goes on if the runtime refuses the destroy. Its work
+  // from before the capture is left to the answer (see forget_destroyed).
+  if (!options_.unsafe_skip_ordering && addressable(s) && s.captures == 0) {
     const EventHandle event = take_event();
     if (event != 0 && upstream_.record_event(event, id)) {
       retired_.push_back(event);
@@ -108,10 +106,7 @@ void StreamOrdering::stream_destroy_begin(StreamId id) {
   // Moved as a node (no allocation); a stream held aside already (a destroy
   // of it under way on another thread) is reported gone.
   auto held = destroying_.insert(streams_.extract(it));
-  if (!held.inserted) {
-    captures_active_ -= held.node.mapped().captures;
-    report_destroyed(held.node.mapped());
-  }
+  if (!held.inserted) forget_destroyed(held.node.mapped());
 }
 
 void StreamOrdering::stream_destroy_end(StreamId id, bool destroyed) {
@@ -120,8 +115,7 @@ void StreamOrdering::stream_destroy_end(StreamId id, bool destroyed) {
   auto node = destroying_.extract(it);
   StreamState& s = node.mapped();
   if (destroyed) {
-    captures_active_ -= s.captures;  // ended with it
-    report_destroyed(s);
+    forget_destroyed(s);
     return;
   }
   // Met again meanwhile (a call on it from another thread), it was made to
@@ -155,6 +149,15 @@ void StreamOrdering::thread_stream_ended(StreamId id, bool again) {
   }
   if (last_stream_ == &it->second) last_stream_ = nullptr;
   streams_.erase(it);
+}
+
+void StreamOrdering::forget_destroyed(const StreamState& s) {
+  captures_active_ -= s.captures;  // ended with it
+  // Destroyed while it captured, it got no fence (stream_destroy_begin):
+  // nothing covers its work from before the capture now. Refused, it would
+  // have lived on, its capture to end, and later barriers would cover it.
+  if (s.captures > 0 && addressable(s) && !options_.unsafe_skip_ordering) destroyed_work_unordered_ = true;
+  report_destroyed(s);
 }
 
 void StreamOrdering::report_destroyed(const StreamState& s) {

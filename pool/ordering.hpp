@@ -189,6 +189,8 @@ class StreamOrdering {
     const auto it = streams_.find(id);
     return it == streams_.end() ? nullptr : &it->second;
   }
+  // A destroyed stream leaves the books (its captures ended with it).
+  void forget_destroyed(const StreamState& s);
   void report_destroyed(const StreamState& s);
   void report_gone_again(const StreamState& s);  // see thread_stream_ended
   void report_gone(const StreamReport& r);  // never allocates (room is reserved)

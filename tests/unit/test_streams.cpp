@@ -735,6 +735,31 @@ TEST_CASE_METHOD(PoolFixture, "a stream destroyed while it captures is left alon
   check();
 }
 
+TEST_CASE_METHOD(PoolFixture, "a capturing stream whose destroy is refused leaves barriers free once its capture ends") {
+  // It lives on: once its capture is over, barriers can record on it and
+  // cover its work from before the capture. Only a destroy that happened
+  // leaves that work to a device wait.
+  make(2 * kMiB);  // one segment, kept by a live block
+  pool->stream_created(kNB, StreamKind::NonBlocking);
+  upstream.set_events_complete_at_once(false);
+  alloc(kMiB);
+  const DevicePtr a = alloc(kMiB, kNB);
+  release(a);  // plain cudaFree: only a barrier, which must follow kNB's work, lets it go
+  pool->capture_began(kNB);
+  upstream.clear_calls();
+  pool->stream_destroy_begin(kNB);
+  pool->stream_destroy_end(kNB, false);
+  CHECK(upstream.calls().empty());
+  pool->capture_ended(kNB);
+  upstream.set_events_complete_at_once(true);
+  upstream.set_host_waits_fail(true);
+  CHECK(pool->allocate(1000, kAnyStream).ptr == a);  // after a barrier, not a device wait
+  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);
+  CHECK(count(upstream.calls(), Call::Wait, kLegacy) == 1);  // for kNB's event
+  CHECK(upstream.device_syncs() == 0);
+  check();
+}
+
 TEST_CASE_METHOD(PoolFixture, "a destroyed stream's fence whose query fails no longer covers its work") {
   // The error says nothing of that work: the barrier the query was made for
   // must not go ahead without it.
