@@ -713,32 +713,9 @@ TEST_CASE_METHOD(PoolFixture, "a destroyed stream's work that nothing covers blo
 TEST_CASE_METHOD(PoolFixture, "a stream destroyed while it captures is left alone and its work waits for a device sync") {
   // An event recorded or a host wait on it would break the capture, which
   // goes on where the runtime refuses the destroy. Its work from before the
-  // capture stays uncovered until the host has waited for the whole device.
-  make(2 * kMiB);  // one segment, kept by a live block
-  pool->stream_created(kNB, StreamKind::NonBlocking);
-  upstream.set_events_complete_at_once(false);
-  alloc(kMiB);
-  const DevicePtr a = alloc(kMiB, kNB);
-  release(a);  // plain cudaFree: only a barrier, which must follow kNB's work, lets it go
-  pool->capture_began(kNB);
-  upstream.clear_calls();
-  pool->stream_destroying(kNB);
-  CHECK(upstream.calls().empty());
-  CHECK_FALSE(pool->capture_active());
-  upstream.set_events_complete_at_once(true);
-  upstream.set_host_waits_fail(true);
-  CHECK_FALSE(pool->allocate(1000, kAnyStream).ok);  // no barrier: it would not follow kNB's work
-  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 0);
-  upstream.set_host_waits_fail(false);
-  CHECK(pool->allocate(1000, kAnyStream).ptr == a);  // after a device wait
-  CHECK(upstream.device_syncs() == 1);
-  check();
-}
-
-TEST_CASE_METHOD(PoolFixture, "a capturing stream whose destroy is refused leaves barriers free once its capture ends") {
-  // It lives on: once its capture is over, barriers can record on it and
-  // cover its work from before the capture. Only a destroy that happened
-  // leaves that work to a device wait.
+  // capture stays uncovered until the host has waited for the whole device,
+  // unless the stream lives on: then the barriers made once its capture is
+  // over record on it and cover that work.
   make(2 * kMiB);  // one segment, kept by a live block
   pool->stream_created(kNB, StreamKind::NonBlocking);
   upstream.set_events_complete_at_once(false);
@@ -748,15 +725,29 @@ TEST_CASE_METHOD(PoolFixture, "a capturing stream whose destroy is refused leave
   pool->capture_began(kNB);
   upstream.clear_calls();
   pool->stream_destroy_begin(kNB);
-  pool->stream_destroy_end(kNB, false);
-  CHECK(upstream.calls().empty());
-  pool->capture_ended(kNB);
-  upstream.set_events_complete_at_once(true);
-  upstream.set_host_waits_fail(true);
-  CHECK(pool->allocate(1000, kAnyStream).ptr == a);  // after a barrier, not a device wait
-  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);
-  CHECK(count(upstream.calls(), Call::Wait, kLegacy) == 1);  // for kNB's event
-  CHECK(upstream.device_syncs() == 0);
+  SECTION("destroyed") {
+    pool->stream_destroy_end(kNB, true);
+    CHECK(upstream.calls().empty());
+    CHECK_FALSE(pool->capture_active());
+    upstream.set_events_complete_at_once(true);
+    upstream.set_host_waits_fail(true);
+    CHECK_FALSE(pool->allocate(1000, kAnyStream).ok);  // no barrier: it would not follow kNB's work
+    CHECK(count(upstream.calls(), Call::Record, kLegacy) == 0);
+    upstream.set_host_waits_fail(false);
+    CHECK(pool->allocate(1000, kAnyStream).ptr == a);  // after a device wait
+    CHECK(upstream.device_syncs() == 1);
+  }
+  SECTION("refused") {
+    pool->stream_destroy_end(kNB, false);
+    CHECK(upstream.calls().empty());
+    pool->capture_ended(kNB);
+    upstream.set_events_complete_at_once(true);
+    upstream.set_host_waits_fail(true);
+    CHECK(pool->allocate(1000, kAnyStream).ptr == a);  // after a barrier, not a device wait
+    CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);
+    CHECK(count(upstream.calls(), Call::Wait, kLegacy) == 1);  // for kNB's event
+    CHECK(upstream.device_syncs() == 0);
+  }
   check();
 }
 
