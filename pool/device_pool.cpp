@@ -575,6 +575,13 @@ void DevicePool::absorb_next(Block* low) {
   delete_block(high);
 }
 
+bool DevicePool::stream_created(StreamId id, StreamKind kind) {
+  // A handle already known names a new stream (see StreamOrdering::
+  // stream_created): what the old stream left cached is a destroyed stream's.
+  if (kind != StreamKind::PerThread && ordering_.knows(id)) rekey_to_any_stream(id);
+  return ordering_.stream_created(id, kind);
+}
+
 void DevicePool::stream_destroy_begin(StreamId id) {
   ordering_.stream_destroy_begin(id);
   try {

@@ -75,8 +75,10 @@ class DevicePool {
   const Segment* segment_of(DevicePtr ptr) const;  // the segment holding ptr, or null
 
   // False when the new stream could not be ordered after the latest barrier
-  // (see StreamOrdering::stream_created).
-  bool stream_created(StreamId id, StreamKind kind) { return ordering_.stream_created(id, kind); }
+  // (see StreamOrdering::stream_created). A handle the pool knows names a new
+  // stream: the old one's cached blocks then need the device barrier, and its
+  // unfenced work a device wait.
+  bool stream_created(StreamId id, StreamKind kind);
   void stream_destroying(StreamId id) {
     stream_destroy_begin(id);
     stream_destroy_end(id, true);

@@ -34,13 +34,24 @@ StreamState& StreamOrdering::lookup(StreamId id) {
 }
 
 bool StreamOrdering::stream_created(StreamId id, StreamKind kind) {
+  // A handle the books hold, given to a new stream: the one it named was
+  // destroyed where gpupool could not see it (a driver call of the program's,
+  // a library not taken over). (A per-thread id is never reused: met again,
+  // it is the same stream.)
+  const bool gone_unseen = kind != StreamKind::PerThread && known(id) != nullptr;
   StreamState& s = stream(id);
-  // A handle seen before belonged to a stream destroyed behind our back: keep
-  // its fences until they complete, start afresh. Nothing may fail once the
-  // first event is retired, or it would stay pending too: room comes first.
+  // Its fences are kept until they complete. Nothing may fail once the first
+  // event is retired, or it would stay pending too: room comes first.
   retired_.reserve(retired_.size() + s.pending.size());
   for (const Fence& f : s.pending) retired_.push_back(f.event);
   captures_active_ -= s.captures;
+  if (gone_unseen) {
+    // Its work since its last fence was never fenced, and can no longer be:
+    // the handle names the new stream now. As for a destroyed stream whose
+    // fence could not be recorded, only a device wait covers it.
+    if (addressable(s) && !options_.unsafe_skip_ordering) destroyed_work_unordered_ = true;
+    report_destroyed(s);
+  }
   s.restart(id, kind);
   // A non-blocking stream ignores the legacy stream, so it would not be ordered
   // after barriers recorded before it existed: make it wait for the latest.

@@ -118,6 +118,7 @@ class StreamOrdering {
   // (see Upstream::capture_forbids_unsafe_calls).
   bool unsafe_calls_allowed() const { return !capture_active() && !upstream_.capture_forbids_unsafe_calls(); }
   bool is_capturing(StreamId id) const { return captures_active_ > 0 && capturing(id); }
+  bool knows(StreamId id) const { return streams_.count(id) != 0; }  // in the books, alive
 
   // The stream's state, added on first sight. A stream never seen created is
   // taken as non-blocking: the kind that needs the most ordering.

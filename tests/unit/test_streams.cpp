@@ -710,6 +710,31 @@ TEST_CASE_METHOD(PoolFixture, "a destroyed stream's work that nothing covers blo
   CHECK(upstream.device_syncs() == 1);
 }
 
+TEST_CASE_METHOD(PoolFixture, "a handle that comes back with a new stream leaves the old stream's work to a device wait") {
+  // The stream was destroyed where gpupool could not see it (the driver's
+  // own call), and the runtime gave its handle to a new one. The old
+  // stream's blocks must not be the new one's at once, and no event can be
+  // recorded on the old stream (the handle names the new one now).
+  make(2 * kMiB);  // one segment, kept by a live block: no room, nothing to give back
+  pool->stream_created(kNB, StreamKind::NonBlocking);
+  upstream.set_events_complete_at_once(false);
+  alloc(kMiB);
+  const DevicePtr a = alloc(kMiB, kNB);  // with the block above, the whole segment
+  release(a, kNB);
+  pool->stream_created(kNB, StreamKind::NonBlocking);
+  CHECK(gone_streams(*pool) == std::pair<std::uint64_t, int>{1, 1});  // the old stream's row
+  upstream.set_events_complete_at_once(true);
+  upstream.set_host_waits_fail(true);
+  upstream.clear_calls();
+  CHECK_FALSE(pool->allocate(1000, kNB).ok);          // not as the same stream's block
+  CHECK_FALSE(pool->allocate(1000, kAnyStream).ok);  // nor after a barrier
+  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 0);
+  upstream.set_host_waits_fail(false);
+  CHECK(pool->allocate(1000, kNB).ptr == a);  // after a device wait
+  CHECK(upstream.device_syncs() == 1);
+  check();
+}
+
 TEST_CASE_METHOD(PoolFixture, "a stream destroyed while it captures is left alone and its work waits for a device sync") {
   // An event recorded or a host wait on it would break the capture, which
   // goes on where the runtime refuses the destroy. Its work from before the
