@@ -81,11 +81,17 @@ std::unordered_map<StreamId, int>& Runtime::streams_locked() {
 void Runtime::stream_created(cudaStream_t stream, unsigned flags) {
   const StreamId id = reinterpret_cast<StreamId>(stream);
   const int dev = current_device();
+  bool known = false;
   {
     std::lock_guard<std::mutex> lock(streams_mu_);
-    streams_locked()[id] = dev;
+    known = !streams_locked().insert_or_assign(id, dev).second;
   }
   streams_generation_.fetch_add(1, std::memory_order_acq_rel);
+  // A handle known already: its stream was destroyed where gpupool could not
+  // see it. Blocks threads keep for that stream go back first, as at a
+  // destroy, for the pool to take from the new stream (see
+  // DevicePool::stream_created).
+  if (known && caches_.enabled()) caches_.flush_stream(id);
   introduce_stream(dev, id, flags);
 }
 
