@@ -36,6 +36,11 @@ std::uint64_t env_u64(const char* name, std::uint64_t fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::strtoull(v, nullptr, 10) : fallback;
 }
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
 }  // namespace
 
 Engine& Engine::instance() {
@@ -68,24 +73,29 @@ Stream* Engine::resolve(cudaStream_t handle, bool per_thread, int device) {
     return mine;
   }
   if (raw == 0 || raw == 0x1) return legacy_[static_cast<std::size_t>(device)];
-  return reinterpret_cast<Stream*>(handle);
+  return reinterpret_cast<StreamHandle*>(handle)->stream.load(std::memory_order_acquire);
 }
 
-Stream* Engine::create_stream(unsigned flags, int device) {
+cudaStream_t Engine::create_stream(unsigned flags, int device) {
   auto* s = new Stream();
   s->kind = (flags & cudaStreamNonBlocking) != 0 ? StreamKind::NonBlocking : StreamKind::Blocking;
   s->device = device;
   std::lock_guard<std::mutex> lock(mu_);
+  if (free_handles_.empty()) {
+    s->handle = new StreamHandle();
+  } else {
+    s->handle = free_handles_.back();
+    free_handles_.pop_back();
+  }
+  s->handle->stream.store(s, std::memory_order_release);
   streams_.push_back(s);
-  return s;
+  return reinterpret_cast<cudaStream_t>(s->handle);
 }
 
 cudaError_t Engine::destroy_stream(Stream* s) {
   if (s->kind == StreamKind::Legacy || s->kind == StreamKind::PerThread) return cudaErrorInvalidResourceHandle;
-  static const bool refuse_capturing = [] {
-    const char* v = std::getenv("SIMCUDA_REFUSE_CAPTURING_DESTROY");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
+  static const bool refuse_capturing = env_flag("SIMCUDA_REFUSE_CAPTURING_DESTROY");
+  static const bool reuse_handles = env_flag("SIMCUDA_REUSE_STREAM_HANDLES");
   std::lock_guard<std::mutex> lock(mu_);
   if (s->destroyed) return cudaErrorInvalidResourceHandle;
   if (s->capturing && refuse_capturing) return cudaErrorStreamCaptureUnsupported;
@@ -94,6 +104,7 @@ cudaError_t Engine::destroy_stream(Stream* s) {
   // path), its graph lost.
   s->destroyed = true;
   s->capturing = false;
+  if (reuse_handles) free_handles_.push_back(s->handle);
   cv_.notify_all();
   return cudaSuccess;
 }

@@ -11,6 +11,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -22,6 +23,13 @@
 namespace simcuda {
 
 struct Stream;
+
+// What cudaStreamCreate gives the program: its own object, not the Stream, so
+// that a handle can name a new stream while the old one's work still runs
+// (SIMCUDA_REUSE_STREAM_HANDLES). Never freed.
+struct StreamHandle {
+  std::atomic<Stream*> stream{nullptr};
+};
 
 struct Dependency {
   Stream* stream;
@@ -52,6 +60,7 @@ struct Stream {
   std::thread::id capture_thread;  // the thread that began it
   void* capture_graph = nullptr;   // cudaStreamBeginCaptureToGraph's graph, which the end returns
   std::uint64_t captured_nodes = 0;
+  StreamHandle* handle = nullptr;  // null: the legacy and per-thread streams
   bool blocking() const { return kind == StreamKind::Blocking || kind == StreamKind::PerThread; }
 };
 
@@ -74,7 +83,10 @@ class Engine {
   // (the caller's current one); with `per_thread` (a _ptsz entry point) 0
   // means the caller's per-thread stream there, as does cudaStreamPerThread.
   Stream* resolve(cudaStream_t handle, bool per_thread, int device);
-  Stream* create_stream(unsigned flags, int device);
+  cudaStream_t create_stream(unsigned flags, int device);
+  // With SIMCUDA_REUSE_STREAM_HANDLES=1 a destroyed stream's handle goes to
+  // the next stream made (the most recently destroyed first), as CUDA's
+  // handles, addresses the driver frees, can be.
   cudaError_t destroy_stream(Stream* s);
   // A thread's per-thread streams, as it ends: each is retired as a
   // destroyed stream is (its queued work still runs, and still orders the
@@ -122,6 +134,7 @@ class Engine {
   std::condition_variable cv_;
   std::vector<Stream*> streams_;  // every stream ever made; never freed
   std::vector<Stream*> legacy_;  // per device
+  std::vector<StreamHandle*> free_handles_;  // destroyed streams', to give again
   std::uint64_t delay_us_;
 };
 

@@ -592,7 +592,7 @@ cudaError_t cudaMemsetAsync_ptsz(void* p, int v, size_t n, cudaStream_t s) { ret
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
   if (s == nullptr) return result(cudaErrorInvalidValue);
-  *s = reinterpret_cast<cudaStream_t>(Engine::instance().create_stream(flags, t_device));
+  *s = Engine::instance().create_stream(flags, t_device);
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }

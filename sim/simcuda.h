@@ -24,6 +24,8 @@
  *   SIMCUDA_REFUSE_CAPTURING_DESTROY=1  cudaStreamDestroy refuses a stream
  *                               that captures (cudaErrorStreamCaptureUnsupported);
  *                               by default the capture ends with the stream
+ *   SIMCUDA_REUSE_STREAM_HANDLES=1  a destroyed stream's handle names the next
+ *                               stream made, while the old one's work may still run
  *   SIMCUDA_RESET_ERROR=refused|late  cudaDeviceReset answers with an error:
  *                               refused, it resets nothing
  *                               (cudaErrorNotPermitted); late, it resets and
