@@ -58,15 +58,15 @@ run() {
 
 echo "== building the GPU test programs"
 arch=-arch=native
-"$nvcc" $arch -O2 -cudart shared -o "$out/hazards_gpu" tests/gpu/hazards_gpu.cu 2>"$out/nvcc.log" ||
-  { arch=-arch=sm_90; "$nvcc" $arch -O2 -cudart shared -o "$out/hazards_gpu" tests/gpu/hazards_gpu.cu 2>>"$out/nvcc.log"; } ||
+"$nvcc" $arch -O2 -cudart shared -o "$out/hazards_gpu" tests/gpu/hazards_gpu.cu -ldl 2>"$out/nvcc.log" ||
+  { arch=-arch=sm_90; "$nvcc" $arch -O2 -cudart shared -o "$out/hazards_gpu" tests/gpu/hazards_gpu.cu -ldl 2>>"$out/nvcc.log"; } ||
   { echo "gpu-check: nvcc failed ($out/nvcc.log)"; exit 1; }
 "$nvcc" $arch -O2 -cudart shared -o "$out/user_program" tests/gpu/user_program.cu 2>>"$out/nvcc.log" ||
   { echo "gpu-check: nvcc failed ($out/nvcc.log)"; exit 1; }
 # nvcc's default: the CUDA runtime linked in, out of the preload's reach.
 "$nvcc" $arch -O2 -o "$out/user_program_static" tests/gpu/user_program.cu 2>>"$out/nvcc.log" ||
   { echo "gpu-check: nvcc failed ($out/nvcc.log)"; exit 1; }
-"$nvcc" $arch -O2 -o "$out/hazards_gpu_static" tests/gpu/hazards_gpu.cu 2>>"$out/nvcc.log" ||
+"$nvcc" $arch -O2 -o "$out/hazards_gpu_static" tests/gpu/hazards_gpu.cu -ldl 2>>"$out/nvcc.log" ||
   { echo "gpu-check: nvcc failed ($out/nvcc.log)"; exit 1; }
 # Integration programs with the static runtime, for static_runtime:1 (built
 # side by side: nvcc takes a while for each).

@@ -180,6 +180,17 @@ class Hazards(ShimTest):
                     PRESSURE, GPUPOOL_EXPANDABLE_SEGMENTS=expandable, SIMCUDA_DEVICES="2"))
                 self.assertSucceeded(run)
 
+    def test_a_stream_destroyed_unseen_leaves_its_handle_no_blocks(self):
+        # The driver's own cuStreamDestroy, past gpupool, and a runtime that
+        # gives the handle to the next stream at once: the blocks freed on the
+        # old stream, in the pool or in a thread's cache (-threads), must not
+        # go to the new one by stream order.
+        for case in ("unseen-destroy", "unseen-destroy-threads"):
+            with self.subTest(case=case):
+                self.check("test-hazards", case, True, {"SIMCUDA_REUSE_STREAM_HANDLES": "1"})
+        # Without the runtime's reuse the case shows nothing, and says so.
+        self.assertEqual(self.run_program(["test-hazards", "unseen-destroy"], env=PRESSURE).code, 2)
+
     def test_per_thread_default_stream_build(self):
         # Built with CUDA_API_PER_THREAD_DEFAULT_STREAM: the _ptsz entry points.
         for case in ("per-thread", "ended-thread"):

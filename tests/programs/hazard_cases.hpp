@@ -13,7 +13,9 @@
 //   void old_owner_writes(void* p, cudaStream_t s, size_t bytes);  // queues the slow write of kOld
 #pragma once
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -272,6 +274,50 @@ inline int ended_thread_stream() {
   return result;
 }
 
+// A stream destroyed where gpupool cannot see it (the driver's own
+// cuStreamDestroy, which a program on the shared runtime calls past gpupool),
+// then a new stream given its handle while the old one's write still runs:
+// the block freed on the old stream must still wait for that write. Shows
+// something only where the runtime gives the handle again at once (the
+// simulated one with SIMCUDA_REUSE_STREAM_HANDLES=1); 2 otherwise. With
+// `threads`, a second thread's stream-ordered call first switches gpupool's
+// per-thread caches on, so that the freed block waits in this thread's.
+inline int unseen_destroy(bool threads) {
+  using StreamDestroy = CUresult (*)(CUstream);
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  auto destroy = driver != nullptr ? reinterpret_cast<StreamDestroy>(dlsym(driver, "cuStreamDestroy_v2")) : nullptr;
+  if (destroy == nullptr) {
+    std::fprintf(stderr, "the driver's cuStreamDestroy_v2 was not found\n");
+    return 3;
+  }
+  if (threads) {
+    std::thread([] {
+      void* none = nullptr;
+      HAZARD_CHECK(cudaMallocAsync(&none, 0, kThreadStream));
+    }).join();
+  }
+  cudaStream_t s1 = stream(cudaStreamNonBlocking);
+  void* p = nullptr;
+  HAZARD_CHECK(cudaMallocAsync(&p, kBytes, s1));
+  void* rest = nullptr;  // held: p's bytes are then the only free room under pressure
+  HAZARD_CHECK(cudaMallocAsync(&rest, kBytes, s1));
+  old_owner_writes(p, s1);
+  HAZARD_CHECK(cudaFreeAsync(p, s1));
+  if (destroy(reinterpret_cast<CUstream>(s1)) != CUDA_SUCCESS) {
+    std::fprintf(stderr, "cuStreamDestroy_v2 failed\n");
+    return 3;
+  }
+  cudaStream_t s2 = stream(cudaStreamNonBlocking);
+  if (s2 != s1) {
+    std::printf("not reused: the new stream has a handle of its own\n");
+    HAZARD_CHECK(cudaDeviceSynchronize());
+    return 2;
+  }
+  void* q = nullptr;
+  HAZARD_CHECK(cudaMallocAsync(&q, kBytes, s2));
+  return verdict(p, q, s2);
+}
+
 // cudaFree also returns only once the device has done all earlier work: a
 // program may read on the host what that work wrote to mapped host memory.
 // The "block" written here is that host memory; 1: the host read it early.
@@ -315,6 +361,8 @@ inline int run_case(const std::string& name) {
   if (name == "destroyed-stream") return cross_stream(false, true);
   if (name == "per-thread") return per_thread_streams();
   if (name == "ended-thread") return ended_thread_stream();
+  if (name == "unseen-destroy") return unseen_destroy(false);
+  if (name == "unseen-destroy-threads") return unseen_destroy(true);
   if (name == "cross-device-free") return cross_device_free();
   if (name == "cudafree-host-sync") return cudafree_host_sync(false);
   if (name == "cudafree-host-sync-other-device") return cudafree_host_sync(true);
