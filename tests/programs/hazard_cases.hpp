@@ -178,16 +178,24 @@ inline int same_stream() {
   return verdict(p, q, s);
 }
 
+// On `s`: a block the old owner is still writing, freed at once, beside a
+// second block held for good, so that under pressure the first block's bytes
+// are the only free room. Returns the first.
+inline void* busy_freed_block(cudaStream_t s) {
+  void* p = nullptr;
+  HAZARD_CHECK(cudaMallocAsync(&p, kBytes, s));
+  void* rest = nullptr;
+  HAZARD_CHECK(cudaMallocAsync(&rest, kBytes, s));
+  old_owner_writes(p, s);
+  HAZARD_CHECK(cudaFreeAsync(p, s));
+  return p;
+}
+
 // wait_first: the old owner's stream is synchronized before the new request.
 // destroy_first: it is destroyed instead (returns at once; the write is queued).
 inline int cross_stream(bool wait_first, bool destroy_first) {
   cudaStream_t s1 = stream(cudaStreamNonBlocking), s2 = stream(cudaStreamNonBlocking);
-  void* p = nullptr;
-  HAZARD_CHECK(cudaMallocAsync(&p, kBytes, s1));
-  void* rest = nullptr;  // held: p's bytes are then the only free room under pressure
-  HAZARD_CHECK(cudaMallocAsync(&rest, kBytes, s1));
-  old_owner_writes(p, s1);
-  HAZARD_CHECK(cudaFreeAsync(p, s1));
+  void* p = busy_freed_block(s1);
   if (wait_first) HAZARD_CHECK(cudaStreamSynchronize(s1));
   if (destroy_first) HAZARD_CHECK(cudaStreamDestroy(s1));
   void* q = nullptr;
@@ -229,11 +237,7 @@ inline int per_thread_streams() {
   std::promise<void> freed, reused;
   std::future<void> freed_done = freed.get_future(), reused_done = reused.get_future();
   std::thread a([&] {
-    HAZARD_CHECK(cudaMallocAsync(&p, kBytes, kThreadStream));
-    void* rest = nullptr;  // held: p's bytes are then the only free room
-    HAZARD_CHECK(cudaMallocAsync(&rest, kBytes, kThreadStream));
-    old_owner_writes(p, kThreadStream);
-    HAZARD_CHECK(cudaFreeAsync(p, kThreadStream));
+    p = busy_freed_block(kThreadStream);
     freed.set_value();
     reused_done.wait();
   });
@@ -256,13 +260,7 @@ inline int per_thread_streams() {
 // protects the block, and the case shows nothing there.)
 inline int ended_thread_stream() {
   void* p = nullptr;
-  void* rest = nullptr;  // held: p's bytes are then the only free room
-  std::thread a([&] {
-    HAZARD_CHECK(cudaMallocAsync(&p, kBytes, kThreadStream));
-    HAZARD_CHECK(cudaMallocAsync(&rest, kBytes, kThreadStream));
-    old_owner_writes(p, kThreadStream);
-    HAZARD_CHECK(cudaFreeAsync(p, kThreadStream));
-  });
+  std::thread a([&] { p = busy_freed_block(kThreadStream); });
   a.join();
   int result = 0;
   std::thread b([&] {
@@ -297,12 +295,7 @@ inline int unseen_destroy(bool threads) {
     }).join();
   }
   cudaStream_t s1 = stream(cudaStreamNonBlocking);
-  void* p = nullptr;
-  HAZARD_CHECK(cudaMallocAsync(&p, kBytes, s1));
-  void* rest = nullptr;  // held: p's bytes are then the only free room under pressure
-  HAZARD_CHECK(cudaMallocAsync(&rest, kBytes, s1));
-  old_owner_writes(p, s1);
-  HAZARD_CHECK(cudaFreeAsync(p, s1));
+  void* p = busy_freed_block(s1);
   if (destroy(reinterpret_cast<CUstream>(s1)) != CUDA_SUCCESS) {
     std::fprintf(stderr, "cuStreamDestroy_v2 failed\n");
     return 3;
