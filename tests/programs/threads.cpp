@@ -41,7 +41,8 @@
 //     while the main thread returns after the given time: the process exits
 //     under their calls (gpupool's exit handler, its report, threads ending
 //     after it). A block found overwritten ends the process with status 3; a
-//     call the exit makes fail stops that thread.
+//     call the exit makes fail stops that thread. Prints how many rounds of
+//     pairs the long-lived threads had done when main returned.
 #include <pthread.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -239,9 +240,11 @@ int busy_at_fork(int threads, int children) {
 }
 
 int busy_at_exit(int threads, int milliseconds) {
+  static std::atomic<long> rounds_done{0};  // before the exit: gpupool was used, and reports
   for (int t = 0; t < threads; ++t) {
     std::thread([t] {
       for (unsigned i = 0; pairs_checked(static_cast<unsigned char>(t * 31 + i)); ++i) {
+        rounds_done.fetch_add(1, std::memory_order_relaxed);
       }
     }).detach();
   }
@@ -249,7 +252,7 @@ int busy_at_exit(int threads, int milliseconds) {
     for (unsigned i = 0;; ++i) std::thread([i] { pairs_checked(static_cast<unsigned char>(i)); }).join();
   }).detach();
   std::this_thread::sleep_for(std::chrono::milliseconds(milliseconds));
-  std::printf("{\"threads\": %d}\n", threads);
+  std::printf("{\"threads\": %d, \"rounds_done\": %ld}\n", threads, rounds_done.load());
   std::fflush(stdout);
   return 0;
 }
