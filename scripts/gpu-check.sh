@@ -161,11 +161,11 @@ for mode in 1 0; do
   done
 done
 
-echo "== a stream destroyed through the driver, past gpupool, its handle given to a new stream"
+echo "== a destroyed stream's handle given to a new stream (unseen-: destroyed through the driver, past gpupool)"
 # Shows something only where CUDA gives the handle again at once (exit 2 and
 # "not reused" in the log where it does not): the old stream's block must
 # still wait for its kernel, in the pool and in a thread's cache (-threads).
-for case in unseen-destroy unseen-destroy-threads; do
+for case in handle-given-again handle-given-again-threads unseen-destroy unseen-destroy-threads; do
   run "hazard $case" "0 2" "${pool[@]}" "${pressure[@]}" -- "$out/hazards_gpu" "$case"
   run "hazard $case shows without ordering" "1 2" "${pool[@]}" "${pressure[@]}" GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING=1 \
     -- "$out/hazards_gpu" "$case"

@@ -180,12 +180,13 @@ class Hazards(ShimTest):
                     PRESSURE, GPUPOOL_EXPANDABLE_SEGMENTS=expandable, SIMCUDA_DEVICES="2"))
                 self.assertSucceeded(run)
 
-    def test_a_stream_destroyed_unseen_leaves_its_handle_no_blocks(self):
-        # The driver's own cuStreamDestroy, past gpupool, and a runtime that
-        # gives the handle to the next stream at once: the blocks freed on the
-        # old stream, in the pool or in a thread's cache (-threads), must not
-        # go to the new one by stream order.
-        for case in ("unseen-destroy", "unseen-destroy-threads"):
+    def test_a_destroyed_streams_handle_brings_the_new_stream_no_blocks(self):
+        # A runtime that gives a destroyed stream's handle to the next stream
+        # at once: the blocks freed on the old stream, in the pool or in a
+        # thread's cache (-threads), must not go to the new one by stream
+        # order. Destroyed with cudaStreamDestroy, or with the driver's own
+        # cuStreamDestroy, past gpupool (unseen-).
+        for case in ("handle-given-again", "handle-given-again-threads", "unseen-destroy", "unseen-destroy-threads"):
             with self.subTest(case=case):
                 self.check("test-hazards", case, True, {"SIMCUDA_REUSE_STREAM_HANDLES": "1"})
         # Without the runtime's reuse the case shows nothing, and says so.

@@ -272,21 +272,25 @@ inline int ended_thread_stream() {
   return result;
 }
 
-// A stream destroyed where gpupool cannot see it (the driver's own
-// cuStreamDestroy, which a program on the shared runtime calls past gpupool),
-// then a new stream given its handle while the old one's write still runs:
-// the block freed on the old stream must still wait for that write. Shows
-// something only where the runtime gives the handle again at once (the
-// simulated one with SIMCUDA_REUSE_STREAM_HANDLES=1); 2 otherwise. With
-// `threads`, a second thread's stream-ordered call first switches gpupool's
-// per-thread caches on, so that the freed block waits in this thread's.
-inline int unseen_destroy(bool threads) {
+// A stream destroyed, then a new stream given its handle while the old one's
+// write still runs: the block freed on the old stream must still wait for
+// that write. With `unseen`, the destroy is one gpupool cannot see (the
+// driver's own cuStreamDestroy, which a program on the shared runtime calls
+// past gpupool). Shows something only where the runtime gives the handle
+// again at once (the simulated one with SIMCUDA_REUSE_STREAM_HANDLES=1); 2
+// otherwise. With `threads`, a second thread's stream-ordered call first
+// switches gpupool's per-thread caches on, so that the freed block waits in
+// this thread's.
+inline int handle_given_again(bool unseen, bool threads) {
   using StreamDestroy = CUresult (*)(CUstream);
-  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  auto destroy = driver != nullptr ? reinterpret_cast<StreamDestroy>(dlsym(driver, "cuStreamDestroy_v2")) : nullptr;
-  if (destroy == nullptr) {
-    std::fprintf(stderr, "the driver's cuStreamDestroy_v2 was not found\n");
-    return 3;
+  StreamDestroy driver_destroy = nullptr;
+  if (unseen) {
+    void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    driver_destroy = driver != nullptr ? reinterpret_cast<StreamDestroy>(dlsym(driver, "cuStreamDestroy_v2")) : nullptr;
+    if (driver_destroy == nullptr) {
+      std::fprintf(stderr, "the driver's cuStreamDestroy_v2 was not found\n");
+      return 3;
+    }
   }
   if (threads) {
     std::thread([] {
@@ -296,9 +300,13 @@ inline int unseen_destroy(bool threads) {
   }
   cudaStream_t s1 = stream(cudaStreamNonBlocking);
   void* p = busy_freed_block(s1);
-  if (destroy(reinterpret_cast<CUstream>(s1)) != CUDA_SUCCESS) {
-    std::fprintf(stderr, "cuStreamDestroy_v2 failed\n");
-    return 3;
+  if (unseen) {
+    if (driver_destroy(reinterpret_cast<CUstream>(s1)) != CUDA_SUCCESS) {
+      std::fprintf(stderr, "cuStreamDestroy_v2 failed\n");
+      return 3;
+    }
+  } else {
+    HAZARD_CHECK(cudaStreamDestroy(s1));
   }
   cudaStream_t s2 = stream(cudaStreamNonBlocking);
   if (s2 != s1) {
@@ -354,8 +362,10 @@ inline int run_case(const std::string& name) {
   if (name == "destroyed-stream") return cross_stream(false, true);
   if (name == "per-thread") return per_thread_streams();
   if (name == "ended-thread") return ended_thread_stream();
-  if (name == "unseen-destroy") return unseen_destroy(false);
-  if (name == "unseen-destroy-threads") return unseen_destroy(true);
+  if (name == "handle-given-again") return handle_given_again(false, false);
+  if (name == "handle-given-again-threads") return handle_given_again(false, true);
+  if (name == "unseen-destroy") return handle_given_again(true, false);
+  if (name == "unseen-destroy-threads") return handle_given_again(true, true);
   if (name == "cross-device-free") return cross_device_free();
   if (name == "cudafree-host-sync") return cudafree_host_sync(false);
   if (name == "cudafree-host-sync-other-device") return cudafree_host_sync(true);
