@@ -48,7 +48,23 @@ class Run:
                 return f.read()
             report = json.load(f)
         check_books(report)
+        self.check_reserved_against_device(report)
         return report
+
+    def check_reserved_against_device(self, report):
+        """The simulated runtime counts the memory it gave out itself (all its
+        devices together): no device's peak reserved in the report may exceed
+        that peak."""
+        path = os.path.join(self.workdir, "counters.json")
+        if not os.path.exists(path):
+            return
+        with open(path) as f:
+            device_peak = json.load(f)["peak_bytes_in_use"]
+        for device, d in report.get("devices", {}).items():
+            reserved = d["stats"]["reserved_bytes.all.peak"]
+            if reserved > device_peak:
+                raise AssertionError(f"device {device}: peak reserved {reserved} bytes in the report, but the "
+                                     f"device's peak in use was {device_peak}")
 
     def counters(self):
         with open(os.path.join(self.workdir, "counters.json")) as f:

@@ -34,6 +34,9 @@ class Integrity(ShimTest):
                 # Random sizes that keep growing: page mappings follow the new
                 # peaks more closely than whole segments do.
                 self.assertLess(upstream, did["allocations"] / (2 if expandable == "1" else 10))
+                # All the device memory the program used was gpupool's: the
+                # report's peak reserved is what the device counted.
+                self.assertEqual(stats["reserved_bytes.all.peak"], run.counters()["peak_bytes_in_use"])
                 os.remove(run.reports()[0])
 
     def test_patterns_program_passes_without_gpupool_too(self):
