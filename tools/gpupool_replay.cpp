@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -358,8 +359,13 @@ int main(int argc, char** argv) {
     Row row;
     const PoolOptions options = options_for(settings, &row.conf);
     for (const tools::Trace& t : traces) {
-      row.results.push_back(tools::replay(t, options, args.capacity, args.passes, args.details, args.plain,
-                                          args.idle_streams));
+      try {
+        row.results.push_back(tools::replay(t, options, args.capacity, args.passes, args.details, args.plain,
+                                            args.idle_streams));
+      } catch (const std::logic_error& e) {
+        std::fprintf(stderr, "gpupool-replay: internal error (%s): %s\n", row.conf.c_str(), e.what());
+        return 70;
+      }
       const tools::ReplayResult& r = row.results.back();
       row.mean_ratio += r.ratio() / static_cast<double>(traces.size());
       row.worst_ratio = std::max(row.worst_ratio, r.ratio());

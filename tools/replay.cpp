@@ -1,6 +1,8 @@
 #include "tools/replay.hpp"
 
 #include <chrono>
+#include <stdexcept>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -109,6 +111,12 @@ ReplayResult replay(const Trace& trace, const PoolOptions& options, std::size_t 
   const MemoryStats& s = pool.stats();
   r.peak_live = static_cast<std::size_t>(s.requested_bytes[kAll].peak);
   r.peak_reserved = static_cast<std::size_t>(s.reserved_bytes[kAll].peak);
+  // The pool's figure is checked against the device's own count: every
+  // memory comparison the replay makes rests on it.
+  if (r.peak_reserved != upstream.peak_in_use()) {
+    throw std::logic_error(trace.name + ": the pool counted a peak of " + std::to_string(r.peak_reserved) +
+                           " bytes reserved, the device " + std::to_string(upstream.peak_in_use()));
+  }
   r.upstream_mallocs = s.num_device_alloc;
   if (passes > 1) {
     r.last_pass = ReplayResult::DeviceCalls{s.num_page_maps - before_last.num_page_maps,

@@ -66,6 +66,8 @@ struct ReplayResult {
 // `idle_streams` non-blocking streams exist from the start and are never
 // used, as PyTorch's stream pool (32 per priority level) once a program asks
 // for one side stream: every device barrier orders each of them.
+// Throws std::logic_error where the pool's peak reserved is not the peak the
+// simulated device counted (a bug in the pool's figures).
 ReplayResult replay(const Trace& trace, const PoolOptions& options, std::size_t capacity, int passes,
                     bool find_peak_cause = false, bool plain = false, int idle_streams = 0);
 
