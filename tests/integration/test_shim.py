@@ -482,14 +482,17 @@ class Stress(ShimTest):
 
     def test_random_work_on_two_devices_keeps_every_pattern(self):
         # test-stress-ptds: the same built for the per-thread default stream
-        # (every stream call through a _ptsz entry point).
+        # (every stream call through a _ptsz entry point). Where the runtime
+        # gives a destroyed stream's handle to the next stream made (reuse),
+        # the program's renewed streams come back under their old handles.
         refused = allocations = 0
-        for program, seed, expandable in (("test-stress", "1", "1"), ("test-stress", "2", "1"),
-                                          ("test-stress", "3", "0"), ("test-stress", "4", "0"),
-                                          ("test-stress-ptds", "5", "1")):
-            with self.subTest(program=program, seed=seed, expandable_segments=expandable):
+        for program, seed, expandable, reuse in (("test-stress", "1", "1", "0"), ("test-stress", "2", "1", "1"),
+                                                 ("test-stress", "3", "0", "0"), ("test-stress", "4", "0", "1"),
+                                                 ("test-stress-ptds", "5", "1", "1")):
+            with self.subTest(program=program, seed=seed, expandable_segments=expandable, reuse=reuse):
                 run = self.run_program([program, "3", "10", "200", seed],
-                                       env=dict(self.ENV, GPUPOOL_EXPANDABLE_SEGMENTS=expandable))
+                                       env=dict(self.ENV, GPUPOOL_EXPANDABLE_SEGMENTS=expandable,
+                                                SIMCUDA_REUSE_STREAM_HANDLES=reuse))
                 self.assertSucceeded(run)
                 did = run.output_json()
                 devices = run.report()["devices"].values()
