@@ -183,8 +183,8 @@ bool DevicePool::ready_for(Block* b, StreamId consumer, bool allow_wait) {
   if (consumer == kAnyStream) {
     // Plain cudaMalloc: the block may be used on any stream. cudaFree's own
     // blocks always go through the barrier (its promise to the program).
-    if (b->stream == kAnyStream) return ordering_.device_ready(b->device_epoch);
-    return complete_or_wait([&] { return ordering_.device_ready(b->device_epoch); });
+    if (b->stream == kAnyStream) return ordering_.plain_ready(b->device_epoch);
+    return complete_or_wait([&] { return ordering_.plain_ready(b->device_epoch); });
   }
   if (b->stream == consumer) return true;
   if (b->stream == kAnyStream) return complete_or_wait([&] { return ordering_.device_ready(b->device_epoch); });

@@ -529,6 +529,11 @@ bool StreamOrdering::device_ready(std::uint64_t device_epoch) {
   return record_barrier();
 }
 
+bool StreamOrdering::plain_ready(std::uint64_t device_epoch) {
+  if (device_ready(device_epoch)) return true;
+  return destroyed_work_unordered_ && unsafe_calls_allowed() && synchronize_device();
+}
+
 bool StreamOrdering::stream_ready(StreamId from, std::uint64_t stream_epoch,
                                   std::uint64_t device_epoch, StreamId to, bool may_wait) {
   if (options_.unsafe_skip_ordering) return true;

@@ -140,6 +140,11 @@ class StreamOrdering {
   // True when a block freed at `device_epoch` may be used on any live stream
   // (recording a device barrier if needed). False when that is impossible now.
   bool device_ready(std::uint64_t device_epoch);
+  // The same for a plain cudaMalloc. Where a destroyed stream's work that
+  // nothing covers stops the barriers, the host waits for the whole device
+  // now instead: the runtime's own cudaFree would have waited so, and
+  // without it the pool grows at every plain request until out of memory.
+  bool plain_ready(std::uint64_t device_epoch);
   // True when a block freed at `device_epoch` is already covered: by a
   // recorded barrier, or known complete. Records nothing.
   bool device_ordered(std::uint64_t device_epoch) const {

@@ -721,6 +721,50 @@ TEST_CASE_METHOD(PoolFixture, "a destroyed stream's work that nothing covers blo
   CHECK(upstream.device_syncs() == 1);
 }
 
+TEST_CASE_METHOD(PoolFixture, "with a destroyed stream's work uncovered a plain request waits for the device once, and does not grow") {
+  // Barriers stop until the host has waited for the whole device. With room
+  // to grow, a plain request would otherwise take new memory every time.
+  make();  // room to grow; each block a segment of its own
+  pool->stream_created(kNB, StreamKind::NonBlocking);
+  pool->stream_created(kS1, StreamKind::Blocking);
+  upstream.set_events_complete_at_once(false);
+  const DevicePtr a = alloc(12 * kMiB, kNB);
+  release(a, kNB);
+  pool->stream_created(kNB, StreamKind::NonBlocking);  // destroyed unseen: its handle given again
+  const std::int64_t reserved = pool->stats().reserved_bytes[kAll].current;
+  upstream.clear_calls();
+  // A stream-ordered request never waits on the host: it grows instead.
+  const DevicePtr b = alloc(12 * kMiB, kS1);
+  CHECK(b != a);
+  CHECK(upstream.device_syncs() == 0);
+  release(b, kS1);
+  const std::int64_t grown = pool->stats().reserved_bytes[kAll].current;
+  SECTION("the host may wait") {
+    CHECK(alloc(12 * kMiB) == a);
+    CHECK(upstream.device_syncs() == 1);
+    CHECK(pool->stats().reserved_bytes[kAll].current == grown);
+    // Barriers order reuse again, with no more host waits.
+    release(a);
+    upstream.clear_calls();
+    CHECK(alloc(12 * kMiB) == a);
+    CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);
+    CHECK(upstream.device_syncs() == 1);
+  }
+  SECTION("the host wait fails") {
+    upstream.set_host_waits_fail(true);
+    CHECK(alloc(12 * kMiB) != a);  // new memory, as before
+    CHECK(pool->stats().reserved_bytes[kAll].current > grown);
+  }
+  SECTION("a stream captures") {
+    pool->capture_began(kS1);  // a device wait would break the capture
+    CHECK(alloc(12 * kMiB) != a);
+    CHECK(upstream.device_syncs() == 0);
+    pool->capture_ended(kS1);
+  }
+  CHECK(grown > reserved);
+  check();
+}
+
 TEST_CASE_METHOD(PoolFixture, "a stream destroyed while it captures is left alone and its work waits for a device sync") {
   // An event recorded or a host wait on it would break the capture, which
   // goes on where the runtime refuses the destroy. Its work from before the
