@@ -529,8 +529,7 @@ bool StreamOrdering::device_ready(std::uint64_t device_epoch) {
   return record_barrier();
 }
 
-bool StreamOrdering::plain_ready(std::uint64_t device_epoch) {
-  if (device_ready(device_epoch)) return true;
+bool StreamOrdering::wait_out_unordered_work() {
   return destroyed_work_unordered_ && unsafe_calls_allowed() && synchronize_device();
 }
 

@@ -144,7 +144,7 @@ class StreamOrdering {
   // nothing covers stops the barriers, the host waits for the whole device
   // now instead: the runtime's own cudaFree would have waited so, and
   // without it the pool grows at every plain request until out of memory.
-  bool plain_ready(std::uint64_t device_epoch);
+  bool plain_ready(std::uint64_t device_epoch) { return device_ready(device_epoch) || wait_out_unordered_work(); }
   // True when a block freed at `device_epoch` is already covered: by a
   // recorded barrier, or known complete. Records nothing.
   bool device_ordered(std::uint64_t device_epoch) const {
@@ -215,6 +215,9 @@ class StreamOrdering {
   // A host wait for the whole device, with no event: every free so far is
   // then complete.
   bool synchronize_device();
+  // Where a destroyed stream's work that nothing covers stops the barriers,
+  // and no capture forbids it: a host wait for the whole device.
+  bool wait_out_unordered_work();
   bool record_completion_fence();
   void poll(StreamState& s);
   bool addressable(const StreamState& s) const { return s.kind != StreamKind::PerThread; }
