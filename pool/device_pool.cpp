@@ -76,6 +76,9 @@ const Segment* DevicePool::segment_of(DevicePtr ptr) const {
 Allocation DevicePool::allocate(std::size_t size, StreamId consumer, std::uint32_t site, bool last_try) {
   if (size == 0) return Allocation{0, true};
   ++stats_.pool_ops;
+  // Streams found gone are forgotten before (found by another call) and
+  // after (found by this one): the caller learns of it at once.
+  if (ordering_.streams_found_gone()) forget_gone_streams();
   Allocation a;
   if (clock_ == nullptr || stats_.pool_ops % kTimingSample != 0) {
     a = allocate_unsampled(size, consumer, site, last_try);
@@ -90,6 +93,7 @@ Allocation DevicePool::allocate(std::size_t size, StreamId consumer, std::uint32
   }
   // Once per request, however many tries it took.
   if (a.ok || a.device_error || last_try) request_histogram_.add(size);
+  if (ordering_.streams_found_gone()) forget_gone_streams();
   return a;
 }
 
@@ -433,6 +437,8 @@ void DevicePool::uncount_listed(const Block* b) {
 
 FreeResult DevicePool::deallocate(DevicePtr ptr, StreamId site) {
   ++stats_.pool_ops;
+  // (A free makes no call that could find a stream gone: before only.)
+  if (ordering_.streams_found_gone()) forget_gone_streams();
   if (clock_ == nullptr || stats_.pool_ops % kTimingSample != 0) {
     return deallocate_unsampled(ptr, site);
   }
@@ -614,6 +620,14 @@ void DevicePool::rekey_to_any_stream(StreamId id) {
       merge_and_list(b, &waiting);
     }
   }
+}
+
+void DevicePool::forget_gone_streams() {
+  const std::vector<StreamId> gone = ordering_.gone_streams();
+  for (StreamId id : gone) rekey_to_any_stream(id);
+  forgotten_streams_.reserve(forgotten_streams_.size() + gone.size());  // room first: nothing fails after
+  const std::vector<StreamId> dropped = ordering_.forget_gone_streams();
+  forgotten_streams_.insert(forgotten_streams_.end(), dropped.begin(), dropped.end());
 }
 
 void DevicePool::record_oom(std::size_t size, std::size_t rounded, PoolKind kind,

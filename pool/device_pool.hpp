@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "pool/block_pool.hpp"
@@ -91,6 +92,13 @@ class DevicePool {
   // The thread of this per-thread default stream has ended (see
   // StreamOrdering::thread_stream_ended). Never throws.
   void thread_stream_ended(StreamId id, bool again = false) { ordering_.thread_stream_ended(id, again); }
+  // Streams the runtime said it no longer knows (destroyed where gpupool
+  // could not see it), whose books the pool has closed since the last call:
+  // a stream named with one of these handles later is a new one, for the
+  // caller to introduce with stream_created. (The caller's own books of
+  // these streams go too: blocks it keeps for them, the handle's device.)
+  bool streams_forgotten() const { return !forgotten_streams_.empty(); }
+  std::vector<StreamId> take_forgotten_streams() { return std::exchange(forgotten_streams_, {}); }
   void capture_began(StreamId id) { ordering_.capture_began(id); }
   void capture_ended(StreamId id) { ordering_.capture_ended(id); }
   bool is_capturing(StreamId id) const { return ordering_.is_capturing(id); }
@@ -223,6 +231,11 @@ class DevicePool {
   void uncount_listed(const Block* b);
   void absorb_next(Block* low);
   void rekey_to_any_stream(StreamId id);  // the cached blocks of a stream being destroyed
+  // Streams the runtime said are gone (see StreamOrdering::found_gone),
+  // before and after each allocation and before each free: their cached
+  // blocks re-keyed as at a destroy, before a call that names the handle
+  // again can take them as its own stream's, and their books closed.
+  void forget_gone_streams();
   void release_segment(Segment* seg);
   bool release_oversize_for(std::size_t rounded);
   void garbage_collect();
@@ -256,6 +269,7 @@ class DevicePool {
   std::int64_t peak_snapshot_ = 0;    // reserved bytes when the peak picture was taken
   std::size_t quarantined_bytes_ = 0;
   ResetLosses reset_losses_;
+  std::vector<StreamId> forgotten_streams_;  // see take_forgotten_streams
 };
 
 }  // namespace gpupool

@@ -48,8 +48,9 @@ bool StreamOrdering::stream_created(StreamId id, StreamKind kind) {
   if (gone_unseen) {
     // Its work since its last fence was never fenced, and can no longer be:
     // the handle names the new stream now. As for a destroyed stream whose
-    // fence could not be recorded, only a device wait covers it.
-    if (addressable(s) && !options_.unsafe_skip_ordering) destroyed_work_unordered_ = true;
+    // fence could not be recorded, only a device wait covers it. (Found gone
+    // already, it was left to one then.)
+    if (addressable(s) && !s.gone && !options_.unsafe_skip_ordering) destroyed_work_unordered_ = true;
     report_destroyed(s);
   }
   s.restart(id, kind);
@@ -93,7 +94,7 @@ void StreamOrdering::stream_destroy_begin(StreamId id) {
   // A capturing stream gets neither an event nor a host wait: either breaks
   // the capture, which goes on if the runtime refuses the destroy. Its work
   // from before the capture is left to the answer (see forget_destroyed).
-  if (!options_.unsafe_skip_ordering && addressable(s) && s.captures == 0) {
+  if (!options_.unsafe_skip_ordering && addressable(s) && s.captures == 0 && !s.gone) {
     const EventHandle event = take_event();
     if (event != 0 && upstream_.record_event(event, id)) {
       retired_.push_back(event);
@@ -307,7 +308,7 @@ bool StreamOrdering::seen_idle(StreamState& s) {
     return false;
   }
   ++s.counters.idle_queries;
-  if (upstream_.query_stream(s.id) != EventStatus::Complete) {
+  if (query(s) != EventStatus::Complete) {
     s.idle_checks_skipped = kBusyCheckInterval - 1;
     return false;
   }
@@ -317,7 +318,7 @@ bool StreamOrdering::seen_idle(StreamState& s) {
 bool StreamOrdering::record_fence(StreamState& s) {
   const EventHandle event = take_event();
   if (event == 0) return false;
-  if (!upstream_.record_event(event, s.id)) {
+  if (!record_on(s, event)) {
     give_back_event(event);
     return false;
   }
@@ -325,6 +326,74 @@ bool StreamOrdering::record_fence(StreamState& s) {
   s.fenced_epoch = s.free_epoch++;
   ++s.counters.fences_recorded;
   return true;
+}
+
+bool StreamOrdering::record_on(StreamState& s, EventHandle event) {
+  if (upstream_.record_event(event, s.id)) return true;
+  if (upstream_.failed_for_gone_stream()) found_gone(s);
+  return false;
+}
+
+bool StreamOrdering::wait_on(StreamState& s, EventHandle event) {
+  if (upstream_.wait_event(s.id, event)) return true;
+  if (upstream_.failed_for_gone_stream()) found_gone(s);
+  return false;
+}
+
+EventStatus StreamOrdering::query(StreamState& s) {
+  const EventStatus status = upstream_.query_stream(s.id);
+  if (status == EventStatus::Error && upstream_.failed_for_gone_stream()) found_gone(s);
+  return status;
+}
+
+void StreamOrdering::found_gone(StreamState& s) {
+  // The runtime's own streams never go.
+  if (s.gone || s.kind == StreamKind::Legacy || s.kind == StreamKind::PerThread) return;
+  s.gone = true;
+  gone_found_ = true;
+  if (!options_.unsafe_skip_ordering) destroyed_work_unordered_ = true;
+}
+
+std::vector<StreamId> StreamOrdering::gone_streams() const {
+  std::vector<StreamId> out;
+  for (const auto& [id, s] : streams_) {
+    if (s.gone) out.push_back(id);
+  }
+  return out;
+}
+
+std::vector<StreamId> StreamOrdering::forget_gone_streams() {
+  // Room first: nothing may fail once one is dropped.
+  std::vector<StreamId> dropped = gone_streams();
+  std::size_t fences = 0;
+  for (StreamId id : dropped) fences += streams_.at(id).pending.size();
+  retired_.reserve(retired_.size() + fences);
+  dropped.clear();
+  for (auto it = streams_.begin(); it != streams_.end();) {
+    StreamState& s = it->second;
+    if (!s.gone) {
+      ++it;
+      continue;
+    }
+    // Its fences are kept until they complete (as a destroyed stream's).
+    for (const Fence& f : s.pending) retired_.push_back(f.event);
+    s.pending.clear();
+    report_destroyed(s);
+    if (last_stream_ == &s) last_stream_ = nullptr;
+    if (s.captures > 0) {
+      // A capture began on the handle since: a new stream has it. It stays,
+      // as one never seen created, with its captures.
+      const int captures = s.captures;
+      s.restart(it->first, StreamKind::NonBlocking);
+      s.captures = captures;
+      ++it;
+      continue;
+    }
+    dropped.push_back(it->first);
+    it = streams_.erase(it);
+  }
+  gone_found_ = false;
+  return dropped;
 }
 
 bool StreamOrdering::record_barrier() {
@@ -344,7 +413,7 @@ bool StreamOrdering::record_barrier() {
   std::size_t non_blocking = 0;
   bool one_taken_as_busy = false;
   for (const auto& [id, s] : streams_) {
-    if (s.kind != StreamKind::NonBlocking) continue;
+    if (s.kind != StreamKind::NonBlocking || s.gone) continue;
     ++non_blocking;
     one_taken_as_busy = one_taken_as_busy || s.idle_checks_skipped > 0;
   }
@@ -370,11 +439,12 @@ bool StreamOrdering::record_barrier() {
   //    still waiting for the last barrier is busy: this pays off only where
   //    the device has caught up with the barriers.)
   for (auto& [id, s] : streams_) {
-    if (s.kind != StreamKind::NonBlocking || seen_idle(s)) continue;
+    if (s.kind != StreamKind::NonBlocking || s.gone || seen_idle(s)) continue;
+    if (s.gone) return fail();  // found so by its query: its work waits for the device wait
     any_busy = true;
     const EventHandle event = take_event();
     if (event == 0) return fail();
-    const bool ok = upstream_.record_event(event, id) && upstream_.wait_event(legacy, event);
+    const bool ok = record_on(s, event) && upstream_.wait_event(legacy, event);
     give_back_event(event);  // the wait captured it; it may be recorded again
     if (!ok) return fail();
     ++s.counters.fences_recorded;
@@ -405,8 +475,8 @@ bool StreamOrdering::record_barrier() {
   }
   // 3. Non-blocking streams' later work waits for it too.
   for (auto& [id, s] : streams_) {
-    if (s.kind != StreamKind::NonBlocking) continue;
-    if (!upstream_.wait_event(id, barrier)) {
+    if (s.kind != StreamKind::NonBlocking || s.gone) continue;  // a gone stream gets no later work
+    if (!wait_on(s, barrier)) {
       // That stream is unordered: the barrier does not count. Its event is
       // recycled once complete.
       retired_.push_back(barrier);
@@ -453,10 +523,10 @@ bool StreamOrdering::record_completion_fence() {
   if (!retired_.empty() || destroyed_work_unordered_) return record_barrier();
   const StreamId legacy = upstream_.legacy_stream();
   Fence fence{device_.free_epoch, 0, {}};
-  auto record_on = [&](StreamId stream) {
+  auto record_on_stream = [&](StreamState* s) {  // null: the legacy stream
     const EventHandle e = take_event();
     if (e == 0) return false;
-    if (!upstream_.record_event(e, stream)) {
+    if (!(s == nullptr ? upstream_.record_event(e, legacy) : record_on(*s, e))) {
       give_back_event(e);
       return false;
     }
@@ -471,9 +541,9 @@ bool StreamOrdering::record_completion_fence() {
   // streams; each non-blocking stream needs its own. (Skipping idle ones, as
   // barriers do, made such fences complete sooner, and plain requests took
   // more of other streams' blocks: the demo's peak went from 260 to 262-268 MiB.)
-  bool ok = record_on(legacy);
+  bool ok = record_on_stream(nullptr);
   for (auto& [id, s] : streams_) {
-    if (ok && s.kind == StreamKind::NonBlocking && s.captures == 0) ok = record_on(id);
+    if (ok && s.kind == StreamKind::NonBlocking && s.captures == 0 && !s.gone) ok = record_on_stream(&s);
   }
   if (!ok) {
     if (fence.event != 0) retired_.push_back(fence.event);
@@ -536,19 +606,21 @@ bool StreamOrdering::wait_out_unordered_work() {
 bool StreamOrdering::stream_ready(StreamId from, std::uint64_t stream_epoch,
                                   std::uint64_t device_epoch, StreamId to, bool may_wait) {
   if (options_.unsafe_skip_ordering) return true;
-  StreamState* const known_src = known(from);
-  if (known_src == nullptr || !addressable(*known_src)) {
-    // Another thread's per-thread default stream (or an ended thread's, whose
-    // state is gone): nothing can be recorded on it or asked of it from here.
-    // Its frees are seen done through completion fences (the legacy stream's
-    // event comes after its work), and a look at one of its blocks starts one
-    // for the frees since the last: its thread may have ended, and threads
-    // that come and go would otherwise each find the blocks of the one before
-    // still pending, and grow the pool.
+  // Through the device alone: for another thread's per-thread default stream
+  // (or an ended thread's, whose state is gone), where nothing can be
+  // recorded on it or asked of it from here, and for a stream found gone.
+  // Its frees are seen done through completion fences (the legacy stream's
+  // event comes after its work), and a look at one of its blocks starts one
+  // for the frees since the last: its thread may have ended, and threads
+  // that come and go would otherwise each find the blocks of the one before
+  // still pending, and grow the pool.
+  auto through_device = [&] {
     fence_frees();
     if (device_complete(device_epoch)) return true;
     return may_wait && usable(stream(to)) && device_ready(device_epoch);
-  }
+  };
+  StreamState* const known_src = known(from);
+  if (known_src == nullptr || !addressable(*known_src) || known_src->gone) return through_device();
   StreamState& src = *known_src;
   if (stream_epoch <= src.completed_epoch) return true;
   poll(src);
@@ -556,9 +628,12 @@ bool StreamOrdering::stream_ready(StreamId from, std::uint64_t stream_epoch,
   if (device_complete(device_epoch)) return true;
   // An idle stream has finished everything queued before the free: no fence,
   // no wait. Its frees so far close an epoch, as if fenced and completed.
-  if (usable(src) && upstream_.query_stream(from) == EventStatus::Complete) {
-    src.fenced_epoch = src.completed_epoch = src.free_epoch++;
-    return true;
+  if (usable(src)) {
+    if (query(src) == EventStatus::Complete) {
+      src.fenced_epoch = src.completed_epoch = src.free_epoch++;
+      return true;
+    }
+    if (src.gone) return through_device();
   }
 
   if (!may_wait) {
@@ -573,7 +648,7 @@ bool StreamOrdering::stream_ready(StreamId from, std::uint64_t stream_epoch,
   if (!usable(src)) return device_ready(device_epoch);
   // Fenced and still pending: wait for the newest fence (it covers older ones).
   if ((stream_epoch > src.fenced_epoch || src.pending.empty()) && !record_fence(src)) return false;
-  if (!upstream_.wait_event(to, src.pending.back().event)) return false;
+  if (!wait_on(dst, src.pending.back().event)) return false;
   ++dst.counters.event_waits;
   return true;
 }

@@ -48,6 +48,9 @@ struct StreamState {
   std::uint64_t completed_epoch = 0;  // frees stamped <= this are complete
   std::deque<Fence> pending;          // recorded, not yet seen complete
   int captures = 0;                   // captures under way on this stream
+  // The runtime said it knows no such stream: destroyed where the pool could
+  // not see it (see StreamOrdering::found_gone). Named in no call from then.
+  bool gone = false;
   // Device barriers to go before this stream, found busy, is asked again
   // whether it is idle (see seen_idle).
   std::uint8_t idle_checks_skipped = 0;
@@ -63,6 +66,7 @@ struct StreamState {
     fenced_epoch = 0;
     completed_epoch = 0;
     captures = 0;
+    gone = false;
     idle_checks_skipped = 0;
     counters = StreamCounters{};
   }
@@ -118,6 +122,16 @@ class StreamOrdering {
   // (see Upstream::capture_forbids_unsafe_calls).
   bool unsafe_calls_allowed() const { return !capture_active() && !upstream_.capture_forbids_unsafe_calls(); }
   bool is_capturing(StreamId id) const { return captures_active_ > 0 && capturing(id); }
+  // Streams the runtime said are gone, since the last forget_gone_streams.
+  // The caller re-keys their cached blocks (a later stream may get the
+  // handle) and then has them forgotten: their fences retired, their rows
+  // reported as destroyed, and their state dropped (returned: the ids), but
+  // for one a capture began on since (a new stream has its handle then,
+  // which stays as one never seen created). A handle dropped names a new
+  // stream when next met, to be introduced with stream_created.
+  bool streams_found_gone() const { return gone_found_; }
+  std::vector<StreamId> gone_streams() const;
+  std::vector<StreamId> forget_gone_streams();
   bool knows(StreamId id) const { return streams_.count(id) != 0; }  // in the books, alive
 
   // The stream's state, added on first sight. A stream never seen created is
@@ -212,6 +226,18 @@ class StreamOrdering {
   bool order_after_last_barrier(StreamState& s);  // see stream_created
   bool record_fence(StreamState& s);  // one event on s covering its frees so far
   bool record_barrier();
+  // Calls naming a stream in the books. Where one fails because the runtime
+  // no longer knows the stream, it is marked gone (see found_gone).
+  bool record_on(StreamState& s, EventHandle event);
+  bool wait_on(StreamState& s, EventHandle event);
+  EventStatus query(StreamState& s);
+  // The runtime no longer knows s: destroyed through the driver, its handle
+  // not given again. Its work since its last fence is covered by nothing
+  // now, as a destroyed stream's whose fence failed: the next barrier waits
+  // for the whole device on the host first. Barriers and completion fences
+  // leave it out from then on; else each would fail on it, and plain reuse
+  // would grow the pool until the device is full.
+  void found_gone(StreamState& s);
   // A host wait for the whole device, with no event: every free so far is
   // then complete.
   bool synchronize_device();
@@ -241,6 +267,7 @@ class StreamOrdering {
   // A destroyed stream's work that no event covers (none recorded, or its
   // query failed) and no host wait saw done.
   bool destroyed_work_unordered_ = false;
+  bool gone_found_ = false;  // a stream is marked gone and still in the books
   Fence last_barrier_;           // for streams created after it
   StreamState* last_stream_ = nullptr;  // stream()'s one-entry cache
 };

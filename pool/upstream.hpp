@@ -43,6 +43,12 @@ class Upstream {
   virtual EventStatus query_event(EventHandle event) = 0;
   // Complete when all work queued on the stream so far has finished.
   virtual EventStatus query_stream(StreamId stream) = 0;
+  // Whether the last record_event, wait_event, query_stream or
+  // synchronize_stream that failed did so because the runtime does not know
+  // the stream (cudaErrorInvalidResourceHandle): it was destroyed where the
+  // pool could not see it, and its handle not given to a new stream yet.
+  // Asked only right after such a failure. Optional.
+  virtual bool failed_for_gone_stream() const { return false; }
   virtual bool synchronize_event(EventHandle event) = 0;
   virtual bool synchronize_stream(StreamId stream) = 0;
   // All work queued on the device so far, on every stream (cudaDeviceSynchronize).

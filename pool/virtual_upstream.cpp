@@ -89,7 +89,10 @@ void VirtualUpstream::destroy_event(EventHandle event) { events_.erase(event); }
 
 bool VirtualUpstream::record_event(EventHandle event, StreamId stream) {
   auto it = events_.find(event);
-  if (it == events_.end() || (failing_record_stream_ != 0 && stream == failing_record_stream_)) return false;
+  if (it == events_.end() || (failing_record_stream_ != 0 && stream == failing_record_stream_) ||
+      is_gone(stream)) {
+    return stream_call_fails(stream);
+  }
   it->second = complete_at_once_ && (lagging_stream_ == 0 || stream != lagging_stream_);
   ++event_records_;
   if (calls_.size() < kMaxCallsKept) calls_.push_back(Call{Call::Record, event, stream});
@@ -97,7 +100,10 @@ bool VirtualUpstream::record_event(EventHandle event, StreamId stream) {
 }
 
 bool VirtualUpstream::wait_event(StreamId stream, EventHandle event) {
-  if (events_.count(event) == 0 || (failing_wait_stream_ != 0 && stream == failing_wait_stream_)) return false;
+  if (events_.count(event) == 0 || (failing_wait_stream_ != 0 && stream == failing_wait_stream_) ||
+      is_gone(stream)) {
+    return stream_call_fails(stream);
+  }
   ++stream_waits_;
   if (calls_.size() < kMaxCallsKept) calls_.push_back(Call{Call::Wait, event, stream});
   return true;
@@ -110,9 +116,12 @@ EventStatus VirtualUpstream::query_event(EventHandle event) {
   return it->second ? EventStatus::Complete : EventStatus::Pending;
 }
 
-EventStatus VirtualUpstream::query_stream(StreamId) {
+EventStatus VirtualUpstream::query_stream(StreamId stream) {
   ++stream_queries_;
-  if (queries_fail_) return EventStatus::Error;
+  if (queries_fail_ || is_gone(stream)) {
+    stream_call_fails(stream);
+    return EventStatus::Error;
+  }
   return streams_idle_ ? EventStatus::Complete : EventStatus::Pending;
 }
 
@@ -125,7 +134,7 @@ bool VirtualUpstream::synchronize_event(EventHandle event) {
 }
 
 bool VirtualUpstream::synchronize_stream(StreamId stream) {
-  if (host_waits_fail_) return false;
+  if (host_waits_fail_ || is_gone(stream)) return stream_call_fails(stream);
   if (calls_.size() < kMaxCallsKept) calls_.push_back(Call{Call::SyncStream, 0, stream});
   return true;
 }

@@ -35,6 +35,7 @@ class VirtualUpstream final : public Upstream {
   bool capture_forbids_unsafe_calls() const override { return capture_forbids_unsafe_calls_; }
   bool memory_info(std::size_t* free_bytes, std::size_t* total_bytes) override;
   bool failed_for_memory() const override { return !last_failed_by_injection_ || !device_errors_; }
+  bool failed_for_gone_stream() const override { return last_failure_gone_; }
   std::size_t page_size() const override { return virtual_memory_ ? kPage : 0; }
   DevicePtr reserve_address_space(std::size_t bytes) override;
   bool map_pages(DevicePtr addr, std::size_t bytes) override;
@@ -63,10 +64,15 @@ class VirtualUpstream final : public Upstream {
   void set_contiguous(bool yes) { contiguous_ = yes; }
   // Offer virtual memory (page mapping) for expandable segments.
   void set_virtual_memory(bool yes) { virtual_memory_ = yes; }
-  // Event records on this stream fail (0: none do).
+  // Event records on this stream fail (0: none do), for another reason than
+  // a gone stream.
   void set_failing_record_stream(StreamId stream) { failing_record_stream_ = stream; }
   // Waits on this stream fail (0: none do).
   void set_failing_wait_stream(StreamId stream) { failing_wait_stream_ = stream; }
+  // The runtime knows no such stream (0: none): it was destroyed where the
+  // pool could not see it. Records, waits, queries and host waits naming it
+  // fail, and failed_for_gone_stream() says why.
+  void set_gone_stream(StreamId stream) { gone_stream_ = stream; }
   // No event can be created (create_event returns 0).
   void set_event_creation_fails(bool yes) { event_creation_fails_ = yes; }
   // Host waits (for an event, a stream, the device) fail and wait for nothing.
@@ -102,6 +108,8 @@ class VirtualUpstream final : public Upstream {
   std::uint64_t stream_queries() const { return stream_queries_; }
   std::uint64_t device_syncs() const { return device_syncs_; }
   std::uint64_t stream_waits() const { return stream_waits_; }
+  // Calls that named the gone stream (set_gone_stream), all refused.
+  std::uint64_t gone_stream_calls() const { return gone_stream_calls_; }
   // True when [ptr, ptr+bytes) lies inside one live segment, or entirely on
   // mapped pages of reserved address space.
   bool covers(DevicePtr ptr, std::size_t bytes) const;
@@ -135,6 +143,16 @@ class VirtualUpstream final : public Upstream {
   std::uint64_t device_syncs_ = 0;
   StreamId failing_record_stream_ = 0;
   StreamId failing_wait_stream_ = 0;
+  StreamId gone_stream_ = 0;
+  bool last_failure_gone_ = false;
+  // A stream call fails: false, having noted whether it named the gone stream.
+  bool is_gone(StreamId stream) const { return gone_stream_ != 0 && stream == gone_stream_; }
+  bool stream_call_fails(StreamId stream) {
+    last_failure_gone_ = is_gone(stream);
+    if (last_failure_gone_) ++gone_stream_calls_;
+    return false;
+  }
+  std::uint64_t gone_stream_calls_ = 0;
   bool event_creation_fails_ = false;
   bool host_waits_fail_ = false;
   bool queries_fail_ = false;

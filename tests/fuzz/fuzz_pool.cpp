@@ -6,7 +6,9 @@
 // destroyed and its handle reused (a capturing one too), device failures, a
 // device that lags or keeps up (or one stream that lags behind the rest),
 // cache releases, threads that allocate on their per-thread default streams
-// and end. After
+// and end, a stream destroyed through the driver whose handle stays unused
+// for a while (then named again by a stream made there too, or given to one
+// the runtime makes). After
 // every step every invariant of the pool holds; no allocation overlaps a live
 // one or leaves the device's memory, and none may race the work queued before
 // its bytes were last freed (ordering_oracle.hpp judges by CUDA's rules), not
@@ -154,10 +156,38 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const StreamId streams[] = {kAnyStream, kLegacy, kNonBlocking, kBlocking};
   int failures_left = 0;
   upstream.set_failure([&](std::uint64_t) { return failures_left > 0 && failures_left-- > 0; });
+  // The non-blocking stream was destroyed through the driver, and no stream
+  // has its handle yet: the device refuses calls naming it.
+  bool non_blocking_gone = false;
+  // And the pool has closed its books (DevicePool::take_forgotten_streams,
+  // which the shim drains as this does).
+  bool non_blocking_forgotten = false;
+  auto drain_forgotten = [&] {
+    for (StreamId id : pool.take_forgotten_streams()) {
+      FUZZ_CHECK(id == kNonBlocking && non_blocking_gone);
+      non_blocking_forgotten = true;
+    }
+  };
+  // Whether the program may name `stream` now. Not the gone handle, unless
+  // the pool has closed its books: then a stream made through the driver
+  // gets the handle, and is named; the shim, having forgotten the handle
+  // too, introduces it as new. (Named earlier, it would take the old
+  // stream's blocks as its own: the README's streams both made and
+  // destroyed past gpupool.)
+  auto may_name = [&](StreamId stream) {
+    if (stream != kNonBlocking || !non_blocking_gone) return true;
+    drain_forgotten();
+    if (!non_blocking_forgotten) return false;
+    SAY("a stream made through the driver gets the gone handle\n");
+    non_blocking_gone = non_blocking_forgotten = false;
+    upstream.set_gone_stream(0);
+    begin_stream(kNonBlocking, StreamKind::NonBlocking);
+    return true;
+  };
 
   // Returns the block, or 0 where none was had.
   auto allocate = [&](std::size_t bytes, StreamId stream) -> DevicePtr {
-    if (pool.is_capturing(stream)) return 0;  // the shim hands those to the runtime
+    if (pool.is_capturing(stream) || !may_name(stream)) return 0;  // the shim hands those to the runtime
     // An unlimited device still has a bound here: the virtual upstream
     // keeps a node per mapped page.
     if (bytes <= kMaxRequest && live_bytes + bytes > kMostLive) return 0;
@@ -222,6 +252,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         const std::uint8_t how = in.byte() % 3;
         StreamId site = how == 0 ? kAnyStream : how == 1 ? it->second.stream : in.pick(streams);
         if (ended_thread_stream(site)) site = kAnyStream;  // its thread is gone: another frees it
+        if (!may_name(site)) site = kAnyStream;
         release(it, site);
         break;
       }
@@ -269,8 +300,25 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           pool.capture_began(kBlocking);
         }
         break;
-      case 10:  // the non-blocking stream is destroyed and its handle reused
-        if (in.byte() % 4 != 0) {
+      case 10: {  // the non-blocking stream is destroyed and its handle reused
+        const std::uint8_t b = in.byte();
+        // 0x7c-0x7f, bytes no saved input has here (they replay the steps
+        // they were saved for): destroyed through the driver, its handle
+        // given to no stream for now.
+        drain_forgotten();
+        if ((b & 0xFC) == 0x7C && !non_blocking_gone) {
+          SAY("non-blocking stream destroyed unseen, its handle unused\n");
+          non_blocking_gone = true;
+          non_blocking_forgotten = false;
+          upstream.set_gone_stream(kNonBlocking);
+          oracle.stream_gone(kNonBlocking);
+          break;
+        }
+        if (non_blocking_gone) {  // the runtime makes a stream, which gets the handle
+          SAY("the gone handle given to a new stream\n");
+          non_blocking_gone = non_blocking_forgotten = false;
+          upstream.set_gone_stream(0);
+        } else if (b % 4 != 0) {
           SAY("non-blocking stream destroyed and made again\n");
           pool.stream_destroying(kNonBlocking);
         } else {  // by the driver, where gpupool could not see it
@@ -287,6 +335,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           begin_stream(kBlocking, StreamKind::Blocking);
         }
         break;
+      }
       case 11:  // the device fails: allocations (for want of memory, or a device error), records, waits, events
         switch (in.byte() % 3) {
           case 0:

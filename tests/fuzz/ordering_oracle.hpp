@@ -35,6 +35,16 @@ class OrderingOracle final : public Upstream {
     streams_[handle] = Stream{next_identity_++, kind, false};
     forget_finished_identities();
   }
+  // A stream is destroyed where the pool cannot see it, and its handle given
+  // to no new stream yet: the device refuses calls naming it (see
+  // VirtualUpstream::set_gone_stream), and it gets no more work.
+  void stream_gone(StreamId handle) {
+    auto it = streams_.find(handle);
+    if (it == streams_.end()) return;
+    ended_.push_back(it->second.identity);
+    streams_.erase(it);
+    forget_finished_identities();
+  }
   void set_capturing(StreamId handle, bool capturing) { streams_.at(handle).capturing = capturing; }
   // A stream of another device captures (in global mode: see check_no_capture).
   void set_capture_elsewhere(bool yes) { capture_elsewhere_ = yes; }
@@ -148,6 +158,7 @@ class OrderingOracle final : public Upstream {
     device_.release_segment(base, bytes);
   }
   bool failed_for_memory() const override { return device_.failed_for_memory(); }
+  bool failed_for_gone_stream() const override { return device_.failed_for_gone_stream(); }
   EventHandle create_event() override { return device_.create_event(); }
   void destroy_event(EventHandle event) override {
     recorded_.erase(event);

@@ -1215,3 +1215,86 @@ TEST_CASE_METHOD(PoolFixture, "the done part of a block is only what is complete
   upstream.set_host_waits_fail(false);
   CHECK(alloc(kMiB, kNB) != x);
 }
+
+TEST_CASE_METHOD(PoolFixture, "a stream the runtime no longer knows leaves the barriers after one device wait") {
+  // Destroyed through the driver, its handle given to no stream yet: every
+  // call naming it fails. Kept in the barriers, it would make each fail, and
+  // plain reuse grow the pool until the device is full.
+  make();  // room to grow; each block a segment of its own
+  pool->stream_created(kNB, StreamKind::NonBlocking);
+  upstream.set_events_complete_at_once(false);
+  const DevicePtr on_nb = alloc(12 * kMiB, kNB);
+  const DevicePtr plain = alloc(12 * kMiB);
+  release(on_nb, kNB);
+  release(plain);
+  upstream.set_gone_stream(kNB);
+  upstream.clear_calls();
+  const std::int64_t reserved = pool->stats().reserved_bytes[kAll].current;
+  auto rows_of_nb = [&](bool alive) {
+    int n = 0;
+    for (const StreamReport& r : pool->streams()) n += r.id == kNB && r.alive == alive ? 1 : 0;
+    return n;
+  };
+  SECTION("plain requests") {
+    for (int i = 0; i < 20; ++i) release(alloc(12 * kMiB));
+    CHECK(upstream.gone_stream_calls() == 1);  // the barrier's query that found it gone
+    CHECK(upstream.device_syncs() == 1);       // its work, which nothing covers now
+    CHECK(pool->stats().reserved_bytes[kAll].current == reserved);
+    CHECK(count(upstream.calls(), Call::Record, kLegacy) >= 1);  // barriers made again
+    CHECK(rows_of_nb(false) == 1);
+    CHECK(rows_of_nb(true) == 0);
+    // The caller learns of it, once, for its own books.
+    CHECK(pool->take_forgotten_streams() == std::vector<StreamId>{kNB});
+    CHECK(pool->take_forgotten_streams().empty());
+  }
+  SECTION("the host cannot wait") {
+    upstream.set_host_waits_fail(true);
+    for (int i = 0; i < 5; ++i) alloc(12 * kMiB);  // new memory each time: no barrier until a device wait
+    CHECK(upstream.gone_stream_calls() == 1);
+    upstream.set_host_waits_fail(false);
+    CHECK(alloc(12 * kMiB) == on_nb);  // after the device wait, from either key
+    CHECK(upstream.device_syncs() == 1);
+    CHECK(upstream.gone_stream_calls() == 1);
+  }
+  SECTION("a stream-ordered request finds it gone") {
+    CHECK(alloc(12 * kMiB, kS1) != on_nb);  // never a host wait for it
+    CHECK(upstream.gone_stream_calls() == 1);
+    CHECK(upstream.device_syncs() == 0);
+    const std::int64_t grown = pool->stats().reserved_bytes[kAll].current;
+    const DevicePtr reused = alloc(12 * kMiB);  // a plain request makes the device wait
+    CHECK((reused == plain || reused == on_nb));
+    CHECK(pool->stats().reserved_bytes[kAll].current == grown);
+    CHECK(upstream.device_syncs() == 1);
+    CHECK(upstream.gone_stream_calls() == 1);
+  }
+  SECTION("its handle named again, by a stream made through the driver") {
+    upstream.set_host_waits_fail(true);
+    alloc(12 * kMiB);  // finds it gone; grows
+    upstream.set_gone_stream(0);
+    // The old stream's block is not the new one's: its work is still pending.
+    const DevicePtr again = alloc(12 * kMiB, kNB);
+    CHECK(again != on_nb);
+    release(again, kNB);
+    CHECK(alloc(12 * kMiB, kNB) == again);  // the new stream's own, in stream order
+    CHECK(rows_of_nb(false) == 1);  // the old stream's row
+    CHECK(rows_of_nb(true) == 1);   // the new one's
+  }
+  SECTION("found by a wait for the frees, before the books close") {
+    pool->release_cached();  // a barrier finds it gone, then the host waits for the device
+    pool->release_cached();  // its barrier leaves it out
+    CHECK(upstream.gone_stream_calls() == 1);
+    CHECK(upstream.device_syncs() == 1);
+  }
+  SECTION("a capture begun on its handle before the books close goes on") {
+    upstream.set_host_waits_fail(true);
+    pool->release_cached();  // its wait for the frees finds it gone (an allocation would close the books)
+    CHECK(upstream.gone_stream_calls() == 1);
+    pool->capture_began(kNB);  // a new stream behind the handle
+    alloc(kMiB, kS1);  // closes the gone stream's books
+    CHECK(pool->capture_active());
+    pool->capture_ended(kNB);
+    CHECK_FALSE(pool->capture_active());
+    CHECK(pool->take_forgotten_streams().empty());  // the capturing stream is the pool's to know on
+  }
+  check();
+}
