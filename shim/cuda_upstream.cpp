@@ -125,6 +125,22 @@ void CudaUpstream::destroy_event(EventHandle event) {
   internal([&](const RealCuda& r) { return r.cudaEventDestroy(as_event(event)); });
 }
 
+namespace {
+// What the calling thread's last call naming a stream returned, for
+// failed_for_gone_stream right after it. Per thread, not per upstream: a
+// free on another device's stream records on that device's upstream
+// without its pool's lock.
+thread_local cudaError_t t_last_stream_error = cudaSuccess;
+
+// A per-thread stream named from another thread: no call can be made on it.
+bool no_stream_handle() {
+  t_last_stream_error = cudaErrorInvalidValue;
+  return false;
+}
+}  // namespace
+
+bool CudaUpstream::failed_for_gone_stream() const { return t_last_stream_error == cudaErrorInvalidResourceHandle; }
+
 // Stream calls run with this upstream's device current: the legacy and
 // per-thread handles name that device's stream only then, and an event is
 // recorded only on a stream of the device it was created on. A program may
@@ -132,18 +148,20 @@ void CudaUpstream::destroy_event(EventHandle event) {
 // stream with cudaMallocAsync.
 bool CudaUpstream::record_event(EventHandle event, StreamId stream) {
   cudaStream_t s = nullptr;
-  if (!stream_handle(stream, &s)) return false;
-  return on_device(device_, alone_, [&] {
-           return internal([&](const RealCuda& r) { return r.cudaEventRecord(as_event(event), s); });
-         }) == cudaSuccess;
+  if (!stream_handle(stream, &s)) return no_stream_handle();
+  t_last_stream_error = on_device(device_, alone_, [&] {
+    return internal([&](const RealCuda& r) { return r.cudaEventRecord(as_event(event), s); });
+  });
+  return t_last_stream_error == cudaSuccess;
 }
 
 bool CudaUpstream::wait_event(StreamId stream, EventHandle event) {
   cudaStream_t s = nullptr;
-  if (!stream_handle(stream, &s)) return false;
-  return on_device(device_, alone_, [&] {
-           return internal([&](const RealCuda& r) { return r.cudaStreamWaitEvent(s, as_event(event), 0); });
-         }) == cudaSuccess;
+  if (!stream_handle(stream, &s)) return no_stream_handle();
+  t_last_stream_error = on_device(device_, alone_, [&] {
+    return internal([&](const RealCuda& r) { return r.cudaStreamWaitEvent(s, as_event(event), 0); });
+  });
+  return t_last_stream_error == cudaSuccess;
 }
 
 EventStatus CudaUpstream::query_event(EventHandle event) {
@@ -154,11 +172,14 @@ EventStatus CudaUpstream::query_event(EventHandle event) {
 
 EventStatus CudaUpstream::query_stream(StreamId stream) {
   cudaStream_t s = nullptr;
-  if (!stream_handle(stream, &s)) return EventStatus::Error;
-  const cudaError_t err =
+  if (!stream_handle(stream, &s)) {
+    no_stream_handle();
+    return EventStatus::Error;
+  }
+  t_last_stream_error =
       on_device(device_, alone_, [&] { return internal([&](const RealCuda& r) { return r.cudaStreamQuery(s); }); });
-  if (err == cudaSuccess) return EventStatus::Complete;
-  return err == cudaErrorNotReady ? EventStatus::Pending : EventStatus::Error;
+  if (t_last_stream_error == cudaSuccess) return EventStatus::Complete;
+  return t_last_stream_error == cudaErrorNotReady ? EventStatus::Pending : EventStatus::Error;
 }
 
 bool CudaUpstream::synchronize_event(EventHandle event) {
@@ -167,10 +188,11 @@ bool CudaUpstream::synchronize_event(EventHandle event) {
 
 bool CudaUpstream::synchronize_stream(StreamId stream) {
   cudaStream_t s = nullptr;
-  if (!stream_handle(stream, &s)) return false;
-  return on_device(device_, alone_, [&] {
-           return internal([&](const RealCuda& r) { return r.cudaStreamSynchronize(s); });
-         }) == cudaSuccess;
+  if (!stream_handle(stream, &s)) return no_stream_handle();
+  t_last_stream_error = on_device(device_, alone_, [&] {
+    return internal([&](const RealCuda& r) { return r.cudaStreamSynchronize(s); });
+  });
+  return t_last_stream_error == cudaSuccess;
 }
 
 bool CudaUpstream::synchronize_device() {

@@ -39,6 +39,10 @@ class CudaUpstream final : public Upstream {
   bool wait_event(StreamId stream, EventHandle event) override;
   EventStatus query_event(EventHandle event) override;
   EventStatus query_stream(StreamId stream) override;
+  // The runtime said the handle names no stream. (CUDA's documentation
+  // leaves a destroyed stream's use undefined; the runtime answers so while
+  // the handle is not another stream's, and gpupool then names it no more.)
+  bool failed_for_gone_stream() const override;
   bool synchronize_event(EventHandle event) override;
   bool synchronize_stream(StreamId stream) override;
   bool synchronize_device() override;

@@ -152,6 +152,7 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
   cudaError_t error = cudaErrorMemoryAllocation;  // when the pool cannot serve it
   std::size_t block_size = 0;
   bool grew = false;
+  std::vector<StreamId> forgotten;
   for (int attempt = 0; attempt < 2; ++attempt) {
     bool last_try = true;
     {
@@ -185,10 +186,12 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
       }
       if (a.device_error) error = d.upstream.last_error();
       if (!a.ok && !a.device_error && last_try) warn_oom(d);
+      if (forgotten.empty()) forgotten = forgotten_streams(d);
     }
     if (a.ok || a.device_error || last_try) break;
     if (caches_.enabled()) caches_.flush_all();  // the blocks other threads keep may be what is missing
   }
+  if (!forgotten.empty()) forget_stream_handles(dev, forgotten);
   if (a.ok && block_size != 0) {
     caches_.live().insert(a.ptr, LiveBlock{block_size, size, dev, false});
     // The pool took memory from the device: the blocks threads keep go back
@@ -251,6 +254,7 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site, int site_device, int* o
     if (d == nullptr) continue;
     std::size_t size = 0;
     FreeResult r;
+    std::vector<StreamId> forgotten;
     {
       std::lock_guard<AdaptiveMutex> lock(d->mu);
       const bool foreign_site = site != kAnyStream && site_device >= 0 && site_device != index;
@@ -272,7 +276,9 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site, int site_device, int* o
       // handed the block, and the trace must show this free before that
       // allocation. A full buffer is written out after, not under this lock.
       if (r == FreeResult::Freed && trace_) trace_->record(TraceWriter::Action::Free, p, size, site, index, false);
+      forgotten = forgotten_streams(*d);
     }
+    if (!forgotten.empty()) forget_stream_handles(index, forgotten);
     if (r == FreeResult::NotOwned) continue;
     mark_used();
     if (r == FreeResult::Freed && trace_) trace_->write_full_buffers();

@@ -218,6 +218,15 @@ class Runtime {
   void uncount_capture(const DeviceState::Capture& c);
   // Tells the device's pool of a program's stream (flags as cudaStreamCreateWithFlags').
   void introduce_stream(int dev, StreamId id, unsigned flags);
+  // The streams whose books the pool of `dev` closed since it was last
+  // asked (see DevicePool::take_forgotten_streams). Under its lock.
+  static std::vector<StreamId> forgotten_streams(DeviceState& d) {
+    return d.pool->streams_forgotten() ? d.pool->take_forgotten_streams() : std::vector<StreamId>{};
+  }
+  // Forgets those handles here too: a stream given one later is introduced
+  // to the pool as new, and blocks threads keep for them go back. Not under
+  // a pool's lock.
+  void forget_stream_handles(int dev, const std::vector<StreamId>& ids);
   // Bytes of `device`'s blocks that threads keep for reuse: the program freed
   // them, the pool counts them allocated. Takes the caches' locks, so call it
   // before the pool's.

@@ -111,6 +111,21 @@ void Runtime::introduce_stream(int dev, StreamId id, unsigned flags) {
   }
 }
 
+void Runtime::forget_stream_handles(int dev, const std::vector<StreamId>& ids) {
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    auto& streams = streams_locked();
+    for (StreamId id : ids) {
+      auto it = streams.find(id);
+      if (it != streams.end() && it->second == dev) streams.erase(it);
+    }
+  }
+  streams_generation_.fetch_add(1, std::memory_order_acq_rel);
+  if (caches_.enabled()) {
+    for (StreamId id : ids) caches_.flush_stream(id, true);
+  }
+}
+
 void Runtime::ensure_known(StreamId stream, int dev) {
   if (stream == kLegacyStream) return;
   if (is_per_thread_id(stream)) {

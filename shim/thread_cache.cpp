@@ -273,7 +273,7 @@ bool StreamCaches::take_spill(int device, CachedBlock* out) {
 }
 
 template <typename Keep>
-void StreamCaches::flush_if(Keep&& keep) {
+void StreamCaches::flush_if(Keep&& keep, bool as_plain_frees) {
   std::lock_guard<std::mutex> flushing(flush_mu_);
   std::vector<CachedBlock> out;
   {
@@ -287,15 +287,18 @@ void StreamCaches::flush_if(Keep&& keep) {
       });
     }
   }
-  for (const CachedBlock& b : out) give_back_(b);
+  for (CachedBlock& b : out) {
+    if (as_plain_frees) b.stream = kAnyStream;
+    give_back_(b);
+  }
 }
 
 void StreamCaches::flush_all() {
   flush_if([](const CachedBlock&) { return false; });
 }
 
-void StreamCaches::flush_stream(StreamId stream) {
-  flush_if([stream](const CachedBlock& b) { return b.stream != stream; });
+void StreamCaches::flush_stream(StreamId stream, bool gone) {
+  flush_if([stream](const CachedBlock& b) { return b.stream != stream; }, gone);
 }
 
 std::vector<std::pair<DevicePtr, LiveBlock>> StreamCaches::forget_device(int device) {

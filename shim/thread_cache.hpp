@@ -203,9 +203,11 @@ class StreamCaches {
   // Takes this thread's spill, when it is `device`'s: the caller holds that
   // device's lock and gives it back to the pool there.
   bool take_spill(int device, CachedBlock* out);
-  // Gives cached blocks back to the pool: every thread's, or those of one stream.
+  // Gives cached blocks back to the pool: every thread's, or those of one
+  // stream. With `gone` (the runtime no longer knows the stream), as plain
+  // frees: none may be keyed to its handle, which a new stream may get.
   void flush_all();
-  void flush_stream(StreamId stream);
+  void flush_stream(StreamId stream, bool gone = false);
   // cudaDeviceReset is taking the device's memory: its cached blocks go back
   // to the pool (which then holds as allocated only what the program does,
   // and forgets it all), and no live entry of it is kept. Returns the live
@@ -236,7 +238,7 @@ class StreamCaches {
   // handed it back (it is ending).
   ThreadCache* mine();
   template <typename Keep>
-  void flush_if(Keep&& keep);
+  void flush_if(Keep&& keep, bool as_plain_frees = false);
 
   static constexpr std::size_t kSpillFraction = 4;  // a spill is at most max_bytes() / 4
 

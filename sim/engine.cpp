@@ -32,6 +32,13 @@ struct PerThreadStreams {
 thread_local PerThreadStreams t_per_thread;
 thread_local cudaStreamCaptureMode t_capture_mode = cudaStreamCaptureModeGlobal;
 
+// A call naming a destroyed stream whose handle no stream has again. CUDA
+// leaves it undefined; here it is refused as an unknown handle, and counted.
+cudaError_t destroyed_stream_named() {
+  counters().destroyed_stream_calls++;
+  return cudaErrorInvalidResourceHandle;
+}
+
 std::uint64_t env_u64(const char* name, std::uint64_t fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::strtoull(v, nullptr, 10) : fallback;
@@ -97,7 +104,7 @@ cudaError_t Engine::destroy_stream(Stream* s) {
   static const bool refuse_capturing = env_flag("SIMCUDA_REFUSE_CAPTURING_DESTROY");
   static const bool reuse_handles = env_flag("SIMCUDA_REUSE_STREAM_HANDLES");
   std::lock_guard<std::mutex> lock(mu_);
-  if (s->destroyed) return cudaErrorInvalidResourceHandle;
+  if (s->destroyed) return destroyed_stream_named();
   if (s->capturing && refuse_capturing) return cudaErrorStreamCaptureUnsupported;
   // As CUDA: returns at once; queued work still runs, then the worker ends.
   // A capture ends with its stream (the driver takes cuStreamEndCapture's
@@ -128,7 +135,7 @@ void Engine::invalidate_captures_blocked_by_legacy(int device) {
 cudaError_t Engine::enqueue(Stream* s, std::function<void()> run, std::vector<Dependency> extra,
                             bool delayed, std::uint64_t* seq) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (s->destroyed) return cudaErrorInvalidResourceHandle;
+  if (s->destroyed) return destroyed_stream_named();
   if (s->capturing) {
     // Recorded into the graph, not run.
     ++s->captured_nodes;
@@ -252,6 +259,7 @@ cudaError_t Engine::synchronize(Event* e) {
 cudaError_t Engine::synchronize(Stream* s) {
   counters().stream_syncs++;
   std::unique_lock<std::mutex> lock(mu_);
+  if (s->destroyed) return destroyed_stream_named();
   if (s->capturing) {
     s->invalidated = true;
     return cudaErrorStreamCaptureUnsupported;
@@ -273,6 +281,7 @@ cudaError_t Engine::synchronize(Stream* s) {
 
 cudaError_t Engine::query(Stream* s) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (s->destroyed) return destroyed_stream_named();
   if (s->capturing) {
     s->invalidated = true;
     return cudaErrorStreamCaptureUnsupported;

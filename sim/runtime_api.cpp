@@ -236,7 +236,7 @@ void write_counters_at_exit() {
                "\"captures_invalidated\": %llu, \"kernel_launches\": %llu, \"vmm_maps\": %llu, "
                "\"vmm_unmaps\": %llu, \"stale_event_uses\": %llu, \"null_free_calls\": %llu, "
                "\"event_failures\": %llu, \"host_wait_failures\": %llu, \"event_query_failures\": %llu, "
-               "\"get_device_calls\": %llu}\n",
+               "\"get_device_calls\": %llu, \"destroyed_stream_calls\": %llu}\n",
                (unsigned long long)c.malloc_calls, (unsigned long long)c.malloc_failures,
                (unsigned long long)c.free_calls, (unsigned long long)c.malloc_async_calls,
                (unsigned long long)c.free_async_calls, (unsigned long long)c.bytes_in_use,
@@ -249,7 +249,7 @@ void write_counters_at_exit() {
                (unsigned long long)c.vmm_unmaps, (unsigned long long)c.stale_event_uses,
                (unsigned long long)c.null_free_calls, (unsigned long long)c.event_failures,
                (unsigned long long)c.host_wait_failures, (unsigned long long)c.event_query_failures,
-               (unsigned long long)c.get_device_calls);
+               (unsigned long long)c.get_device_calls, (unsigned long long)c.destroyed_stream_calls);
   std::fclose(f);
 }
 
@@ -864,6 +864,7 @@ void simcuda_get_counters(struct simcuda_counters* out) {
   out->host_wait_failures = c.host_wait_failures;
   out->event_query_failures = c.event_query_failures;
   out->get_device_calls = c.get_device_calls;
+  out->destroyed_stream_calls = c.destroyed_stream_calls;
   out->malloc_calls = c.malloc_calls;
   out->malloc_failures = c.malloc_failures;
   out->free_calls = c.free_calls;

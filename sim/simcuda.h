@@ -71,6 +71,8 @@ struct simcuda_counters {
   uint64_t host_wait_failures;  /* host waits failed on purpose (SIMCUDA_HOST_WAIT_FAIL_RATE) */
   uint64_t event_query_failures; /* event queries failed on purpose (SIMCUDA_EVENT_QUERY_FAIL_RATE) */
   uint64_t get_device_calls;    /* cudaGetDevice: a call on the hot paths of a real runtime */
+  uint64_t destroyed_stream_calls; /* calls naming a destroyed stream whose handle no stream has again
+                                      (refused with cudaErrorInvalidResourceHandle) */
 };
 
 /* Queues a fault on `stream` (a cudaStream_t): once it runs, the stream's

@@ -192,6 +192,55 @@ class Hazards(ShimTest):
         # Without the runtime's reuse the case shows nothing, and says so.
         self.assertEqual(self.run_program(["test-hazards", "unseen-destroy"], env=PRESSURE).code, 2)
 
+    def test_a_stream_destroyed_unseen_whose_handle_stays_unused_costs_one_device_wait(self):
+        # Destroyed through the driver, past gpupool, its handle given to no
+        # new stream: the runtime refuses every call naming it. Its block goes
+        # to a plain request only after its write (a device wait), and the
+        # stream then leaves the barriers: the plain pairs after it reuse
+        # memory, naming it no more.
+        # With room for one block it is reused (0); with room to grow, its
+        # request took new memory while the write was queued (2).
+        for limit, code in (("2M", 0), ("unlimited", 2)):
+            with self.subTest(memory_limit=limit):
+                run = self.run_program(["test-hazards", "gone-stream"], env={"GPUPOOL_MEMORY_LIMIT": limit})
+                self.assertEqual(run.code, code, run.stdout + run.stderr)
+                counters = run.counters()
+                self.assertEqual(counters["destroyed_stream_calls"], 1)  # the call that found it gone
+                self.assertEqual(counters["device_syncs"], 2)  # gpupool's one, and the program's own
+                device = run.report()["devices"]["0"]
+                self.assertLessEqual(device["stats"]["reserved_bytes.all.peak"], 4 << 20)  # two 2 MiB segments
+                os.remove(run.reports()[0])
+        unsafe = self.run_program(["test-hazards", "gone-stream"], env=dict(PRESSURE, **UNSAFE))
+        expected = (1, 66) if "tsan" in (sanitizer_runtime() or "") else (1,)
+        self.assertIn(unsafe.code, expected, f"without ordering the hazard should show:\n{unsafe.stdout}")
+
+    def test_a_stream_made_through_the_driver_on_a_gone_handle_is_a_new_stream(self):
+        # A plain request finds the destroyed stream gone; then a stream made
+        # through the driver gets its handle. The old stream's block, in the
+        # pool or in a thread's cache (-threads), must not go to the new one
+        # by stream order while the old write is queued (1). gpupool forgets
+        # the handle, and meets the new stream as new: one gone row for the
+        # old stream, one live row for the new. 0: reused after the write; 2:
+        # the request took other memory.
+        env = {"SIMCUDA_REUSE_STREAM_HANDLES": "1", "GPUPOOL_MEMORY_LIMIT": "10M", "GPUPOOL_THREAD_CACHE_SIZE": "2M"}
+        for case in ("gone-stream-made-again", "gone-stream-made-again-threads"):
+            with self.subTest(case=case):
+                run = self.run_program(["test-hazards", case], env=env)
+                self.assertIn(run.code, (0, 2), run.stdout + run.stderr)
+                self.assertNotIn("new stream has a handle of its own", run.stdout)
+                self.assertEqual(run.counters()["destroyed_stream_calls"], 1)
+                rows = [r for r in run.report()["devices"]["0"]["streams"] if r["stream"].startswith("0x")]
+                self.assertEqual(sorted(r["alive"] for r in rows), [False, True], rows)
+                os.remove(run.reports()[0])
+                unsafe = self.run_program(["test-hazards", case], env=dict(env, **UNSAFE))
+                expected = (1, 66) if "tsan" in (sanitizer_runtime() or "") else (1,)
+                self.assertIn(unsafe.code, expected, f"without ordering the hazard should show:\n{unsafe.stdout}")
+                for path in unsafe.reports():
+                    os.remove(path)
+        # Named in a stream-ordered call, such a stream is made to follow the
+        # latest barrier, as any stream gpupool meets first there.
+        self.check("test-hazards", "gone-handle-after-barrier", True, {"SIMCUDA_REUSE_STREAM_HANDLES": "1"})
+
     def test_per_thread_default_stream_build(self):
         # Built with CUDA_API_PER_THREAD_DEFAULT_STREAM: the _ptsz entry points.
         for case in ("per-thread", "ended-thread"):

@@ -281,17 +281,19 @@ inline int ended_thread_stream() {
 // otherwise. With `threads`, a second thread's stream-ordered call first
 // switches gpupool's per-thread caches on, so that the freed block waits in
 // this thread's.
+using StreamDestroy = CUresult (*)(CUstream);
+
+// The driver's cuStreamDestroy_v2, which gpupool does not see; null (said) if not found.
+inline StreamDestroy driver_stream_destroy() {
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  auto destroy = driver != nullptr ? reinterpret_cast<StreamDestroy>(dlsym(driver, "cuStreamDestroy_v2")) : nullptr;
+  if (destroy == nullptr) std::fprintf(stderr, "the driver's cuStreamDestroy_v2 was not found\n");
+  return destroy;
+}
+
 inline int handle_given_again(bool unseen, bool threads) {
-  using StreamDestroy = CUresult (*)(CUstream);
   StreamDestroy driver_destroy = nullptr;
-  if (unseen) {
-    void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    driver_destroy = driver != nullptr ? reinterpret_cast<StreamDestroy>(dlsym(driver, "cuStreamDestroy_v2")) : nullptr;
-    if (driver_destroy == nullptr) {
-      std::fprintf(stderr, "the driver's cuStreamDestroy_v2 was not found\n");
-      return 3;
-    }
-  }
+  if (unseen && (driver_destroy = driver_stream_destroy()) == nullptr) return 3;
   if (threads) {
     std::thread([] {
       void* none = nullptr;
@@ -317,6 +319,116 @@ inline int handle_given_again(bool unseen, bool threads) {
   void* q = nullptr;
   HAZARD_CHECK(cudaMallocAsync(&q, kBytes, s2));
   return verdict(p, q, s2);
+}
+
+// A stream destroyed through the driver, past gpupool, whose handle no new
+// stream gets: the block freed on it while its write is queued goes to a
+// plain cudaMalloc only once that write is done (2 where that request took
+// new memory instead). Then plain pairs, each of which needs a barrier: with
+// the gone stream kept in the barriers, each would fail, and each pair take
+// new memory (the test reads the peak reserved and the runtime's count of
+// calls naming the gone stream).
+inline int gone_stream(int plain_pairs) {
+  const StreamDestroy driver_destroy = driver_stream_destroy();
+  if (driver_destroy == nullptr) return 3;
+  cudaStream_t s1 = stream(cudaStreamNonBlocking);
+  void* p = busy_freed_block(s1);
+  if (driver_destroy(reinterpret_cast<CUstream>(s1)) != CUDA_SUCCESS) {
+    std::fprintf(stderr, "cuStreamDestroy_v2 failed\n");
+    return 3;
+  }
+  void* q = nullptr;
+  HAZARD_CHECK(cudaMalloc(&q, kBytes));
+  const int result = verdict(p, q, nullptr);
+  HAZARD_CHECK(cudaFree(q));
+  for (int i = 0; i < plain_pairs; ++i) {
+    HAZARD_CHECK(cudaMalloc(&q, kBytes));
+    HAZARD_CHECK(cudaFree(q));
+  }
+  return result;
+}
+
+// A stream destroyed through the driver, then found gone by a plain request
+// (which takes new memory), then a stream made through the driver
+// (cuStreamCreate, past gpupool) gets its handle. The old stream's block,
+// freed while its write was queued, must not go to the new stream by stream
+// order, from the pool or from this thread's cache (`threads`, as in
+// handle_given_again): gpupool has forgotten the handle, and meets the new
+// stream as a new one. The plain request finds the old stream gone by
+// looking at a block too large for a thread's cache of 2 MiB, freed on it
+// (kLarge). Needs room for those, the old block's segment and kLarge more,
+// and no more (10 MiB with expandable segments): the request on the new
+// stream then waits for the old write before it takes the old block (0).
+// Shows something only where the runtime gives the handle again at once; 2
+// otherwise.
+inline int gone_stream_made_again(bool threads) {
+  constexpr size_t kLarge = 4 << 20;
+  const StreamDestroy driver_destroy = driver_stream_destroy();
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  using StreamCreate = CUresult (*)(CUstream*, unsigned);
+  auto driver_create = driver != nullptr ? reinterpret_cast<StreamCreate>(dlsym(driver, "cuStreamCreate")) : nullptr;
+  if (driver_destroy == nullptr || driver_create == nullptr) return 3;
+  if (threads) {
+    std::thread([] {
+      void* none = nullptr;
+      HAZARD_CHECK(cudaMallocAsync(&none, 0, kThreadStream));
+    }).join();
+  }
+  cudaStream_t s1 = stream(cudaStreamNonBlocking);
+  void* large = nullptr;
+  HAZARD_CHECK(cudaMallocAsync(&large, kLarge, s1));  // first: a cache's blocks go back when the pool grows
+  void* p = busy_freed_block(s1);
+  HAZARD_CHECK(cudaFreeAsync(large, s1));
+  if (driver_destroy(reinterpret_cast<CUstream>(s1)) != CUDA_SUCCESS) return 3;
+  void* q = nullptr;
+  HAZARD_CHECK(cudaMalloc(&q, kLarge));
+  CUstream s2 = nullptr;
+  if (driver_create(&s2, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 3;
+  if (reinterpret_cast<cudaStream_t>(s2) != s1) {
+    std::printf("not reused: the new stream has a handle of its own\n");
+    HAZARD_CHECK(cudaDeviceSynchronize());
+    return 2;
+  }
+  void* r = nullptr;
+  HAZARD_CHECK(cudaMallocAsync(&r, kBytes, reinterpret_cast<cudaStream_t>(s2)));
+  const int result = verdict(p, r, reinterpret_cast<cudaStream_t>(s2));
+  HAZARD_CHECK(cudaFree(q));
+  return result;
+}
+
+// A stream found gone by a barrier (destroyed through the driver), whose
+// handle then goes to a stream made through the driver after a later
+// barrier that ordered a live plain block: named in a stream-ordered call,
+// the new stream must be made to follow that barrier, as a stream gpupool
+// meets for the first time (new_stream_after_barrier), though gpupool had
+// met its handle. Shows something only where the runtime gives the handle
+// again at once; 2 otherwise.
+inline int gone_handle_after_barrier() {
+  const StreamDestroy driver_destroy = driver_stream_destroy();
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  using StreamCreate = CUresult (*)(CUstream*, unsigned);
+  auto driver_create = driver != nullptr ? reinterpret_cast<StreamCreate>(dlsym(driver, "cuStreamCreate")) : nullptr;
+  if (driver_destroy == nullptr || driver_create == nullptr) return 3;
+  cudaStream_t s1 = stream(cudaStreamNonBlocking);  // first: the destroyed handle goes to the driver's stream
+  cudaStream_t s0 = stream(cudaStreamNonBlocking);
+  void* p = only_room();
+  HAZARD_CHECK(cudaFree(p));
+  if (driver_destroy(reinterpret_cast<CUstream>(s0)) != CUDA_SUCCESS) return 3;
+  HAZARD_CHECK(cudaMalloc(&p, kBytes));  // its barrier finds s0 gone: a device wait
+  old_owner_writes(p, s1);
+  HAZARD_CHECK(cudaFree(p));
+  void* q = nullptr;
+  HAZARD_CHECK(cudaMalloc(&q, kBytes));  // after the barrier: s1's write, then the legacy stream's event
+  CUstream s2 = nullptr;
+  if (driver_create(&s2, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 3;
+  if (reinterpret_cast<cudaStream_t>(s2) != s0) {
+    std::printf("not reused: the new stream has a handle of its own\n");
+    HAZARD_CHECK(cudaDeviceSynchronize());
+    return 2;
+  }
+  void* none = nullptr;
+  HAZARD_CHECK(cudaMallocAsync(&none, 0, reinterpret_cast<cudaStream_t>(s2)));  // gpupool meets it
+  return verdict(p, q, reinterpret_cast<cudaStream_t>(s2));
 }
 
 // cudaFree also returns only once the device has done all earlier work: a
@@ -366,6 +478,10 @@ inline int run_case(const std::string& name) {
   if (name == "handle-given-again-threads") return handle_given_again(false, true);
   if (name == "unseen-destroy") return handle_given_again(true, false);
   if (name == "unseen-destroy-threads") return handle_given_again(true, true);
+  if (name == "gone-stream") return gone_stream(200);
+  if (name == "gone-handle-after-barrier") return gone_handle_after_barrier();
+  if (name == "gone-stream-made-again") return gone_stream_made_again(false);
+  if (name == "gone-stream-made-again-threads") return gone_stream_made_again(true);
   if (name == "cross-device-free") return cross_device_free();
   if (name == "cudafree-host-sync") return cudafree_host_sync(false);
   if (name == "cudafree-host-sync-other-device") return cudafree_host_sync(true);
