@@ -171,6 +171,18 @@ for case in handle-given-again handle-given-again-threads unseen-destroy unseen-
     -- "$out/hazards_gpu" "$case"
 done
 
+# A handle no new stream gets: gpupool's one call that names it is undefined
+# on CUDA (the simulated runtime refuses it as an invalid handle, and gpupool
+# then names it no more). 0: ordered; 2: the request took new memory.
+run "hazard gone-stream" "0 2" "${pool[@]}" "${pressure[@]}" -- "$out/hazards_gpu" gone-stream
+run "hazard gone-stream shows without ordering" "1 2" "${pool[@]}" "${pressure[@]}" GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING=1 \
+  -- "$out/hazards_gpu" gone-stream
+# Then a stream made through the driver gets the handle (where CUDA gives it
+# again at once; 2 where not): a new stream to gpupool.
+run "hazard gone-handle-after-barrier" "0 2" "${pool[@]}" "${pressure[@]}" -- "$out/hazards_gpu" gone-handle-after-barrier
+run "hazard gone-handle-after-barrier shows without ordering" "1 2" "${pool[@]}" "${pressure[@]}" \
+  GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING=1 -- "$out/hazards_gpu" gone-handle-after-barrier
+
 echo "== the integration programs on the real runtime"
 for mode in 1 0; do
   m=(GPUPOOL_EXPANDABLE_SEGMENTS=$mode)
