@@ -153,13 +153,14 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
   std::size_t block_size = 0;
   bool grew = false;
   std::vector<StreamId> forgotten;
-  for (int attempt = 0; attempt < 2; ++attempt) {
+  bool capturing = false;
+  for (int attempt = 0; attempt < 2 && !capturing; ++attempt) {
     bool last_try = true;
     {
       std::lock_guard<AdaptiveMutex> lock(d.mu);
       if (runtime_serves != nullptr && d.pool->is_capturing(consumer)) {
-        *runtime_serves = true;
-        return cudaSuccess;
+        capturing = true;  // the runtime serves it
+        continue;
       }
       if (!d.foreign_frees.empty()) return_foreign_frees(d, attempt == 1);
       // The block this thread's cache kept past its limit goes back under
@@ -186,12 +187,16 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
       }
       if (a.device_error) error = d.upstream.last_error();
       if (!a.ok && !a.device_error && last_try) warn_oom(d);
-      if (forgotten.empty()) forgotten = forgotten_streams(d);
+      take_forgotten_streams(d, &forgotten);
     }
     if (a.ok || a.device_error || last_try) break;
     if (caches_.enabled()) caches_.flush_all();  // the blocks other threads keep may be what is missing
   }
   if (!forgotten.empty()) forget_stream_handles(dev, forgotten);
+  if (capturing) {
+    *runtime_serves = true;
+    return cudaSuccess;
+  }
   if (a.ok && block_size != 0) {
     caches_.live().insert(a.ptr, LiveBlock{block_size, size, dev, false});
     // The pool took memory from the device: the blocks threads keep go back
@@ -276,7 +281,7 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site, int site_device, int* o
       // handed the block, and the trace must show this free before that
       // allocation. A full buffer is written out after, not under this lock.
       if (r == FreeResult::Freed && trace_) trace_->record(TraceWriter::Action::Free, p, size, site, index, false);
-      forgotten = forgotten_streams(*d);
+      take_forgotten_streams(*d, &forgotten);
     }
     if (!forgotten.empty()) forget_stream_handles(index, forgotten);
     if (r == FreeResult::NotOwned) continue;

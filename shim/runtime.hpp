@@ -218,10 +218,12 @@ class Runtime {
   void uncount_capture(const DeviceState::Capture& c);
   // Tells the device's pool of a program's stream (flags as cudaStreamCreateWithFlags').
   void introduce_stream(int dev, StreamId id, unsigned flags);
-  // The streams whose books the pool of `dev` closed since it was last
+  // Adds the streams whose books the pool of `d` closed since it was last
   // asked (see DevicePool::take_forgotten_streams). Under its lock.
-  static std::vector<StreamId> forgotten_streams(DeviceState& d) {
-    return d.pool->streams_forgotten() ? d.pool->take_forgotten_streams() : std::vector<StreamId>{};
+  static void take_forgotten_streams(DeviceState& d, std::vector<StreamId>* into) {
+    if (!d.pool->streams_forgotten()) return;
+    const std::vector<StreamId> more = d.pool->take_forgotten_streams();
+    into->insert(into->end(), more.begin(), more.end());
   }
   // Forgets those handles here too: a stream given one later is introduced
   // to the pool as new, and blocks threads keep for them go back. Not under
