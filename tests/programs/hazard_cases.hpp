@@ -291,15 +291,39 @@ inline StreamDestroy driver_stream_destroy() {
   return destroy;
 }
 
+// A second thread's stream-ordered call switches gpupool's per-thread caches
+// on, so that a block this thread frees with cudaFreeAsync waits in its cache.
+inline void switch_thread_caches_on() {
+  std::thread([] {
+    void* none = nullptr;
+    HAZARD_CHECK(cudaMallocAsync(&none, 0, kThreadStream));
+  }).join();
+}
+
+// A non-blocking stream made through the driver's cuStreamCreate (past
+// gpupool), which is to get `old`'s handle (destroyed): 0, with it in *out;
+// 2 (said, the device synchronized) where it got another; 3 where the
+// driver failed.
+inline int driver_stream_on(cudaStream_t old, cudaStream_t* out) {
+  using StreamCreate = CUresult (*)(CUstream*, unsigned);
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  auto create = driver != nullptr ? reinterpret_cast<StreamCreate>(dlsym(driver, "cuStreamCreate")) : nullptr;
+  CUstream s = nullptr;
+  if (create == nullptr || create(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+    std::fprintf(stderr, "the driver's cuStreamCreate was not found or failed\n");
+    return 3;
+  }
+  *out = reinterpret_cast<cudaStream_t>(s);
+  if (*out == old) return 0;
+  std::printf("not reused: the new stream has a handle of its own\n");
+  HAZARD_CHECK(cudaDeviceSynchronize());
+  return 2;
+}
+
 inline int handle_given_again(bool unseen, bool threads) {
   StreamDestroy driver_destroy = nullptr;
   if (unseen && (driver_destroy = driver_stream_destroy()) == nullptr) return 3;
-  if (threads) {
-    std::thread([] {
-      void* none = nullptr;
-      HAZARD_CHECK(cudaMallocAsync(&none, 0, kThreadStream));
-    }).join();
-  }
+  if (threads) switch_thread_caches_on();
   cudaStream_t s1 = stream(cudaStreamNonBlocking);
   void* p = busy_freed_block(s1);
   if (unseen) {
@@ -364,16 +388,8 @@ inline int gone_stream(int plain_pairs) {
 inline int gone_stream_made_again(bool threads) {
   constexpr size_t kLarge = 4 << 20;
   const StreamDestroy driver_destroy = driver_stream_destroy();
-  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  using StreamCreate = CUresult (*)(CUstream*, unsigned);
-  auto driver_create = driver != nullptr ? reinterpret_cast<StreamCreate>(dlsym(driver, "cuStreamCreate")) : nullptr;
-  if (driver_destroy == nullptr || driver_create == nullptr) return 3;
-  if (threads) {
-    std::thread([] {
-      void* none = nullptr;
-      HAZARD_CHECK(cudaMallocAsync(&none, 0, kThreadStream));
-    }).join();
-  }
+  if (driver_destroy == nullptr) return 3;
+  if (threads) switch_thread_caches_on();
   cudaStream_t s1 = stream(cudaStreamNonBlocking);
   void* large = nullptr;
   HAZARD_CHECK(cudaMallocAsync(&large, kLarge, s1));  // first: a cache's blocks go back when the pool grows
@@ -382,16 +398,11 @@ inline int gone_stream_made_again(bool threads) {
   if (driver_destroy(reinterpret_cast<CUstream>(s1)) != CUDA_SUCCESS) return 3;
   void* q = nullptr;
   HAZARD_CHECK(cudaMalloc(&q, kLarge));
-  CUstream s2 = nullptr;
-  if (driver_create(&s2, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 3;
-  if (reinterpret_cast<cudaStream_t>(s2) != s1) {
-    std::printf("not reused: the new stream has a handle of its own\n");
-    HAZARD_CHECK(cudaDeviceSynchronize());
-    return 2;
-  }
+  cudaStream_t s2 = nullptr;
+  if (const int got = driver_stream_on(s1, &s2); got != 0) return got;
   void* r = nullptr;
-  HAZARD_CHECK(cudaMallocAsync(&r, kBytes, reinterpret_cast<cudaStream_t>(s2)));
-  const int result = verdict(p, r, reinterpret_cast<cudaStream_t>(s2));
+  HAZARD_CHECK(cudaMallocAsync(&r, kBytes, s2));
+  const int result = verdict(p, r, s2);
   HAZARD_CHECK(cudaFree(q));
   return result;
 }
@@ -405,10 +416,7 @@ inline int gone_stream_made_again(bool threads) {
 // again at once; 2 otherwise.
 inline int gone_handle_after_barrier() {
   const StreamDestroy driver_destroy = driver_stream_destroy();
-  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  using StreamCreate = CUresult (*)(CUstream*, unsigned);
-  auto driver_create = driver != nullptr ? reinterpret_cast<StreamCreate>(dlsym(driver, "cuStreamCreate")) : nullptr;
-  if (driver_destroy == nullptr || driver_create == nullptr) return 3;
+  if (driver_destroy == nullptr) return 3;
   cudaStream_t s1 = stream(cudaStreamNonBlocking);  // first: the destroyed handle goes to the driver's stream
   cudaStream_t s0 = stream(cudaStreamNonBlocking);
   void* p = only_room();
@@ -419,16 +427,11 @@ inline int gone_handle_after_barrier() {
   HAZARD_CHECK(cudaFree(p));
   void* q = nullptr;
   HAZARD_CHECK(cudaMalloc(&q, kBytes));  // after the barrier: s1's write, then the legacy stream's event
-  CUstream s2 = nullptr;
-  if (driver_create(&s2, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 3;
-  if (reinterpret_cast<cudaStream_t>(s2) != s0) {
-    std::printf("not reused: the new stream has a handle of its own\n");
-    HAZARD_CHECK(cudaDeviceSynchronize());
-    return 2;
-  }
+  cudaStream_t s2 = nullptr;
+  if (const int got = driver_stream_on(s0, &s2); got != 0) return got;
   void* none = nullptr;
-  HAZARD_CHECK(cudaMallocAsync(&none, 0, reinterpret_cast<cudaStream_t>(s2)));  // gpupool meets it
-  return verdict(p, q, reinterpret_cast<cudaStream_t>(s2));
+  HAZARD_CHECK(cudaMallocAsync(&none, 0, s2));  // gpupool meets it
+  return verdict(p, q, s2);
 }
 
 // cudaFree also returns only once the device has done all earlier work: a
