@@ -486,6 +486,9 @@ int reuse_after_late_write(LateReuse how) {
 
 enum class Capture { Stream, ToGraph, PerThread, ToGraphPerThread };
 int capture(Capture how) {
+  // A current context first, as the static runtime makes one before its
+  // first stream (the driver refuses cuStreamCreate without one).
+  use_device(0);
   // The per-thread default stream is NULL to the entry points fetched for it.
   const bool per_thread = how == Capture::PerThread || how == Capture::ToGraphPerThread;
   const bool to_graph = how == Capture::ToGraph || how == Capture::ToGraphPerThread;

@@ -68,7 +68,9 @@ int main(int argc, char** argv) {
   note("get_after_set_device", cudaGetLastError());
   // A call of the library's that gpupool passes on to this program's runtime
   // and that fails there (PyTorch clears cudaErrorPeerAccessAlreadyEnabled so).
-  note("peer12", peer12(0));
+  // A device that does not exist, which every runtime refuses alike (for
+  // device 0 itself, CUDA 13 answers cudaErrorPeerAccessUnsupported).
+  note("peer12", peer12(-1));
   note("get_after_peer12", cudaGetLastError());
   note("peek12_after_peer12", peek12());
   note("get12_after_peer12", get12());
