@@ -108,8 +108,12 @@ DevicePtr CudaUpstream::allocate_segment(std::size_t bytes) {
 }
 
 void CudaUpstream::release_segment(DevicePtr base, std::size_t) {
-  on_device(device_, alone_, [&] {
-    return internal([&](const RealCuda& r) { return r.cudaFree(reinterpret_cast<void*>(base)); });
+  // Relaxed as the allocation was: the pool gives memory back only where its
+  // books know no capture that forbids it (see synchronize_event).
+  relaxed([&] {
+    return on_device(device_, alone_, [&] {
+      return internal([&](const RealCuda& r) { return r.cudaFree(reinterpret_cast<void*>(base)); });
+    });
   });
 }
 
@@ -182,22 +186,29 @@ EventStatus CudaUpstream::query_stream(StreamId stream) {
   return t_last_stream_error == cudaErrorNotReady ? EventStatus::Pending : EventStatus::Error;
 }
 
+// The pool waits on the host only where its books know no capture that the
+// wait could break. Yet CUDA may still count one on this thread: a
+// thread-local capture begun here whose device another thread reset keeps
+// refusing this thread's waits. Relaxed, the waits go through, as the pool's
+// allocations do.
 bool CudaUpstream::synchronize_event(EventHandle event) {
-  return internal([&](const RealCuda& r) { return r.cudaEventSynchronize(as_event(event)); }) == cudaSuccess;
+  return relaxed([&] {
+           return internal([&](const RealCuda& r) { return r.cudaEventSynchronize(as_event(event)); });
+         }) == cudaSuccess;
 }
 
 bool CudaUpstream::synchronize_stream(StreamId stream) {
   cudaStream_t s = nullptr;
   if (!stream_handle(stream, &s)) return no_stream_handle();
   t_last_stream_error = on_device(device_, alone_, [&] {
-    return internal([&](const RealCuda& r) { return r.cudaStreamSynchronize(s); });
+    return relaxed([&] { return internal([&](const RealCuda& r) { return r.cudaStreamSynchronize(s); }); });
   });
   return t_last_stream_error == cudaSuccess;
 }
 
 bool CudaUpstream::synchronize_device() {
   return on_device(device_, alone_, [] {
-           return internal([](const RealCuda& r) { return r.cudaDeviceSynchronize(); });
+           return relaxed([] { return internal([](const RealCuda& r) { return r.cudaDeviceSynchronize(); }); });
          }) == cudaSuccess;
 }
 
@@ -302,13 +313,16 @@ bool CudaUpstream::map_pages(DevicePtr addr, std::size_t bytes) {
 
 void CudaUpstream::unmap_pages(DevicePtr addr, std::size_t bytes) {
   const DriverVmm& vmm = driver_vmm();
-  for (DevicePtr page = addr; page < addr + bytes; page += page_) {
-    auto it = pages_.find(page);
-    if (it == pages_.end()) continue;
-    vmm.unmap(static_cast<CUdeviceptr>(page), page_);
-    vmm.release(it->second);
-    pages_.erase(it);
-  }
+  relaxed([&] {
+    for (DevicePtr page = addr; page < addr + bytes; page += page_) {
+      auto it = pages_.find(page);
+      if (it == pages_.end()) continue;
+      vmm.unmap(static_cast<CUdeviceptr>(page), page_);
+      vmm.release(it->second);
+      pages_.erase(it);
+    }
+    return 0;
+  });
 }
 
 void CudaUpstream::add_accessor(int accessor) {

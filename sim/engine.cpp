@@ -3,6 +3,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -322,8 +323,12 @@ cudaError_t Engine::end_capture(Stream* s, bool* valid) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!s->capturing) return cudaErrorIllegalState;
   // CUDA's rule: only the beginning thread may end a capture that is not
-  // relaxed. Refused, it goes on.
+  // relaxed. CUDA 13 on an H200 refuses the end and ends the capture, its
+  // graph lost (the beginning thread's end is then cudaErrorIllegalState);
+  // SIMCUDA_WRONG_THREAD_END_KEEPS_CAPTURE=1 keeps it going instead.
+  static const bool keeps_capture = env_flag("SIMCUDA_WRONG_THREAD_END_KEEPS_CAPTURE");
   if (s->capture_mode != cudaStreamCaptureModeRelaxed && s->capture_thread != std::this_thread::get_id()) {
+    if (!keeps_capture) s->capturing = false;
     return cudaErrorStreamCaptureWrongThread;
   }
   s->capturing = false;
@@ -334,9 +339,22 @@ cudaError_t Engine::end_capture(Stream* s, bool* valid) {
 
 void Engine::end_captures(int device) {
   std::lock_guard<std::mutex> lock(mu_);
+  const std::thread::id self = std::this_thread::get_id();
   for (Stream* s : streams_) {
-    if (s->device == device) s->capturing = false;
+    if (s->device != device || !s->capturing) continue;
+    if (s->capture_mode == cudaStreamCaptureModeThreadLocal && s->capture_thread != self) {
+      stale_capture_threads_.push_back(s->capture_thread);
+    }
+    s->capturing = false;
   }
+}
+
+bool Engine::stale_capture_refuses(bool device_wide) {
+  if (!device_wide && t_capture_mode == cudaStreamCaptureModeRelaxed) return false;
+  const std::thread::id self = std::this_thread::get_id();
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::find(stale_capture_threads_.begin(), stale_capture_threads_.end(), self) !=
+         stale_capture_threads_.end();
 }
 
 cudaStreamCaptureStatus Engine::capture_status(Stream* s) {
@@ -347,6 +365,7 @@ cudaStreamCaptureStatus Engine::capture_status(Stream* s) {
 
 cudaError_t Engine::check_unsafe_call() {
   if (t_capture_mode == cudaStreamCaptureModeRelaxed) return cudaSuccess;
+  if (stale_capture_refuses(false)) return cudaErrorStreamCaptureUnsupported;
   const std::thread::id self = std::this_thread::get_id();
   std::lock_guard<std::mutex> lock(mu_);
   bool any = false;

@@ -111,8 +111,14 @@ class Engine {
   cudaError_t begin_capture(Stream* s, cudaStreamCaptureMode mode);
   cudaError_t end_capture(Stream* s, bool* valid);
   cudaStreamCaptureStatus capture_status(Stream* s);
-  // cudaDeviceReset: the captures on the device's streams end with them.
+  // cudaDeviceReset: the captures on the device's streams end with them. A
+  // thread-local one another thread began stays counted on that thread, as
+  // CUDA 13 keeps it (seen on an H200): see stale_capture_refuses.
   void end_captures(int device);
+  // Whether this thread's host call is refused for such a capture: in its
+  // own capture mode a potentially unsafe call, a cudaEventSynchronize too;
+  // a cudaDeviceSynchronize even relaxed.
+  bool stale_capture_refuses(bool device_wide);
   // Calls CUDA calls "potentially unsafe" (cudaMalloc, cudaFree, ...) are
   // refused, and invalidate the capture that forbids them, by CUDA's rule:
   // none is forbidden to a thread in the relaxed mode; otherwise the
@@ -135,6 +141,7 @@ class Engine {
   std::vector<Stream*> streams_;  // every stream ever made; never freed
   std::vector<Stream*> legacy_;  // per device
   std::vector<StreamHandle*> free_handles_;  // destroyed streams', to give again
+  std::vector<std::thread::id> stale_capture_threads_;  // see end_captures
   std::uint64_t delay_us_;
 };
 

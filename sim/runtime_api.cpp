@@ -385,6 +385,7 @@ cudaError_t cudaDeviceSynchronize(void) {
   if (injected_host_wait_failure(__builtin_return_address(0))) return result(cudaErrorUnknown);
   // Like the real runtime: not allowed while a stream captures (global mode).
   if (const cudaError_t e = Engine::instance().check_unsafe_call(); e != cudaSuccess) return result(e);
+  if (Engine::instance().stale_capture_refuses(true)) return result(cudaErrorStreamCaptureUnsupported);
   Engine::instance().synchronize_device(t_device);  // the current device's work only, as a GPU's
   return checked(t_device, cudaSuccess);
 }
@@ -783,6 +784,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (injected_host_wait_failure(__builtin_return_address(0))) return result(cudaErrorUnknown);
   simcuda::Event* ev = usable_event(e);
   if (ev == nullptr) return result(cudaErrorInvalidResourceHandle);
+  if (Engine::instance().stale_capture_refuses(false)) return result(cudaErrorStreamCaptureUnsupported);
   return checked(ev->device, Engine::instance().synchronize(ev));
 }
 

@@ -24,6 +24,9 @@
  *   SIMCUDA_REFUSE_CAPTURING_DESTROY=1  cudaStreamDestroy refuses a stream
  *                               that captures (cudaErrorStreamCaptureUnsupported);
  *                               by default the capture ends with the stream
+ *   SIMCUDA_WRONG_THREAD_END_KEEPS_CAPTURE=1  a capture end refused on another
+ *                               thread than the beginning one leaves the capture
+ *                               going; by default it ends it, as CUDA 13 does
  *   SIMCUDA_REUSE_STREAM_HANDLES=1  a destroyed stream's handle names the next
  *                               stream made, while the old one's work may still run
  *   SIMCUDA_RESET_ERROR=refused|late  cudaDeviceReset answers with an error:

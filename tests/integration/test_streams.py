@@ -328,7 +328,10 @@ class Capture(ShimTest):
         # the stream capturing, and the pool treating it so.
         # A reset that returns an earlier launch's error (reset-late) has
         # ended the capture all the same; one the runtime refuses
-        # (reset-refused) has not.
+        # (reset-refused) has not. After a reset on another thread
+        # (reset-elsewhere) the runtime keeps refusing the beginning thread's
+        # host waits unless relaxed (the test below), which the pool needs
+        # before it unmaps pages.
         for how in ("stream", "thread", "reset", "reset-late", "reset-refused", "stream-elsewhere", "reset-elsewhere",
                     "refused"):
             for expandable in ("1", "0"):
@@ -368,27 +371,46 @@ class Capture(ShimTest):
                 self.assertGreaterEqual(mine[0]["same_stream_reuses"], 1)
                 self.assertEqual(mine[0]["barrier_waits"], 0)
 
-    def test_a_capture_end_refused_on_another_thread_leaves_the_capture_going(self):
+    def test_a_capture_end_refused_on_another_thread_ends_the_books_as_the_runtime_does(self):
         # CUDA refuses to end a non-relaxed capture on another thread than
-        # the one that began it, and the capture goes on. Counted as ended,
-        # it would let the pool serve its stream's requests itself and give
-        # the beginning thread's cache back with cudaFree, which would
-        # invalidate the capture.
-        for expandable in ("1", "0"):
-            with self.subTest(expandable_segments=expandable):
-                run = self.run_program(["test-capture", "wrong-thread-end"],
-                                       env={"SIMCUDA_MEMORY": "64M", "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
-                self.assertSucceeded(run)
-                self.assertEqual(run.counters()["captures_invalidated"], 0)
-                self.assertEqual(run.output_json(), {"end elsewhere": "cudaErrorStreamCaptureWrongThread",
-                                                     "during": "cudaErrorMemoryAllocation", "after": "cudaSuccess"})
+        # the one that began it. CUDA 13 ends the capture all the same
+        # (scripts/gpu-check.sh asks it): kept in the books, the capture would
+        # forbid the pool cudaFree for good. A runtime that lets the capture
+        # go on (SIMCUDA_WRONG_THREAD_END_KEEPS_CAPTURE=1) keeps it there:
+        # counted as ended, the pool would serve its stream's requests itself
+        # and give the beginning thread's cache back with cudaFree, which
+        # would invalidate the capture.
+        expected = {"0": {"end elsewhere": "cudaErrorStreamCaptureWrongThread", "status after": "none",
+                          "during": "cudaSuccess", "after": "cudaSuccess"},
+                    "1": {"end elsewhere": "cudaErrorStreamCaptureWrongThread", "status after": "active",
+                          "during": "cudaErrorMemoryAllocation", "after": "cudaSuccess"}}
+        for keeps, output in expected.items():
+            for expandable in ("1", "0"):
+                with self.subTest(keeps_capture=keeps, expandable_segments=expandable):
+                    run = self.run_program(["test-capture", "wrong-thread-end"],
+                                           env={"SIMCUDA_MEMORY": "64M", "GPUPOOL_EXPANDABLE_SEGMENTS": expandable,
+                                                "SIMCUDA_WRONG_THREAD_END_KEEPS_CAPTURE": keeps})
+                    self.assertSucceeded(run)
+                    self.assertEqual(run.counters()["captures_invalidated"], 0)
+                    self.assertEqual(run.output_json(), output)
 
-    def test_the_simulated_runtime_refuses_a_capture_end_on_another_thread(self):
-        # The rule the test above relies on, as scripts/gpu-check.sh checks it on CUDA.
+    def test_the_simulated_runtime_ends_a_capture_whose_end_it_refuses_on_another_thread(self):
+        # CUDA 13's answer, as scripts/gpu-check.sh checks it on CUDA.
         run = self.run_program(["test-capture", "wrong-thread-rules"], preload=False)
         self.assertSucceeded(run)
         self.assertEqual(run.output_json(), {"end elsewhere": "cudaErrorStreamCaptureWrongThread",
-                                             "status after": "active", "end": "cudaSuccess"})
+                                             "status after": "none", "end": "cudaErrorIllegalState"})
+
+    def test_the_simulated_runtime_keeps_a_thread_local_capture_reset_elsewhere_counted_on_its_thread(self):
+        # CUDA 13's answers, as scripts/gpu-check.sh checks them on CUDA.
+        run = self.run_program(["test-capture", "reset-elsewhere-rules"], preload=False)
+        self.assertSucceeded(run)
+        refused = "cudaErrorStreamCaptureUnsupported"
+        self.assertEqual(run.output_json(), {
+            "reset": "cudaSuccess",
+            "own mode": {"cudaEventSynchronize": refused, "cudaDeviceSynchronize": refused},
+            "relaxed": {"cudaEventSynchronize": "cudaSuccess", "cudaDeviceSynchronize": refused},
+            "cudaMalloc": refused})
 
     def test_the_simulated_runtime_ends_a_capture_with_its_stream_thread_or_device(self):
         # The rule the books follow above, kept by the simulated runtime as

@@ -31,17 +31,22 @@
 //                      capture as JSON
 //   capture wrong-thread-end  (64 MiB) a thread-local capture begun here,
 //                      whose end another thread calls, which the runtime
-//                      refuses (CUDA's rule): the capture goes on, so a
-//                      stream-ordered request on its stream is the graph's and
-//                      a request only the cache can serve fails here until
-//                      the capture is ended here (validly). Prints the
-//                      refused end's error and the request's results as JSON
+//                      refuses (CUDA's rule). CUDA ends the capture all the
+//                      same: a stream-ordered request on its stream is the
+//                      pool's, a request only the cache can serve succeeds,
+//                      and this thread's end is refused. Where the capture
+//                      goes on instead (SIMCUDA_WRONG_THREAD_END_KEEPS_CAPTURE=1),
+//                      the request on its stream is the graph's, and the
+//                      other fails here until the capture is ended here
+//                      (validly). Prints the refused end's error, the
+//                      capture's status after it and the requests' results
+//                      as JSON
 //   capture wrong-thread-rules  without gpupool: what the runtime does with a
 //                      thread-local capture's end on another thread: its
 //                      answer, the capture's status after it, and the
 //                      beginning thread's end then (JSON); exits 1 unless
-//                      they are the simulated runtime's (refused, active,
-//                      ended validly)
+//                      they are CUDA 13's, the simulated runtime's by
+//                      default (refused, none, cudaErrorIllegalState)
 //   capture rules      without gpupool: the simulated runtime refuses an
 //                      unsafe call (cudaMalloc) during a capture, and
 //                      invalidates it, as CUDA's capture modes say
@@ -63,6 +68,13 @@
 //                      request that only the cache can serve: gpupool may
 //                      give the cache back only if it knows the capture gone.
 //                      Prints that request's result as JSON
+//   capture reset-elsewhere-rules  without gpupool: a thread-local capture
+//                      begun on this thread, whose device another thread
+//                      resets; then this thread's host waits (an event on
+//                      the legacy stream, the device), in its own capture
+//                      mode and relaxed, and a cudaMalloc (JSON); exits 1
+//                      unless they are CUDA 13's (the capture stays counted
+//                      on this thread: all refused but a relaxed event wait)
 //   capture gone-rules without gpupool: a capture ends with its stream, with
 //                      the thread whose per-thread stream it captures, and
 //                      with its device's reset (unless the runtime refuses
@@ -80,6 +92,8 @@
 //                      stream and on a stream already capturing: once the one
 //                      capture begun has ended, the pool serves both streams'
 //                      requests from memory freed on them again
+#include <string>
+
 #include "common.hpp"
 
 namespace {
@@ -220,7 +234,7 @@ void pair_is_the_graphs(cudaStream_t capturing) {
 }
 
 // A thread-local capture this thread began, ended by another thread, which
-// CUDA refuses: the capture goes on. Returns the refused end's error.
+// CUDA refuses. Returns the refused end's error.
 cudaError_t end_elsewhere(cudaStream_t capturing) {
   cudaError_t refused = cudaSuccess;
   std::thread([&] {
@@ -246,21 +260,43 @@ int wrong_thread_end() {
   CHECK_CUDA(cudaFree(cached));
   cudaStream_t t = capturing_stream(cudaStreamCaptureModeThreadLocal);
   const cudaError_t refused = end_elsewhere(t);
-  // Still capturing: a request on its stream is the graph's...
-  pair_is_the_graphs(t);
-  // ...and it still forbids this thread cudaFree: only the cache has room.
+  const char* status = capture_status_name(t);
+  const bool going = std::strcmp(status, "active") == 0;
+  if (going) {
+    // Still capturing: a request on its stream is the graph's...
+    pair_is_the_graphs(t);
+  } else {
+    // Ended by the refusal (CUDA's answer): the pool's again.
+    simcuda_counters c0{};
+    const bool sim = testprog::sim_counters(&c0);
+    void* p = nullptr;
+    CHECK_CUDA(cudaMallocAsync(&p, 1 << 20, t));
+    CHECK_CUDA(cudaFreeAsync(p, t));
+    if (sim) {
+      simcuda_counters c1{};
+      testprog::sim_counters(&c1);
+      EXPECT(c1.malloc_async_calls == c0.malloc_async_calls);
+    }
+  }
+  // ...and while it goes on it forbids this thread cudaFree: only the cache has room.
   void* during = nullptr;
   const cudaError_t err_during = cudaMalloc(&during, 48 << 20);
   if (err_during == cudaSuccess) CHECK_CUDA(cudaFree(during));
   (void)cudaGetLastError();
-  if (!ended_valid(t)) return 1;
+  if (going) {
+    if (!ended_valid(t)) return 1;
+  } else {
+    cudaGraph_t graph = nullptr;
+    EXPECT(cudaStreamEndCapture(t, &graph) == cudaErrorIllegalState);
+    (void)cudaGetLastError();
+  }
   void* after = nullptr;
   const cudaError_t err_after = cudaMalloc(&after, 48 << 20);
   if (err_after == cudaSuccess) CHECK_CUDA(cudaFree(after));
   CHECK_CUDA(cudaFree(live));
   CHECK_CUDA(cudaStreamDestroy(t));
-  std::printf("{\"end elsewhere\": \"%s\", \"during\": \"%s\", \"after\": \"%s\"}\n", cudaGetErrorName(refused),
-              cudaGetErrorName(err_during), cudaGetErrorName(err_after));
+  std::printf("{\"end elsewhere\": \"%s\", \"status after\": \"%s\", \"during\": \"%s\", \"after\": \"%s\"}\n",
+              cudaGetErrorName(refused), status, cudaGetErrorName(err_during), cudaGetErrorName(err_after));
   return 0;
 }
 
@@ -275,8 +311,11 @@ int wrong_thread_rules() {
   CHECK_CUDA(cudaStreamDestroy(t));
   std::printf("{\"end elsewhere\": \"%s\", \"status after\": \"%s\", \"end\": \"%s\"}\n",
               cudaGetErrorName(refused), status, cudaGetErrorName(end));
-  // What the simulated runtime does, and wrong-thread-end expects.
-  return refused == cudaErrorStreamCaptureWrongThread && std::strcmp(status, "active") == 0 && end == cudaSuccess ? 0 : 1;
+  // What CUDA 13 did on an H200, and the simulated runtime does by default.
+  return refused == cudaErrorStreamCaptureWrongThread && std::strcmp(status, "none") == 0 &&
+                 end == cudaErrorIllegalState
+             ? 0
+             : 1;
 }
 
 // A capture begun in `capture_mode`, and one cudaMalloc during it from a
@@ -460,6 +499,53 @@ int gone_rules() {
   return outlived ? 1 : 0;
 }
 
+std::string host_waits_answer(const std::string& event, const std::string& device) {
+  return "{\"cudaEventSynchronize\": \"" + event + "\", \"cudaDeviceSynchronize\": \"" + device + "\"}";
+}
+
+// A host wait's answer on this thread: an event recorded on the legacy
+// stream and waited for, and the whole device.
+std::string host_waits() {
+  cudaEvent_t e = nullptr;
+  cudaError_t event = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+  if (event == cudaSuccess) event = cudaEventRecord(e, nullptr);
+  if (event == cudaSuccess) event = cudaEventSynchronize(e);
+  if (e != nullptr) (void)cudaEventDestroy(e);
+  (void)cudaGetLastError();
+  const cudaError_t device = cudaDeviceSynchronize();
+  (void)cudaGetLastError();
+  return host_waits_answer(cudaGetErrorName(event), cudaGetErrorName(device));
+}
+
+// A thread-local capture begun here, whose device another thread resets:
+// the host waits on this thread afterwards, in its own capture mode and
+// relaxed (gpupool's waits need them), and a cudaMalloc.
+int reset_elsewhere_rules() {
+  cudaStream_t s = capturing_stream(cudaStreamCaptureModeThreadLocal);
+  cudaError_t reset = cudaSuccess;
+  std::thread([&] { reset = cudaDeviceReset(); }).join();
+  const std::string own = host_waits();
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  CHECK_CUDA(cudaThreadExchangeStreamCaptureMode(&mode));
+  const std::string relaxed = host_waits();
+  CHECK_CUDA(cudaThreadExchangeStreamCaptureMode(&mode));
+  void* p = nullptr;
+  const cudaError_t malloc_after = cudaMalloc(&p, 1 << 20);
+  if (malloc_after == cudaSuccess) CHECK_CUDA(cudaFree(p));
+  (void)cudaGetLastError();
+  (void)s;  // destroyed by the reset
+  std::printf("{\"reset\": \"%s\", \"own mode\": %s, \"relaxed\": %s, \"cudaMalloc\": \"%s\"}\n",
+              cudaGetErrorName(reset), own.c_str(), relaxed.c_str(), cudaGetErrorName(malloc_after));
+  // What CUDA 13 did on an H200, and the simulated runtime does: the capture
+  // stays counted on this thread. Its own waits and cudaMalloc are refused;
+  // relaxed, an event's wait goes through, the device's not.
+  const std::string refused = "cudaErrorStreamCaptureUnsupported";
+  const bool cuda13 = reset == cudaSuccess && own == host_waits_answer(refused, refused) &&
+                      relaxed == host_waits_answer("cudaSuccess", refused) &&
+                      malloc_after == cudaErrorStreamCaptureUnsupported;
+  return cuda13 ? 0 : 1;
+}
+
 int refused_destroy() {
   cudaStream_t s = nullptr;
   CHECK_CUDA(cudaStreamCreate(&s));
@@ -532,6 +618,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "refused-destroy") == 0) return refused_destroy();
   if (argc > 2 && std::strcmp(argv[1], "gone") == 0) return gone(argv[2]);
   if (argc > 1 && std::strcmp(argv[1], "gone-rules") == 0) return gone_rules();
+  if (argc > 1 && std::strcmp(argv[1], "reset-elsewhere-rules") == 0) return reset_elsewhere_rules();
   if (argc > 1 && std::strcmp(argv[1], "new-thread") == 0) return new_thread();
   if (argc > 1 && std::strcmp(argv[1], "plain") == 0) return plain();
   if (argc > 3 && std::strcmp(argv[1], "other-device") == 0) {
