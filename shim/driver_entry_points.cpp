@@ -271,6 +271,35 @@ const ExportedName kExportedNames[] = {
 std::mutex unnamed_mu;
 char unnamed_library[256];
 
+bool destroys_stream(const char* symbol) {
+  return symbol != nullptr && (std::strcmp(symbol, "cuStreamDestroy") == 0 || std::strcmp(symbol, "cuStreamDestroy_v2") == 0);
+}
+
+// A stream destroy fetched from the driver where gpupool does not take the
+// driver's calls over: the driver's own, with gpupool's books kept around it
+// as at cudaStreamDestroy. Without it, a stream the program made or named
+// through the runtime and destroyed through the driver stayed in the books,
+// and the next barrier named a dead handle (on CUDA 13 the program crashed).
+// The two versions take the same parameter and do the same.
+std::atomic<decltype(&cuStreamDestroy_v2)> driver_stream_destroy{nullptr};
+
+CUresult observed_stream_destroy(CUstream s) {
+  Runtime* runtime = Runtime::if_started();  // none yet: it knows no stream
+  const bool tell = runtime != nullptr && !runtime->bypass() && s != nullptr;
+  int device = -1;
+  try {
+    if (tell) device = runtime->stream_destroying(rt(s));
+  } catch (...) {  // as guarded(): gpupool steps aside, the destroy goes on
+    step_aside("cuStreamDestroy");
+  }
+  const CUresult err = driver_stream_destroy.load(std::memory_order_acquire)(s);
+  if (device >= 0) {
+    const StreamId id = reinterpret_cast<StreamId>(s);
+    keep_books("cuStreamDestroy", [&] { runtime->stream_destroy_answered(id, device, err == CUDA_SUCCESS); });
+  }
+  return err;
+}
+
 bool allocates(const char* symbol) {
   for (const char* name : {"cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemAllocAsync", "cuMemAllocAsync_ptsz"}) {
     if (symbol != nullptr && std::strcmp(symbol, name) == 0) return true;
@@ -291,6 +320,9 @@ int driver_library_accepted(const char* path, const char* symbol) {
   // The shared runtime calls the driver under gpupool's own calls (taking it
   // over would loop), and NCCL shares its memory over CUDA IPC.
   const bool never = config::names_match("libcudart.so:libnccl.so", path);
+  // Any library's stream destroy is watched (a library such as numba's
+  // destroys through the driver streams another one used with the runtime).
+  if (destroys_stream(symbol) && !never) return 1;
   if (!c.static_runtime || !config::names_match(c.static_runtime_libraries, path)) {
     if (!never && allocates(symbol)) {
       std::lock_guard<std::mutex> lock(unnamed_mu);
@@ -315,7 +347,13 @@ int driver_library_accepted(const char* path, const char* symbol) {
 
 void* driver_entry(const char* symbol, int version, unsigned long long flags, void* real_function,
                    gpupool_driver_lookup_fn lookup) {
-  if (symbol == nullptr || real_function == nullptr || !taking_over(lookup)) return real_function;
+  if (symbol == nullptr || real_function == nullptr) return real_function;
+  if (!taking_over(lookup)) {
+    if (!destroys_stream(symbol)) return real_function;
+    driver_stream_destroy.store(reinterpret_cast<decltype(&cuStreamDestroy_v2)>(real_function),
+                                std::memory_order_release);
+    return reinterpret_cast<void*>(&observed_stream_destroy);
+  }
   for (const Substitute& s : kSubstitutes) {
     if (std::strcmp(s.name, symbol) != 0 || version < s.since || (s.until != 0 && version >= s.until)) continue;
     if (s.real != nullptr) s.real->store(real_function);

@@ -4,7 +4,7 @@ case that has an ordering step is also run with that step switched off
 (GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING=1) to show the test catches its absence."""
 import os
 
-from harness import ShimTest, main, sanitizer_runtime
+from harness import BUILD, ShimTest, main, sanitizer_runtime
 
 UNSAFE = {"GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING": "1"}
 # Room for the first block only: a request on another stream must then take the
@@ -191,6 +191,29 @@ class Hazards(ShimTest):
                 self.check("test-hazards", case, True, {"SIMCUDA_REUSE_STREAM_HANDLES": "1"})
         # Without the runtime's reuse the case shows nothing, and says so.
         self.assertEqual(self.run_program(["test-hazards", "unseen-destroy"], env=PRESSURE).code, 2)
+
+    def test_a_stream_destroyed_through_a_driver_call_looked_up_by_name_is_seen(self):
+        # The program, or a library (driver_lookup_module.c), fetches the
+        # driver's cuStreamDestroy_v2 with dlsym, which gpupool watches: the
+        # destroy is kept in the books as cudaStreamDestroy's is. No call
+        # names the dead handle (on CUDA 13 such a call crashed the program),
+        # no device-wide wait is made, and the block freed on the stream
+        # waits for its write on another stream.
+        library = {"HAZARDS_DRIVER_LIBRARY": os.path.join(BUILD, "tests", "libtest-driver-lookup.so")}
+        for case in ("driver-destroy", "library-driver-destroy"):
+            with self.subTest(case=case):
+                self.remove_reports()
+                run = self.run_program(["test-hazards", case], env=dict(PRESSURE, **library))
+                self.assertEqual(run.code, 0, run.stdout + run.stderr)
+                counters = run.counters()
+                self.assertEqual(counters["destroyed_stream_calls"], 0)
+                self.assertEqual(counters["device_syncs"], 1)  # the program's own
+                rows = run.report()["devices"]["0"]["streams"]
+                self.assertEqual(sum(r["host_syncs"] for r in rows), 0, rows)
+                self.assertEqual(len([r for r in rows if not r["alive"]]), 1, rows)
+                unsafe = self.run_program(["test-hazards", case], env=dict(PRESSURE, **library, **UNSAFE))
+                expected = (1, 66) if "tsan" in (sanitizer_runtime() or "") else (1,)
+                self.assertIn(unsafe.code, expected, f"without ordering the hazard should show:\n{unsafe.stdout}")
 
     def test_a_stream_destroyed_unseen_whose_handle_stays_unused_costs_one_device_wait(self):
         # Destroyed through the driver, past gpupool, its handle given to no

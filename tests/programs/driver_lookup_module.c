@@ -207,3 +207,14 @@ int library_reset_by_name(const char* reset_name) {
   if (mem_alloc(&p, size) != CUDA_SUCCESS || write_and_check(htod, dtoh, p, size, 2) != 0) return 1;
   return mem_free(p) != CUDA_SUCCESS;
 }
+
+/* Destroys `stream` through cuStreamDestroy_v2 fetched by name, as a library
+   that destroys through the driver a stream another one used with the
+   runtime does (gpupool watches such a lookup): 0 when it was destroyed. */
+int destroy_stream_by_name(CUstream stream) {
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW);
+  if (driver == NULL) return 1;
+  CUresult (*destroy)(CUstream);
+  FETCH(destroy, "cuStreamDestroy_v2");
+  return destroy(stream) != CUDA_SUCCESS;
+}

@@ -283,12 +283,54 @@ inline int ended_thread_stream() {
 // this thread's.
 using StreamDestroy = CUresult (*)(CUstream);
 
-// The driver's cuStreamDestroy_v2, which gpupool does not see; null (said) if not found.
-inline StreamDestroy driver_stream_destroy() {
+// The driver's cuStreamDestroy_v2 as the program's own dlsym finds it, which
+// gpupool watches (watched), or as a library that resolves the driver's
+// functions privately finds it, through libc's own dlsym: a destroy gpupool
+// cannot see. Null (said) if not found.
+inline StreamDestroy driver_stream_destroy(bool watched = false) {
+  using Lookup = void* (*)(void*, const char*);
+  Lookup lookup = dlsym;
+  if (!watched) {
+    void* libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+    void* own = libc != nullptr ? dlvsym(libc, "dlsym", "GLIBC_2.34") : nullptr;
+    if (own == nullptr && libc != nullptr) own = dlvsym(libc, "dlsym", "GLIBC_2.2.5");
+    lookup = reinterpret_cast<Lookup>(own);
+  }
   void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  auto destroy = driver != nullptr ? reinterpret_cast<StreamDestroy>(dlsym(driver, "cuStreamDestroy_v2")) : nullptr;
+  auto destroy = driver != nullptr && lookup != nullptr
+                     ? reinterpret_cast<StreamDestroy>(lookup(driver, "cuStreamDestroy_v2"))
+                     : nullptr;
   if (destroy == nullptr) std::fprintf(stderr, "the driver's cuStreamDestroy_v2 was not found\n");
   return destroy;
+}
+
+// A stream destroyed through the driver's cuStreamDestroy_v2 that the program
+// fetched with its own dlsym, or (from_library) that a library fetched so: the
+// one whose path HAZARDS_DRIVER_LIBRARY names (tests/programs'
+// driver_lookup_module.c). gpupool sees it as it sees cudaStreamDestroy, so
+// the block freed on it while its write is queued goes to another stream only
+// after that write, and no call names the dead handle.
+inline int watched_driver_destroy(bool from_library) {
+  StreamDestroy driver_destroy = nullptr;
+  if (from_library) {
+    const char* path = std::getenv("HAZARDS_DRIVER_LIBRARY");
+    void* library = path != nullptr ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : nullptr;
+    driver_destroy = library != nullptr ? reinterpret_cast<StreamDestroy>(dlsym(library, "destroy_stream_by_name"))
+                                        : nullptr;
+    if (driver_destroy == nullptr) std::fprintf(stderr, "no library in HAZARDS_DRIVER_LIBRARY to destroy with\n");
+  } else {
+    driver_destroy = driver_stream_destroy(true);
+  }
+  if (driver_destroy == nullptr) return 3;
+  cudaStream_t s1 = stream(cudaStreamNonBlocking), s2 = stream(cudaStreamNonBlocking);
+  void* p = busy_freed_block(s1);
+  if (driver_destroy(reinterpret_cast<CUstream>(s1)) != CUDA_SUCCESS) {
+    std::fprintf(stderr, "the stream's destroy failed\n");
+    return 3;
+  }
+  void* q = nullptr;
+  HAZARD_CHECK(cudaMallocAsync(&q, kBytes, s2));
+  return verdict(p, q, s2);
 }
 
 // A second thread's stream-ordered call switches gpupool's per-thread caches
@@ -481,6 +523,8 @@ inline int run_case(const std::string& name) {
   if (name == "handle-given-again-threads") return handle_given_again(false, true);
   if (name == "unseen-destroy") return handle_given_again(true, false);
   if (name == "unseen-destroy-threads") return handle_given_again(true, true);
+  if (name == "driver-destroy") return watched_driver_destroy(false);
+  if (name == "library-driver-destroy") return watched_driver_destroy(true);
   if (name == "gone-stream") return gone_stream(200);
   if (name == "gone-handle-after-barrier") return gone_handle_after_barrier();
   if (name == "gone-stream-made-again") return gone_stream_made_again(false);
