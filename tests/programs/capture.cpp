@@ -218,18 +218,18 @@ cudaStream_t capturing_stream(cudaStreamCaptureMode mode = cudaStreamCaptureMode
   return s;
 }
 
-// A stream-ordered pair on a capturing stream: the runtime's (the graph's),
-// not the pool's, as the simulated runtime's count shows.
-void pair_is_the_graphs(cudaStream_t capturing) {
+// A stream-ordered pair on `s`: the runtime's (the graph's, on a capturing
+// stream) or the pool's, as the simulated runtime's count shows.
+void stream_ordered_pair(cudaStream_t s, bool the_graphs) {
   simcuda_counters c0{};
   const bool sim = testprog::sim_counters(&c0);
   void* p = nullptr;
-  CHECK_CUDA(cudaMallocAsync(&p, 1 << 20, capturing));
-  CHECK_CUDA(cudaFreeAsync(p, capturing));
+  CHECK_CUDA(cudaMallocAsync(&p, 1 << 20, s));
+  CHECK_CUDA(cudaFreeAsync(p, s));
   if (sim) {
     simcuda_counters c1{};
     testprog::sim_counters(&c1);
-    EXPECT(c1.malloc_async_calls - c0.malloc_async_calls == 1);
+    EXPECT(c1.malloc_async_calls - c0.malloc_async_calls == (the_graphs ? 1u : 0u));
   }
 }
 
@@ -262,22 +262,9 @@ int wrong_thread_end() {
   const cudaError_t refused = end_elsewhere(t);
   const char* status = capture_status_name(t);
   const bool going = std::strcmp(status, "active") == 0;
-  if (going) {
-    // Still capturing: a request on its stream is the graph's...
-    pair_is_the_graphs(t);
-  } else {
-    // Ended by the refusal (CUDA's answer): the pool's again.
-    simcuda_counters c0{};
-    const bool sim = testprog::sim_counters(&c0);
-    void* p = nullptr;
-    CHECK_CUDA(cudaMallocAsync(&p, 1 << 20, t));
-    CHECK_CUDA(cudaFreeAsync(p, t));
-    if (sim) {
-      simcuda_counters c1{};
-      testprog::sim_counters(&c1);
-      EXPECT(c1.malloc_async_calls == c0.malloc_async_calls);
-    }
-  }
+  // Still capturing, a request on its stream is the graph's; ended by the
+  // refusal (CUDA's answer), the pool's again...
+  stream_ordered_pair(t, going);
   // ...and while it goes on it forbids this thread cudaFree: only the cache has room.
   void* during = nullptr;
   const cudaError_t err_during = cudaMalloc(&during, 48 << 20);
@@ -428,7 +415,7 @@ int gone(const char* how) {
     cudaStream_t s = capturing_stream();
     EXPECT(cudaDeviceReset() == cudaErrorNotPermitted);
     (void)cudaGetLastError();
-    pair_is_the_graphs(s);
+    stream_ordered_pair(s, true);
     if (!ended_valid(s)) return 1;
     CHECK_CUDA(cudaStreamDestroy(s));
   } else {
@@ -445,7 +432,7 @@ int gone(const char* how) {
       EXPECT(cudaStreamDestroy(s) == cudaErrorStreamCaptureUnsupported);
       (void)cudaGetLastError();
       // Still capturing: the request is the graph's, not the pool's.
-      pair_is_the_graphs(s);
+      stream_ordered_pair(s, true);
       if (!ended_valid(s)) return 1;
       CHECK_CUDA(cudaStreamDestroy(s));
     }
