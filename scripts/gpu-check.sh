@@ -58,15 +58,15 @@ run() {
 
 echo "== building the GPU test programs"
 arch=-arch=native
-"$nvcc" $arch -O2 -cudart shared -o "$out/hazards_gpu" tests/gpu/hazards_gpu.cu -ldl 2>"$out/nvcc.log" ||
-  { arch=-arch=sm_90; "$nvcc" $arch -O2 -cudart shared -o "$out/hazards_gpu" tests/gpu/hazards_gpu.cu -ldl 2>>"$out/nvcc.log"; } ||
+"$nvcc" $arch -O2 -cudart shared -o "$out/hazards_gpu" tests/gpu/hazards_gpu.cu -ldl -lcuda 2>"$out/nvcc.log" ||
+  { arch=-arch=sm_90; "$nvcc" $arch -O2 -cudart shared -o "$out/hazards_gpu" tests/gpu/hazards_gpu.cu -ldl -lcuda 2>>"$out/nvcc.log"; } ||
   { echo "gpu-check: nvcc failed ($out/nvcc.log)"; exit 1; }
 "$nvcc" $arch -O2 -cudart shared -o "$out/user_program" tests/gpu/user_program.cu 2>>"$out/nvcc.log" ||
   { echo "gpu-check: nvcc failed ($out/nvcc.log)"; exit 1; }
 # nvcc's default: the CUDA runtime linked in, out of the preload's reach.
 "$nvcc" $arch -O2 -o "$out/user_program_static" tests/gpu/user_program.cu 2>>"$out/nvcc.log" ||
   { echo "gpu-check: nvcc failed ($out/nvcc.log)"; exit 1; }
-"$nvcc" $arch -O2 -o "$out/hazards_gpu_static" tests/gpu/hazards_gpu.cu -ldl 2>>"$out/nvcc.log" ||
+"$nvcc" $arch -O2 -o "$out/hazards_gpu_static" tests/gpu/hazards_gpu.cu -ldl -lcuda 2>>"$out/nvcc.log" ||
   { echo "gpu-check: nvcc failed ($out/nvcc.log)"; exit 1; }
 # Integration programs with the static runtime, for static_runtime:1 (built
 # side by side: nvcc takes a while for each).
@@ -178,10 +178,10 @@ for case in handle-given-again handle-given-again-threads unseen-destroy unseen-
     GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING=1 -- "$out/hazards_gpu" "$case"
 done
 
-# A stream destroyed through the driver's cuStreamDestroy_v2 that the program,
-# or a library, fetched with dlsym, which gpupool watches: seen as
-# cudaStreamDestroy is.
-for case in driver-destroy library-driver-destroy; do
+# A stream destroyed through the driver's cuStreamDestroy_v2 that the program
+# fetched with dlsym or called linked with the driver, or that a library
+# fetched with dlsym, which gpupool watches: seen as cudaStreamDestroy is.
+for case in driver-destroy linked-driver-destroy library-driver-destroy; do
   library=(HAZARDS_DRIVER_LIBRARY="$out/libtest-driver-lookup.so")
   run "hazard $case" 0 "${pool[@]}" "${pressure[@]}" "${library[@]}" -- "$out/hazards_gpu" "$case"
   run "hazard $case shows without ordering" 1 "${pool[@]}" "${pressure[@]}" "${library[@]}" \

@@ -12,7 +12,7 @@ extern "C" {
 #endif
 
 /* Raised whenever this struct changes: a core of another version is refused. */
-#define GPUPOOL_CORE_ABI 9
+#define GPUPOOL_CORE_ABI 10
 
 /* Finds a real CUDA runtime function: dlsym(RTLD_NEXT) in the preload
    library, the object that stands before the runtime in the search order. */
@@ -46,6 +46,9 @@ struct gpupool_core {
   /* For a driver function fetched with dlsym under its exported name
      (cuMemAlloc_v2): the function to give instead, or real. */
   void* (*driver_symbol)(const char* exported, void* real, gpupool_driver_lookup_fn lookup);
+  /* The driver's cuStreamDestroy (`real`, its CUresult) that a program linked
+     with the driver called directly: called with gpupool's books kept around it. */
+  int (*driver_stream_destroy)(void* stream, int (*real)(void* stream));
 };
 
 /* The core's one exported function: its table, or NULL for another abi. */

@@ -283,7 +283,8 @@ bool destroys_stream(const char* symbol) {
 // The two versions take the same parameter and do the same.
 std::atomic<decltype(&cuStreamDestroy_v2)> driver_stream_destroy{nullptr};
 
-CUresult observed_stream_destroy(CUstream s) {
+template <typename Destroy>
+CUresult destroy_in_books(CUstream s, Destroy&& destroy) {
   Runtime* runtime = Runtime::if_started();  // none yet: it knows no stream
   const bool tell = runtime != nullptr && !runtime->bypass() && s != nullptr;
   int device = -1;
@@ -292,12 +293,16 @@ CUresult observed_stream_destroy(CUstream s) {
   } catch (...) {  // as guarded(): gpupool steps aside, the destroy goes on
     step_aside("cuStreamDestroy");
   }
-  const CUresult err = driver_stream_destroy.load(std::memory_order_acquire)(s);
+  const CUresult err = destroy(s);
   if (device >= 0) {
     const StreamId id = reinterpret_cast<StreamId>(s);
     keep_books("cuStreamDestroy", [&] { runtime->stream_destroy_answered(id, device, err == CUDA_SUCCESS); });
   }
   return err;
+}
+
+CUresult observed_stream_destroy(CUstream s) {
+  return destroy_in_books(s, driver_stream_destroy.load(std::memory_order_acquire));
 }
 
 bool allocates(const char* symbol) {
@@ -360,6 +365,11 @@ void* driver_entry(const char* symbol, int version, unsigned long long flags, vo
     return (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0 ? s.per_thread : s.legacy;
   }
   return real_function;
+}
+
+int direct_stream_destroy(void* stream, int (*real)(void* stream)) {
+  return static_cast<int>(destroy_in_books(static_cast<CUstream>(stream),
+                                           [real](CUstream s) { return static_cast<CUresult>(real(s)); }));
 }
 
 void* driver_symbol(const char* exported, void* real_function, gpupool_driver_lookup_fn lookup) {

@@ -112,6 +112,26 @@ __attribute__((visibility("hidden"))) const struct gpupool_core* gpupool_preload
 #include "shim/entry_points.def"
 #undef GPUPOOL_ENTRY
 
+/* ------------------------------------------------- driver stream destroys */
+
+/* The driver's cuStreamDestroy, called directly by a program or library
+   linked with the driver: the driver's own, with gpupool's books kept around
+   it by the core, so that gpupool's barriers stop naming the stream (on
+   CUDA 13 a call naming a destroyed stream can crash the program). No core
+   loaded: no runtime call reached gpupool, which knows no stream then. */
+typedef int (*driver_stream_destroy_fn)(void* stream);
+static int destroy_stream_through(const char* name, void* stream) {
+  void* found = next_symbol(name);
+  driver_stream_destroy_fn real = NULL;
+  if (found == NULL) return 500; /* CUDA_ERROR_NOT_FOUND: no driver loaded */
+  memcpy(&real, &found, sizeof found);
+  const struct gpupool_core* c = atomic_load_explicit(&core, memory_order_acquire);
+  if (c == NULL || c->driver_stream_destroy == NULL) return real(stream);
+  return c->driver_stream_destroy(stream, real);
+}
+EXPORT int cuStreamDestroy_v2(void* stream) { return destroy_stream_through("cuStreamDestroy_v2", stream); }
+EXPORT int cuStreamDestroy(void* stream) { return destroy_stream_through("cuStreamDestroy", stream); }
+
 /* ------------------------------------------------------------ lifecycle */
 
 /* True when this process loaded the CUDA driver (libcuda), i.e. used CUDA. */

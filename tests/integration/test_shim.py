@@ -661,8 +661,9 @@ class Fidelity(ShimTest):
         with open(os.path.join(shim, "entry_points.def")) as f:
             entries = sorted(re.findall(r"^GPUPOOL_ENTRY\((\w+),", f.read(), re.M))
         self.assertEqual(listed, entries)
-        # And dlsym, the static runtime's way to the driver (x86-64 only).
-        hooks = ["dlsym"] if platform.machine() == "x86_64" else []
+        # The driver's stream destroy (for programs linked with the driver), and
+        # dlsym, the static runtime's way to the driver (x86-64 only).
+        hooks = ["cuStreamDestroy", "cuStreamDestroy_v2"] + (["dlsym"] if platform.machine() == "x86_64" else [])
         self.assertEqual(exported(LIBRARY), sorted(listed + hooks))
         self.assertEqual(exported(CORE), ["gpupool_core_open"])
 

@@ -192,15 +192,16 @@ class Hazards(ShimTest):
         # Without the runtime's reuse the case shows nothing, and says so.
         self.assertEqual(self.run_program(["test-hazards", "unseen-destroy"], env=PRESSURE).code, 2)
 
-    def test_a_stream_destroyed_through_a_driver_call_looked_up_by_name_is_seen(self):
-        # The program, or a library (driver_lookup_module.c), fetches the
-        # driver's cuStreamDestroy_v2 with dlsym, which gpupool watches: the
-        # destroy is kept in the books as cudaStreamDestroy's is. No call
+    def test_a_stream_destroyed_through_the_drivers_call_is_seen_where_called_or_looked_up(self):
+        # The program fetches the driver's cuStreamDestroy_v2 with dlsym, or
+        # calls it linked with the driver, or a library (driver_lookup_module.c)
+        # fetches it with dlsym: gpupool watches each, and keeps the destroy in
+        # the books as cudaStreamDestroy's is. No call
         # names the dead handle (on CUDA 13 such a call crashed the program),
         # no device-wide wait is made, and the block freed on the stream
         # waits for its write on another stream.
         library = {"HAZARDS_DRIVER_LIBRARY": os.path.join(BUILD, "tests", "libtest-driver-lookup.so")}
-        for case in ("driver-destroy", "library-driver-destroy"):
+        for case in ("driver-destroy", "linked-driver-destroy", "library-driver-destroy"):
             with self.subTest(case=case):
                 self.remove_reports()
                 run = self.run_program(["test-hazards", case], env=dict(PRESSURE, **library))

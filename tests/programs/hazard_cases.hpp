@@ -305,14 +305,18 @@ inline StreamDestroy driver_stream_destroy(bool watched = false) {
 }
 
 // A stream destroyed through the driver's cuStreamDestroy_v2 that the program
-// fetched with its own dlsym, or (from_library) that a library fetched so: the
-// one whose path HAZARDS_DRIVER_LIBRARY names (tests/programs'
-// driver_lookup_module.c). gpupool sees it as it sees cudaStreamDestroy, so
-// the block freed on it while its write is queued goes to another stream only
-// after that write, and no call names the dead handle.
-inline int watched_driver_destroy(bool from_library) {
+// fetched with its own dlsym, or (Linked) called directly, linked with the
+// driver, or (Library) that a library fetched with dlsym: the one whose path
+// HAZARDS_DRIVER_LIBRARY names (tests/programs' driver_lookup_module.c).
+// gpupool sees it as it sees cudaStreamDestroy, so the block freed on it
+// while its write is queued goes to another stream only after that write,
+// and no call names the dead handle.
+enum class DriverDestroy { LookedUp, Linked, Library };
+inline int watched_driver_destroy(DriverDestroy how) {
   StreamDestroy driver_destroy = nullptr;
-  if (from_library) {
+  if (how == DriverDestroy::Linked) {
+    driver_destroy = &cuStreamDestroy;  // cuda.h's name for cuStreamDestroy_v2
+  } else if (how == DriverDestroy::Library) {
     const char* path = std::getenv("HAZARDS_DRIVER_LIBRARY");
     void* library = path != nullptr ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : nullptr;
     driver_destroy = library != nullptr ? reinterpret_cast<StreamDestroy>(dlsym(library, "destroy_stream_by_name"))
@@ -523,8 +527,9 @@ inline int run_case(const std::string& name) {
   if (name == "handle-given-again-threads") return handle_given_again(false, true);
   if (name == "unseen-destroy") return handle_given_again(true, false);
   if (name == "unseen-destroy-threads") return handle_given_again(true, true);
-  if (name == "driver-destroy") return watched_driver_destroy(false);
-  if (name == "library-driver-destroy") return watched_driver_destroy(true);
+  if (name == "driver-destroy") return watched_driver_destroy(DriverDestroy::LookedUp);
+  if (name == "linked-driver-destroy") return watched_driver_destroy(DriverDestroy::Linked);
+  if (name == "library-driver-destroy") return watched_driver_destroy(DriverDestroy::Library);
   if (name == "gone-stream") return gone_stream(200);
   if (name == "gone-handle-after-barrier") return gone_handle_after_barrier();
   if (name == "gone-stream-made-again") return gone_stream_made_again(false);
