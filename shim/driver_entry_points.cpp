@@ -272,7 +272,8 @@ std::mutex unnamed_mu;
 char unnamed_library[256];
 
 bool destroys_stream(const char* symbol) {
-  return symbol != nullptr && (std::strcmp(symbol, "cuStreamDestroy") == 0 || std::strcmp(symbol, "cuStreamDestroy_v2") == 0);
+  return symbol != nullptr &&
+         (std::strcmp(symbol, "cuStreamDestroy") == 0 || std::strcmp(symbol, "cuStreamDestroy_v2") == 0);
 }
 
 // A stream destroy fetched from the driver where gpupool does not take the

@@ -210,11 +210,12 @@ int library_reset_by_name(const char* reset_name) {
 
 /* Destroys `stream` through cuStreamDestroy_v2 fetched by name, as a library
    that destroys through the driver a stream another one used with the
-   runtime does (gpupool watches such a lookup): 0 when it was destroyed. */
-int destroy_stream_by_name(CUstream stream) {
+   runtime does (gpupool watches such a lookup): the driver's answer (the
+   type hazard_cases.hpp calls it with). */
+CUresult destroy_stream_by_name(CUstream stream) {
   void* driver = dlopen("libcuda.so.1", RTLD_NOW);
-  if (driver == NULL) return 1;
+  if (driver == NULL) return CUDA_ERROR_NOT_FOUND;
   CUresult (*destroy)(CUstream);
   FETCH(destroy, "cuStreamDestroy_v2");
-  return destroy(stream) != CUDA_SUCCESS;
+  return destroy(stream);
 }
