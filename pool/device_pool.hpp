@@ -236,7 +236,8 @@ class DevicePool {
   // blocks re-keyed as at a destroy, before a call that names the handle
   // again can take them as its own stream's, and their books closed.
   void forget_gone_streams();
-  void release_segment(Segment* seg);
+  // False where the runtime refused: the segment stays as it was, reserved.
+  bool release_segment(Segment* seg);
   bool release_oversize_for(std::size_t rounded);
   void garbage_collect();
   void record_oom(std::size_t size, std::size_t rounded, PoolKind kind, StreamId stream,

@@ -18,7 +18,17 @@ bool DevicePool::entirely_free(const Segment* seg) {
   return true;
 }
 
-void DevicePool::release_segment(Segment* seg) {
+bool DevicePool::release_segment(Segment* seg) {
+  // The runtime first: a refused cudaFree (an earlier kernel's sticky error,
+  // a capture the books did not know of) leaves the memory on the device,
+  // so the segment stays, free and counted as reserved.
+  const std::uint64_t start = now();
+  const bool released = upstream_.release_segment(seg->base, seg->size);
+  stats_.upstream_free_ns += now() - start;
+  if (!released) {
+    ++stats_.num_device_free_failures;
+    return false;
+  }
   for (Block* b = seg->head->next; b != nullptr;) {
     Block* next = b->next;
     remove_free(b);
@@ -27,9 +37,6 @@ void DevicePool::release_segment(Segment* seg) {
   }
   Block* b = seg->head;
   remove_free(b);
-  const std::uint64_t start = now();
-  upstream_.release_segment(seg->base, seg->size);
-  stats_.upstream_free_ns += now() - start;
   ++stats_.num_device_free;
   decrease(stats_.segment, seg->kind, 1);
   decrease(stats_.reserved_bytes, seg->kind, static_cast<std::int64_t>(seg->size));
@@ -37,6 +44,7 @@ void DevicePool::release_segment(Segment* seg) {
   segments_.erase(seg->base);
   delete_block(b);
   delete seg;
+  return true;
 }
 
 void DevicePool::coalesce_free(bool all_done) {
@@ -75,8 +83,8 @@ std::size_t DevicePool::release_cached() {
   }
   std::size_t released = 0;
   for (Segment* seg : idle) {
-    released += seg->size;
-    release_segment(seg);
+    const std::size_t size = seg->size;
+    if (release_segment(seg)) released += size;
   }
   return released + unmap_free_pages(!waited);
 }
@@ -96,18 +104,15 @@ bool DevicePool::release_oversize_for(std::size_t rounded) {
   // The smallest one that covers the request alone, else largest first until
   // enough is released.
   for (Segment* seg : oversize) {
-    if (seg->size >= rounded) {
-      release_segment(seg);
-      return true;
-    }
+    if (seg->size >= rounded && release_segment(seg)) return true;
   }
   std::size_t released = 0;
   while (!oversize.empty() && released < rounded) {
-    released += oversize.back()->size;
-    release_segment(oversize.back());
+    const std::size_t size = oversize.back()->size;
+    if (release_segment(oversize.back())) released += size;
     oversize.pop_back();
   }
-  return true;
+  return released > 0;
 }
 
 void DevicePool::garbage_collect() {
@@ -146,12 +151,14 @@ void DevicePool::garbage_collect() {
         ++it;
         continue;
       }
-      released += (*it)->size;
+      const std::size_t size = (*it)->size;
       total_age -= age;
-      release_segment(*it);
-      ++stats_.num_gc_releases;
+      if (release_segment(*it)) {
+        released += size;
+        ++stats_.num_gc_releases;
+      }
       it = idle.erase(it);
-      progress = true;
+      progress = true;  // the list is shorter, released or refused
     }
   }
 }

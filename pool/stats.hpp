@@ -81,6 +81,7 @@ struct MemoryStats {
   std::int64_t cache_hits = 0;    // allocations served from cached blocks
   std::int64_t cache_misses = 0;  // allocations that needed a new segment
   std::int64_t num_device_alloc_failures = 0;
+  std::int64_t num_device_free_failures = 0;  // segment frees the runtime refused: still reserved
   std::int64_t num_gc_releases = 0;  // segments returned by garbage collection
   std::int64_t num_retries_served = 0;  // retries (num_alloc_retries) whose allocation then succeeded
   std::int64_t num_page_maps = 0;    // expandable segments: map calls upstream

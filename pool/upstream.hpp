@@ -11,6 +11,7 @@
 //   without blocking the host. query_event never blocks. synchronize_* block the
 //   host and are used only off the fast path.
 // - release_segment may block the host (cudaFree synchronizes the device).
+//   False where the runtime refused: the memory is still the pool's.
 #pragma once
 
 #include <cstddef>
@@ -28,7 +29,7 @@ class Upstream {
   // Device memory: a whole segment, at least 512-byte aligned. 0 when the device
   // cannot provide it (the pool then releases cache and retries once).
   virtual DevicePtr allocate_segment(std::size_t bytes) = 0;
-  virtual void release_segment(DevicePtr base, std::size_t bytes) = 0;
+  virtual bool release_segment(DevicePtr base, std::size_t bytes) = 0;
   // Whether the last failed allocate_segment or map_pages failed for want of
   // memory. False for a device error (no usable driver, a sticky error left by
   // a faulting kernel): freeing cache cannot cure that, and the pool passes

@@ -26,12 +26,14 @@ DevicePtr VirtualUpstream::allocate_segment(std::size_t bytes) {
   return base;
 }
 
-void VirtualUpstream::release_segment(DevicePtr base, std::size_t bytes) {
+bool VirtualUpstream::release_segment(DevicePtr base, std::size_t bytes) {
+  if (releases_refused_) return false;
   auto it = live_.find(base);
-  if (it == live_.end() || it->second != bytes) return;  // covers() catches misuse
+  if (it == live_.end() || it->second != bytes) return true;  // covers() catches misuse
   in_use_ -= bytes;
   live_.erase(it);
   ++releases_;
+  return true;
 }
 
 bool VirtualUpstream::covers(DevicePtr ptr, std::size_t bytes) const {

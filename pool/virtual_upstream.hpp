@@ -21,7 +21,7 @@ class VirtualUpstream final : public Upstream {
 
   // --- Upstream ---
   DevicePtr allocate_segment(std::size_t bytes) override;
-  void release_segment(DevicePtr base, std::size_t bytes) override;
+  bool release_segment(DevicePtr base, std::size_t bytes) override;
   EventHandle create_event() override;
   void destroy_event(EventHandle event) override;
   bool record_event(EventHandle event, StreamId stream) override;
@@ -81,6 +81,8 @@ class VirtualUpstream final : public Upstream {
   void set_queries_fail(bool yes) { queries_fail_ = yes; }
   // Queries of events alone answer with an error (streams answer as before).
   void set_event_queries_fail(bool yes) { event_queries_fail_ = yes; }
+  // Segment releases are refused (the memory stays allocated).
+  void set_releases_refused(bool yes) { releases_refused_ = yes; }
   // A capture elsewhere forbids unsafe calls (capture_forbids_unsafe_calls).
   void set_capture_forbids_unsafe_calls(bool yes) { capture_forbids_unsafe_calls_ = yes; }
 
@@ -126,6 +128,7 @@ class VirtualUpstream final : public Upstream {
   std::uint64_t failed_ = 0;
   std::function<bool(std::uint64_t)> fail_;
   bool device_errors_ = false;
+  bool releases_refused_ = false;
   bool last_failed_by_injection_ = false;
   bool complete_at_once_ = true;
   bool contiguous_ = false;

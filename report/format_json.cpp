@@ -57,7 +57,8 @@ void device(JsonWriter& w, const DeviceReport& d) {
   w.key("upstream").begin_object();
   w.field("cuda_malloc_calls", s.num_device_alloc + s.num_device_alloc_failures);
   w.field("cuda_malloc_failures", s.num_device_alloc_failures);
-  w.field("cuda_free_calls", s.num_device_free);
+  w.field("cuda_free_calls", s.num_device_free + s.num_device_free_failures);
+  w.field("cuda_free_failures", s.num_device_free_failures);
   // Time in every call that takes memory from the device (cudaMalloc, or
   // with expandable segments cuMemCreate and cuMemMap) and gives it back.
   w.field("cuda_malloc_ns", s.upstream_alloc_ns);

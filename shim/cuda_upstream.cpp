@@ -107,14 +107,15 @@ DevicePtr CudaUpstream::allocate_segment(std::size_t bytes) {
   return err == cudaSuccess ? reinterpret_cast<DevicePtr>(p) : 0;
 }
 
-void CudaUpstream::release_segment(DevicePtr base, std::size_t) {
+bool CudaUpstream::release_segment(DevicePtr base, std::size_t) {
   // Relaxed as the allocation was: the pool gives memory back only where its
   // books know no capture that forbids it (see synchronize_event).
-  relaxed([&] {
+  const cudaError_t err = relaxed([&] {
     return on_device(device_, alone_, [&] {
       return internal([&](const RealCuda& r) { return r.cudaFree(reinterpret_cast<void*>(base)); });
     });
   });
+  return err == cudaSuccess;  // refused, the memory is still on the device: the pool keeps it
 }
 
 EventHandle CudaUpstream::create_event() {

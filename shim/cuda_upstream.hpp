@@ -26,7 +26,7 @@ class CudaUpstream final : public Upstream {
       : device_(device), alone_(alone), unsafe_call_rules_(rules) {}
 
   DevicePtr allocate_segment(std::size_t bytes) override;
-  void release_segment(DevicePtr base, std::size_t bytes) override;
+  bool release_segment(DevicePtr base, std::size_t bytes) override;
   bool failed_for_memory() const override {
     return last_error_ == cudaSuccess || last_error_ == cudaErrorMemoryAllocation;
   }

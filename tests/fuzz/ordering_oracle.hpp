@@ -151,11 +151,11 @@ class OrderingOracle final : public Upstream {
 
   // --- Upstream ---
   DevicePtr allocate_segment(std::size_t bytes) override { return device_.allocate_segment(bytes); }
-  void release_segment(DevicePtr base, std::size_t bytes) override {
+  bool release_segment(DevicePtr base, std::size_t bytes) override {
     check_no_capture("release_segment");
     all_done();  // cudaFree waits for the device
     forget(base, base + bytes);
-    device_.release_segment(base, bytes);
+    return device_.release_segment(base, bytes);
   }
   bool failed_for_memory() const override { return device_.failed_for_memory(); }
   bool failed_for_gone_stream() const override { return device_.failed_for_gone_stream(); }

@@ -1141,6 +1141,24 @@ class DeviceFault(ShimTest):
                 for path in run.reports():
                     os.remove(path)
 
+    def test_a_segment_free_the_faulted_runtime_refuses_stays_reserved(self):
+        # Past the garbage collection threshold, the pool gives its idle 40 MiB
+        # segment back before taking more: the runtime refuses that cudaFree
+        # (the fault), so the memory is still on the device, and the report
+        # says so and still counts it reserved, as the device does.
+        env = {"GPUPOOL_EXPANDABLE_SEGMENTS": "0", "GPUPOOL_GARBAGE_COLLECTION_THRESHOLD": "0.5",
+               "SIMCUDA_MEMORY": "64M"}
+        run = self.run_program(["test-lifecycle", "fault-release"], env=env)
+        self.assertSucceeded(run)
+        self.assertEqual(run.output_json()["cudaMalloc"], "cudaErrorIllegalAddress")
+        device = run.report()["devices"]["0"]
+        self.assertEqual(device["upstream"]["cuda_free_failures"], 1)
+        self.assertEqual(device["upstream"]["cuda_free_calls"], 1)
+        self.assertEqual(device["stats"]["reserved_bytes.all.current"], run.counters()["bytes_in_use"])
+        self.assertEqual(device["stats"]["reserved_bytes.all.current"], 40 << 20)
+        self.assertTrue(any("refused 1 of gpupool's cudaFree calls" in a for a in device["advice"]), device["advice"])
+        check_books(run.report())
+
     def test_free_synchronizes_returns_the_fault_from_cudafree(self):
         run = self.run_program(["test-lifecycle", "fault"], env={"GPUPOOL_FREE_SYNCHRONIZES": "1"})
         self.assertSucceeded(run)

@@ -52,6 +52,10 @@
 //              both, synchronizes and allocates again; prints each call's
 //              result as JSON and exits 0: a broken device must not crash or
 //              hang the process
+//   fault-release  frees a 40 MiB plain block, has a kernel fault, then asks
+//              for 48 MiB: the pool, past its garbage collection threshold,
+//              gives the idle block back with a cudaFree the faulted runtime
+//              refuses. Prints the request's result as JSON and exits 0
 //   library LIB loads LIB, a library that fetches the driver's calls by name,
 //              has it make 5 pairs of each kind and one block from the
 //              default memory pool, then allocates one block through the
@@ -410,6 +414,18 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaFreeAsync(foreign, nullptr));
     CHECK_CUDA(cudaStreamSynchronize(nullptr));
     CHECK_CUDA(cudaMemPoolDestroy(own_pool));
+    return 0;
+  }
+  if (mode == "fault-release") {
+    const auto fault = reinterpret_cast<void (*)(void*, int)>(dlsym(RTLD_DEFAULT, "simcuda_fault_stream"));
+    if (fault == nullptr) return 77;
+    void* idle = nullptr;
+    CHECK_CUDA(cudaMalloc(&idle, 40 << 20));
+    CHECK_CUDA(cudaFree(idle));
+    fault(nullptr, cudaErrorIllegalAddress);
+    void* more = nullptr;
+    const cudaError_t err = cudaMalloc(&more, 48 << 20);
+    std::printf("{\"cudaMalloc\": \"%s\"}\n", cudaGetErrorName(err));
     return 0;
   }
   if (mode == "fault") {

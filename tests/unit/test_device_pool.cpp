@@ -444,6 +444,56 @@ TEST_CASE_METHOD(PoolFixture, "garbage collection gives nothing back while a cap
   CHECK_FALSE(upstream.covers(idle.old_one, 1));
 }
 
+TEST_CASE_METHOD(PoolFixture, "a segment whose cudaFree the runtime refuses stays reserved and serves again") {
+  options.max_split_size = 64 * kMiB;  // oversize segments are given back first
+  make(100 * kMiB);
+  const DevicePtr idle = alloc(30 * kMiB);
+  const DevicePtr oversize = alloc(64 * kMiB);
+  release(idle);
+  release(oversize);
+  const std::int64_t reserved = pool->stats().reserved_bytes[kAll].current;
+  upstream.set_releases_refused(true);
+  SECTION("emptying the cache gives nothing back, and counts each refusal") {
+    CHECK(pool->release_cached() == 0);
+    CHECK(pool->stats().num_device_free == 0);
+    CHECK(pool->stats().num_device_free_failures == 2);
+    CHECK(pool->stats().reserved_bytes[kAll].current == reserved);
+    CHECK(pool->stats().segment[kAll].current == 2);
+    // Still the pool's to lend: the same memory serves again.
+    CHECK(alloc(30 * kMiB) == idle);
+  }
+  SECTION("a request past the device's memory fails as out-of-memory, with the segments still held") {
+    CHECK_FALSE(pool->allocate(90 * kMiB, kAnyStream).ok);
+    CHECK(pool->stats().num_device_free_failures >= 2);
+    CHECK(pool->stats().reserved_bytes[kAll].current == reserved);
+    CHECK(upstream.covers(idle, 30 * kMiB));
+    CHECK(upstream.covers(oversize, 64 * kMiB));
+  }
+  SECTION("once the runtime takes them, they go") {
+    pool->release_cached();
+    upstream.set_releases_refused(false);
+    CHECK(pool->release_cached() == 94 * kMiB);
+    CHECK(pool->stats().num_device_free == 2);
+    CHECK(pool->stats().reserved_bytes[kAll].current == 0);
+    CHECK(upstream.in_use() == 0);
+  }
+  std::string why;
+  CHECK(pool->validate(&why));
+  INFO(why);
+}
+
+TEST_CASE_METHOD(PoolFixture, "garbage collection ends when the runtime refuses every cudaFree") {
+  const IdleSegments idle = idle_past_threshold(*this);
+  upstream.set_releases_refused(true);
+  alloc(40 * kMiB);  // grows: nothing could be given back
+  CHECK(pool->stats().num_gc_releases == 0);
+  CHECK(pool->stats().num_device_free_failures >= 1);
+  CHECK(upstream.covers(idle.old_one, 1));
+  std::string why;
+  CHECK(pool->validate(&why));
+  INFO(why);
+}
+
 TEST_CASE_METHOD(PoolFixture, "timeline samples stay bounded over long runs") {
   make();
   for (int i = 0; i < 100000; ++i) release(pool->allocate(1000 + i % 7 * 512, kAnyStream).ptr);

@@ -238,6 +238,13 @@ TEST_CASE("barrier calls on unused streams are advised once they pass the alloca
   CHECK(advice_with(d, "device barriers").find("GPUPOOL_PLAIN_REUSE_SEARCH") == std::string::npos);
 }
 
+TEST_CASE("refused cudaFree calls are said, with where the memory went") {
+  report::DeviceReport d;
+  CHECK(advice_with(d, "refused").empty());
+  d.stats.num_device_free_failures = 3;
+  CHECK(advice_with(d, "refused").find("the CUDA runtime refused 3 of gpupool's cudaFree calls") == 0);
+}
+
 TEST_CASE("leaks are advised GPUPOOL_BACKTRACE only when it was off") {
   report::DeviceReport d;
   d.leaks.blocks = 3;
