@@ -348,9 +348,9 @@ def main():
 
     # Ordering calls: what each trace would cost in event calls on a GPU.
     plain = {r["trace"]: r for r in replay(["--passes", "2", "--plain"] + traces)}
-    beside = {r["trace"]: r for r in replay(["--passes", "2", "--plain", "--idle-streams", "64"] + traces)}
-    searched = {r["trace"]: r for r in replay(["--passes", "2", "--plain", "--idle-streams", "64",
-                                               "--conf", "plain_reuse_search:16"] + traces)}
+    beside = {r["trace"]: r for r in replay(["--passes", "2", "--plain", "--idle-streams", "64",
+                                             "--conf", "plain_reuse_search:0"] + traces)}
+    searched = {r["trace"]: r for r in replay(["--passes", "2", "--plain", "--idle-streams", "64"] + traces)}
     lines += ["## Ordering calls", "",
               "Event calls the pool would make on a GPU to order reuse, per allocation: every trace replayed twice "
               "as recorded (stream-ordered, `gpupool-replay --passes 2 --json TRACE`) and as plain "
@@ -358,16 +358,18 @@ def main():
               "`PYTORCH_NO_CUDA_MEMORY_CACHING=1`), where each reuse of memory freed since the last device "
               "barrier records a new one (one `cudaEventRecord` on the legacy stream). The replay's device keeps "
               "up, so these are lower bounds for queries. The last column adds 64 non-blocking streams that run "
-              "nothing (`--plain --idle-streams 64`, as PyTorch's stream pool): every call the ordering makes, "
+              "nothing (`--plain --idle-streams 64 --conf plain_reuse_search:0`, as PyTorch's stream pool, with "
+              "the search below off): every call the ordering makes, "
               "per allocation, when each barrier finds them idle and the device caught up (one query each, and "
               "the legacy stream's event recorded first and queried once); where that event has not completed "
               "by then, each stream also waits for it, and one found busy costs a record and a wait more. "
-              "The last three columns are the same with `--conf plain_reuse_search:16` "
-              "(`GPUPOOL_PLAIN_REUSE_SEARCH`, off by default), which looks at 16 larger free blocks for covered "
-              "memory before recording a barrier: fewer barriers, for more memory.", "",
+              "The last three columns are the same with the default `plain_reuse_search` (auto, "
+              "`GPUPOOL_PLAIN_REUSE_SEARCH`), which beside 8 or more non-blocking streams looks at 16 larger "
+              "free blocks for covered memory before recording a barrier: fewer barriers, for more memory. "
+              "Without such streams (the columns before) it does not search.", "",
               "| trace | stream-ordered: records | queries | plain: barriers | records | queries "
-              "| plain peak reserved / live | plain, 64 idle streams: calls "
-              "| search 16: barriers | calls | peak reserved / live |",
+              "| plain peak reserved / live | plain, 64 idle streams, no search: calls "
+              "| the same, default (search 16): barriers | calls | peak reserved / live |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name in sorted(default):
         d, p, b, s = default[name], plain[name], beside[name], searched[name]

@@ -20,7 +20,9 @@ inline constexpr bool kRanged =
 
 template <typename Kind>
 std::string accepted_text(std::size_t lo, std::size_t hi) {
-  if constexpr (kRanged<Kind>) {
+  if constexpr (std::is_same_v<Kind, CountOrAuto>) {
+    return "auto, or from " + Kind::format(lo) + " to " + Kind::format(hi);
+  } else if constexpr (kRanged<Kind>) {
     std::string text = "from " + Kind::format(lo);
     if (hi == kUnlimited) return text + " up, or unlimited";
     return text + " to " + Kind::format(hi);
@@ -45,7 +47,12 @@ std::string accepted_text(std::size_t lo, std::size_t hi) {
 
 template <typename Kind, typename Value>
 bool check_range(const Value& v, std::size_t lo, std::size_t hi, std::string* why) {
-  if constexpr (kRanged<Kind>) {
+  if constexpr (std::is_same_v<Kind, CountOrAuto>) {
+    if (v != Kind::kAuto && (v < lo || v > hi)) {
+      *why = "out of range (" + accepted_text<Kind>(lo, hi) + ")";
+      return false;
+    }
+  } else if constexpr (kRanged<Kind>) {
     if (v < lo || v > hi) {
       *why = "out of range (" + accepted_text<Kind>(lo, hi) + ")";
       return false;

@@ -144,6 +144,17 @@ std::string MiBSize::format(value_type v) {
   return format_size(v);
 }
 
+bool CountOrAuto::parse(std::string_view text, value_type* out, std::string* why) {
+  if (equals_ignoring_case(trim(text), "auto")) {
+    *out = kAuto;
+    return true;
+  }
+  if (!parse_unsigned(text, out, why)) return false;
+  if (*out < kAuto) return true;
+  *why = "number too large";  // would read as auto
+  return false;
+}
+
 bool Fraction::parse(std::string_view text, value_type* out, std::string* why) {
   text = trim(text);
   if (text.empty()) {

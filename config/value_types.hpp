@@ -46,6 +46,15 @@ struct Count {
   static std::string format(value_type v) { return std::to_string(v); }
 };
 
+// A count, or auto: PoolOptions::kSearchAuto, which the pool resolves as it goes.
+struct CountOrAuto {
+  using value_type = std::uint64_t;
+  static constexpr const char* kKind = "count or auto";
+  static constexpr value_type kAuto = PoolOptions::kSearchAuto;
+  static bool parse(std::string_view text, value_type* out, std::string* why);
+  static std::string format(value_type v) { return v == kAuto ? "auto" : std::to_string(v); }
+};
+
 struct Fraction {
   using value_type = double;
   static constexpr const char* kKind = "fraction";

@@ -177,9 +177,11 @@ class DevicePool {
   // neither. With `done_only`, for a stream-ordered request that may not
   // wait: only bytes whose work is known complete, wherever they lie.
   Taken take_covered_part(Block* b, std::size_t rounded, bool done_only = false);
-  // The covered part of one of the next options_.plain_reuse_search plain
-  // blocks larger than `own` (the best fit, which a barrier does not cover).
+  // The covered part of one of the next plain_search_length() plain blocks
+  // larger than `own` (the best fit, which a barrier does not cover).
   Taken take_covered_larger(const Block* own, std::size_t rounded);
+  // options_.plain_reuse_search, with kSearchAuto resolved for now.
+  std::uint32_t plain_search_length() const;
   bool mergeable(const Block* low, const Block* high);
   // Whether `bytes` more may be reserved under memory_limit.
   bool within_limit(std::size_t bytes) const;

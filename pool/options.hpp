@@ -69,12 +69,19 @@ struct PoolOptions {
   // that barrier covers before recording a new one (plain_reuse.cpp). Each
   // barrier makes every live non-blocking stream wait (PyTorch's stream pool:
   // 32 per priority level), so with many such streams it costs far more than
-  // the one cudaEventRecord it is alone. Off by default, for its memory:
-  // replayed plain beside 64 idle streams, 16 took the ordering calls per
-  // allocation from 16-23 to 4-6 and peak reserved / peak live from 1.0124 to
-  // 1.0780 (gpt-medium-ctx512-infer) and from 1.0456 to 1.1829
-  // (multistream-10), the other three within 0.003.
-  std::uint32_t plain_reuse_search = 0;
+  // the one cudaEventRecord it is alone. It costs memory: replayed plain
+  // beside 64 idle streams, 16 took the ordering calls per allocation from
+  // 16-23 to 4-6 and peak reserved / peak live from 1.0124 to 1.0780
+  // (gpt-medium-ctx512-infer) and from 1.0456 to 1.1829 (multistream-10), the
+  // other three within 0.003. So kSearchAuto (the default) searches only
+  // where barriers are dear: kAutoSearchLength blocks while the device has
+  // kAutoSearchStreams or more live non-blocking streams, none below. (On an
+  // H200, PyTorch steps with its stream pool took 1.10x its own allocator's
+  // time without the search and 1.00x with it, one run each.)
+  static constexpr std::uint32_t kSearchAuto = 0xFFFFFFFFu;
+  static constexpr std::uint32_t kAutoSearchLength = 16;
+  static constexpr std::size_t kAutoSearchStreams = 8;
+  std::uint32_t plain_reuse_search = kSearchAuto;
   // Testing only: skip every ordering step (fences, barriers, event waits) so
   // that the hazard tests can show they fail without them. Never safe.
   bool unsafe_skip_ordering = false;

@@ -396,6 +396,12 @@ std::vector<StreamId> StreamOrdering::forget_gone_streams() {
   return dropped;
 }
 
+std::size_t StreamOrdering::non_blocking_streams() const {
+  std::size_t n = 0;
+  for (const auto& [id, s] : streams_) n += s.kind == StreamKind::NonBlocking && !s.gone ? 1 : 0;
+  return n;
+}
+
 bool StreamOrdering::record_barrier() {
   if (capture_active()) return false;
   // Destroyed streams' events are dropped as soon as complete (the barrier

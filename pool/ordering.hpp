@@ -133,6 +133,8 @@ class StreamOrdering {
   std::vector<StreamId> gone_streams() const;
   std::vector<StreamId> forget_gone_streams();
   bool knows(StreamId id) const { return streams_.count(id) != 0; }  // in the books, alive
+  // Live non-blocking streams: each one a device barrier must ask or make wait.
+  std::size_t non_blocking_streams() const;
 
   // The stream's state, added on first sight. A stream never seen created is
   // taken as non-blocking: the kind that needs the most ordering.

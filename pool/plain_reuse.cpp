@@ -22,7 +22,8 @@
 // (PyTorch's stream pool) it costs dozens of calls. Most plain barriers come
 // from a block freed and asked for again at its size, whose bytes are all hot:
 // plain_reuse_search lets such a request take covered memory from a larger
-// block instead, at the cost of splitting it (see PoolOptions).
+// block instead, at the cost of splitting it; by default only beside many
+// non-blocking streams (see PoolOptions).
 // A stream-ordered request that may not wait uses the same covers: it takes
 // another stream's cold bytes, wherever they lie, but only once their work is
 // known complete (a barrier's cover is not enough there: a new stream that
@@ -99,15 +100,25 @@ DevicePool::Taken DevicePool::take_covered_part(Block* b, std::size_t rounded, b
   return Taken{upper, false};
 }
 
+std::uint32_t DevicePool::plain_search_length() const {
+  if (options_.plain_reuse_search != PoolOptions::kSearchAuto) return options_.plain_reuse_search;
+  // Counted only where a barrier is otherwise due, which walks the streams too.
+  return ordering_.non_blocking_streams() >= PoolOptions::kAutoSearchStreams ? PoolOptions::kAutoSearchLength : 0;
+}
+
 DevicePool::Taken DevicePool::take_covered_larger(const Block* own, std::size_t rounded) {
-  if (options_.plain_reuse_search == 0) return Taken{};  // off: not even a step through the tree
+  const std::uint32_t length = plain_search_length();
+  if (length == 0) return Taken{};  // off: not even a step through the tree
   const BlockPool& pool = pool_of(own->segment->kind);
   Block* b = pool.next(own);
   // Larger plain blocks, smallest first; past one the size rules refuse, all
   // larger are refused too.
-  for (std::uint32_t looked = 0; looked < options_.plain_reuse_search && b != nullptr; ++looked, b = pool.next(b)) {
+  for (std::uint32_t looked = 0; looked < length && b != nullptr; ++looked, b = pool.next(b)) {
     if (b->stream != kAnyStream || !fits_size_rules(b, rounded)) break;
-    if (const Taken part = take_covered_part(b, rounded); part.block != nullptr) return part;
+    if (const Taken part = take_covered_part(b, rounded); part.block != nullptr) {
+      ++ordering_.device().counters.searched_reuses;
+      return part;
+    }
   }
   return Taken{};
 }

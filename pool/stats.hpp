@@ -184,6 +184,7 @@ struct StreamCounters {
   std::uint64_t barrier_waits = 0;        // waits for device barriers (plain cudaFree then cudaMalloc)
   std::uint64_t idle_queries = 0;         // cudaStreamQuery calls of device barriers, to find it idle
   std::uint64_t caught_up_barriers = 0;   // device barriers that found the device caught up: no waits
+  std::uint64_t searched_reuses = 0;      // plain reuses of a larger block's covered memory: a barrier saved
   std::uint64_t fences_recorded = 0;      // events recorded on this stream
   std::uint64_t host_syncs = 0;           // host waits involving this stream
 
@@ -194,6 +195,7 @@ struct StreamCounters {
     barrier_waits += o.barrier_waits;
     idle_queries += o.idle_queries;
     caught_up_barriers += o.caught_up_barriers;
+    searched_reuses += o.searched_reuses;
     fences_recorded += o.fences_recorded;
     host_syncs += o.host_syncs;
     return *this;

@@ -275,11 +275,17 @@ std::vector<std::string> advice(const DeviceReport& dev) {
   const std::uint64_t barrier_calls = barrier_waits + idle_queries;
   if (barrier_calls > 1000 && barrier_calls > allocations) {
     // The search's figures: BENCHMARKS.md, plain replays beside 64 idle streams.
+    // Left on auto, it searched where the streams were many enough; below
+    // that, or set to 0, it is worth naming.
+    const bool searching = o.plain_reuse_search == PoolOptions::kSearchAuto
+                               ? waiting_streams >= PoolOptions::kAutoSearchStreams
+                               : o.plain_reuse_search > 0;
     const char* search =
-        o.plain_reuse_search > 0
+        searching
             ? ""
             : " GPUPOOL_PLAIN_REUSE_SEARCH=16 records fewer barriers for more memory (the shared PyTorch traces "
-              "replayed plain: 3-6x fewer, up to 13% more reserved); gpupool-replay --plain --idle-streams N "
+              "replayed plain: 3-6x fewer, up to 13% more reserved; auto, the default, searches only beside 8 or "
+              "more non-blocking streams); gpupool-replay --plain --idle-streams N "
               "--sweep plain_reuse_search=0,16 on a GPUPOOL_TRACE of this program shows both.";
     add(format("cudaMalloc reused cudaFree'd memory behind %llu device barriers, which made non-blocking streams "
                "(%zu of them) wait %llu times and asked them %llu times whether they were idle: %.1f of these calls "

@@ -99,6 +99,7 @@ void device(JsonWriter& w, const DeviceReport& d) {
     w.field("barrier_waits", r.counters.barrier_waits);
     w.field("idle_queries", r.counters.idle_queries);
     w.field("caught_up_barriers", r.counters.caught_up_barriers);
+    w.field("searched_reuses", r.counters.searched_reuses);
     w.field("fences_recorded", r.counters.fences_recorded);
     w.field("host_syncs", r.counters.host_syncs);
     w.end_object();

@@ -83,10 +83,18 @@ void stream_rows(std::string& out, const std::vector<StreamReport>& streams) {
   std::uint64_t idle_queries = 0;
   for (const StreamReport& r : streams) {
     idle_queries += r.counters.idle_queries;
-    if (r.id != kAnyStream || r.counters.caught_up_barriers == 0) continue;
-    appendf(out, "  %llu of the %llu device barriers found the device caught up: no stream waited for them\n",
-            static_cast<unsigned long long>(r.counters.caught_up_barriers),
-            static_cast<unsigned long long>(r.counters.fences_recorded));
+    if (r.id != kAnyStream) continue;
+    if (r.counters.caught_up_barriers > 0) {
+      appendf(out, "  %llu of the %llu device barriers found the device caught up: no stream waited for them\n",
+              static_cast<unsigned long long>(r.counters.caught_up_barriers),
+              static_cast<unsigned long long>(r.counters.fences_recorded));
+    }
+    if (r.counters.searched_reuses > 0) {
+      appendf(out,
+              "  %llu cudaMalloc calls took memory the last device barrier covered from a larger free block, "
+              "instead of a new barrier (plain_reuse_search)\n",
+              static_cast<unsigned long long>(r.counters.searched_reuses));
+    }
   }
   if (idle_queries > 0) {
     appendf(out, "  device barriers asked the non-blocking streams %llu times whether they were idle\n",

@@ -39,6 +39,32 @@ class Integrity(ShimTest):
                 self.assertEqual(stats["reserved_bytes.all.peak"], run.counters()["peak_bytes_in_use"])
                 os.remove(run.reports()[0])
 
+    def test_beside_many_non_blocking_streams_plain_reuse_searches_by_default(self):
+        # 8 idle non-blocking streams (with the program's own, 9): the default
+        # search takes memory a barrier covers from larger blocks, and every
+        # pattern stays intact; set to 0, it records those barriers instead.
+        figures = {}
+        for search in ("auto", "0"):
+            with self.subTest(plain_reuse_search=search):
+                run = self.run_program(["test-patterns", "3000", "6", "8"],
+                                       env={"GPUPOOL_PLAIN_REUSE_SEARCH": search})
+                self.assertSucceeded(run)
+                device = run.report()["devices"]["0"]
+                check_books(run.report())
+                row = [s for s in device["streams"] if s["stream"] == "cudaMalloc/cudaFree"][0]
+                figures[search] = (row["searched_reuses"], row["fences_recorded"])
+                os.remove(run.reports()[0])
+        searched, barriers = figures["auto"]
+        self.assertGreater(searched, 0)
+        self.assertEqual(figures["0"][0], 0)
+        self.assertLess(barriers, figures["0"][1])
+        # 7 non-blocking streams, one short of 8: auto does not search.
+        run = self.run_program(["test-patterns", "3000", "6", "6"])
+        self.assertSucceeded(run)
+        row = [s for s in run.report()["devices"]["0"]["streams"] if s["stream"] == "cudaMalloc/cudaFree"][0]
+        self.assertEqual(row["searched_reuses"], 0)
+        os.remove(run.reports()[0])
+
     def test_patterns_program_passes_without_gpupool_too(self):
         # The control: the program's checks hold against the runtime alone.
         run = self.run_program(["test-patterns", "1000", "4"], preload=False)

@@ -3,9 +3,12 @@
 // allocation the new block is written, and every so often all live blocks are
 // read back: a pool that overlaps blocks, or reuses one early, corrupts a
 // pattern. Prints what it did as JSON for the test to compare with the report.
-//   patterns [operations] [seed]
+// IDLE_STREAMS non-blocking streams more are made and never used, as
+// PyTorch's stream pool: each device barrier must order them.
+//   patterns [operations] [seed] [idle_streams]
 #include <map>
 #include <random>
+#include <vector>
 
 #include "common.hpp"
 
@@ -24,6 +27,8 @@ int main(int argc, char** argv) {
   cudaStream_t streams[3] = {nullptr};
   CHECK_CUDA(cudaStreamCreate(&streams[1]));
   CHECK_CUDA(cudaStreamCreateWithFlags(&streams[2], cudaStreamNonBlocking));
+  std::vector<cudaStream_t> idle(argc > 3 ? std::strtoul(argv[3], nullptr, 10) : 0);
+  for (cudaStream_t& s : idle) CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
 
   std::map<void*, Live> live;
   long long allocations = 0, frees = 0;
@@ -90,6 +95,7 @@ int main(int argc, char** argv) {
   }
   CHECK_CUDA(cudaStreamDestroy(streams[1]));
   CHECK_CUDA(cudaStreamDestroy(streams[2]));
+  for (cudaStream_t s : idle) CHECK_CUDA(cudaStreamDestroy(s));
   std::printf("{\"allocations\": %lld, \"frees\": %lld, \"peak_requested\": %lld}\n", allocations, frees,
               peak_requested);
   return 0;

@@ -306,6 +306,19 @@ TEST_CASE("the pool options follow the configuration") {
   CHECK_FALSE(o.unsafe_skip_ordering);
 }
 
+TEST_CASE("plain_reuse_search is auto by default, and takes auto or a count") {
+  CHECK(to_pool_options(parse({}).config).plain_reuse_search == PoolOptions::kSearchAuto);
+  CHECK(to_pool_options(parse({{"GPUPOOL_PLAIN_REUSE_SEARCH", " Auto "}}).config).plain_reuse_search ==
+        PoolOptions::kSearchAuto);
+  CHECK(to_pool_options(parse({{"GPUPOOL_CONF", "plain_reuse_search:0"}}).config).plain_reuse_search == 0);
+  const ParsedConfig over = parse({{"GPUPOOL_PLAIN_REUSE_SEARCH", "1001"}});
+  REQUIRE(over.problems.size() == 1);
+  CHECK(over.problems[0].line().find("out of range (auto, or from 0 to 1000)") != std::string::npos);
+  CHECK(to_pool_options(over.config).plain_reuse_search == PoolOptions::kSearchAuto);
+  // The sentinel is not a count a user can give.
+  CHECK_FALSE(parse({{"GPUPOOL_PLAIN_REUSE_SEARCH", std::to_string(PoolOptions::kSearchAuto)}}).problems.empty());
+}
+
 TEST_CASE("the README's option table is the one the code generates") {
   std::ifstream readme(GPUPOOL_SOURCE_DIR "/README.md");
   REQUIRE(readme.good());

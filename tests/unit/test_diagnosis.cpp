@@ -232,10 +232,17 @@ TEST_CASE("barrier calls on unused streams are advised once they pass the alloca
   d.streams[1].counters.barrier_waits = 0;
   d.streams[1].counters.idle_queries = 3001;
   CHECK_FALSE(advice_with(d, "device barriers").empty());
-  // The search that trades memory for barriers, unless it is on already.
+  // The search that trades memory for barriers, unless it is on already:
+  // set, or left on auto beside enough non-blocking streams.
+  CHECK(d.options.plain_reuse_search == PoolOptions::kSearchAuto);
   CHECK(advice_with(d, "device barriers").find("GPUPOOL_PLAIN_REUSE_SEARCH=16") != std::string::npos);
   d.options.plain_reuse_search = 4;
   CHECK(advice_with(d, "device barriers").find("GPUPOOL_PLAIN_REUSE_SEARCH") == std::string::npos);
+  for (std::size_t i = 1; i < PoolOptions::kAutoSearchStreams; ++i) d.streams.push_back(unused);
+  d.options.plain_reuse_search = PoolOptions::kSearchAuto;
+  CHECK(advice_with(d, "device barriers").find("GPUPOOL_PLAIN_REUSE_SEARCH") == std::string::npos);
+  d.options.plain_reuse_search = 0;
+  CHECK(advice_with(d, "device barriers").find("GPUPOOL_PLAIN_REUSE_SEARCH=16") != std::string::npos);
 }
 
 TEST_CASE("refused cudaFree calls are said, with where the memory went") {

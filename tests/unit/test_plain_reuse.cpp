@@ -112,6 +112,54 @@ TEST_CASE_METHOD(PoolFixture, "plain_reuse_search takes a larger block's covered
   INFO(why);
 }
 
+namespace {
+std::uint64_t searched(const DevicePool& pool) {
+  for (const StreamReport& s : pool.streams()) {
+    if (s.id == kAnyStream) return s.counters.searched_reuses;
+  }
+  return 0;
+}
+}  // namespace
+
+TEST_CASE_METHOD(PoolFixture, "plain_reuse_search on auto searches only beside many non-blocking streams") {
+  REQUIRE(options.plain_reuse_search == PoolOptions::kSearchAuto);  // the default
+  const bool off = GENERATE(false, true);  // or set to 0
+  if (off) options.plain_reuse_search = 0;
+  make();
+  // One stream short of turning it on, then a blocking one, which no barrier asks.
+  StreamId next = 0x1000;
+  for (std::size_t i = 0; i + 1 < PoolOptions::kAutoSearchStreams; ++i) {
+    pool->stream_created(next++, StreamKind::NonBlocking);
+  }
+  pool->stream_created(next++, StreamKind::Blocking);
+  const DevicePtr exact = alloc(32 * kMiB);  // segments of their own: no merging
+  const DevicePtr larger = alloc(128 * kMiB);
+  release(larger);
+  cover_frees_so_far(*this);
+  release(exact);  // hot: freed after the last barrier
+  const std::uint64_t before = barriers(*pool);
+  SECTION("too few: the best fit, after a barrier") {
+    CHECK(alloc(32 * kMiB) == exact);
+    CHECK(barriers(*pool) == before + 1);
+    CHECK(searched(*pool) == 0);
+  }
+  SECTION("enough: a larger block's covered memory, and no barrier (unless set to 0)") {
+    pool->stream_created(next++, StreamKind::NonBlocking);
+    CHECK(alloc(32 * kMiB) == (off ? exact : larger));
+    CHECK(barriers(*pool) == before + (off ? 1 : 0));
+    CHECK(searched(*pool) == (off ? 0 : 1));
+  }
+  SECTION("enough once, then one destroyed: off again") {
+    pool->stream_created(next, StreamKind::NonBlocking);
+    pool->stream_destroying(next);
+    CHECK(alloc(32 * kMiB) == exact);
+    CHECK(barriers(*pool) == before + 1);
+  }
+  std::string why;
+  CHECK(pool->validate(&why));
+  INFO(why);
+}
+
 TEST_CASE_METHOD(PoolFixture, "a split keeps each part's hot bytes, and a merge joins them") {
   make();
   const DevicePtr region = alloc(64 * kMiB);
