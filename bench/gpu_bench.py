@@ -205,19 +205,34 @@ def main():
     # for measuring only; and the barriers per pair from a report.
     unordered, _ = api_pairs("plain", 1, 200000, 64, True,
                              extra_env={"GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING": "1"})
+    # And the pool's own share of each pair, from the report's sampled
+    # estimate (one operation in 64 timed; barriers' records included): the
+    # rest is the shim's and the runtime's, which tells this machine's CPU
+    # apart from what gpupool adds around the pool.
+    in_pool = {}
     with tempfile.TemporaryDirectory() as reports:
-        report = os.path.join(reports, "plain.json")
-        api_pairs("plain", 1, 200000, 64, True, runs=1,
-                  extra_env={"GPUPOOL_REPORT": "1", "GPUPOOL_LOG": report, "GPUPOOL_LOG_FORMAT": "json"})
-        with open(report) as f:
-            barriers = barrier_figures(json.load(f))["gpupool_barriers_per_allocation"]
+        for mode in ("plain", "async"):
+            report = os.path.join(reports, f"{mode}.json")
+            api_pairs(mode, 1, 200000, 64, True, runs=1,
+                      extra_env={"GPUPOOL_REPORT": "1", "GPUPOOL_LOG": report, "GPUPOOL_LOG_FORMAT": "json"})
+            with open(report) as f:
+                data = json.load(f)
+            if mode == "plain":
+                barriers = barrier_figures(data)["gpupool_barriers_per_allocation"]
+            upstream = data["devices"]["0"]["upstream"]
+            in_pool[mode] = 2 * upstream["pool_ns_estimated"] / max(upstream["pool_operations"], 1)
     ordered = raw_pooled_plain
     lines += ["Where the single-thread `cudaMalloc`+`cudaFree` pair's time goes: the same loop with "
               "`GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING=1` (no device barrier; unsafe, for measuring only) took "
               f"{unordered:.0f} ns; with the barriers, {ordered:.0f} ns, at {barriers:.2f} barriers (one "
               "`cudaEventRecord` on the legacy stream each) per pair"
               + (f", so one barrier costs about {(ordered - unordered) / barriers:.0f} ns here." if barriers > 0
-                 else "."), ""]
+                 else "."),
+              "",
+              "Inside the pool, by gpupool's report of one more run of each loop (its sampled estimate: one "
+              f"operation in 64 timed, barriers included): {in_pool['plain']:.0f} ns of each plain pair and "
+              f"{in_pool['async']:.0f} ns of each stream-ordered pair; the rest of a pair is the shim's and the "
+              "runtime's. The CPU benchmark's simulated runtime gives the same estimate for comparison.", ""]
     # The CPU benchmark's threads target on this machine's cores: stream-ordered
     # pairs under gpupool cycling through 64 sizes each (more than a thread's
     # cache holds), one thread and two, alternated.

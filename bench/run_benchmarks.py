@@ -87,6 +87,9 @@ def bench_api(mode, threads, pairs, preload, working_set=64, reserved=False, ext
             result["reserved"] = sum(d["stats"]["reserved_bytes.all.peak"] for d in devices)
             result["hit_ratio"] = devices[0]["cache"]["hit_ratio"]
             result["stream_rows"] = len(devices[0]["streams"])
+            upstream = devices[0]["upstream"]
+            # The report's sampled estimate of the time inside the pool.
+            result["pool_ns_per_op"] = upstream["pool_ns_estimated"] / max(upstream["pool_operations"], 1)
     return result
 
 
@@ -165,6 +168,12 @@ def main():
         lines.append(f"| `cudaMalloc{'Async' if mode == 'async' else ''}`+free through the shim (simulated runtime) "
                      f"| {api[mode]:.0f} | {api[mode] / malloc_ns:.2f} |")
         lines.append(f"| the same calls without gpupool (simulated runtime) | {raw:.0f} | {raw / malloc_ns:.2f} |")
+    in_pool = {mode: 2 * bench_api(mode, 1, 200000, True, reserved=True)["pool_ns_per_op"]
+               for mode in ("async", "plain")}
+    lines += ["", "Inside the pool, by gpupool's report of one more run of each API loop (its sampled estimate: one "
+              f"operation in 64 timed, barriers included): {in_pool['plain']:.0f} ns of each plain pair and "
+              f"{in_pool['async']:.0f} ns of each stream-ordered pair; the rest of a pair is the shim's and the "
+              "simulated runtime's. `scripts/gpu-bench.sh` gives the same estimate on a GPU machine (bench/GPU.md)."]
     lines += ["", "The build alone moves these figures by about a tenth: on 2026-12-03 the same source (commit "
               "308ace4), built in two folders and run alternately (`gpupool-bench "
               "--benchmark_filter=BM_PoolPair_Plain --benchmark_repetitions=5` from each), gave the plain pool pair 99-101 ns in one and 106-111 ns in the "
