@@ -60,8 +60,7 @@ Runtime::Runtime() {
   install_report_signal();
 }
 
-DeviceState& Runtime::device(int index) {
-  if (DeviceState* d = existing(index)) return *d;
+DeviceState& Runtime::make_device(int index) {
   std::lock_guard<std::mutex> lock(devices_mu_);
   if (DeviceState* d = existing(index)) return *d;
   if (!devices_counted_) {
@@ -94,8 +93,7 @@ DeviceState& Runtime::device(int index) {
   return *d;
 }
 
-int Runtime::current_device() const {
-  if (one_device_.load(std::memory_order_relaxed)) return 0;
+int Runtime::asked_current_device() const {
   int dev = 0;
   if (real().cudaGetDevice == nullptr || real().cudaGetDevice(&dev) != cudaSuccess) return 0;
   return dev >= 0 && dev < kMaxDevices ? dev : 0;

@@ -111,7 +111,10 @@ class Runtime {
   // memory it frees (free_synchronizes:1); returns the error it reports.
   cudaError_t synchronize_for_free(int device);
 
-  int current_device() const;
+  // With one device visible, that one without asking (inline: every
+  // allocation asks).
+  int current_device() const { return one_device_.load(std::memory_order_relaxed) ? 0 : asked_current_device(); }
+  int asked_current_device() const;
   int device_of(StreamId stream);
   void stream_created(cudaStream_t stream, unsigned flags);
   // Before the runtime destroys `stream`: returns its device, or -1 where
@@ -195,7 +198,13 @@ class Runtime {
  private:
   Runtime();
   void ensure_known(StreamId stream, int device);
-  DeviceState& device(int index);
+  // The device's state, made on first use (the check inline: every
+  // allocation and free asks).
+  DeviceState& device(int index) {
+    if (DeviceState* d = existing(index)) return *d;
+    return make_device(index);
+  }
+  DeviceState& make_device(int index);
   DeviceState* existing(int index) const { return devices_[index].load(std::memory_order_acquire); }
   void install_report_signal();
   void write_requested_report();

@@ -51,7 +51,8 @@ int Runtime::device_of(StreamId stream) {
 }
 
 int Runtime::prepare_stream(StreamId stream) {
-  if (stream == kLegacyStream || is_per_thread_id(stream)) {
+  if (stream == kLegacyStream) return current_device();  // always known
+  if (is_per_thread_id(stream)) {
     const int dev = current_device();
     ensure_known(stream, dev);
     return dev;
