@@ -230,7 +230,7 @@ def main():
                  else "."),
               "",
               "Inside the pool, by gpupool's report of one more run of each loop (its sampled estimate: one "
-              f"operation in 64 timed, barriers included): {in_pool['plain']:.0f} ns of each plain pair and "
+              f"operation in 64 timed, with its two clock reads, barriers included): {in_pool['plain']:.0f} ns of each plain pair and "
               f"{in_pool['async']:.0f} ns of each stream-ordered pair; the rest of a pair is the shim's and the "
               "runtime's. The CPU benchmark's simulated runtime gives the same estimate for comparison.", ""]
     # The CPU benchmark's threads target on this machine's cores: stream-ordered

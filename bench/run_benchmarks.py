@@ -171,7 +171,7 @@ def main():
     in_pool = {mode: 2 * bench_api(mode, 1, 200000, True, reserved=True)["pool_ns_per_op"]
                for mode in ("async", "plain")}
     lines += ["", "Inside the pool, by gpupool's report of one more run of each API loop (its sampled estimate: one "
-              f"operation in 64 timed, barriers included): {in_pool['plain']:.0f} ns of each plain pair and "
+              f"operation in 64 timed, with its two clock reads, barriers included): {in_pool['plain']:.0f} ns of each plain pair and "
               f"{in_pool['async']:.0f} ns of each stream-ordered pair; the rest of a pair is the shim's and the "
               "simulated runtime's. `scripts/gpu-bench.sh` gives the same estimate on a GPU machine (bench/GPU.md)."]
     lines += ["", "The build alone moves these figures by about a tenth: on 2026-12-03 the same source (commit "
