@@ -29,6 +29,21 @@ void cover_frees_so_far(PoolFixture& f) {
   REQUIRE(barriers(*f.pool) == before + 1);
 }
 
+// A 32 MiB block freed since the last barrier (hot), and a 128 MiB one the
+// barrier covers, each its own segment (no merging).
+struct HotAndCovered {
+  DevicePtr exact;
+  DevicePtr larger;
+};
+HotAndCovered hot_block_beside_covered_larger(PoolFixture& f) {
+  const DevicePtr exact = f.alloc(32 * kMiB);
+  const DevicePtr larger = f.alloc(128 * kMiB);
+  f.release(larger);
+  cover_frees_so_far(f);
+  f.release(exact);
+  return {exact, larger};
+}
+
 }  // namespace
 
 TEST_CASE_METHOD(PoolFixture, "a loop of plain pairs records one barrier per sweep, not per pair") {
@@ -90,11 +105,7 @@ TEST_CASE_METHOD(PoolFixture, "plain_reuse_search takes a larger block's covered
   const std::uint32_t search = GENERATE(0u, 1u, 16u);
   options.plain_reuse_search = search;
   make();
-  const DevicePtr exact = alloc(32 * kMiB);  // segments of their own: no merging
-  const DevicePtr larger = alloc(128 * kMiB);
-  release(larger);
-  cover_frees_so_far(*this);
-  release(exact);  // hot: freed after the last barrier
+  const auto [exact, larger] = hot_block_beside_covered_larger(*this);
   const std::uint64_t before = barriers(*pool);
   SECTION("a covered larger block serves, where the search is on") {
     const DevicePtr p = alloc(32 * kMiB);
@@ -132,11 +143,7 @@ TEST_CASE_METHOD(PoolFixture, "plain_reuse_search on auto searches only beside m
     pool->stream_created(next++, StreamKind::NonBlocking);
   }
   pool->stream_created(next++, StreamKind::Blocking);
-  const DevicePtr exact = alloc(32 * kMiB);  // segments of their own: no merging
-  const DevicePtr larger = alloc(128 * kMiB);
-  release(larger);
-  cover_frees_so_far(*this);
-  release(exact);  // hot: freed after the last barrier
+  const auto [exact, larger] = hot_block_beside_covered_larger(*this);
   const std::uint64_t before = barriers(*pool);
   SECTION("too few: the best fit, after a barrier") {
     CHECK(alloc(32 * kMiB) == exact);
