@@ -103,8 +103,13 @@ bool DevicePool::release_oversize_for(std::size_t rounded) {
             [](const Segment* a, const Segment* b) { return a->size < b->size; });
   // The smallest one that covers the request alone, else largest first until
   // enough is released.
-  for (Segment* seg : oversize) {
-    if (seg->size >= rounded && release_segment(seg)) return true;
+  for (auto it = oversize.begin(); it != oversize.end();) {
+    if ((*it)->size < rounded) {
+      ++it;
+      continue;
+    }
+    if (release_segment(*it)) return true;
+    it = oversize.erase(it);  // refused: not asked again below
   }
   std::size_t released = 0;
   while (!oversize.empty() && released < rounded) {

@@ -469,6 +469,13 @@ TEST_CASE_METHOD(PoolFixture, "a segment whose cudaFree the runtime refuses stay
     CHECK(upstream.covers(idle, 30 * kMiB));
     CHECK(upstream.covers(oversize, 64 * kMiB));
   }
+  SECTION("an oversize segment refused is not asked again by the same request's oversize release") {
+    // 40 MiB: too far below the oversize block to take it (it would waste
+    // over 20 MiB), and past the device: the oversize release asks for it
+    // once, then emptying the cache asks for both.
+    CHECK_FALSE(pool->allocate(40 * kMiB, kAnyStream).ok);
+    CHECK(pool->stats().num_device_free_failures == 3);
+  }
   SECTION("once the runtime takes them, they go") {
     pool->release_cached();
     upstream.set_releases_refused(false);
