@@ -35,7 +35,15 @@ static pthread_once_t passthrough_once = PTHREAD_ONCE_INIT;
 static atomic_int exiting;
 static atomic_int core_loaders;
 
-static void* next_symbol(const char* name) { return dlsym(RTLD_NEXT, name); }
+/* dlsym(RTLD_NEXT) searches past the object that called it, found from the
+   return address: never a tail call here, or the core (this function's
+   caller) would be taken for the caller, and nothing loaded before it found.
+   The runtime's functions were then found only where a libcudart.so* was
+   loaded under that name. */
+static void* next_symbol(const char* name) {
+  void* volatile found = dlsym(RTLD_NEXT, name);
+  return found;
+}
 
 /* The return address of the intercepted call this thread is in, for the core
    to tell which CUDA runtime the calling library uses (one store per call:

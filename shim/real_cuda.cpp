@@ -14,13 +14,14 @@ namespace gpupool::shim {
 
 namespace {
 
-// The path of a loaded libcudart.so.*, if any.
+// The path of a loaded libcudart.so.*, if any: also under the name a wheel's
+// repair tool gives the copy it bundles (libcudart-1a2b3c4d.so.11.0).
 int find_cudart(struct dl_phdr_info* info, size_t, void* data) {
   const char* name = info->dlpi_name;
   if (name == nullptr || *name == '\0') return 0;
   const char* base = std::strrchr(name, '/');
   base = base != nullptr ? base + 1 : name;
-  if (std::strncmp(base, "libcudart.so", 12) != 0) return 0;
+  if (std::strncmp(base, "libcudart.so", 12) != 0 && std::strncmp(base, "libcudart-", 10) != 0) return 0;
   *static_cast<const char**>(data) = name;
   return 1;
 }

@@ -1191,6 +1191,25 @@ class DeviceFault(ShimTest):
         self.assertEqual(run.output_json()["cudaFree"], "cudaErrorIllegalAddress")
 
 
+class RuntimeUnderAnotherName(ShimTest):
+    # The runtime loaded from a file not named libcudart.so*: a wheel's repair
+    # tool renames the copy it bundles (libcudart-1a2b3c4d.so.11.0), and any
+    # other name must work too. Preloaded after gpupool, it answers the
+    # program's need of libcudart.so.13 by its soname. gpupool then finds the
+    # runtime's functions past itself (dlsym with RTLD_NEXT), which it once
+    # asked from the wrong object and found nothing: every call crashed.
+    def test_a_renamed_runtime_is_found_and_pooled(self):
+        for name in ("libsimrt.so", "libcudart-1a2b3c4d.so.13"):
+            with self.subTest(name=name):
+                renamed = os.path.join(self.workdir, name)
+                shutil.copy(os.path.join(BUILD, "sim", "libcudart.so.13"), renamed)
+                run = self.run_program(["test-patterns", "500", "3"], library=LIBRARY + ":" + renamed)
+                self.assertSucceeded(run)
+                stats = run.report()["devices"]["0"]["stats"]
+                self.assertEqual(stats["allocation.all.allocated"], run.output_json()["allocations"])
+                os.remove(run.reports()[0])
+
+
 class PoollessDevice(ShimTest):
     # test-meminfo poolless-neighbour uses device 1, a GPU without memory pools,
     # then reads device 0's pool figures: gpupool asks each device it serves
