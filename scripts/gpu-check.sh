@@ -146,6 +146,27 @@ run "cudaFree reports the fault (no gpupool)" 0 -- "$out/hazards_gpu" device-fau
 run "gpupool's cudaFree returns success; the sync reports it" 1 "${pool[@]}" -- "$out/hazards_gpu" device-fault
 run "gpupool's cudaFree reports it with free_synchronizes:1" 0 "${pool[@]}" GPUPOOL_FREE_SYNCHRONIZES=1 \
   -- "$out/hazards_gpu" device-fault
+# After the fault the pool gives an idle 40 MiB segment back (garbage
+# collection past 32 MiB of a 64 MiB limit, fixed segments): CUDA's answer to
+# that cudaFree was never measured. Either answer passes if the report's
+# books follow it: refused, the 40 MiB stay reserved; taken, they go.
+fault_report="$out/report-fault-release.json"
+run "after the fault, the request is refused (no gpupool)" 0 -- "$out/hazards_gpu" device-fault-release
+run "after the fault, gpupool's request is refused too" 0 "${pool[@]}" GPUPOOL_LOG="$fault_report" \
+  GPUPOOL_EXPANDABLE_SEGMENTS=0 GPUPOOL_MEMORY_LIMIT=64M GPUPOOL_GARBAGE_COLLECTION_THRESHOLD=0.5 \
+  -- "$out/hazards_gpu" device-fault-release
+freed=$(python3 -c "import json, sys; d = json.load(open(sys.argv[1]))['devices']['0']
+u, reserved = d['upstream'], d['stats']['reserved_bytes.all.current']
+refused = u['cuda_free_failures'] >= 1 and u['cuda_free_failures'] == u['cuda_free_calls'] and reserved == 40 << 20
+taken = u['cuda_free_failures'] == 0 and u['cuda_free_calls'] >= 1 and reserved == 0
+print('refused' if refused else 'taken' if taken else 'neither', u['cuda_free_calls'], u['cuda_free_failures'], reserved)" \
+  "$fault_report" 2>/dev/null || echo unknown)
+case "$freed" in
+  refused*) record "  its cudaFree of the idle segment: refused, and the books keep it" PASS "$freed" ;;
+  taken*) record "  its cudaFree of the idle segment: taken after the fault, and the books let it go" PASS "$freed" ;;
+  *) record "  its cudaFree of the idle segment: the books follow CUDA's answer" FAIL \
+       "answer, calls, refused, reserved bytes: $freed ($fault_report)" ;;
+esac
 
 echo "== reuse hazards with real kernels (0: ordered; 1 without ordering: the hazard)"
 for mode in 1 0; do

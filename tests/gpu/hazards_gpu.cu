@@ -6,7 +6,12 @@
 // and device-fault: a kernel writes to an illegal address while the program
 // holds a plain block, which it then frees; 0 when cudaFree reported the
 // fault, 1 when it returned success, 3 when nothing reported it. Either way
-// the process must end on its own. Exit codes as there.
+// the process must end on its own. device-fault-release: the program frees
+// 40 MiB, a kernel faults, then it asks for 48 MiB; 0 when the runtime
+// reported the fault at the sync and refused the request. Under gpupool with
+// a memory limit and a garbage collection threshold below 40 MiB, the pool
+// gives the idle block back first: the report says whether CUDA took it.
+// Exit codes as there.
 //   hazards_gpu <case> [delay_ms]
 // Built with nvcc -cudart shared so that LD_PRELOAD reaches its calls.
 #include <cuda_runtime.h>
@@ -81,6 +86,18 @@ int device_fault() {
   return freed != cudaSuccess ? 0 : 1;
 }
 
+int device_fault_release() {
+  void* idle = nullptr;
+  HAZARD_CHECK(cudaMalloc(&idle, 40 << 20));
+  HAZARD_CHECK(cudaFree(idle));
+  write_to<<<1, 1>>>(reinterpret_cast<int*>(16));
+  const cudaError_t synchronized = cudaDeviceSynchronize();
+  void* more = nullptr;
+  const cudaError_t grown = cudaMalloc(&more, 48 << 20);
+  std::printf("cudaDeviceSynchronize: %s, cudaMalloc: %s\n", cudaGetErrorName(synchronized), cudaGetErrorName(grown));
+  return synchronized != cudaSuccess && grown != cudaSuccess ? 0 : 1;
+}
+
 }  // namespace
 
 }  // namespace hazards
@@ -95,6 +112,7 @@ int main(int argc, char** argv) {
   const int result = name == "legacy-barrier-rule"         ? hazards::legacy_barrier_rule()
                      : name == "null-free-creates-context" ? hazards::null_free_creates_context()
                      : name == "device-fault"              ? hazards::device_fault()
+                     : name == "device-fault-release"      ? hazards::device_fault_release()
                                                            : hazards::run_case(name);
   if (result < 0) {
     std::fprintf(stderr, "hazards_gpu: unknown case %s\n", argv[1]);
