@@ -11,12 +11,15 @@ using gpupool::testing::PoolFixture;
 
 namespace {
 
-std::uint64_t barriers(const DevicePool& pool) {
+// The counters of the device's own row: plain allocations and frees.
+StreamCounters device_counters(const DevicePool& pool) {
   for (const StreamReport& s : pool.streams()) {
-    if (s.id == kAnyStream) return s.counters.fences_recorded;
+    if (s.id == kAnyStream) return s.counters;
   }
-  return 0;
+  return StreamCounters{};
 }
+
+std::uint64_t barriers(const DevicePool& pool) { return device_counters(pool).fences_recorded; }
 
 // Frees of plain blocks until now are covered by a barrier: one is recorded
 // by reusing, whole, a small block freed after them (its segment is full).
@@ -124,12 +127,7 @@ TEST_CASE_METHOD(PoolFixture, "plain_reuse_search takes a larger block's covered
 }
 
 namespace {
-std::uint64_t searched(const DevicePool& pool) {
-  for (const StreamReport& s : pool.streams()) {
-    if (s.id == kAnyStream) return s.counters.searched_reuses;
-  }
-  return 0;
-}
+std::uint64_t searched(const DevicePool& pool) { return device_counters(pool).searched_reuses; }
 }  // namespace
 
 TEST_CASE_METHOD(PoolFixture, "plain_reuse_search on auto searches only beside many non-blocking streams") {
