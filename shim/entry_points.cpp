@@ -60,6 +60,7 @@ using gpupool::shim::fail;
 using gpupool::shim::guarded;
 using gpupool::shim::keep_books;
 using gpupool::shim::real;
+using gpupool::shim::RealCuda;
 using gpupool::shim::Runtime;
 using gpupool::shim::step_aside;
 using gpupool::shim::stream_id;
@@ -75,6 +76,14 @@ Runtime& enter() {
 }
 
 cudaError_t missing() { return fail(cudaErrorNotSupported); }
+
+// A call passed on to the runtime: cudaErrorNotSupported where it has no such
+// function (an older runtime), or where no runtime was found at all.
+template <auto function, typename... Args>
+cudaError_t pass_on(Args... args) {
+  const auto call = real().*function;
+  return call != nullptr ? call(args...) : missing();
+}
 
 cudaError_t free_result(FreeResult r, void* ptr, const char* call) {
   if (r == FreeResult::Freed) return cudaSuccess;
@@ -244,7 +253,7 @@ namespace serve {
 
 cudaError_t cudaMalloc(void** ptr, size_t size) {
   Runtime& rt = enter();
-  if (rt.bypass()) return real().cudaMalloc(ptr, size);
+  if (rt.bypass()) return pass_on<&RealCuda::cudaMalloc>(ptr, size);
   if (ptr == nullptr) return fail(cudaErrorInvalidValue);
   if (size == 0) {
     *ptr = nullptr;
@@ -257,10 +266,10 @@ cudaError_t cudaFree(void* ptr) {
   Runtime& rt = enter();
   // cudaFree(NULL) is how programs create the CUDA context (before OptiX or
   // the driver API, or to keep it out of a timing): it reaches the runtime.
-  if (rt.disabled() || ptr == nullptr) return real().cudaFree(ptr);
+  if (rt.disabled() || ptr == nullptr) return pass_on<&RealCuda::cudaFree>(ptr);
   int owner = -1;
   const FreeResult r = rt.deallocate(ptr, gpupool::kAnyStream, -1, &owner);
-  if (r == FreeResult::NotOwned) return real().cudaFree(ptr);
+  if (r == FreeResult::NotOwned) return pass_on<&RealCuda::cudaFree>(ptr);
   if (const cudaError_t err = free_result(r, ptr, "cudaFree"); err != cudaSuccess) return err;
   // free_synchronizes:1 keeps the rest of cudaFree's promise: the host goes on
   // once the memory's device has done all earlier work (the device barrier
@@ -275,7 +284,7 @@ cudaError_t cudaMallocPitch(void** ptr, size_t* pitch, size_t width, size_t heig
   enter();
   cudaError_t err = cudaSuccess;
   if (allocate_pitched(ptr, pitch, width, height, &err)) return err;
-  return real().cudaMallocPitch != nullptr ? real().cudaMallocPitch(ptr, pitch, width, height) : missing();
+  return pass_on<&RealCuda::cudaMallocPitch>(ptr, pitch, width, height);
 }
 
 cudaError_t cudaMalloc3D(cudaPitchedPtr* pitched, cudaExtent extent) {
@@ -288,7 +297,7 @@ cudaError_t cudaMalloc3D(cudaPitchedPtr* pitched, cudaExtent extent) {
     if (err == cudaSuccess) *pitched = cudaPitchedPtr{ptr, pitch, extent.width, extent.height};
     return err;
   }
-  return real().cudaMalloc3D != nullptr ? real().cudaMalloc3D(pitched, extent) : missing();
+  return pass_on<&RealCuda::cudaMalloc3D>(pitched, extent);
 }
 
 cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t stream) {
@@ -309,7 +318,7 @@ cudaError_t cudaFreeAsync_ptsz(void* ptr, cudaStream_t stream) { return free_on(
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   Runtime& rt = enter();
-  const cudaError_t err = real().cudaMemGetInfo(free_bytes, total_bytes);
+  const cudaError_t err = pass_on<&RealCuda::cudaMemGetInfo>(free_bytes, total_bytes);
   if (err == cudaSuccess && !rt.bypass()) {
     keep_books("cudaMemGetInfo", [&] { rt.adjust_mem_get_info(free_bytes, total_bytes); });
   }
@@ -322,7 +331,7 @@ cudaError_t cudaDeviceReset(void) {
   const bool tell = !rt.bypass();
   const bool aside = !tell && gpupool::shim::stepped_aside();
   if (tell) rt.device_resetting(device);
-  const cudaError_t err = real().cudaDeviceReset != nullptr ? real().cudaDeviceReset() : missing();
+  const cudaError_t err = pass_on<&RealCuda::cudaDeviceReset>();
   if (tell) keep_books("cudaDeviceReset", [&] { rt.device_reset_answered(device, err); });
   if (aside) rt.device_reset_after_stepping_aside(device, err);
   return err;
@@ -333,8 +342,7 @@ cudaError_t cudaDeviceReset(void) {
 // too: the program's stream-ordered memory is gpupool's.
 cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t min_bytes_to_keep) {
   Runtime& rt = enter();
-  if (real().cudaMemPoolTrimTo == nullptr) return missing();
-  const cudaError_t err = real().cudaMemPoolTrimTo(pool, min_bytes_to_keep);
+  const cudaError_t err = pass_on<&RealCuda::cudaMemPoolTrimTo>(pool, min_bytes_to_keep);
   if (err == cudaSuccess && !rt.bypass()) keep_books("cudaMemPoolTrimTo", [&] { rt.trim(pool, min_bytes_to_keep); });
   return err;
 }
@@ -343,8 +351,7 @@ cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t min_bytes_to_keep) {
 // allocations on that device from gpupool (cudaMallocAsync draws from it).
 cudaError_t cudaDeviceSetMemPool(int device, cudaMemPool_t pool) {
   Runtime& rt = enter();
-  if (real().cudaDeviceSetMemPool == nullptr) return missing();
-  const cudaError_t err = real().cudaDeviceSetMemPool(device, pool);
+  const cudaError_t err = pass_on<&RealCuda::cudaDeviceSetMemPool>(device, pool);
   if (err == cudaSuccess && !rt.disabled()) {
     keep_books("cudaDeviceSetMemPool", [&] { rt.current_pool_set(device, pool); });
   }
@@ -354,8 +361,7 @@ cudaError_t cudaDeviceSetMemPool(int device, cudaMemPool_t pool) {
 // Destroying a device's current pool makes its default pool current again.
 cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool) {
   Runtime& rt = enter();
-  if (real().cudaMemPoolDestroy == nullptr) return missing();
-  const cudaError_t err = real().cudaMemPoolDestroy(pool);
+  const cudaError_t err = pass_on<&RealCuda::cudaMemPoolDestroy>(pool);
   if (err == cudaSuccess && !rt.disabled()) keep_books("cudaMemPoolDestroy", [&] { rt.pool_destroyed(); });
   return err;
 }
@@ -366,8 +372,7 @@ cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool) {
 // their high watermarks.
 cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
   Runtime& rt = enter();
-  if (real().cudaMemPoolGetAttribute == nullptr) return missing();
-  const cudaError_t err = real().cudaMemPoolGetAttribute(pool, attr, value);
+  const cudaError_t err = pass_on<&RealCuda::cudaMemPoolGetAttribute>(pool, attr, value);
   if (err == cudaSuccess && !rt.bypass()) {
     keep_books("cudaMemPoolGetAttribute", [&] { rt.add_pool_figure(pool, attr, value); });
   }
@@ -376,16 +381,14 @@ cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, vo
 
 cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
   Runtime& rt = enter();
-  if (real().cudaMemPoolSetAttribute == nullptr) return missing();
-  const cudaError_t err = real().cudaMemPoolSetAttribute(pool, attr, value);
+  const cudaError_t err = pass_on<&RealCuda::cudaMemPoolSetAttribute>(pool, attr, value);
   if (err == cudaSuccess && !rt.bypass()) keep_books("cudaMemPoolSetAttribute", [&] { rt.reset_pool_high(pool, attr); });
   return err;
 }
 
 cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
   Runtime& rt = enter();
-  if (real().cudaDeviceEnablePeerAccess == nullptr) return missing();
-  const cudaError_t err = real().cudaDeviceEnablePeerAccess(peer, flags);
+  const cudaError_t err = pass_on<&RealCuda::cudaDeviceEnablePeerAccess>(peer, flags);
   // The current device may now access the peer's memory: pooled pages too.
   if (err == cudaSuccess && !rt.bypass()) {
     keep_books("cudaDeviceEnablePeerAccess", [&] { rt.peer_access_enabled(rt.current_device(), peer); });
@@ -398,7 +401,7 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
   // A handle naming other memory than the block would corrupt silently (also
   // once gpupool has stepped aside: the blocks it lent are still in use).
   if (!rt.disabled() && !rt.ipc_exportable(ptr)) return fail(cudaErrorInvalidValue);
-  return real().cudaIpcGetMemHandle != nullptr ? real().cudaIpcGetMemHandle(handle, ptr) : missing();
+  return pass_on<&RealCuda::cudaIpcGetMemHandle>(handle, ptr);
 }
 
 // ---------------------------------------------------------------- errors
@@ -406,7 +409,7 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
 // The caller's runtime's last error, and gpupool's for that runtime's callers.
 cudaError_t cudaGetLastError(void) {
   const gpupool::shim::CallerRuntime runtime = gpupool::shim::caller_runtime();
-  const cudaError_t runtime_error = runtime.errors.get_last();
+  const cudaError_t runtime_error = runtime.errors.get_last != nullptr ? runtime.errors.get_last() : cudaSuccess;
   cudaError_t& ours = gpupool::shim::thread_error(runtime.number);
   if (ours == cudaSuccess) return runtime_error;
   const cudaError_t e = ours;
@@ -417,14 +420,15 @@ cudaError_t cudaGetLastError(void) {
 cudaError_t cudaPeekAtLastError(void) {
   const gpupool::shim::CallerRuntime runtime = gpupool::shim::caller_runtime();
   const cudaError_t ours = gpupool::shim::thread_error(runtime.number);
-  return ours != cudaSuccess ? ours : runtime.errors.peek_at_last();
+  if (ours != cudaSuccess || runtime.errors.peek_at_last == nullptr) return ours;
+  return runtime.errors.peek_at_last();
 }
 
 // ---------------------------------------------------------------- streams
 
 cudaError_t cudaStreamCreate(cudaStream_t* stream) {
   Runtime& rt = enter();
-  const cudaError_t err = real().cudaStreamCreate(stream);
+  const cudaError_t err = pass_on<&RealCuda::cudaStreamCreate>(stream);
   if (err == cudaSuccess && !rt.bypass()) {
     keep_books("cudaStreamCreate", [&] { rt.stream_created(*stream, cudaStreamDefault); });
   }
@@ -433,7 +437,7 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) {
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
   Runtime& rt = enter();
-  const cudaError_t err = real().cudaStreamCreateWithFlags(stream, flags);
+  const cudaError_t err = pass_on<&RealCuda::cudaStreamCreateWithFlags>(stream, flags);
   if (err == cudaSuccess && !rt.bypass()) {
     keep_books("cudaStreamCreateWithFlags", [&] { rt.stream_created(*stream, flags); });
   }
@@ -442,7 +446,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) 
 
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags, int priority) {
   Runtime& rt = enter();
-  const cudaError_t err = real().cudaStreamCreateWithPriority(stream, flags, priority);
+  const cudaError_t err = pass_on<&RealCuda::cudaStreamCreateWithPriority>(stream, flags, priority);
   if (err == cudaSuccess && !rt.bypass()) {
     keep_books("cudaStreamCreateWithPriority", [&] { rt.stream_created(*stream, flags); });
   }
@@ -452,7 +456,7 @@ cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flag
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   Runtime& rt = enter();
   const int device = !rt.bypass() && stream != nullptr ? rt.stream_destroying(stream) : -1;
-  const cudaError_t err = real().cudaStreamDestroy(stream);
+  const cudaError_t err = pass_on<&RealCuda::cudaStreamDestroy>(stream);
   if (device >= 0) {
     const StreamId id = reinterpret_cast<StreamId>(stream);
     keep_books("cudaStreamDestroy", [&] { rt.stream_destroy_answered(id, device, err == cudaSuccess); });
@@ -462,6 +466,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
   enter();
+  if (real().cudaStreamBeginCapture == nullptr) return missing();
   return begin_capture(stream, false, mode, [&] { return real().cudaStreamBeginCapture(stream, mode); });
 }
 cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, cudaStreamCaptureMode mode) {
@@ -489,6 +494,7 @@ cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t stream, cudaGraph_t 
 }
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
   enter();
+  if (real().cudaStreamEndCapture == nullptr) return missing();
   return end_capture(stream, false, real().cudaStreamEndCapture(stream, graph));
 }
 cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t* graph) {

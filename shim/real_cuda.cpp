@@ -4,8 +4,11 @@
 #include <link.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "shim/driver_runtime.hpp"
 #include "shim/library_opening.hpp"
@@ -30,6 +33,52 @@ void* loaded_cudart() {
   const char* path = nullptr;
   dl_iterate_phdr(find_cudart, &path);
   return path != nullptr ? open_loaded_library(path) : nullptr;
+}
+
+int list_loaded(struct dl_phdr_info* info, size_t, void* data) {
+  if (info->dlpi_name != nullptr && *info->dlpi_name != '\0') {
+    static_cast<std::vector<std::string>*>(data)->emplace_back(info->dlpi_name);
+  }
+  return 0;
+}
+
+// The first loaded library (in load order) that defines the runtime's
+// cudaMalloc, cudaFree and cudaGetLastError itself, gpupool's own aside: a
+// runtime under any file name, which only a library's own scope may reach
+// (a renamed copy needed by an extension module that Python loaded
+// RTLD_LOCAL). Opened, or null.
+void* runtime_by_definition() {
+  std::vector<std::string> paths;
+  dl_iterate_phdr(list_loaded, &paths);
+  const void* preload = preload_library_base();
+  for (const std::string& path : paths) {
+    void* handle = open_loaded_library(path.c_str());
+    if (handle == nullptr) continue;
+    bool defines = true;
+    for (const char* name : {"cudaMalloc", "cudaFree", "cudaGetLastError"}) {
+      void* f = dlsym(handle, name);
+      Dl_info where;
+      defines = defines && f != nullptr && dladdr(f, &where) != 0 && where.dli_fbase != preload &&
+                where.dli_fname != nullptr && path == where.dli_fname;
+    }
+    if (defines) return handle;
+    dlclose(handle);
+  }
+  return nullptr;
+}
+
+int count_loaded(struct dl_phdr_info* info, size_t size, void* data) {
+  if (size >= offsetof(struct dl_phdr_info, dlpi_adds) + sizeof info->dlpi_adds) {
+    *static_cast<unsigned long long*>(data) = info->dlpi_adds;
+  }
+  return 1;
+}
+
+// How many libraries the process has loaded so far.
+unsigned long long libraries_loaded() {
+  unsigned long long adds = 0;
+  dl_iterate_phdr(count_loaded, &adds);
+  return adds;
 }
 
 std::atomic<void* (*)(const char*)> symbol_lookup{nullptr};
@@ -63,28 +112,60 @@ void resolve_real_where_runtime_loaded() {
   if (path != nullptr) real();
 }
 
-const RealCuda& real() {
-  // Every intercepted call asks: one acquire load once resolved (call_once
-  // alone costs a thread-local lookup per call in a dlopen'ed library).
-  static std::atomic<const RealCuda*> resolved{nullptr};
-  if (const RealCuda* t = resolved.load(std::memory_order_acquire)) return *t;
-  static RealCuda table;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* cudart = loaded_cudart();
-    // No shared runtime loaded (a simulated one answering as the driver may
-    // still be found by name): the driver serves.
-    if (cudart == nullptr && fill_from_driver(table, driver_lookup.load(std::memory_order_acquire))) {
-      resolved.store(&table, std::memory_order_release);
-      return;
-    }
+namespace {
+
+void resolve_from(RealCuda& table, void* cudart) {
 #define GPUPOOL_RESOLVE(name, signature) \
   table.name = reinterpret_cast<std::add_pointer_t<signature>>(lookup(cudart, #name));
-    GPUPOOL_REAL_FUNCTIONS(GPUPOOL_RESOLVE)
+  GPUPOOL_REAL_FUNCTIONS(GPUPOOL_RESOLVE)
 #undef GPUPOOL_RESOLVE
+}
+
+// Looks for the runtime once, and again whenever a library was loaded or the
+// static runtime's driver lookup came since the last look, until one is
+// found. Until then callers see every function null (and pass nothing on).
+// Out of line: inlined, its frame's set-up would come before real()'s check.
+[[gnu::noinline, gnu::cold]] const RealCuda& resolve(std::atomic<const RealCuda*>& resolved) {
+  static RealCuda table;  // published once it has the runtime's cudaMalloc
+  static const RealCuda kNothing;
+  static std::mutex mutex;
+  static unsigned long long looked_with_loaded = 0;
+  static gpupool_driver_lookup_fn looked_with_driver = nullptr;
+  static bool looked = false;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (const RealCuda* t = resolved.load(std::memory_order_acquire)) return *t;
+  const unsigned long long loaded = libraries_loaded();
+  const gpupool_driver_lookup_fn driver = driver_lookup.load(std::memory_order_acquire);
+  if (looked && loaded == looked_with_loaded && driver == looked_with_driver) return kNothing;
+  looked = true;
+  looked_with_loaded = loaded;
+  looked_with_driver = driver;
+  table = RealCuda{};
+  void* cudart = loaded_cudart();
+  // No shared runtime loaded (a simulated one answering as the driver may
+  // still be found by name): the driver serves.
+  if (cudart == nullptr && fill_from_driver(table, driver)) {
     resolved.store(&table, std::memory_order_release);
-  });
+    return table;
+  }
+  resolve_from(table, cudart);
+  if (table.cudaMalloc == nullptr && cudart == nullptr) {
+    if (void* defining = runtime_by_definition()) resolve_from(table, defining);
+  }
+  if (table.cudaMalloc == nullptr) return kNothing;
+  resolved.store(&table, std::memory_order_release);
   return table;
+}
+
+}  // namespace
+
+const RealCuda& real() {
+  // Every intercepted call asks: one acquire load once resolved (a lock or
+  // call_once costs more, a thread-local lookup per call in a dlopen'ed
+  // library).
+  static std::atomic<const RealCuda*> resolved{nullptr};
+  if (const RealCuda* t = resolved.load(std::memory_order_acquire)) return *t;
+  return resolve(resolved);
 }
 
 }  // namespace gpupool::shim

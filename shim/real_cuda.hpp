@@ -1,7 +1,8 @@
 // The real CUDA runtime functions, found lazily at first use: dlsym(RTLD_NEXT)
 // from the preload library first; when the runtime was loaded RTLD_LOCAL (Python extension modules),
-// the loaded libcudart is found with dl_iterate_phdr and opened RTLD_NOLOAD.
-// Nothing here links against libcudart.
+// the loaded libcudart is found with dl_iterate_phdr and opened RTLD_NOLOAD,
+// by its file name, or else as the first loaded library that defines the
+// runtime's calls itself (a renamed copy). Nothing here links against libcudart.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -78,10 +79,12 @@ struct RealCuda {
 #undef GPUPOOL_DECLARE
 };
 
-// Resolved once, on first call, from whichever thread gets there first: the
+// Resolved on first call, from whichever thread gets there first: the
 // shared runtime's functions; in a program without one whose static runtime's
 // driver calls gpupool took over (set_driver_lookup), functions that call the
-// driver (driver_runtime.hpp).
+// driver (driver_runtime.hpp). Where no runtime is found (a program calling
+// gpupool's entry points with none loaded), every function is null, and
+// found again at a later call once a library was loaded since.
 const RealCuda& real();
 
 // Runs one runtime call the shim makes for itself. On failure the runtime's

@@ -1,6 +1,7 @@
 #include "shim/runtime.hpp"
 
 #include <algorithm>
+#include <stdexcept>
 #include <utility>
 
 #include "pool/size_rules.hpp"
@@ -63,6 +64,9 @@ Runtime::Runtime() {
 DeviceState& Runtime::make_device(int index) {
   std::lock_guard<std::mutex> lock(devices_mu_);
   if (DeviceState* d = existing(index)) return *d;
+  // A pool needs the runtime's calls; the guard then steps aside, and the
+  // call is passed on (and refused while no runtime is found).
+  if (real().cudaMalloc == nullptr) throw std::runtime_error("no CUDA runtime found in the process");
   if (!devices_counted_) {
     // Asked once, as the first pool is made (the runtime is in use by then).
     // Every call costs on a real runtime: with one device there is no

@@ -1210,6 +1210,46 @@ class RuntimeUnderAnotherName(ShimTest):
                 os.remove(run.reports()[0])
 
 
+class RuntimeOnlyALibraryReaches(ShimTest):
+    # test-hidden-runtime links no runtime and loads a library RTLD_LOCAL (as
+    # Python loads an extension module) whose runtime is a renamed copy of
+    # the simulated one (libsimrt-1a2b.so): only that library's own scope
+    # reaches it. Its calls come to gpupool's entry points, which once found
+    # no runtime at all: every call jumped through a null table (SIGSEGV).
+    LIBRARY_USER = os.path.join(BUILD, "tests", "libtest-hidden-runtime-user.so")
+    NOT_SUPPORTED = 801  # cudaErrorNotSupported
+
+    def run_hidden(self, *extra, preload=True):
+        shutil.copy(os.path.join(BUILD, "sim", "libcudart.so.13"), os.path.join(self.workdir, "libsimrt-1a2b.so"))
+        env = {"LD_LIBRARY_PATH": self.workdir + ":" + os.path.join(BUILD, "sim")}
+        run = self.run_program(["test-hidden-runtime", self.LIBRARY_USER, *extra], env=env, preload=preload)
+        self.assertSucceeded(run)
+        return run
+
+    def test_the_librarys_runtime_is_found_and_its_calls_pooled(self):
+        self.assertEqual(self.run_hidden(preload=False).output_json(), {"step": 0, "error": 0})
+        run = self.run_hidden()
+        self.assertEqual(run.output_json(), {"step": 0, "error": 0})
+        report = run.report()
+        self.assertNotIn("stepped_aside", report)
+        stats = report["devices"]["0"]["stats"]
+        # 8 cudaMalloc and 8 cudaMallocAsync, each freed.
+        self.assertEqual(stats["allocation.all.allocated"], 16)
+        self.assertEqual(stats["allocation.all.freed"], 16)
+
+    def test_calls_made_before_any_runtime_is_loaded_are_refused_and_the_runtime_serves_later_ones(self):
+        run = self.run_hidden("probe")
+        output = run.output_json()
+        self.assertEqual(output["probe"], [self.NOT_SUPPORTED] * 5)
+        self.assertEqual(output["step"], 0)
+        report = run.report()
+        self.assertEqual(report["stepped_aside"]["call"], "cudaMalloc")
+        self.assertIn("no CUDA runtime found", report["stepped_aside"]["reason"])
+        self.assertIn("no CUDA runtime found", run.stderr)
+        # Once stepped aside, the runtime serves: nothing is pooled.
+        self.assertEqual(report["devices"], {})
+
+
 class PoollessDevice(ShimTest):
     # test-meminfo poolless-neighbour uses device 1, a GPU without memory pools,
     # then reads device 0's pool figures: gpupool asks each device it serves
