@@ -181,11 +181,22 @@ std::size_t DevicePool::unmap_free_pages(bool wait, std::size_t budget, std::uin
     Segment* seg = b->segment;
     // Only the pages the budget still needs, from the block's top: its lower
     // part stays mapped, ready for the next request that fits there.
-    const DevicePtr last = round_down(b->addr + b->size, page);
+    DevicePtr last = round_down(b->addr + b->size, page);
     DevicePtr first = round_up(b->addr, page);
     const std::size_t remaining = budget - released;
     if (last - first > remaining) first = last - round_up(remaining, page);
     reserve_blocks(2);  // for the splits below: b must not be left out of every list
+    // Unmapped first, split after: pages the driver refuses (a context broken
+    // by a fault) stay in the free block, mapped and counted reserved, as the
+    // device still holds them; nothing more is asked of such a driver.
+    const std::uint64_t start = now();
+    const std::size_t unmapped = upstream_.unmap_pages(first, last - first);
+    stats_.upstream_free_ns += now() - start;
+    ++stats_.num_page_unmaps;
+    const bool refused = unmapped < last - first;
+    if (refused) ++stats_.num_page_unmap_failures;
+    if (unmapped == 0) break;
+    last = first + unmapped;
     remove_free(b);
     Block* hole = b;
     if (first > b->addr) {
@@ -194,10 +205,6 @@ std::size_t DevicePool::unmap_free_pages(bool wait, std::size_t budget, std::uin
     }
     if (last < hole->addr + hole->size) add_free(split_off(hole, last - hole->addr));
     const std::size_t bytes = last - first;
-    const std::uint64_t start = now();
-    upstream_.unmap_pages(first, bytes);
-    stats_.upstream_free_ns += now() - start;
-    ++stats_.num_page_unmaps;
     seg->mapped_bytes -= bytes;
     decrease(stats_.reserved_bytes, seg->kind, static_cast<std::int64_t>(bytes));
     released += bytes;
@@ -217,6 +224,7 @@ std::size_t DevicePool::unmap_free_pages(bool wait, std::size_t budget, std::uin
       absorb_next(prev);
       holes.insert(prev);
     }
+    if (refused) break;
   }
   return released;
 }

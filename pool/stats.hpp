@@ -86,6 +86,7 @@ struct MemoryStats {
   std::int64_t num_retries_served = 0;  // retries (num_alloc_retries) whose allocation then succeeded
   std::int64_t num_page_maps = 0;    // expandable segments: map calls upstream
   std::int64_t num_page_unmaps = 0;
+  std::int64_t num_page_unmap_failures = 0;  // unmaps the driver refused in part or whole: still reserved
   std::uint64_t upstream_alloc_ns = 0;  // time inside upstream allocate/release
   std::uint64_t upstream_free_ns = 0;
   std::uint64_t pool_ns_sampled = 0;   // time inside the pool, 1 op in kTimingSample

@@ -82,9 +82,12 @@ class Upstream {
     (void)bytes;
     return false;
   }
-  virtual void unmap_pages(DevicePtr addr, std::size_t bytes) {
+  // Unmaps from addr up, page by page, and stops at the first page the driver
+  // refuses (a context broken by a fault): returns the bytes unmapped, all of
+  // them where none was refused. The pages from there on stay mapped.
+  virtual std::size_t unmap_pages(DevicePtr addr, std::size_t bytes) {
     (void)addr;
-    (void)bytes;
+    return bytes;
   }
 
   // The device's free and total bytes, for out-of-memory diagnoses. Optional.

@@ -74,10 +74,13 @@ bool VirtualUpstream::map_pages(DevicePtr addr, std::size_t bytes) {
   return true;
 }
 
-void VirtualUpstream::unmap_pages(DevicePtr addr, std::size_t bytes) {
+std::size_t VirtualUpstream::unmap_pages(DevicePtr addr, std::size_t bytes) {
   for (DevicePtr page = addr; page < addr + bytes; page += kPage) {
+    if (unmaps_allowed_ == 0) return page - addr;
+    if (unmaps_allowed_ != kUnlimited) --unmaps_allowed_;
     if (mapped_.erase(page) != 0) in_use_ -= kPage;
   }
+  return bytes;
 }
 
 EventHandle VirtualUpstream::create_event() {

@@ -39,7 +39,7 @@ class VirtualUpstream final : public Upstream {
   std::size_t page_size() const override { return virtual_memory_ ? kPage : 0; }
   DevicePtr reserve_address_space(std::size_t bytes) override;
   bool map_pages(DevicePtr addr, std::size_t bytes) override;
-  void unmap_pages(DevicePtr addr, std::size_t bytes) override;
+  std::size_t unmap_pages(DevicePtr addr, std::size_t bytes) override;
   static constexpr std::size_t kPage = 2 * kMiB;
 
   static constexpr StreamId kLegacy = 0x1;
@@ -83,6 +83,8 @@ class VirtualUpstream final : public Upstream {
   void set_event_queries_fail(bool yes) { event_queries_fail_ = yes; }
   // Segment releases are refused (the memory stays allocated).
   void set_releases_refused(bool yes) { releases_refused_ = yes; }
+  // At most this many more pages are unmapped; the driver refuses the rest.
+  void set_unmaps_allowed(std::size_t pages) { unmaps_allowed_ = pages; }
   // A capture elsewhere forbids unsafe calls (capture_forbids_unsafe_calls).
   void set_capture_forbids_unsafe_calls(bool yes) { capture_forbids_unsafe_calls_ = yes; }
 
@@ -129,6 +131,7 @@ class VirtualUpstream final : public Upstream {
   std::function<bool(std::uint64_t)> fail_;
   bool device_errors_ = false;
   bool releases_refused_ = false;
+  std::size_t unmaps_allowed_ = kUnlimited;
   bool last_failed_by_injection_ = false;
   bool complete_at_once_ = true;
   bool contiguous_ = false;

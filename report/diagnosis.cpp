@@ -206,11 +206,19 @@ std::vector<std::string> advice(const DeviceReport& dev) {
                    ? ""
                    : "; GPUPOOL_GARBAGE_COLLECTION_THRESHOLD=0.8 returns idle segments earlier, without a flush"));
   }
-  if (s.num_device_free_failures > 0) {
-    add(format("the CUDA runtime refused %lld of gpupool's cudaFree calls: that memory stayed reserved in the "
-               "pool (the report counts it so) and served later requests. An earlier kernel's fault (an illegal "
-               "address, which every later call reports) is the usual cause; run with compute-sanitizer to find it",
-               static_cast<long long>(s.num_device_free_failures)));
+  if (s.num_device_free_failures > 0 || s.num_page_unmap_failures > 0) {
+    const std::string refused =
+        s.num_page_unmap_failures == 0
+            ? format("%lld of gpupool's cudaFree calls", static_cast<long long>(s.num_device_free_failures))
+        : s.num_device_free_failures == 0
+            ? format("%lld of gpupool's page unmaps", static_cast<long long>(s.num_page_unmap_failures))
+            : format("%lld of gpupool's cudaFree calls and %lld of its page unmaps",
+                     static_cast<long long>(s.num_device_free_failures),
+                     static_cast<long long>(s.num_page_unmap_failures));
+    add(format("the CUDA runtime refused %s: that memory stayed reserved in the pool (the report counts it so) "
+               "and served later requests. An earlier kernel's fault (an illegal address, which every later call "
+               "reports) is the usual cause; run with compute-sanitizer to find it",
+               refused.c_str()));
   }
   if (s.num_gc_releases > 10 && s.cache_misses > s.num_gc_releases) {
     add(format("garbage collection returned %lld segments that later had to be allocated again: "

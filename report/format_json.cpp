@@ -65,6 +65,7 @@ void device(JsonWriter& w, const DeviceReport& d) {
   w.field("cuda_free_ns", s.upstream_free_ns);
   w.field("page_maps", s.num_page_maps);
   w.field("page_unmaps", s.num_page_unmaps);
+  w.field("page_unmap_failures", s.num_page_unmap_failures);
   w.field("pool_operations", s.pool_ops);
   w.field("pool_ns_estimated",
           s.pool_ops_sampled == 0 ? std::uint64_t{0} : s.pool_ns_sampled * s.pool_ops / s.pool_ops_sampled);

@@ -191,12 +191,14 @@ void device_section(std::string& out, const DeviceReport& d) {
   const double hits = static_cast<double>(s.cache_hits);
   const double total = hits + static_cast<double>(s.cache_misses);
   out += "\nUpstream and cache\n";
-  appendf(out, "  cudaMalloc calls %lld (%lld failed), cudaFree calls %lld (%lld refused); page maps %lld, unmaps %lld\n",
+  appendf(out,
+          "  cudaMalloc calls %lld (%lld failed), cudaFree calls %lld (%lld refused); page maps %lld, unmaps %lld "
+          "(%lld refused)\n",
           static_cast<long long>(s.num_device_alloc + s.num_device_alloc_failures),
           static_cast<long long>(s.num_device_alloc_failures),
           static_cast<long long>(s.num_device_free + s.num_device_free_failures),
           static_cast<long long>(s.num_device_free_failures), static_cast<long long>(s.num_page_maps),
-          static_cast<long long>(s.num_page_unmaps));
+          static_cast<long long>(s.num_page_unmaps), static_cast<long long>(s.num_page_unmap_failures));
   appendf(out, "  time taking memory from the device (cudaMalloc, page maps) %.3f ms, giving it back (cudaFree, "
                "page unmaps) %.3f ms, in the pool ~%.3f ms (%llu operations)\n",
           static_cast<double>(s.upstream_alloc_ns) / 1e6, static_cast<double>(s.upstream_free_ns) / 1e6,

@@ -289,6 +289,8 @@ bool CudaUpstream::map_pages(DevicePtr addr, std::size_t bytes) {
     std::size_t done = 0;
     CUresult err = CUDA_SUCCESS;
     for (; done < bytes; done += page_) {
+      // Still mapped: an undo below whose unmap the driver refused.
+      if (pages_.count(addr + done) != 0) continue;
       CUmemGenericAllocationHandle handle = 0;
       err = vmm.create(&handle, page_, &prop, 0);
       if (err != CUDA_SUCCESS) break;
@@ -302,7 +304,9 @@ bool CudaUpstream::map_pages(DevicePtr addr, std::size_t bytes) {
     std::vector<int> devices{device_};
     devices.insert(devices.end(), accessors_.begin(), accessors_.end());
     if (err == CUDA_SUCCESS) err = set_access(addr, bytes, devices);
-    if (err != CUDA_SUCCESS) unmap_pages(addr, done);  // undo what was mapped: new pages, no work on them
+    // Undo what was mapped: new pages, no work on them. Pages the driver
+    // refuses stay mapped here, out of the pool's count, until it maps them.
+    if (err != CUDA_SUCCESS) unmap_pages(addr, done);
     return err;
   };
   const CUresult err = relaxed(map_all);
@@ -312,17 +316,19 @@ bool CudaUpstream::map_pages(DevicePtr addr, std::size_t bytes) {
   return err == CUDA_SUCCESS;
 }
 
-void CudaUpstream::unmap_pages(DevicePtr addr, std::size_t bytes) {
+std::size_t CudaUpstream::unmap_pages(DevicePtr addr, std::size_t bytes) {
   const DriverVmm& vmm = driver_vmm();
-  relaxed([&] {
+  return relaxed([&] {
     for (DevicePtr page = addr; page < addr + bytes; page += page_) {
       auto it = pages_.find(page);
       if (it == pages_.end()) continue;
-      vmm.unmap(static_cast<CUdeviceptr>(page), page_);
+      if (vmm.unmap(static_cast<CUdeviceptr>(page), page_) != CUDA_SUCCESS) return static_cast<std::size_t>(page - addr);
+      // A refused release leaves the memory behind its handle with the
+      // driver, out of gpupool's sight; the address is free to map again.
       vmm.release(it->second);
       pages_.erase(it);
     }
-    return 0;
+    return bytes;
   });
 }
 

@@ -65,7 +65,7 @@ class CudaUpstream final : public Upstream {
   std::size_t page_size() const override;
   DevicePtr reserve_address_space(std::size_t bytes) override;
   bool map_pages(DevicePtr addr, std::size_t bytes) override;
-  void unmap_pages(DevicePtr addr, std::size_t bytes) override;
+  std::size_t unmap_pages(DevicePtr addr, std::size_t bytes) override;
   // Device `accessor` was granted peer access to this device: mapped pages,
   // now and later, are made accessible to it too (cudaMalloc memory is).
   void add_accessor(int accessor);

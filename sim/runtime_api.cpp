@@ -236,7 +236,7 @@ void write_counters_at_exit() {
                "\"captures_invalidated\": %llu, \"kernel_launches\": %llu, \"vmm_maps\": %llu, "
                "\"vmm_unmaps\": %llu, \"stale_event_uses\": %llu, \"null_free_calls\": %llu, "
                "\"event_failures\": %llu, \"host_wait_failures\": %llu, \"event_query_failures\": %llu, "
-               "\"get_device_calls\": %llu, \"destroyed_stream_calls\": %llu}\n",
+               "\"get_device_calls\": %llu, \"destroyed_stream_calls\": %llu, \"unmap_failures\": %llu}\n",
                (unsigned long long)c.malloc_calls, (unsigned long long)c.malloc_failures,
                (unsigned long long)c.free_calls, (unsigned long long)c.malloc_async_calls,
                (unsigned long long)c.free_async_calls, (unsigned long long)c.bytes_in_use,
@@ -249,7 +249,8 @@ void write_counters_at_exit() {
                (unsigned long long)c.vmm_unmaps, (unsigned long long)c.stale_event_uses,
                (unsigned long long)c.null_free_calls, (unsigned long long)c.event_failures,
                (unsigned long long)c.host_wait_failures, (unsigned long long)c.event_query_failures,
-               (unsigned long long)c.get_device_calls, (unsigned long long)c.destroyed_stream_calls);
+               (unsigned long long)c.get_device_calls, (unsigned long long)c.destroyed_stream_calls,
+               (unsigned long long)c.unmap_failures);
   std::fclose(f);
 }
 
@@ -258,6 +259,17 @@ __attribute__((constructor)) void register_exit_hook() { std::atexit(write_count
 }  // namespace
 
 namespace simcuda {
+cudaError_t current_device_fault() { return fault_of(t_device); }
+
+// SIMCUDA_UNMAP_FAIL_RATE: the chance that a cuMemUnmap made by gpupool's
+// core is refused, as by a driver whose context a fault broke.
+bool injected_unmap_failure(const void* caller) {
+  static const double rate = rate_from("SIMCUDA_UNMAP_FAIL_RATE");
+  if (!injected_core_failure(caller, rate)) return false;
+  counters().unmap_failures++;
+  return true;
+}
+
 Counters& counters() {
   static Counters* c = new Counters();
   return *c;
@@ -867,6 +879,7 @@ void simcuda_get_counters(struct simcuda_counters* out) {
   out->event_query_failures = c.event_query_failures;
   out->get_device_calls = c.get_device_calls;
   out->destroyed_stream_calls = c.destroyed_stream_calls;
+  out->unmap_failures = c.unmap_failures;
   out->malloc_calls = c.malloc_calls;
   out->malloc_failures = c.malloc_failures;
   out->free_calls = c.free_calls;

@@ -18,7 +18,10 @@
  *                               (all three: the runtime's calls, or the
  *                               driver's twins when gpupool serves a static
  *                               runtime)
- *   SIMCUDA_FAIL_SEED=N         seeds the four kinds of injected failure (1)
+ *   SIMCUDA_UNMAP_FAIL_RATE=P   the same for its cuMemUnmap (refused: the
+ *                               page stays mapped), as a driver whose context
+ *                               a fault broke
+ *   SIMCUDA_FAIL_SEED=N         seeds the five kinds of injected failure (1)
  *   SIMCUDA_NO_VMM=1            no virtual memory calls (a driver without them)
  *   SIMCUDA_POOLLESS_DEVICE=N   device N has no stream-ordered allocator
  *   SIMCUDA_REFUSE_CAPTURING_DESTROY=1  cudaStreamDestroy refuses a stream
@@ -76,12 +79,14 @@ struct simcuda_counters {
   uint64_t get_device_calls;    /* cudaGetDevice: a call on the hot paths of a real runtime */
   uint64_t destroyed_stream_calls; /* calls naming a destroyed stream whose handle no stream has again
                                       (refused with cudaErrorInvalidResourceHandle) */
+  uint64_t unmap_failures;      /* cuMemUnmap calls failed on purpose (SIMCUDA_UNMAP_FAIL_RATE) */
 };
 
 /* Queues a fault on `stream` (a cudaStream_t): once it runs, the stream's
  * device is broken for good, as after a kernel's illegal address. Its later
  * synchronizations, allocations, frees and event calls fail with `error` (a
- * cudaError_t). */
+ * cudaError_t), and so do the driver's cuMemCreate and cuMemUnmap made while
+ * it is current. */
 void simcuda_fault_stream(void* stream, int error);
 
 /* The counters so far. */

@@ -33,6 +33,8 @@ CUresult address_free(CUdeviceptr, size_t) { return CUDA_SUCCESS; }  // address 
 CUresult create(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
                 unsigned long long) {
   if (Engine::instance().check_unsafe_call() != cudaSuccess) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  // The runtime's error numbers and the driver's agree for a fault (700).
+  if (const cudaError_t fault = current_device_fault(); fault != cudaSuccess) return static_cast<CUresult>(fault);
   if (handle == nullptr || prop == nullptr || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
       prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id < 0 ||
       prop->location.id >= Memory::instance().devices()) {
@@ -71,6 +73,8 @@ CUresult set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, s
 
 CUresult unmap(CUdeviceptr ptr, size_t size) {
   if (Engine::instance().check_unsafe_call() != cudaSuccess) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  if (const cudaError_t fault = current_device_fault(); fault != cudaSuccess) return static_cast<CUresult>(fault);
+  if (injected_unmap_failure(__builtin_return_address(0))) return CUDA_ERROR_UNKNOWN;
   return Memory::instance().unmap(reinterpret_cast<void*>(ptr), size) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 

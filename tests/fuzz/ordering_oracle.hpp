@@ -246,7 +246,7 @@ class OrderingOracle final : public Upstream {
   std::size_t page_size() const override { return device_.page_size(); }
   DevicePtr reserve_address_space(std::size_t bytes) override { return device_.reserve_address_space(bytes); }
   bool map_pages(DevicePtr addr, std::size_t bytes) override { return device_.map_pages(addr, bytes); }
-  void unmap_pages(DevicePtr addr, std::size_t bytes) override {
+  std::size_t unmap_pages(DevicePtr addr, std::size_t bytes) override {
     check_no_capture("unmap_pages");
     // No wait here: work still queued on these bytes would fault.
     for_each_freed(addr, addr + bytes, [&](DevicePtr, const Freed& f) {
@@ -257,7 +257,7 @@ class OrderingOracle final : public Upstream {
       }
     });
     forget(addr, addr + bytes);
-    device_.unmap_pages(addr, bytes);
+    return device_.unmap_pages(addr, bytes);
   }
 
  private:

@@ -577,6 +577,32 @@ class GoneStreams(ShimTest):
         self.assertEqual(len(listed), len(streams) - len(gone), viewed.stdout)
 
 
+class RefusedFrees(ShimTest):
+    # The viewer says how many of gpupool's cudaFree calls and page unmaps the
+    # runtime refused (a context broken by a fault), as the report counts them.
+    def view(self, run):
+        viewed = subprocess.run([sys.executable, GPUPOOL, "report", run.reports()[0]], capture_output=True,
+                                text=True, timeout=120)
+        self.assertEqual(viewed.returncode, 0, viewed.stderr)
+        return viewed.stdout
+
+    def test_the_viewer_counts_refused_cudafree_calls(self):
+        env = {"GPUPOOL_EXPANDABLE_SEGMENTS": "0", "GPUPOOL_GARBAGE_COLLECTION_THRESHOLD": "0.5",
+               "SIMCUDA_MEMORY": "64M"}
+        run = self.run_program(["test-lifecycle", "fault-release"], env=env)
+        self.assertSucceeded(run)
+        self.assertIn("1 cudaFree (1 refused) and 0 page unmaps (", self.view(run))
+
+    def test_the_viewer_counts_refused_page_unmaps(self):
+        run = self.run_program(["test-patterns", "2000", "3"],
+                               env={"SIMCUDA_UNMAP_FAIL_RATE": "0.5", "GPUPOOL_MEMORY_LIMIT": "640M"})
+        self.assertSucceeded(run)
+        upstream = run.report()["devices"]["0"]["upstream"]
+        self.assertGreater(upstream["page_unmap_failures"], 0)
+        self.assertIn(f"{upstream['page_unmaps']} page unmaps ({upstream['page_unmap_failures']} refused) (",
+                      self.view(run))
+
+
 class Command(ShimTest):
     def gpupool(self, *args, env=None):
         e = dict(os.environ)

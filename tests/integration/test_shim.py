@@ -1185,6 +1185,26 @@ class DeviceFault(ShimTest):
         self.assertTrue(any("refused 1 of gpupool's cudaFree calls" in a for a in device["advice"]), device["advice"])
         check_books(run.report())
 
+    def test_pages_whose_unmap_the_driver_refuses_stay_reserved(self):
+        # With expandable segments (the default) the pool gives pages back
+        # with cuMemUnmap, which a driver whose context a fault broke refuses
+        # (half of gpupool's here, on purpose). Those pages are still on the
+        # device: the pool keeps them mapped, free and counted reserved, and
+        # the report counts each refusal, so its books end equal to the
+        # device's. Patterns are checked throughout.
+        env = {"SIMCUDA_UNMAP_FAIL_RATE": "0.5", "GPUPOOL_MEMORY_LIMIT": "640M"}
+        run = self.run_program(["test-patterns", "2000", "3"], env=env)
+        self.assertSucceeded(run)
+        counters = run.counters()
+        device = run.report()["devices"]["0"]
+        self.assertGreater(counters["unmap_failures"], 0)
+        self.assertEqual(device["upstream"]["page_unmap_failures"], counters["unmap_failures"])
+        self.assertGreater(device["upstream"]["page_unmaps"], device["upstream"]["page_unmap_failures"])
+        self.assertEqual(device["stats"]["reserved_bytes.all.current"], counters["bytes_in_use"])
+        refused = f"refused {counters['unmap_failures']} of gpupool's page unmaps"
+        self.assertTrue(any(refused in a for a in device["advice"]), device["advice"])
+        check_books(run.report())
+
     def test_free_synchronizes_returns_the_fault_from_cudafree(self):
         run = self.run_program(["test-lifecycle", "fault"], env={"GPUPOOL_FREE_SYNCHRONIZES": "1"})
         self.assertSucceeded(run)

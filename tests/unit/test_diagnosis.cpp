@@ -245,11 +245,16 @@ TEST_CASE("barrier calls on unused streams are advised once they pass the alloca
   CHECK(advice_with(d, "device barriers").find("GPUPOOL_PLAIN_REUSE_SEARCH=16") != std::string::npos);
 }
 
-TEST_CASE("refused cudaFree calls are said, with where the memory went") {
+TEST_CASE("refused cudaFree calls and page unmaps are said, with where the memory went") {
   report::DeviceReport d;
   CHECK(advice_with(d, "refused").empty());
+  d.stats.num_page_unmap_failures = 2;
+  CHECK(advice_with(d, "refused").find("the CUDA runtime refused 2 of gpupool's page unmaps:") == 0);
   d.stats.num_device_free_failures = 3;
-  CHECK(advice_with(d, "refused").find("the CUDA runtime refused 3 of gpupool's cudaFree calls") == 0);
+  CHECK(advice_with(d, "refused").find("the CUDA runtime refused 3 of gpupool's cudaFree calls and 2 of its page "
+                                       "unmaps:") == 0);
+  d.stats.num_page_unmap_failures = 0;
+  CHECK(advice_with(d, "refused").find("the CUDA runtime refused 3 of gpupool's cudaFree calls:") == 0);
 }
 
 TEST_CASE("leaks are advised GPUPOOL_BACKTRACE only when it was off") {

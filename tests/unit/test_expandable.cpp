@@ -74,6 +74,46 @@ TEST_CASE_METHOD(ExpandableFixture, "release_cached unmaps whole free pages and 
   CHECK(upstream.covers(c, 10 * kMiB));
 }
 
+TEST_CASE_METHOD(ExpandableFixture, "pages the driver refuses to unmap stay mapped, free and counted reserved") {
+  make();
+  const DevicePtr a = alloc(8 * kMiB);  // four whole pages, freed below
+  const DevicePtr b = alloc(3 * kMiB);
+  release(a);
+  const std::int64_t before = reserved();
+  SECTION("refused from the first page: nothing is given back, and nothing more is asked") {
+    upstream.set_unmaps_allowed(0);
+    release(b);  // a second candidate, never asked for
+    CHECK(pool->release_cached() == 0);
+    check_mapping();
+    CHECK(reserved() == before);
+    CHECK(pool->stats().num_page_unmaps == 1);
+    CHECK(pool->stats().num_page_unmap_failures == 1);
+    const auto maps = pool->stats().num_page_maps;
+    CHECK(alloc(8 * kMiB) == a);  // the same memory serves again, mapped as it was
+    CHECK(pool->stats().num_page_maps == maps);
+    check_mapping();
+  }
+  SECTION("refused from the second page: the first becomes address space, the rest stays a free block") {
+    upstream.set_unmaps_allowed(1);
+    CHECK(pool->release_cached() == kPage);
+    check_mapping();
+    CHECK(reserved() == before - static_cast<std::int64_t>(kPage));
+    CHECK(pool->stats().num_page_unmap_failures == 1);
+    CHECK(alloc(6 * kMiB) == a + kPage);  // the three pages still mapped, with no new map
+    check_mapping();
+    CHECK(reserved() == before - static_cast<std::int64_t>(kPage));
+  }
+  SECTION("a driver that takes them again gives the rest back") {
+    upstream.set_unmaps_allowed(1);
+    pool->release_cached();
+    upstream.set_unmaps_allowed(kUnlimited);
+    CHECK(pool->release_cached() == 3 * kPage);
+    check_mapping();
+    CHECK(reserved() == before - static_cast<std::int64_t>(4 * kPage));
+    CHECK(pool->stats().num_page_unmap_failures == 1);
+  }
+}
+
 TEST_CASE_METHOD(ExpandableFixture, "releasing waits for the device before unmapping") {
   make();
   pool->stream_created(0x1000, StreamKind::Blocking);

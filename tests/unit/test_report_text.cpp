@@ -60,19 +60,23 @@ TEST_CASE("the text report keeps the row of later gone streams that holds blocks
   CHECK_FALSE(stream_line(text, "40 more gone").empty());
 }
 
-TEST_CASE("the text report says how many cudaFree calls were refused and how many barriers the search saved") {
+TEST_CASE("the text report says how many cudaFree calls and unmaps were refused and how many barriers the search saved") {
   report::Report r;
   report::DeviceReport d;
   d.streams = {row(kAnyStream, true, 1, 0)};
   r.devices.push_back(d);
   const std::string quiet = report::to_text(r);
   CHECK(quiet.find("cudaFree calls 0 (0 refused)") != std::string::npos);
+  CHECK(quiet.find("unmaps 0 (0 refused)") != std::string::npos);
   CHECK(quiet.find("plain_reuse_search") == std::string::npos);  // no search, no line
   r.devices[0].stats.num_device_free = 2;
   r.devices[0].stats.num_device_free_failures = 3;
+  r.devices[0].stats.num_page_unmaps = 6;
+  r.devices[0].stats.num_page_unmap_failures = 4;
   r.devices[0].streams[0].counters.searched_reuses = 7;
   const std::string text = report::to_text(r);
   CHECK(text.find("cudaFree calls 5 (3 refused)") != std::string::npos);
+  CHECK(text.find("unmaps 6 (4 refused)") != std::string::npos);
   CHECK(text.find("  7 cudaMalloc calls took memory the last device barrier covered from a larger free block") !=
         std::string::npos);
 }
