@@ -1233,29 +1233,35 @@ class RuntimeUnderAnotherName(ShimTest):
 class RuntimeOnlyALibraryReaches(ShimTest):
     # test-hidden-runtime links no runtime and loads a library RTLD_LOCAL (as
     # Python loads an extension module) whose runtime is a renamed copy of
-    # the simulated one (libsimrt-1a2b.so): only that library's own scope
-    # reaches it. Its calls come to gpupool's entry points, which once found
-    # no runtime at all: every call jumped through a null table (SIGSEGV).
-    LIBRARY_USER = os.path.join(BUILD, "tests", "libtest-hidden-runtime-user.so")
+    # the simulated one: only that library's own scope reaches it. Its calls
+    # come to gpupool's entry points, which once found no runtime at all
+    # under libsimrt-1a2b.so: every call jumped through a null table
+    # (SIGSEGV). Under a wheel's name (libcudart-1a2b3c4d.so) gpupool finds it
+    # by name, under any other as the library that defines the calls.
     NOT_SUPPORTED = 801  # cudaErrorNotSupported
 
-    def run_hidden(self, *extra, preload=True):
-        shutil.copy(os.path.join(BUILD, "sim", "libcudart.so.13"), os.path.join(self.workdir, "libsimrt-1a2b.so"))
+    def run_hidden(self, *extra, preload=True, runtime="simrt-1a2b"):
+        shutil.copy(os.path.join(BUILD, "sim", "libcudart.so.13"), os.path.join(self.workdir, f"lib{runtime}.so"))
         env = {"LD_LIBRARY_PATH": self.workdir + ":" + os.path.join(BUILD, "sim")}
-        run = self.run_program(["test-hidden-runtime", self.LIBRARY_USER, *extra], env=env, preload=preload)
+        user = os.path.join(BUILD, "tests", f"libtest-hidden-{runtime}-user.so")
+        run = self.run_program(["test-hidden-runtime", user, *extra], env=env, preload=preload)
         self.assertSucceeded(run)
         return run
 
     def test_the_librarys_runtime_is_found_and_its_calls_pooled(self):
-        self.assertEqual(self.run_hidden(preload=False).output_json(), {"step": 0, "error": 0})
-        run = self.run_hidden()
-        self.assertEqual(run.output_json(), {"step": 0, "error": 0})
-        report = run.report()
-        self.assertNotIn("stepped_aside", report)
-        stats = report["devices"]["0"]["stats"]
-        # 8 cudaMalloc and 8 cudaMallocAsync, each freed.
-        self.assertEqual(stats["allocation.all.allocated"], 16)
-        self.assertEqual(stats["allocation.all.freed"], 16)
+        for runtime in ("simrt-1a2b", "cudart-1a2b3c4d"):
+            with self.subTest(runtime=runtime):
+                self.remove_reports()
+                self.assertEqual(self.run_hidden(preload=False, runtime=runtime).output_json(),
+                                 {"step": 0, "error": 0})
+                run = self.run_hidden(runtime=runtime)
+                self.assertEqual(run.output_json(), {"step": 0, "error": 0})
+                report = run.report()
+                self.assertNotIn("stepped_aside", report)
+                stats = report["devices"]["0"]["stats"]
+                # 8 cudaMalloc and 8 cudaMallocAsync, each freed.
+                self.assertEqual(stats["allocation.all.allocated"], 16)
+                self.assertEqual(stats["allocation.all.freed"], 16)
 
     def test_calls_made_before_any_runtime_is_loaded_are_refused_and_the_runtime_serves_later_ones(self):
         run = self.run_hidden("probe")

@@ -1,5 +1,6 @@
-/* A library whose CUDA runtime is a renamed copy (libsimrt-1a2b.so, as a
-   wheel's repair tool renames the one it bundles) that only this library's
+/* A library whose CUDA runtime is a renamed copy (libsimrt-1a2b.so, or
+   libcudart-1a2b3c4d.so as a wheel's repair tool renames the one it
+   bundles; one library per name) that only this library's
    own scope reaches: test-hidden-runtime loads it RTLD_LOCAL, as Python loads
    an extension module, and links no runtime itself. Its CUDA calls bind to
    gpupool's entry points (the preload comes first in every scope), which

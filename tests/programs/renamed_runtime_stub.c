@@ -1,4 +1,4 @@
-/* Only its name matters: test-hidden-runtime-user links against it, so that
-   its dependency reads libsimrt-1a2b.so; the tests put a copy of the
-   simulated runtime by that name where the loader looks first. */
+/* Only its name matters: a test-hidden-*-user library links against it, so
+   that its dependency reads that name (libsimrt-1a2b.so); the tests put a
+   copy of the simulated runtime by that name where the loader looks first. */
 typedef int renamed_runtime_stub;
