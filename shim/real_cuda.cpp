@@ -121,38 +121,57 @@ void resolve_from(RealCuda& table, void* cudart) {
 #undef GPUPOOL_RESOLVE
 }
 
-// Looks for the runtime once, and again whenever a library was loaded or the
-// static runtime's driver lookup came since the last look, until one is
-// found. Until then callers see every function null (and pass nothing on).
+// Looks for the runtime, and again at a later call whenever a library was
+// loaded or the static runtime's driver lookup came since a look that found
+// none; until one is found, callers see every function null (and pass nothing
+// on). The loader is asked with no lock of gpupool's held: a library's
+// constructor may call CUDA while the loader holds its own lock, and must not
+// wait for a thread that waits for the loader. So threads that come while
+// another looks make their own look (they find the same runtime); the first
+// one found is kept.
 // Out of line: inlined, its frame's set-up would come before real()'s check.
 [[gnu::noinline, gnu::cold]] const RealCuda& resolve(std::atomic<const RealCuda*>& resolved) {
   static RealCuda table;  // published once it has the runtime's cudaMalloc
   static const RealCuda kNothing;
-  static std::mutex mutex;
-  static unsigned long long looked_with_loaded = 0;
-  static gpupool_driver_lookup_fn looked_with_driver = nullptr;
-  static bool looked = false;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (const RealCuda* t = resolved.load(std::memory_order_acquire)) return *t;
+  static std::mutex mutex;  // for the fields below and `table`
+  static int looking = 0;
+  static bool found_none = false;  // by the last look, with these:
+  static unsigned long long none_with_loaded = 0;
+  static gpupool_driver_lookup_fn none_with_driver = nullptr;
   const unsigned long long loaded = libraries_loaded();
   const gpupool_driver_lookup_fn driver = driver_lookup.load(std::memory_order_acquire);
-  if (looked && loaded == looked_with_loaded && driver == looked_with_driver) return kNothing;
-  looked = true;
-  looked_with_loaded = loaded;
-  looked_with_driver = driver;
-  table = RealCuda{};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (const RealCuda* t = resolved.load(std::memory_order_acquire)) return *t;
+    if (looking == 0 && found_none && loaded == none_with_loaded && driver == none_with_driver) return kNothing;
+    ++looking;
+  }
+  RealCuda found;
   void* cudart = loaded_cudart();
   // No shared runtime loaded (a simulated one answering as the driver may
-  // still be found by name): the driver serves.
-  if (cudart == nullptr && fill_from_driver(table, driver)) {
-    resolved.store(&table, std::memory_order_release);
-    return table;
+  // still be found by name): the driver serves. Its functions' shared state
+  // is filled one thread at a time.
+  bool from_driver = false;
+  if (cudart == nullptr && driver != nullptr) {
+    std::lock_guard<std::mutex> lock(mutex);
+    from_driver = resolved.load(std::memory_order_acquire) == nullptr && fill_from_driver(found, driver);
   }
-  resolve_from(table, cudart);
-  if (table.cudaMalloc == nullptr && cudart == nullptr) {
-    if (void* defining = runtime_by_definition()) resolve_from(table, defining);
+  if (!from_driver) {
+    resolve_from(found, cudart);
+    if (found.cudaMalloc == nullptr && cudart == nullptr) {
+      if (void* defining = runtime_by_definition()) resolve_from(found, defining);
+    }
   }
-  if (table.cudaMalloc == nullptr) return kNothing;
+  std::lock_guard<std::mutex> lock(mutex);
+  --looking;
+  if (const RealCuda* t = resolved.load(std::memory_order_acquire)) return *t;
+  if (found.cudaMalloc == nullptr) {
+    found_none = true;
+    none_with_loaded = loaded;
+    none_with_driver = driver;
+    return kNothing;
+  }
+  table = found;
   resolved.store(&table, std::memory_order_release);
   return table;
 }

@@ -415,7 +415,7 @@ MUTANTS = [
      'shim'),
     ("a runtime only a library's scope reaches, under any name, is found as the library that defines its calls",
      'shim/real_cuda.cpp',
-     '    if (void* defining = runtime_by_definition()) resolve_from(table, defining);',
+     '      if (void* defining = runtime_by_definition()) resolve_from(found, defining);',
      '    (void)runtime_by_definition;',
      'shim'),
     ("a call passed on where no runtime is found is refused, not made through a null function",
