@@ -1205,6 +1205,21 @@ class DeviceFault(ShimTest):
         self.assertTrue(any(refused in a for a in device["advice"]), device["advice"])
         check_books(run.report())
 
+    def test_pages_left_mapped_by_a_refused_undo_are_mapped_again_without_a_new_map(self):
+        # A 6 MiB request whose third page the full device refuses: the two
+        # pages just mapped are unmapped again, which the driver refuses too.
+        # Once the program's own 4 MiB are gone, the same request maps one new
+        # page beside those two (mapping over them would fail), and the books
+        # end equal to the device's.
+        env = {"SIMCUDA_UNMAP_FAIL_RATE": "1", "SIMCUDA_MEMORY": "8M"}
+        run = self.run_program(["test-lifecycle", "remap"], env=env)
+        self.assertSucceeded(run)
+        self.assertEqual(run.output_json(), {"first": "cudaErrorMemoryAllocation", "again": "cudaSuccess"})
+        counters = run.counters()
+        self.assertGreater(counters["unmap_failures"], 0)
+        self.assertEqual(run.report()["devices"]["0"]["stats"]["reserved_bytes.all.current"], counters["bytes_in_use"])
+        check_books(run.report())
+
     def test_free_synchronizes_returns_the_fault_from_cudafree(self):
         run = self.run_program(["test-lifecycle", "fault"], env={"GPUPOOL_FREE_SYNCHRONIZES": "1"})
         self.assertSucceeded(run)

@@ -56,6 +56,13 @@
 //              for 48 MiB: the pool, past its garbage collection threshold,
 //              gives the idle block back with a cudaFree the faulted runtime
 //              refuses. Prints the request's result as JSON and exits 0
+//   remap      on a device of 4 pages (2 MiB each; SIMCUDA_MEMORY=8M) with
+//              every unmap of gpupool's refused: holds 4 MiB of a memory pool
+//              of its own (the runtime's, not gpupool's), asks gpupool for
+//              6 MiB (the third page fails; the two just mapped stay mapped,
+//              their undo refused), frees its own 4 MiB and asks for 6 MiB
+//              again, which those two pages and one new one can serve. Prints
+//              each request's result as JSON and exits 0
 //   library LIB loads LIB, a library that fetches the driver's calls by name,
 //              has it make 5 pairs of each kind and one block from the
 //              default memory pool, then allocates one block through the
@@ -414,6 +421,31 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaFreeAsync(foreign, nullptr));
     CHECK_CUDA(cudaStreamSynchronize(nullptr));
     CHECK_CUDA(cudaMemPoolDestroy(own_pool));
+    return 0;
+  }
+  if (mode == "remap") {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = 0;
+    cudaMemPool_t own = nullptr;
+    CHECK_CUDA(cudaMemPoolCreate(&own, &props));
+    void* held = nullptr;
+    CHECK_CUDA(cudaMallocFromPoolAsync(&held, 4 << 20, own, nullptr));
+    CHECK_CUDA(cudaStreamSynchronize(nullptr));
+    void* first = nullptr;
+    const cudaError_t first_err = cudaMalloc(&first, 6 << 20);
+    if (first_err == cudaSuccess) CHECK_CUDA(cudaFree(first));
+    CHECK_CUDA(cudaFreeAsync(held, nullptr));
+    CHECK_CUDA(cudaStreamSynchronize(nullptr));
+    void* again = nullptr;
+    const cudaError_t again_err = cudaMalloc(&again, 6 << 20);
+    if (again_err == cudaSuccess) {
+      CHECK_CUDA(cudaMemset(again, 0x5a, 6 << 20));
+      CHECK_CUDA(cudaFree(again));
+    }
+    std::printf("{\"first\": \"%s\", \"again\": \"%s\"}\n", cudaGetErrorName(first_err),
+                cudaGetErrorName(again_err));
     return 0;
   }
   if (mode == "fault-release") {
