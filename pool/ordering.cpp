@@ -416,15 +416,12 @@ bool StreamOrdering::record_barrier() {
   //    the frees is done, and there is nothing to order (a query more when
   //    the device lags, instead of a wait per stream when it has caught up).
   //    Not while a stream is taken as busy without asking (see seen_idle).
-  std::size_t non_blocking = 0;
-  bool one_taken_as_busy = false;
-  for (const auto& [id, s] : streams_) {
-    if (s.kind != StreamKind::NonBlocking || s.gone) continue;
-    ++non_blocking;
-    one_taken_as_busy = one_taken_as_busy || s.idle_checks_skipped > 0;
-  }
+  const bool one_taken_as_busy = std::any_of(streams_.begin(), streams_.end(), [](const auto& entry) {
+    const auto& s = entry.second;
+    return s.kind == StreamKind::NonBlocking && !s.gone && s.idle_checks_skipped > 0;
+  });
   EventHandle early = 0;
-  if (non_blocking >= kCaughtUpCheckStreams && !one_taken_as_busy && retired_.empty()) {
+  if (!one_taken_as_busy && retired_.empty() && non_blocking_streams() >= kCaughtUpCheckStreams) {
     early = take_event();
     if (early == 0) return false;
     if (!upstream_.record_event(early, legacy)) {
