@@ -8,7 +8,12 @@
 // 32 per priority level once a program asks for one side stream. Prints
 // nanoseconds per pair and the pairs per second of all threads together,
 // both over the timed loops only: every thread warms up (the pool takes its
-// memory from the device then), and all start the loop together.
+// memory from the device then), and all start the loop together. With one
+// thread, a second loop then times each pair on its own (up to 100,000), for
+// the median pair and the tail, which the first loop's mean folds together:
+// a plain pair that records a device barrier costs many times one that does
+// not. Those figures include the two clock reads around each pair, whose own
+// median cost is printed beside them.
 // churn: threads one after another, each making one 1 MiB cudaMallocAsync +
 // cudaFreeAsync pair on its per-thread default stream and ending (a server
 // that starts a thread per request), with `pause` microseconds between one
@@ -28,6 +33,35 @@
 #include "bench/trace_sizes.hpp"
 
 namespace {
+using Clock = std::chrono::steady_clock;
+
+struct Percentiles {
+  double p50 = 0, p90 = 0, p99 = 0, clock = 0;
+};
+
+// Times `count` calls of pair() one by one. `clock`: the median of as many
+// empty intervals, the cost of the two reads included in each pair's figure.
+template <typename Pair>
+Percentiles time_single_pairs(long count, Pair&& pair) {
+  std::vector<double> pairs(static_cast<std::size_t>(count));
+  std::vector<double> empty(pairs.size());
+  for (double& e : empty) {
+    const auto t0 = Clock::now();
+    e = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
+  }
+  for (double& p : pairs) {
+    const auto t0 = Clock::now();
+    pair();
+    p = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
+  }
+  std::sort(pairs.begin(), pairs.end());
+  std::sort(empty.begin(), empty.end());
+  auto at = [](const std::vector<double>& v, double q) {
+    return v[static_cast<std::size_t>(q * static_cast<double>(v.size() - 1))];
+  };
+  return Percentiles{at(pairs, 0.5), at(pairs, 0.9), at(pairs, 0.99), at(empty, 0.5)};
+}
+
 int churn(int threads, int pause_us) {
   const auto start = std::chrono::steady_clock::now();
   for (int t = 0; t < threads; ++t) {
@@ -77,10 +111,10 @@ int main(int argc, char** argv) {
     sizes.resize(working_set * static_cast<std::size_t>(threads));
   }
 
-  using Clock = std::chrono::steady_clock;
   std::vector<double> ns(static_cast<std::size_t>(threads));
   Clock::time_point start;
   std::vector<Clock::time_point> ends(static_cast<std::size_t>(threads));
+  Percentiles single;  // one thread only
   std::barrier warmed(threads, [&]() noexcept { start = Clock::now(); });
   auto work = [&](int t) {
     cudaStream_t s = nullptr;
@@ -109,6 +143,12 @@ int main(int argc, char** argv) {
     ns[static_cast<std::size_t>(t)] =
         std::chrono::duration<double, std::nano>(ends[static_cast<std::size_t>(t)] - start).count() /
         static_cast<double>(pairs);
+    if (threads == 1 && pairs > 0) {
+      single = time_single_pairs(std::min(pairs, 100000L), [&] {
+        pair(mine[i]);
+        if (++i == mine.size()) i = 0;
+      });
+    }
     if (async) {
       cudaStreamSynchronize(s);
       cudaStreamDestroy(s);
@@ -124,8 +164,9 @@ int main(int argc, char** argv) {
   // traces: how many trace files the sizes came from (0: the fixed mix).
   std::printf(
       "{\"mode\": \"%s\", \"threads\": %d, \"idle_streams\": %zu, \"ns_per_pair\": %.1f, "
-      "\"pairs_per_second\": %.0f, \"traces\": %zu}\n",
+      "\"pairs_per_second\": %.0f, \"traces\": %zu, \"single_p50_ns\": %.1f, \"single_p90_ns\": %.1f, "
+      "\"single_p99_ns\": %.1f, \"clock_ns\": %.1f}\n",
       async ? "async" : "plain", threads, idle_streams.size(), mean, static_cast<double>(pairs) * threads / seconds,
-      gpupool::bench::trace_paths().size());
+      gpupool::bench::trace_paths().size(), single.p50, single.p90, single.p99, single.clock);
   return 0;
 }

@@ -45,13 +45,18 @@ def run_json(cmd, env, runs):
 
 
 def api_pairs(mode, threads, pairs, working_set, preload, runs=5, extra_env=None, idle_streams=0,
-              binary=os.path.join(BIN, "gpupool-bench-api")):
+              binary=os.path.join(BIN, "gpupool-bench-api"), singles=None):
+    """Medians over runs of ns per pair and pairs per second; with one thread,
+    `singles` (a dict) gets the medians of the single-pair percentiles too."""
     env = {"GPUPOOL_REPORT": "0"}
     if preload:
         env["LD_PRELOAD"] = LIB
     env.update(extra_env or {})
     cmd = [binary, mode, str(threads), str(pairs), str(working_set), str(idle_streams)]
     results = run_json(cmd, env, runs)
+    if singles is not None:
+        for key in ("single_p50_ns", "single_p99_ns", "clock_ns"):
+            singles[key] = statistics.median(r.get(key, 0) for r in results)
     return statistics.median(r["ns_per_pair"] for r in results), statistics.median(r["pairs_per_second"] for r in results)
 
 
@@ -154,10 +159,13 @@ def main():
               "|---|---:|---:|---:|---:|---:|"]
     speedup = {}
     verdicts = []
+    singles = {}  # single-thread runs' single-pair percentiles, by (mode, with gpupool)
     for mode, threads, ws in (("plain", 1, 64), ("async", 1, 64), ("plain", 2, 4), ("async", 2, 4)):
         raw_pairs = 2000 if mode == "plain" else 50000
-        raw, _ = api_pairs(mode, threads, raw_pairs, ws, False)
-        pooled, _ = api_pairs(mode, threads, 200000, ws, True)
+        if threads == 1:
+            singles[(mode, False)], singles[(mode, True)] = {}, {}
+        raw, _ = api_pairs(mode, threads, raw_pairs, ws, False, singles=singles[(mode, False)] if threads == 1 else None)
+        pooled, _ = api_pairs(mode, threads, 200000, ws, True, singles=singles[(mode, True)] if threads == 1 else None)
         speedup[(mode, threads)] = raw / pooled
         if (mode, threads) == ("plain", 1):
             raw_pooled_plain = pooled
@@ -198,6 +206,15 @@ def main():
             lines.append(f"| `cudaMalloc`+`cudaFree`, static runtime | 1 | 64 | nvcc failed | | |")
         print(lines[-1], flush=True)
     lines.append("")
+    def single(mode, pooled):
+        one = singles[(mode, pooled)]
+        return f"median {one['single_p50_ns']:.0f} ns, 99th percentile {one['single_p99_ns']:.0f} ns"
+    lines += ["Single-thread pairs timed one by one after each loop (up to 100,000 of them; each figure includes two "
+              f"clock reads, {singles[('plain', True)]['clock_ns']:.0f} ns together): `cudaMalloc`+`cudaFree` "
+              f"under gpupool {single('plain', True)} (without: {single('plain', False)}); `cudaMallocAsync`+"
+              f"`cudaFreeAsync` under gpupool {single('async', True)} (CUDA's pool: {single('async', False)}). "
+              "The loops' figures above are means, in which the pairs that record a device barrier count in "
+              "every pair.", ""]
     publish(lines, verdicts, False)
 
     # Where a plain pair's time goes: the same loop with the device barrier

@@ -93,8 +93,13 @@ def bench_api(mode, threads, pairs, preload, working_set=64, reserved=False, ext
     return result
 
 
-def api_pairs(mode, threads, pairs, preload, runs=5, working_set=64):
+def api_pairs(mode, threads, pairs, preload, runs=5, working_set=64, singles=None):
+    """Medians over runs of ns per pair and pairs per second; with one thread,
+    `singles` (a dict) gets the medians of the single-pair percentiles too."""
     results = [bench_api(mode, threads, pairs, preload, working_set) for _ in range(runs)]
+    if singles is not None:
+        for key in ("single_p50_ns", "single_p90_ns", "single_p99_ns", "clock_ns"):
+            singles[key] = statistics.median(r[key] for r in results)
     return (statistics.median(r["ns_per_pair"] for r in results),
             statistics.median(r["pairs_per_second"] for r in results))
 
@@ -161,13 +166,28 @@ def main():
                         ("BM_PoolPair_Plain/expandable:1", "pool, plain cudaMalloc/cudaFree, expandable segments"),
                         ("BM_PoolPair_Plain/expandable:0", "pool, plain cudaMalloc/cudaFree, fixed segments")):
         lines.append(f"| {label} | {gb[name]:.0f} | {gb[name] / malloc_ns:.2f} |")
-    api = {}
+    api, singles = {}, {}
     for mode in ("async", "plain"):
-        api[mode] = api_pairs(mode, 1, 200000, True)[0]
-        raw = api_pairs(mode, 1, 20000 if mode == "plain" else 200000, False)[0]
+        singles[mode], singles["raw " + mode] = {}, {}
+        api[mode] = api_pairs(mode, 1, 200000, True, singles=singles[mode])[0]
+        raw = api["raw " + mode] = api_pairs(mode, 1, 20000 if mode == "plain" else 200000, False,
+                                             singles=singles["raw " + mode])[0]
         lines.append(f"| `cudaMalloc{'Async' if mode == 'async' else ''}`+free through the shim (simulated runtime) "
                      f"| {api[mode]:.0f} | {api[mode] / malloc_ns:.2f} |")
         lines.append(f"| the same calls without gpupool (simulated runtime) | {raw:.0f} | {raw / malloc_ns:.2f} |")
+    lines += ["", "The same API loops, each pair then timed on its own (the next 100,000 pairs of each run, medians "
+              "of the 5 runs' percentiles). The loop's figure above is a mean, which folds the few pairs that "
+              "record a device barrier into every pair; here they show in the tail. Each figure includes the two "
+              "clock reads around the pair, whose own median cost is the last column.", "",
+              "| what | median pair ns | 90th percentile | 99th percentile | loop's mean | clock reads |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for mode, label in (("async", "`cudaMallocAsync`+free through the shim"),
+                        ("raw async", "the same calls without gpupool"),
+                        ("plain", "`cudaMalloc`+free through the shim"),
+                        ("raw plain", "the same calls without gpupool")):
+        one = singles[mode]
+        lines.append(f"| {label} | {one['single_p50_ns']:.0f} | {one['single_p90_ns']:.0f} | "
+                     f"{one['single_p99_ns']:.0f} | {api[mode]:.0f} | {one['clock_ns']:.0f} |")
     in_pool = {mode: 2 * bench_api(mode, 1, 200000, True, reserved=True)["pool_ns_per_op"]
                for mode in ("async", "plain")}
     lines += ["", "Inside the pool, by gpupool's report of one more run of each API loop (its sampled estimate: one "
@@ -190,7 +210,9 @@ def main():
                      f"pool pair {pool_stream:.0f} ns stream-ordered, {pool_plain:.0f} ns plain (malloc+free "
                      f"{malloc_ns:.0f} ns on these sizes, which glibc serves with mmap); through the API "
                      f"{api['async']:.0f} ns stream-ordered, {api['plain']:.0f} ns plain (a plain reuse may record "
-                     "one cudaEventRecord barrier)"))
+                     "one cudaEventRecord barrier); single pairs through the API, median "
+                     f"{singles['async']['single_p50_ns']:.0f} ns stream-ordered and "
+                     f"{singles['plain']['single_p50_ns']:.0f} ns plain, clock reads included"))
     lines += ["", "Replay cost per trace operation (2 passes, default settings):", "",
               "| trace | ns per operation |", "|---|---:|"]
     for r in replay(["--passes", "2"] + traces):
