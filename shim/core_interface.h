@@ -12,7 +12,7 @@ extern "C" {
 #endif
 
 /* Raised whenever this struct changes: a core of another version is refused. */
-#define GPUPOOL_CORE_ABI 10
+#define GPUPOOL_CORE_ABI 11
 
 /* Finds a real CUDA runtime function: dlsym(RTLD_NEXT) in the preload
    library, the object that stands before the runtime in the search order. */
@@ -21,6 +21,10 @@ typedef void* (*gpupool_lookup_fn)(const char* name);
 /* The return address of the intercepted call this thread is in (NULL before
    the first): whose library made it (shim/caller_runtime.hpp). */
 typedef const void* (*gpupool_caller_fn)(void);
+
+/* 1 while descriptor 2 is still the file the program started with, 0 once it
+   names another (or none): the core's lines then go nowhere (messages.hpp). */
+typedef int (*gpupool_stderr_fn)(void);
 
 /* Finds a real CUDA driver entry point as cuGetProcAddress does (name without
    version suffix, CUDA version, flags); returns the driver's CUresult. */
@@ -53,7 +57,8 @@ struct gpupool_core {
 
 /* The core's one exported function: its table, or NULL for another abi. */
 typedef const struct gpupool_core* (*gpupool_core_open_fn)(int abi, gpupool_lookup_fn lookup,
-                                                          gpupool_caller_fn caller);
+                                                          gpupool_caller_fn caller,
+                                                          gpupool_stderr_fn stderr_is_original);
 #define GPUPOOL_CORE_OPEN "gpupool_core_open"
 
 #ifdef __cplusplus

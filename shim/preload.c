@@ -14,7 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "shim/core_interface.h"
 #include "shim/ptsz.h"
@@ -51,6 +53,32 @@ static void* next_symbol(const char* name) {
 static __thread const void* current_caller __attribute__((tls_model("initial-exec")));
 static const void* caller_of_current_call(void) { return current_caller; }
 
+/* The file descriptor 2 named when the program started. A program that
+   starts without one (`prog 2>&-`), or closes it, gets its next file opened
+   there: a checkpoint, a socket. A line of gpupool's written then would land
+   in that file. So lines are written only while descriptor 2 is still the
+   file it started with; a program that puts another file there on purpose
+   loses gpupool's lines, not its data. */
+static struct {
+  int open;
+  dev_t dev;
+  ino_t ino;
+} stderr_at_start;
+
+static void note_stderr_at_start(void) {
+  struct stat st;
+  if (fstat(STDERR_FILENO, &st) != 0) return;
+  stderr_at_start.dev = st.st_dev;
+  stderr_at_start.ino = st.st_ino;
+  stderr_at_start.open = 1;
+}
+
+static int stderr_is_original(void) {
+  struct stat now;
+  if (!stderr_at_start.open || fstat(STDERR_FILENO, &now) != 0) return 0;
+  return now.st_dev == stderr_at_start.dev && now.st_ino == stderr_at_start.ino;
+}
+
 /* Pass-through when the core is missing: the real function, or this. */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-parameter"
@@ -85,11 +113,15 @@ static void load_core(void) {
     void* symbol = dlsym(handle, GPUPOOL_CORE_OPEN);
     gpupool_core_open_fn open_core = NULL;
     if (symbol != NULL) memcpy(&open_core, &symbol, sizeof symbol);
-    if (open_core != NULL) loaded = open_core(GPUPOOL_CORE_ABI, next_symbol, caller_of_current_call);
+    if (open_core != NULL) {
+      loaded = open_core(GPUPOOL_CORE_ABI, next_symbol, caller_of_current_call, stderr_is_original);
+    }
   }
   if (loaded == NULL) {
-    fprintf(stderr, "gpupool: cannot load %s (%s); CUDA calls go straight to the runtime, unpooled\n", core_path,
-            problem != NULL ? problem : "unknown error");
+    if (stderr_is_original()) {
+      fprintf(stderr, "gpupool: cannot load %s (%s); CUDA calls go straight to the runtime, unpooled\n", core_path,
+              problem != NULL ? problem : "unknown error");
+    }
     pthread_once(&passthrough_once, fill_passthrough);
     loaded = &passthrough;
   }
@@ -216,6 +248,7 @@ static void find_core_path(void) {
    constructors: so the exit handler runs after their destructors, and frees
    made there are counted before the report is written. */
 __attribute__((constructor)) static void on_load(void) {
+  note_stderr_at_start();
   find_core_path();
   atexit(at_exit);
   pthread_atfork(prepare_fork, parent_after_fork, child_after_fork);

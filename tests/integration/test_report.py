@@ -13,7 +13,7 @@ import termios
 import threading
 import time
 
-from harness import BUILD, SOURCE, ShimTest, check_books, main
+from harness import BUILD, SOURCE, ShimTest, check_books, main, program
 
 
 def png_pixels(path):
@@ -449,6 +449,30 @@ class Paths(ShimTest):
         self.assertEqual(run.code, 0, run.stdout)
         self.assertEqual(run.output_json()["allocations"], 20)
         self.assertEqual(len(run.reports()), 1)
+
+    def test_a_file_the_program_opened_at_descriptor_2_gets_no_line_of_gpupools(self):
+        # A program that closes descriptor 2, or starts without one, gets the
+        # next file it opens there. gpupool's lines (here the configuration
+        # problem, written as the core loads, and "report written" at exit)
+        # must not land in that file; the report itself is still written.
+        for closed_at_start in (False, True):
+            with self.subTest(closed_at_start=closed_at_start):
+                self.remove_reports()
+                data = os.path.join(self.workdir, f"data-{closed_at_start}.txt")
+                args = [program("test-lifecycle"), "stderr-reused", data]
+                if closed_at_start:
+                    args = ["/bin/sh", "-c", 'exec "$0" "$@" 2>&-'] + args
+                run = self.run_program(args, env={"GPUPOOL_CONF": "no_such_key:1"})
+                self.assertSucceeded(run)
+                self.assertEqual(run.output_json()["fd"], 2)
+                with open(data) as f:
+                    self.assertEqual(f.read(), "the program's own line\n")
+                self.assertEqual(len(run.reports()), 1)
+        # The same program with its first stderr in place gets both lines there.
+        run = self.run_program(["test-repeat", "2"], env={"GPUPOOL_CONF": "no_such_key:1"})
+        self.assertSucceeded(run)
+        self.assertIn("gpupool: GPUPOOL_CONF: unknown key 'no_such_key'", run.stderr)
+        self.assertIn("gpupool: report written to ", run.stderr)
 
     def reports_by_signal(self, mode):
         """Runs test-lifecycle MODE, which asks for a report by signal and
