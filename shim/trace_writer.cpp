@@ -86,12 +86,20 @@ LineStart& line_start() {
 
 // A trace may go to a pipe (a FIFO a live reader drains), where a signal the
 // program handles without SA_RESTART interrupts a blocked open or write.
+// Never as descriptor 0, 1 or 2 (free where the program started without
+// them): the program's own output there would go into the trace, and its
+// later open or dup2 there would take the trace's writes into its file.
 int open_retrying(const std::string& path) {
   constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
   int fd;
   do {
     fd = ::open(path.c_str(), kFlags, 0644);
   } while (fd < 0 && errno == EINTR);
+  if (fd >= 0 && fd <= STDERR_FILENO) {
+    const int moved = fcntl(fd, F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
+    close(fd);
+    fd = moved;
+  }
   return fd;
 }
 

@@ -454,20 +454,29 @@ class Paths(ShimTest):
         # A program that closes descriptor 2, or starts without one, gets the
         # next file it opens there. gpupool's lines (here the configuration
         # problem, written as the core loads, and "report written" at exit)
-        # must not land in that file; the report itself is still written.
+        # must not land in that file, nor its trace, which it opens as it
+        # loads (before the program's file, with cuda-first: descriptor 2 is
+        # free then where the program started without it). The report and
+        # the trace are still written whole.
         for closed_at_start in (False, True):
-            with self.subTest(closed_at_start=closed_at_start):
-                self.remove_reports()
-                data = os.path.join(self.workdir, f"data-{closed_at_start}.txt")
-                args = [program("test-lifecycle"), "stderr-reused", data]
-                if closed_at_start:
-                    args = ["/bin/sh", "-c", 'exec "$0" "$@" 2>&-'] + args
-                run = self.run_program(args, env={"GPUPOOL_CONF": "no_such_key:1"})
-                self.assertSucceeded(run)
-                self.assertEqual(run.output_json()["fd"], 2)
-                with open(data) as f:
-                    self.assertEqual(f.read(), "the program's own line\n")
-                self.assertEqual(len(run.reports()), 1)
+            for order in ("file-first", "cuda-first"):
+                with self.subTest(closed_at_start=closed_at_start, order=order):
+                    self.remove_reports()
+                    data = os.path.join(self.workdir, f"data-{closed_at_start}-{order}.txt")
+                    trace = os.path.join(self.workdir, f"trace-{closed_at_start}-{order}.csv")
+                    args = [program("test-lifecycle"), "stderr-reused", data, order]
+                    if closed_at_start:
+                        args = ["/bin/sh", "-c", 'exec "$0" "$@" 2>&-'] + args
+                    run = self.run_program(args, env={"GPUPOOL_CONF": "no_such_key:1", "GPUPOOL_TRACE": trace})
+                    self.assertSucceeded(run)
+                    self.assertEqual(run.output_json()["fd"], 2)
+                    with open(data) as f:
+                        self.assertEqual(f.read(), "the program's own line\n")
+                    self.assertEqual(len(run.reports()), 1)
+                    with open(trace) as f:
+                        lines = f.read().splitlines()
+                    self.assertEqual(lines[0], "Thread,Time,Action,Pointer,Size,Stream")
+                    self.assertEqual([line.split(",")[2] for line in lines[1:]], ["allocate", "free"])
         # The same program with its first stderr in place gets both lines there.
         run = self.run_program(["test-repeat", "2"], env={"GPUPOOL_CONF": "no_such_key:1"})
         self.assertSucceeded(run)

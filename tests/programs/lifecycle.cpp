@@ -43,10 +43,12 @@
 //              that it interrupts a blocked write) from before the first CUDA
 //              call to exit; prints {"signals": how many it handled so far}
 //   chdir      makes its first CUDA call after changing directory
-//   stderr-reused F  closes descriptor 2 (if open), opens F, which gets it,
-//              writes one line there and makes its first CUDA calls (gpupool
-//              loads, and writes its lines at exit): F must hold only the
-//              program's line. Prints {"fd": the descriptor F got}
+//   stderr-reused F [cuda-first]  closes descriptor 2 (if open), opens F,
+//              which gets it, writes one line there and makes its first CUDA
+//              calls (gpupool loads, and writes its lines at exit); with
+//              cuda-first, the first cudaMalloc comes before (gpupool loads,
+//              and opens GPUPOOL_TRACE, while descriptor 2 may be free). F
+//              must hold only the program's line. Prints {"fd": F's descriptor}
 //   ipc        takes the IPC handle of a block inside a pooled segment
 //   ipc-foreign  takes the IPC handle of memory gpupool does not own (from a
 //              memory pool the program made), and of a pointer inside it:
@@ -382,12 +384,14 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "stderr-reused" && argc > 2) {
+    const bool cuda_first = argc > 3 && std::string(argv[3]) == "cuda-first";
+    void* p = nullptr;
+    if (cuda_first) CHECK_CUDA(cudaMalloc(&p, 1 << 20));
     close(STDERR_FILENO);
     const int fd = open(argv[2], O_WRONLY | O_CREAT | O_TRUNC, 0644);
     const char line[] = "the program's own line\n";
     if (fd < 0 || write(fd, line, sizeof line - 1) != static_cast<ssize_t>(sizeof line - 1)) return 1;
-    void* p = nullptr;
-    CHECK_CUDA(cudaMalloc(&p, 1 << 20));
+    if (!cuda_first) CHECK_CUDA(cudaMalloc(&p, 1 << 20));
     CHECK_CUDA(cudaFree(p));
     std::printf("{\"fd\": %d}\n", fd);
     return 0;
