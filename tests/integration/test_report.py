@@ -477,6 +477,10 @@ class Paths(ShimTest):
                         lines = f.read().splitlines()
                     self.assertEqual(lines[0], "Thread,Time,Action,Pointer,Size,Stream")
                     self.assertEqual([line.split(",")[2] for line in lines[1:]], ["allocate", "free"])
+        # A pipe put there since (as Jupyter's kernel does) gets the lines.
+        run = self.run_program(["test-lifecycle", "stderr-piped"], env={"GPUPOOL_CONF": "no_such_key:1"})
+        self.assertSucceeded(run)
+        self.assertTrue(run.output_json()["piped"])
         # The same program with its first stderr in place gets both lines there.
         run = self.run_program(["test-repeat", "2"], env={"GPUPOOL_CONF": "no_such_key:1"})
         self.assertSucceeded(run)

@@ -49,6 +49,9 @@
 //              cuda-first, the first cudaMalloc comes before (gpupool loads,
 //              and opens GPUPOOL_TRACE, while descriptor 2 may be free). F
 //              must hold only the program's line. Prints {"fd": F's descriptor}
+//   stderr-piped  puts a pipe at descriptor 2 (as Jupyter's kernel does),
+//              makes its first CUDA calls, and reads the pipe: prints
+//              {"piped": whether gpupool's configuration line came through it}
 //   ipc        takes the IPC handle of a block inside a pooled segment
 //   ipc-foreign  takes the IPC handle of memory gpupool does not own (from a
 //              memory pool the program made), and of a pointer inside it:
@@ -394,6 +397,19 @@ int main(int argc, char** argv) {
     if (!cuda_first) CHECK_CUDA(cudaMalloc(&p, 1 << 20));
     CHECK_CUDA(cudaFree(p));
     std::printf("{\"fd\": %d}\n", fd);
+    return 0;
+  }
+  if (mode == "stderr-piped") {
+    int fds[2];
+    if (pipe(fds) != 0 || dup2(fds[1], STDERR_FILENO) < 0) return 1;
+    void* p = nullptr;
+    CHECK_CUDA(cudaMalloc(&p, 1 << 20));
+    CHECK_CUDA(cudaFree(p));
+    if (fcntl(fds[0], F_SETFL, O_NONBLOCK) != 0) return 1;
+    char got[4096];
+    const ssize_t n = read(fds[0], got, sizeof got - 1);
+    got[n > 0 ? n : 0] = '\0';
+    std::printf("{\"piped\": %s}\n", std::strstr(got, "unknown key") != nullptr ? "true" : "false");
     return 0;
   }
   if (mode == "chdir") {
