@@ -57,10 +57,11 @@ static const void* caller_of_current_call(void) { return current_caller; }
    starts without one (`prog 2>&-`), or closes it, gets its next file opened
    there: a checkpoint, a socket. A line of gpupool's written then would land
    in that file. So lines are written only while descriptor 2 is still the
-   file it started with, or, where it was open then, a pipe or a terminal put
-   there since (Jupyter's kernel puts a pipe there to show the program's
-   output): neither is a file a line could corrupt. A program that puts a
-   file or a socket there on purpose loses gpupool's lines, not its data. */
+   file it started with, or, where it was open then, a pipe put there since
+   (Jupyter's kernel puts one there to show the program's output; a program
+   that closed its stderr and opened a file, a socket or a serial port there
+   gets none). A program that puts another file there on purpose loses
+   gpupool's lines, not its data. */
 static struct {
   int open;
   dev_t dev;
@@ -79,7 +80,7 @@ static int stderr_is_original(void) {
   struct stat now;
   if (!stderr_at_start.open || fstat(STDERR_FILENO, &now) != 0) return 0;
   if (now.st_dev == stderr_at_start.dev && now.st_ino == stderr_at_start.ino) return 1;
-  return S_ISFIFO(now.st_mode) || isatty(STDERR_FILENO);
+  return S_ISFIFO(now.st_mode);
 }
 
 /* Pass-through when the core is missing: the real function, or this. */
