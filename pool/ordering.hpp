@@ -204,6 +204,10 @@ class StreamOrdering {
   bool events_held_once() const;
 
  private:
+  // Destroyed streams kept individually in the report; later ones are folded
+  // into the last entry.
+  static constexpr std::size_t kDestroyedStreamsReported = 64;
+
   StreamState& lookup(StreamId id);
   // The stream's state, or null where it has none (see thread_stream_ended).
   StreamState* known(StreamId id) {
