@@ -22,8 +22,9 @@ typedef void* (*gpupool_lookup_fn)(const char* name);
    the first): whose library made it (shim/caller_runtime.hpp). */
 typedef const void* (*gpupool_caller_fn)(void);
 
-/* 1 while descriptor 2 is still the file the program started with, 0 once it
-   names another (or none): the core's lines then go nowhere (messages.hpp). */
+/* 1 where a line may go to descriptor 2 (the file the program started with,
+   or a pipe put there since), 0 where it names another file or none: the
+   core's lines then go nowhere (preload.c, messages.hpp). */
 typedef int (*gpupool_stderr_fn)(void);
 
 /* Finds a real CUDA driver entry point as cuGetProcAddress does (name without
@@ -58,7 +59,7 @@ struct gpupool_core {
 /* The core's one exported function: its table, or NULL for another abi. */
 typedef const struct gpupool_core* (*gpupool_core_open_fn)(int abi, gpupool_lookup_fn lookup,
                                                           gpupool_caller_fn caller,
-                                                          gpupool_stderr_fn stderr_is_original);
+                                                          gpupool_stderr_fn stderr_takes_lines);
 #define GPUPOOL_CORE_OPEN "gpupool_core_open"
 
 #ifdef __cplusplus

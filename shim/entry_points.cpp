@@ -533,9 +533,9 @@ cudaError_t with_error_to_caller(cudaError_t err) {
 // ---------------------------------------------------------------- the table
 
 extern "C" __attribute__((visibility("default"))) const gpupool_core* gpupool_core_open(
-    int abi, gpupool_lookup_fn lookup, gpupool_caller_fn caller, gpupool_stderr_fn stderr_is_original) {
+    int abi, gpupool_lookup_fn lookup, gpupool_caller_fn caller, gpupool_stderr_fn stderr_takes_lines) {
   if (abi != GPUPOOL_CORE_ABI) return nullptr;
-  gpupool::shim::set_stderr_check(stderr_is_original);
+  gpupool::shim::set_stderr_check(stderr_takes_lines);
   gpupool::shim::set_symbol_lookup(lookup);
   gpupool::shim::set_caller_lookup(caller);
   gpupool::shim::resolve_real_where_runtime_loaded();

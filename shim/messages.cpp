@@ -18,7 +18,7 @@ std::atomic<config::LogLevel> g_level{config::LogLevel::Info};
 // Ours, not spdlog's console lock: fork's handlers hold it (see messages.hpp).
 std::mutex g_write_mu;
 bool g_line_failed = false;  // spdlog could not write the line (g_write_mu held)
-std::atomic<int (*)()> g_stderr_is_original{nullptr};
+std::atomic<int (*)()> g_stderr_takes_lines{nullptr};
 
 // Not registered with spdlog's global registry: the host program may use spdlog
 // itself, and ours must never collide with or outlive its loggers.
@@ -37,15 +37,15 @@ spdlog::logger& stderr_logger() {
 }  // namespace
 
 void set_log_level(config::LogLevel level) { g_level.store(level); }
-void set_stderr_check(int (*stderr_is_original)()) { g_stderr_is_original.store(stderr_is_original); }
+void set_stderr_check(int (*stderr_takes_lines)()) { g_stderr_takes_lines.store(stderr_takes_lines); }
 
 void message(config::LogLevel level, std::string_view line) {
   if (level == config::LogLevel::Off || static_cast<int>(level) > static_cast<int>(g_level.load())) return;
   std::lock_guard<std::mutex> lock(g_write_mu);
   // Descriptor 2 may now be a file of the program's (see preload.c): then
   // the line goes nowhere, and stderr's FILE, perhaps closed, is not touched.
-  const auto is_original = g_stderr_is_original.load();
-  if (is_original != nullptr && is_original() == 0) return;
+  const auto takes_lines = g_stderr_takes_lines.load();
+  if (takes_lines != nullptr && takes_lines() == 0) return;
   // stderr may be a pipe whose reader is gone (`prog 2>&1 | head`): a line of
   // gpupool's must not end the program, nor change its exit status.
   const SigpipeHeld held;

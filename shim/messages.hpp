@@ -12,9 +12,10 @@ namespace gpupool::shim {
 
 void set_log_level(config::LogLevel level);
 // Asked before each line: lines are written only while it answers 1 (the
-// preload's check that descriptor 2 is still the program's first stderr).
+// preload's check that descriptor 2 is still the program's stderr, not a
+// file the program opened there since).
 // None set (the tools, the tests of the core alone): always written.
-void set_stderr_check(int (*stderr_is_original)());
+void set_stderr_check(int (*stderr_takes_lines)());
 void message(config::LogLevel level, std::string_view line);
 // Held while a line is written, and across fork() (taken last: lines are
 // written with other locks held) so that a child never inherits it locked.

@@ -76,7 +76,7 @@ static void note_stderr_at_start(void) {
   stderr_at_start.open = 1;
 }
 
-static int stderr_is_original(void) {
+static int stderr_takes_lines(void) {
   struct stat now;
   if (!stderr_at_start.open || fstat(STDERR_FILENO, &now) != 0) return 0;
   if (now.st_dev == stderr_at_start.dev && now.st_ino == stderr_at_start.ino) return 1;
@@ -118,11 +118,11 @@ static void load_core(void) {
     gpupool_core_open_fn open_core = NULL;
     if (symbol != NULL) memcpy(&open_core, &symbol, sizeof symbol);
     if (open_core != NULL) {
-      loaded = open_core(GPUPOOL_CORE_ABI, next_symbol, caller_of_current_call, stderr_is_original);
+      loaded = open_core(GPUPOOL_CORE_ABI, next_symbol, caller_of_current_call, stderr_takes_lines);
     }
   }
   if (loaded == NULL) {
-    if (stderr_is_original()) {
+    if (stderr_takes_lines()) {
       fprintf(stderr, "gpupool: cannot load %s (%s); CUDA calls go straight to the runtime, unpooled\n", core_path,
               problem != NULL ? problem : "unknown error");
     }
