@@ -13,7 +13,8 @@
 // the median pair and the tail, which the first loop's mean folds together:
 // a plain pair that records a device barrier costs many times one that does
 // not. Those figures include the two clock reads around each pair, whose own
-// median cost is printed beside them.
+// median cost is printed beside them. pairs_made counts every pair the run
+// made (warm-up, loop and single pairs), for rates of whole-run counters.
 // churn: threads one after another, each making one 1 MiB cudaMallocAsync +
 // cudaFreeAsync pair on its per-thread default stream and ending (a server
 // that starts a thread per request), with `pause` microseconds between one
@@ -22,6 +23,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <chrono>
 #include <cstdio>
@@ -115,6 +117,7 @@ int main(int argc, char** argv) {
   Clock::time_point start;
   std::vector<Clock::time_point> ends(static_cast<std::size_t>(threads));
   Percentiles single;  // one thread only
+  std::atomic<long> pairs_made{0};
   std::barrier warmed(threads, [&]() noexcept { start = Clock::now(); });
   auto work = [&](int t) {
     cudaStream_t s = nullptr;
@@ -133,6 +136,7 @@ int main(int argc, char** argv) {
     std::vector<std::size_t> mine;
     for (std::size_t k = 0; k < std::min(working_set, sizes.size()); ++k) mine.push_back(sizes[(first + k) % sizes.size()]);
     for (std::size_t size : mine) pair(size);  // warm the cache
+    pairs_made += static_cast<long>(mine.size()) + pairs;
     warmed.arrive_and_wait();
     std::size_t i = 0;
     for (long n = 0; n < pairs; ++n) {
@@ -144,6 +148,7 @@ int main(int argc, char** argv) {
         std::chrono::duration<double, std::nano>(ends[static_cast<std::size_t>(t)] - start).count() /
         static_cast<double>(pairs);
     if (threads == 1 && pairs > 0) {
+      pairs_made += std::min(pairs, 100000L);
       single = time_single_pairs(std::min(pairs, 100000L), [&] {
         pair(mine[i]);
         if (++i == mine.size()) i = 0;
@@ -165,8 +170,8 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"mode\": \"%s\", \"threads\": %d, \"idle_streams\": %zu, \"ns_per_pair\": %.1f, "
       "\"pairs_per_second\": %.0f, \"traces\": %zu, \"single_p50_ns\": %.1f, \"single_p90_ns\": %.1f, "
-      "\"single_p99_ns\": %.1f, \"clock_ns\": %.1f}\n",
+      "\"single_p99_ns\": %.1f, \"clock_ns\": %.1f, \"pairs_made\": %ld}\n",
       async ? "async" : "plain", threads, idle_streams.size(), mean, static_cast<double>(pairs) * threads / seconds,
-      gpupool::bench::trace_paths().size(), single.p50, single.p90, single.p99, single.clock);
+      gpupool::bench::trace_paths().size(), single.p50, single.p90, single.p99, single.clock, pairs_made.load());
   return 0;
 }

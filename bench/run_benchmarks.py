@@ -423,8 +423,9 @@ def main():
     os.remove(counters)
     lines += ["", f"The loop of plain pairs that the GPU target times (`gpupool-bench-api plain 1 {pairs} 64` under "
               f"`LD_PRELOAD` on the simulated runtime, whose `SIMCUDA_COUNTERS_FILE` counts the calls) records "
-              f"{legacy_records} events, each a barrier's one `cudaEventRecord` on the legacy stream: "
-              f"{legacy_records / pairs:.2f} per pair "
+              f"{legacy_records} events over its {loop['pairs_made']} pairs (warm-up and single pairs included), "
+              f"each a barrier's one `cudaEventRecord` on the legacy stream: "
+              f"{legacy_records / loop['pairs_made']:.2f} per pair "
               f"({loop['ns_per_pair']:.0f} ns per pair on the simulated runtime). It calls `cudaGetDevice` "
               f"{calls['get_device_calls']} time{'' if calls['get_device_calls'] == 1 else 's'} in all: where the "
               "process sees one device, that "
@@ -442,8 +443,8 @@ def main():
     os.remove(counters)
     lines += ["", f"With 128 idle non-blocking streams beside it (`gpupool-bench-api plain 1 {pairs} 64 128`; PyTorch "
               "creates 32 per priority level once a program asks for a side stream), every barrier also orders "
-              f"each of them: {calls['event_records'] / pairs:.1f} event records and "
-              f"{calls['stream_waits'] / pairs:.1f} stream waits per pair ({loop['ns_per_pair']:.0f} ns per pair on "
+              f"each of them: {calls['event_records'] / loop['pairs_made']:.1f} event records and "
+              f"{calls['stream_waits'] / loop['pairs_made']:.1f} stream waits per pair ({loop['ns_per_pair']:.0f} ns per pair on "
               "the simulated runtime, whose streams are still busy with the previous barrier's waits when the next "
               "asks: a barrier skips a stream only when it is found idle)."]
     lines.append("")
