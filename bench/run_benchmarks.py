@@ -219,16 +219,33 @@ def main():
         lines.append(f"| {r['trace']} | {r['ns_per_op']:.0f} |")
     lines.append("")
 
-    # 2. Scale.
-    scale = google_benchmark("BM_PoolPairWithLive")
-    small, large = scale["BM_PoolPairWithLive/live:1000"], scale["BM_PoolPairWithLive/live:1000000"]
+    # 2. Scale. Rounds of the three sizes in turn, each a process of its own:
+    # this machine moves between a fast and a slow state (the 1,000-block pair
+    # took 67-70 ns in some processes and 115-120 ns in others, on
+    # 2026-12-05), and one process running the sizes one after another could
+    # put the smallest in one state and the largest in the other (2.41x once,
+    # where the sizes measured in one state gave 1.4-1.5x). The growth is the
+    # median of the rounds' ratios.
+    live_counts = ("1000", "100000", "1000000")
+    scale = {n: [] for n in live_counts}
+    growths = []
+    for _ in range(7):
+        for n in live_counts:
+            scale[n].append(google_benchmark(f"BM_PoolPairWithLive/live:{n}$", repetitions=3)
+                            [f"BM_PoolPairWithLive/live:{n}"])
+        growths.append(scale["1000000"][-1] / scale["1000"][-1])
+    growth = statistics.median(growths)
     lines += ["## 2. Scale", "",
-              "The same pair with many blocks live. `gpupool-bench --benchmark_filter=BM_PoolPairWithLive`.", "",
+              "The same pair with many blocks live. `gpupool-bench --benchmark_filter=BM_PoolPairWithLive/live:N$ "
+              "--benchmark_repetitions=3` for each N in turn, 7 rounds; each figure is the median of the rounds' "
+              "medians, and the growth the median of the rounds' ratios (1,000,000 against 1,000 live blocks, "
+              f"measured within a few seconds of each other): {growth:.2f}x, the rounds ranging "
+              f"{min(growths):.2f}-{max(growths):.2f}x.", "",
               "| live blocks | median ns per pair |", "|---:|---:|"]
-    for n in ("1000", "100000", "1000000"):
-        lines.append(f"| {int(n):,} | {scale[f'BM_PoolPairWithLive/live:{n}']:.0f} |")
+    for n in live_counts:
+        lines.append(f"| {int(n):,} | {statistics.median(scale[n]):.0f} |")
     verdicts.append(("Growth <= 2x from 1 thousand to 1 million live blocks",
-                     "met" if large / small <= 2 else "not met", f"{large / small:.2f}x"))
+                     "met" if growth <= 2 else "not met", f"{growth:.2f}x (rounds {min(growths):.2f}-{max(growths):.2f}x)"))
     lines.append("")
 
     # 3. Threads.
