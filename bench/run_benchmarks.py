@@ -221,10 +221,10 @@ def main():
 
     # 2. Scale. Rounds of the three sizes in turn, each a process of its own:
     # this machine moves between a fast and a slow state (the 1,000-block pair
-    # took 67-70 ns in some processes and 115-120 ns in others, on
-    # 2026-12-05), and one process running the sizes one after another could
-    # put the smallest in one state and the largest in the other (2.41x once,
-    # where the sizes measured in one state gave 1.4-1.5x). The growth is the
+    # took 66-70 ns in most processes and 113-120 ns in some, on 2026-12-05),
+    # and one process running the sizes one after another could put the
+    # smallest in one state and the largest in the other (2.41x once, where
+    # the sizes measured in one state gave 1.36-1.48x). The growth is the
     # median of the rounds' ratios.
     live_counts = ("1000", "100000", "1000000")
     scale = {n: [] for n in live_counts}
