@@ -1,18 +1,18 @@
 #include "shim/report_file.hpp"
 
-#include <spdlog/logger.h>
-#include <spdlog/sinks/basic_file_sink.h>
 #include <errno.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 
 #include "report/collect.hpp"
 #include "report/format.hpp"
 #include "shim/messages.hpp"
+#include "shim/output_file.hpp"
 #include "shim/runtime.hpp"
 #include "shim/sigpipe_held.hpp"
 #include "shim/step_aside.hpp"
@@ -186,23 +186,26 @@ void write_report_file(const config::Config& config, const std::vector<config::P
     r.devices.push_back(std::move(dr));
   }
 
+  const bool default_path_taken = config.log.empty();
   const std::string path =
-      expand_path_template(config.log.empty() ? default_path(config.log_format) : config.log);
+      expand_path_template(default_path_taken ? default_path(config.log_format) : config.log);
   const std::string text = config.log_format == config::LogFormat::Json ? report::to_json(r) : report::to_text(r);
   std::string failure;
-  try {
+  {
     const SigpipeHeld held;  // a reader gone from the pipe the path names must not end the program
-    // Synchronous, not registered globally, truncating: one file per report.
-    spdlog::logger file("gpupool-report", std::make_shared<spdlog::sinks::basic_file_sink_st>(path, true));
-    file.set_pattern("%v");
-    // spdlog reports a failure to write here instead of throwing.
-    file.set_error_handler([&failure](const std::string& what) { failure = what; });
-    file.info(text.substr(0, text.empty() ? 0 : text.size() - 1));  // the sink adds the newline
-    file.flush();
-  } catch (const std::exception& e) {
-    failure = e.what();
+    const OpenedOutput out =
+        open_output_file(path, default_path_taken ? OutputPlace::SharedTemporary : OutputPlace::Chosen);
+    int error = 0;
+    if (out.fd < 0) {
+      failure = out.problem;
+    } else if (!write_whole(out.fd, text, &error)) {
+      failure = std::strerror(error);
+    }
+    // A network file system may tell of a failed write only here.
+    if (out.fd >= 0 && ::close(out.fd) != 0 && errno != EINTR && failure.empty()) failure = std::strerror(errno);
   }
   if (!failure.empty()) {
+    if (default_path_taken) failure += " (the default path; GPUPOOL_LOG names another)";
     message(config::LogLevel::Error, "gpupool: GPUPOOL_LOG: cannot write the report to '" + path + "': " + failure);
     return;
   }

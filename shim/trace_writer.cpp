@@ -1,16 +1,14 @@
 #include "shim/trace_writer.hpp"
 
-#include <fcntl.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
-#include <filesystem>
 
 #include "shim/messages.hpp"
+#include "shim/output_file.hpp"
 #include "shim/report_file.hpp"
 #include "shim/sigpipe_held.hpp"
 
@@ -84,35 +82,6 @@ LineStart& line_start() {
   return start;
 }
 
-// A trace may go to a pipe (a FIFO a live reader drains), where a signal the
-// program handles without SA_RESTART interrupts a blocked open or write.
-// Never as descriptor 0, 1 or 2 (free where the program started without
-// them): the program's own output there would go into the trace, and its
-// later open or dup2 there would take the trace's writes into its file.
-int open_retrying(const std::string& path) {
-  constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
-  int fd;
-  do {
-    fd = ::open(path.c_str(), kFlags, 0644);
-  } while (fd < 0 && errno == EINTR);
-  if (fd >= 0 && fd <= STDERR_FILENO) {
-    const int moved = fcntl(fd, F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
-    close(fd);
-    fd = moved;
-  }
-  return fd;
-}
-
-// Missing folders are made, as spdlog makes the report's: GPUPOOL_LOG and
-// GPUPOOL_TRACE may name the same new folder (runs/%p/...).
-int open_making_folders(const std::string& path) {
-  const int fd = open_retrying(path);
-  if (fd >= 0 || errno != ENOENT) return fd;
-  std::error_code ec;
-  const std::filesystem::path folder = std::filesystem::path(path).parent_path();
-  if (folder.empty() || !std::filesystem::create_directories(folder, ec)) return -1;
-  return open_retrying(path);
-}
 }  // namespace
 
 bool TraceWriter::open(const std::string& path_template) {
@@ -131,7 +100,7 @@ bool TraceWriter::open(const std::string& path_template) {
 bool TraceWriter::open_output(Output& out, const std::string& path) {
   out.tried = true;
   out.path = path;
-  out.fd = open_making_folders(path);
+  out.fd = open_output_file(path, OutputPlace::Chosen).fd;
   if (out.fd < 0) return false;
   out.buffer.reserve(kFlushBytes + 256);
   out.buffer = "Thread,Time,Action,Pointer,Size,Stream\n";
@@ -223,17 +192,8 @@ void TraceWriter::flush_output(Output& out) {
     return;
   }
   const SigpipeHeld held;
-  std::size_t done = 0;
   int error = 0;
-  while (done < out.buffer.size()) {
-    const ssize_t w = ::write(out.fd, out.buffer.data() + done, out.buffer.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      error = w < 0 ? errno : EIO;
-      break;
-    }
-    done += static_cast<std::size_t>(w);
-  }
+  write_whole(out.fd, out.buffer, &error);
   out.buffer.clear();
   if (error == 0) return;
   // A reader gone (a pipe), a full disk: the trace stops here, said once,

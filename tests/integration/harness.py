@@ -113,7 +113,7 @@ class ShimTest(unittest.TestCase):
         self.addCleanup(shutil.rmtree, self.workdir, True)
 
     def run_program(self, args, env=None, preload=True, fmt="json", timeout=120, log=True, library=LIBRARY,
-                    cwd=None, stderr=subprocess.PIPE):
+                    cwd=None, stderr=subprocess.PIPE, before_exec=None, close_fds=True):
         e = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "SIMCUDA_"))}
         e["LD_LIBRARY_PATH"] = SIM
         e["SIMCUDA_COUNTERS_FILE"] = os.path.join(self.workdir, "counters.json")
@@ -132,7 +132,8 @@ class ShimTest(unittest.TestCase):
             args = [args]
         args = [program(args[0]) if not os.path.isabs(args[0]) and "/" not in args[0] and
                 os.path.exists(program(args[0])) else args[0]] + list(args[1:])
-        proc = subprocess.run(args, env=e, stdout=subprocess.PIPE, stderr=stderr, text=True, timeout=timeout, cwd=cwd)
+        proc = subprocess.run(args, env=e, stdout=subprocess.PIPE, stderr=stderr, text=True, timeout=timeout, cwd=cwd,
+                              preexec_fn=before_exec, close_fds=close_fds)
         return Run(proc, self.workdir)
 
     def remove_reports(self):

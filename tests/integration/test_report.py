@@ -363,6 +363,70 @@ class Paths(ShimTest):
         self.assertEqual(len(files), 1, os.listdir(self.workdir))
         self.assertIn(f"gpupool: report written to {files[0]}", run.stderr)
 
+    def test_the_default_path_writes_only_a_file_of_the_users_own(self):
+        # The default path is in the temporary folder, under a name anyone
+        # can predict: another user may have put a link, a FIFO or a file of
+        # theirs there before the program started (planted here in the child,
+        # whose pid the program keeps). Each is refused on one line naming
+        # GPUPOOL_LOG, and the program runs on; nothing is written through
+        # the link, and its target keeps its bytes. A stale report of the
+        # user's own is overwritten whole.
+        victim = os.path.join(self.workdir, "victim")
+        with open(victim, "w") as f:
+            f.write("the user's data\n")
+
+        def planting(kind):
+            def plant():
+                path = os.path.join(self.workdir, f"gpupool-test-repeat-{os.getpid()}.txt")
+                if kind == "symbolic link":
+                    os.symlink(victim, path)
+                elif kind == "hard link":
+                    os.link(victim, path)
+                elif kind == "FIFO":
+                    os.mkfifo(path)
+                elif kind == "FIFO with a reader":  # the program inherits the reading end (close_fds off)
+                    os.mkfifo(path)
+                    os.set_inheritable(os.open(path, os.O_RDWR), True)
+                elif kind == "another user's file":
+                    with open(path, "w") as f:
+                        f.write("theirs\n")
+                    os.chown(path, 65534, 65534)
+                elif kind == "stale report":
+                    with open(path, "w") as f:
+                        f.write("x" * 100000)
+            return plant
+
+        refusals = {"symbolic link": "a symbolic link", "hard link": "other names", "FIFO": "not a regular file",
+                    "FIFO with a reader": "not a regular file", "another user's file": "another user"}
+        kinds = list(refusals) + ["stale report"]
+        if os.geteuid() != 0:
+            kinds.remove("another user's file")  # only root can give a file away
+        for kind in kinds:
+            with self.subTest(kind=kind):
+                for left in glob.glob(os.path.join(self.workdir, "gpupool-test-repeat-*.txt")):
+                    os.remove(left)  # by a case that failed
+                run = self.run_program(["test-repeat", "2"], env={"TMPDIR": self.workdir}, log=False, fmt="text",
+                                       timeout=30, before_exec=planting(kind), close_fds=False)
+                self.assertSucceeded(run)
+                self.assertEqual(run.output_json()["allocations"], 20)
+                planted = glob.glob(os.path.join(self.workdir, "gpupool-test-repeat-*.txt"))
+                self.assertEqual(len(planted), 1, planted)
+                path = planted[0]
+                with open(victim) as f:
+                    self.assertEqual(f.read(), "the user's data\n")
+                told = [line for line in run.stderr.splitlines() if line.startswith("gpupool: ")]
+                if kind == "stale report":
+                    self.assertEqual(told, [f"gpupool: report written to {path}"])
+                    with open(path) as f:
+                        report = f.read()
+                    self.assertNotIn("x", report.splitlines()[-1])
+                    self.assertIn("gpupool report", report.splitlines()[0])
+                else:
+                    self.assertEqual(len(told), 1, run.stderr)
+                    self.assertTrue(told[0].startswith(f"gpupool: GPUPOOL_LOG: cannot write the report to '{path}': "),
+                                    told[0])
+                    self.assertIn(refusals[kind], told[0])
+
     def test_rank_in_the_path(self):
         for var, value in (("RANK", "3"), ("LOCAL_RANK", "1"), ("OMPI_COMM_WORLD_RANK", "7"), ("SLURM_PROCID", "5")):
             with self.subTest(var=var):
