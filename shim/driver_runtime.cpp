@@ -312,6 +312,7 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   table.cudaStreamIsCapturing = stream_is_capturing;
   table.cudaPointerGetAttributes = nullptr;  // a reset's error is then taken as its having happened
   table.cudaStreamGetFlags = stream_get_flags;
+  table.cudaStreamGetDevice = nullptr;  // a stream made past gpupool is taken for the current device's
   table.cudaStreamCreate = stream_create;
   table.cudaStreamCreateWithFlags = stream_create_with_flags;
   table.cudaStreamCreateWithPriority = stream_create_with_priority;

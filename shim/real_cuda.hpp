@@ -50,6 +50,7 @@ namespace gpupool::shim {
   X(cudaStreamIsCapturing, cudaError_t(cudaStream_t, cudaStreamCaptureStatus*))       \
   X(cudaPointerGetAttributes, cudaError_t(cudaPointerAttributes*, const void*))       \
   X(cudaStreamGetFlags, cudaError_t(cudaStream_t, unsigned int*))                     \
+  X(cudaStreamGetDevice, cudaError_t(cudaStream_t, int*))                             \
   X(cudaStreamCreate, cudaError_t(cudaStream_t*))                                     \
   X(cudaStreamCreateWithFlags, cudaError_t(cudaStream_t*, unsigned int))              \
   X(cudaStreamCreateWithPriority, cudaError_t(cudaStream_t*, unsigned int, int))      \

@@ -41,11 +41,25 @@ void arm_thread_stream_end() {
 }  // namespace
 
 int Runtime::device_of(StreamId stream) {
-  if (stream != kLegacyStream && !is_per_thread_id(stream)) {
+  if (stream == kLegacyStream || is_per_thread_id(stream)) return current_device();
+  {
     std::lock_guard<std::mutex> lock(streams_mu_);
     const auto& streams = streams_locked();
     auto it = streams.find(stream);
     if (it != streams.end()) return it->second;
+  }
+  // A stream made where gpupool could not see it (through the driver, by a
+  // library with a runtime of its own) may belong to a device other than the
+  // current one, whose memory the runtime would give it: its own device where
+  // the runtime can tell (CUDA 12.8 and later). An error the program had
+  // pending stays pending.
+  int dev = -1;
+  if (!one_device_.load(std::memory_order_relaxed) && real().cudaStreamGetDevice != nullptr &&
+      internal([&](const RealCuda& r) {
+        return r.cudaStreamGetDevice(reinterpret_cast<cudaStream_t>(stream), &dev);
+      }) == cudaSuccess &&
+      dev >= 0 && dev < kMaxDevices) {
+    return dev;
   }
   return current_device();
 }

@@ -629,6 +629,18 @@ cudaError_t cudaStreamGetFlags_ptsz(cudaStream_t s, unsigned int* flags) {
   return cudaSuccess;
 }
 
+// CUDA 12.8 and later: the device a stream belongs to (a stream made
+// through the driver on another device too).
+cudaError_t stream_get_device(cudaStream_t s, int* device, bool per_thread) {
+  if (device == nullptr) return result(cudaErrorInvalidValue);
+  const Stream* st = stream_of(s, per_thread);
+  if (st->destroyed) return result(cudaErrorInvalidResourceHandle);
+  *device = st->device;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamGetDevice(cudaStream_t s, int* device) { return stream_get_device(s, device, false); }
+cudaError_t cudaStreamGetDevice_ptsz(cudaStream_t s, int* device) { return stream_get_device(s, device, true); }
+
 cudaError_t stream_synchronize(cudaStream_t s, bool per_thread) {
   Stream* st = stream_of(s, per_thread);
   return checked(st->device, Engine::instance().synchronize(st));

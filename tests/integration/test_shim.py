@@ -372,6 +372,21 @@ class Devices(ShimTest):
                 self.assertEqual(device["stats"]["allocation.all.current"], 0)
         self.in_both_segment_modes(["cross", "20"], self.ENV, check)
 
+    def test_a_stream_made_past_gpupool_gets_memory_of_its_own_device(self):
+        # Device 1's stream, made through the driver where gpupool cannot see
+        # it, named in cudaMallocAsync while device 0 is current: the runtime
+        # would give it device 1's memory, and so does gpupool (the program
+        # checks each block's device, and its pattern). Taken for the current
+        # device's, it got device 0's memory, which a kernel on that stream
+        # cannot reach without peer access.
+        def check(report):
+            self.assertEqual(sorted(report["devices"]), ["1"])
+            one = report["devices"]["1"]["stats"]
+            self.assertEqual(one["allocation.all.allocated"], 5)
+            self.assertEqual(one["allocation.all.current"], 0)
+            self.assertEqual(one["num_ooms"], 0)
+        self.in_both_segment_modes(["unseen-stream", "5"], self.ENV, check)
+
     def test_a_thread_per_device(self):
         # Both threads make stream-ordered calls, so each keeps its freed
         # blocks in its cache; each one's plain cudaMalloc then needs them back

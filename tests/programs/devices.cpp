@@ -34,6 +34,10 @@
 //   devices owner-reset        such a free, its work done but not yet seen
 //                              by gpupool, when device 0 (the block's own) is
 //                              reset
+//   devices unseen-stream [rounds]  cudaMallocAsync on a stream of device 1
+//                              made through the driver (past gpupool) while
+//                              device 0 is current: the memory is device 1's,
+//                              as the runtime gives it
 //   devices peer               access granted with cudaDeviceEnablePeerAccess
 //                              reaches pooled memory: pages mapped before the
 //                              grant and after it, and pages of a device whose
@@ -311,9 +315,32 @@ int owner_reset() {
   return 0;
 }
 
+// A stream gpupool never saw made: the driver's cuStreamCreate, on device 1.
+int unseen_stream(int rounds) {
+  using StreamCreate = int (*)(void**, unsigned);
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  auto create = driver != nullptr ? reinterpret_cast<StreamCreate>(dlsym(driver, "cuStreamCreate")) : nullptr;
+  EXPECT(create != nullptr);
+  CHECK_CUDA(cudaSetDevice(1));
+  void* made = nullptr;
+  EXPECT(create(&made, cudaStreamNonBlocking) == 0);
+  const auto stream = static_cast<cudaStream_t>(made);
+  CHECK_CUDA(cudaSetDevice(0));
+  for (int round = 0; round < rounds; ++round) {
+    void* p = nullptr;
+    CHECK_CUDA(cudaMallocAsync(&p, kBytes, stream));
+    expect_on(p, 1);
+    fill(p, static_cast<unsigned char>(round + 1), stream);
+    CHECK_CUDA(cudaFreeAsync(p, stream));
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "unseen-stream") == 0) return unseen_stream(argc > 2 ? std::atoi(argv[2]) : 5);
   if (argc > 1 && std::strcmp(argv[1], "peer") == 0) return peer();
   if (argc > 1 && std::strcmp(argv[1], "foreign-capture") == 0) return foreign_capture();
   if (argc > 1 && std::strcmp(argv[1], "foreign-reset") == 0) return foreign_reset();
