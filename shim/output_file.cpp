@@ -30,10 +30,14 @@ int open_retrying(const std::string& path, int flags) {
 int open_making_folders(const std::string& path, int flags) {
   const int fd = open_retrying(path, flags);
   if (fd >= 0 || errno != ENOENT) return fd;
-  std::error_code ec;
   const std::filesystem::path folder = std::filesystem::path(path).parent_path();
-  if (folder.empty() || !std::filesystem::create_directories(folder, ec)) {
-    errno = ENOENT;
+  if (folder.empty()) return -1;  // errno still ENOENT
+  // Made here, or by another process just now (ranks of one job starting
+  // together, each making the job's folder for its own report): open then.
+  std::error_code ec;
+  std::filesystem::create_directories(folder, ec);
+  if (ec) {
+    errno = ec.value();
     return -1;
   }
   return open_retrying(path, flags);
