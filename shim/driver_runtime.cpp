@@ -46,6 +46,7 @@ struct Driver {
   decltype(&cuStreamQuery) stream_query = nullptr;
   decltype(&cuStreamIsCapturing) stream_is_capturing = nullptr;
   decltype(&cuStreamGetFlags) stream_get_flags = nullptr;
+  decltype(&cuStreamGetCtx) stream_get_ctx = nullptr;
   decltype(&cuStreamCreate) stream_create = nullptr;
   decltype(&cuStreamCreateWithPriority) stream_create_with_priority = nullptr;
   decltype(&cuStreamDestroy_v2) stream_destroy = nullptr;
@@ -224,6 +225,18 @@ int device_of_context(CUcontext ctx) {
   return device;
 }
 
+namespace {
+// The device of a stream made where gpupool could not see it: its context's.
+cudaError_t stream_get_device(cudaStream_t s, int* device) {
+  CUcontext ctx = nullptr;
+  if (const CUresult r = d.stream_get_ctx(cu(s), &ctx); r != CUDA_SUCCESS) return rt(r);
+  const int owner = device_of_context(ctx);
+  if (owner < 0) return cudaErrorInvalidResourceHandle;
+  *device = owner;
+  return cudaSuccess;
+}
+}  // namespace
+
 bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   if (lookup == nullptr) return false;
   d.lookup = lookup;
@@ -259,6 +272,7 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   need(d.stream_query, "cuStreamQuery", 2000);
   need(d.stream_is_capturing, "cuStreamIsCapturing", 10000);
   need(d.stream_get_flags, "cuStreamGetFlags", 5050);
+  fetch(d.stream_get_ctx, "cuStreamGetCtx", 9020);
   need(d.stream_create, "cuStreamCreate", 2000);
   need(d.stream_create_with_priority, "cuStreamCreateWithPriority", 5050);
   need(d.stream_destroy, "cuStreamDestroy", 4000);
@@ -312,7 +326,7 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   table.cudaStreamIsCapturing = stream_is_capturing;
   table.cudaPointerGetAttributes = nullptr;  // a reset's error is then taken as its having happened
   table.cudaStreamGetFlags = stream_get_flags;
-  table.cudaStreamGetDevice = nullptr;  // a stream made past gpupool is taken for the current device's
+  table.cudaStreamGetDevice = d.stream_get_ctx != nullptr ? stream_get_device : nullptr;
   table.cudaStreamCreate = stream_create;
   table.cudaStreamCreateWithFlags = stream_create_with_flags;
   table.cudaStreamCreateWithPriority = stream_create_with_priority;

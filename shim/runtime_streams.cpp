@@ -51,8 +51,8 @@ int Runtime::device_of(StreamId stream) {
   // A stream made where gpupool could not see it (through the driver, by a
   // library with a runtime of its own) may belong to a device other than the
   // current one, whose memory the runtime would give it: its own device where
-  // the runtime can tell (CUDA 12.8 and later). An error the program had
-  // pending stays pending.
+  // the runtime can tell (CUDA 12.8 and later; the static runtime's table asks
+  // the stream's context). An error the program had pending stays pending.
   int dev = -1;
   if (!one_device_.load(std::memory_order_relaxed) && real().cudaStreamGetDevice != nullptr &&
       internal([&](const RealCuda& r) {

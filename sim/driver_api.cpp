@@ -152,6 +152,20 @@ CUresult stream_create_with_priority(CUstream* s, unsigned int flags, int priori
   return cu(cudaStreamCreateWithPriority(reinterpret_cast<cudaStream_t*>(s), flags, priority));
 }
 CUresult stream_destroy(CUstream s) { return cu(cudaStreamDestroy(rt(s))); }
+CUresult stream_get_ctx(CUstream s, CUcontext* ctx) {
+  int device = -1;
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (const cudaError_t err = cudaStreamGetDevice(rt(s), &device); err != cudaSuccess) return cu(err);
+  *ctx = context_of(device);
+  return CUDA_SUCCESS;
+}
+CUresult stream_get_ctx_ptsz(CUstream s, CUcontext* ctx) {
+  int device = -1;
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (const cudaError_t err = cudaStreamGetDevice_ptsz(rt(s), &device); err != cudaSuccess) return cu(err);
+  *ctx = context_of(device);
+  return CUDA_SUCCESS;
+}
 CUresult stream_get_flags(CUstream s, unsigned int* flags) { return cu(cudaStreamGetFlags(rt(s), flags)); }
 CUresult stream_get_flags_ptsz(CUstream s, unsigned int* flags) { return cu(cudaStreamGetFlags_ptsz(rt(s), flags)); }
 CUresult stream_synchronize(CUstream s) {
@@ -283,6 +297,7 @@ const Entry kEntries[] = {
     {"cuStreamCreateWithPriority", 5050, fn(stream_create_with_priority), fn(stream_create_with_priority)},
     {"cuStreamDestroy", 4000, fn(stream_destroy), fn(stream_destroy)},
     {"cuStreamGetFlags", 5050, fn(stream_get_flags), fn(stream_get_flags_ptsz)},
+    {"cuStreamGetCtx", 9020, fn(stream_get_ctx), fn(stream_get_ctx_ptsz)},
     {"cuStreamSynchronize", 2000, fn(stream_synchronize), fn(stream_synchronize_ptsz)},
     {"cuStreamQuery", 2000, fn(stream_query), fn(stream_query_ptsz)},
     {"cuStreamWaitEvent", 3020, fn(stream_wait_event), fn(stream_wait_event_ptsz)},

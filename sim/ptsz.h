@@ -27,6 +27,7 @@ cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t, cudaGraph_t, const 
 cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t, cudaGraph_t*);
 cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t, enum cudaStreamCaptureStatus*);
 cudaError_t cudaStreamGetFlags_ptsz(cudaStream_t, unsigned int*);
+cudaError_t cudaStreamGetDevice_ptsz(cudaStream_t, int*);
 cudaError_t cudaLaunchKernel_ptsz(const void*, dim3, dim3, void**, size_t, cudaStream_t);
 
 #ifdef __cplusplus

@@ -1039,6 +1039,21 @@ class StaticRuntime(ShimTest):
                 for path in run.reports():
                     os.remove(path)
 
+    def test_a_stream_made_past_gpupool_is_served_by_its_own_devices_pool(self):
+        # Device 1's stream, made by the driver's cuStreamCreate found past
+        # gpupool (as a library that resolves the driver privately finds it),
+        # named in cuMemAllocAsync while device 0's context is current: the
+        # driver would give it device 1's memory, and so does gpupool, which
+        # asks the stream's context (cuStreamGetCtx). Taken for the current
+        # device's, all five blocks came from device 0's pool.
+        run = self.run_program(["test-static-runtime", "unseen-stream"], env={**self.ON, "SIMCUDA_DEVICES": "2"})
+        self.assertSucceeded(run)
+        self.assertEqual(run.output_json()["pairs"], 5)
+        devices = run.report()["devices"]
+        self.assertEqual(sorted(devices), ["1"])
+        self.assertEqual(devices["1"]["stats"]["allocation.all.allocated"], 5)
+        self.assertEqual(devices["1"]["stats"]["allocation.all.current"], 0)
+
     def test_calls_during_a_capture_leave_it_valid(self):
         for mode in ("capture", "capture-to-graph", "capture-per-thread", "capture-to-graph-per-thread"):
             with self.subTest(mode=mode):

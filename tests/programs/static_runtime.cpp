@@ -39,6 +39,10 @@
 //   static_runtime cross-device [MS]  a block of device 1 freed on one of its streams under a slower write,
 //                                 then asked for on another of its streams while device 0 is current:
 //                                 gpupool orders the reuse on device 1 from device 0's thread
+//   static_runtime unseen-stream  two devices: stream-ordered pairs, each block checked, on a stream of
+//                                 device 1 that gpupool never saw made (the driver's cuStreamCreate
+//                                 found through libc's own dlsym, as a library that resolves the
+//                                 driver privately finds it) while device 0 is current
 //   static_runtime foreign-capture-reset  two devices: a block of device 0 freed inside a capture of a
 //                                 stream of device 1, then device 1 reset (cuDevicePrimaryCtxReset);
 //                                 then a block of device 0 (with a limit leaving room for one: the
@@ -484,6 +488,42 @@ int reuse_after_late_write(LateReuse how) {
   return 0;
 }
 
+int unseen_stream() {
+  using Lookup = void* (*)(void*, const char*);
+  void* libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+  void* own = libc != nullptr ? dlvsym(libc, "dlsym", "GLIBC_2.34") : nullptr;
+  if (own == nullptr && libc != nullptr) own = dlvsym(libc, "dlsym", "GLIBC_2.2.5");
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  auto create = own != nullptr && driver != nullptr
+                    ? reinterpret_cast<decltype(&cuStreamCreate)>(reinterpret_cast<Lookup>(own)(driver, "cuStreamCreate"))
+                    : nullptr;
+  if (create == nullptr) {
+    std::fprintf(stderr, "static_runtime: the driver's cuStreamCreate was not found\n");
+    return 1;
+  }
+  use_device(1);
+  CUstream s = nullptr;
+  check(create(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate (unseen)");
+  use_device(0);
+  constexpr size_t kSize = 1 << 20;
+  for (int i = 0; i < 5; ++i) {
+    CUdeviceptr a = 0;
+    check(d.mem_alloc_async(&a, kSize, s), "cuMemAllocAsync");
+    std::vector<unsigned char> pattern(kSize, static_cast<unsigned char>(i + 1)), back(kSize);
+    check(d.memcpy_htod_async(a, pattern.data(), kSize, s), "cuMemcpyHtoDAsync");
+    check(d.stream_synchronize(s), "cuStreamSynchronize");
+    check(d.memcpy_dtoh(back.data(), a, kSize), "cuMemcpyDtoH");
+    if (back != pattern) {
+      std::fprintf(stderr, "static_runtime: block %d does not hold what was written\n", i);
+      return 1;
+    }
+    check(d.mem_free_async(a, s), "cuMemFreeAsync");
+  }
+  check(d.stream_synchronize(s), "cuStreamSynchronize");
+  std::printf("{\"pairs\": 5}\n");
+  return 0;
+}
+
 enum class Capture { Stream, ToGraph, PerThread, ToGraphPerThread };
 int capture(Capture how) {
   // A current context first, as the static runtime makes one before its
@@ -688,11 +728,12 @@ int main(int argc, char** argv) {
   if (mode == "reset") return reset();
   if (mode == "peer") return peer();
   if (mode == "cross-device") return reuse_after_late_write(LateReuse::CrossDevice);
+  if (mode == "unseen-stream") return unseen_stream();
   if (mode == "foreign-capture-reset") return foreign_capture_reset();
   std::fprintf(stderr,
                "usage: static_runtime [--cuda11] "
                "pairs|pitched|trim|own-pool|async|hazard|destroyed|capture|capture-to-graph|capture-per-thread|"
-               "ipc|reset|peer|cross-device|"
+               "ipc|reset|peer|cross-device|unseen-stream|"
                "foreign-capture-reset [N] | "
                "lookups LIBRARY | "
                "threads T N | "
