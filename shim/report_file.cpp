@@ -196,13 +196,17 @@ void write_report_file(const config::Config& config, const std::vector<config::P
     const OpenedOutput out =
         open_output_file(path, default_path_taken ? OutputPlace::SharedTemporary : OutputPlace::Chosen);
     int error = 0;
+    if (out.fd >= 0) {
+      const bool written = write_whole(out.fd, text, &error);
+      // A network file system may tell of a failed write only here. Closed
+      // before anything that could throw.
+      if (::close(out.fd) != 0 && errno != EINTR && written) error = errno;
+    }
     if (out.fd < 0) {
       failure = out.problem;
-    } else if (!write_whole(out.fd, text, &error)) {
+    } else if (error != 0) {
       failure = std::strerror(error);
     }
-    // A network file system may tell of a failed write only here.
-    if (out.fd >= 0 && ::close(out.fd) != 0 && errno != EINTR && failure.empty()) failure = std::strerror(errno);
   }
   if (!failure.empty()) {
     if (default_path_taken) failure += " (the default path; GPUPOOL_LOG names another)";
