@@ -12,8 +12,8 @@ namespace gpupool::shim {
 
 void set_log_level(config::LogLevel level);
 // Asked before each line: lines are written only while it answers 1 (the
-// preload's check that descriptor 2 is still the program's stderr, not a
-// file the program opened there since).
+// preload's stderr_takes_lines: descriptor 2 is still the program's first
+// stderr, or a pipe put there since; not a file the program opened there).
 // None set (the tools, the tests of the core alone): always written.
 void set_stderr_check(int (*stderr_takes_lines)());
 void message(config::LogLevel level, std::string_view line);

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <memory>
+#include <utility>
 
 #include "report/collect.hpp"
 #include "report/format.hpp"
