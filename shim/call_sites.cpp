@@ -32,8 +32,7 @@ void CallSites::enable() {
   enabled_ = true;
 }
 
-std::uint32_t CallSites::capture() {
-  if (!enabled_) return 0;
+std::uint32_t CallSites::capture_stack() {
   void* frames[kMaxFrames];
   const int n = backtrace(frames, kMaxFrames);
   static void* const self = own_base();

@@ -15,7 +15,8 @@ class CallSites {
   void enable();
   bool enabled() const { return enabled_; }
   // The caller's stack (frames inside gpupool skipped) as a site id; 0 when off.
-  std::uint32_t capture();
+  // The check inline: off (the default), it is every allocation's only cost.
+  std::uint32_t capture() { return enabled_ ? capture_stack() : 0; }
   // "function+0x1c (library)" per frame, innermost first.
   std::vector<std::string> symbolize(std::uint32_t site);
 
@@ -23,6 +24,8 @@ class CallSites {
   std::mutex& mutex() { return mu_; }
 
  private:
+  std::uint32_t capture_stack();
+
   bool enabled_ = false;
   std::mutex mu_;
   std::unordered_map<std::uint64_t, std::uint32_t> by_hash_;

@@ -229,11 +229,11 @@ class Runtime {
   void introduce_stream(int dev, StreamId id, unsigned flags);
   // Adds the streams whose books the pool of `d` closed since it was last
   // asked (see DevicePool::take_forgotten_streams). Under its lock.
+  // The check inline: every pooled call makes it, and it is nearly always false.
   static void take_forgotten_streams(DeviceState& d, std::vector<StreamId>* into) {
-    if (!d.pool->streams_forgotten()) return;
-    const std::vector<StreamId> more = d.pool->take_forgotten_streams();
-    into->insert(into->end(), more.begin(), more.end());
+    if (d.pool->streams_forgotten()) move_forgotten_streams(d, into);
   }
+  static void move_forgotten_streams(DeviceState& d, std::vector<StreamId>* into);
   // Forgets those handles here too: a stream given one later is introduced
   // to the pool as new, and blocks threads keep for them go back. Not under
   // a pool's lock.

@@ -126,6 +126,11 @@ void Runtime::introduce_stream(int dev, StreamId id, unsigned flags) {
   }
 }
 
+void Runtime::move_forgotten_streams(DeviceState& d, std::vector<StreamId>* into) {
+  const std::vector<StreamId> more = d.pool->take_forgotten_streams();
+  into->insert(into->end(), more.begin(), more.end());
+}
+
 void Runtime::forget_stream_handles(int dev, const std::vector<StreamId>& ids) {
   {
     std::lock_guard<std::mutex> lock(streams_mu_);

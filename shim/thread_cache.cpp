@@ -10,9 +10,11 @@ namespace {
 // A number for the calling thread, unique for the life of the process. Not a
 // thread-local's address: a thread that ends frees its thread-local storage,
 // and a thread that starts later can be given the same address.
+// Constant-initialized and set at first use: no guard on each read.
 std::uint64_t this_thread_number() {
   static std::atomic<std::uint64_t> next{1};
-  thread_local const std::uint64_t number = next.fetch_add(1, std::memory_order_relaxed);
+  thread_local std::uint64_t number = 0;
+  if (number == 0) number = next.fetch_add(1, std::memory_order_relaxed);
   return number;
 }
 
@@ -110,8 +112,7 @@ std::vector<std::pair<DevicePtr, LiveBlock>> LiveTable::forget_device(int device
   return gone;
 }
 
-void StreamCaches::note_caller() {
-  if (enabled() || forked_ || max_bytes_ == 0) return;
+void StreamCaches::note_new_caller() {
   const std::uint64_t me = this_thread_number();
   // A read first: a single-threaded program makes every call here, and an
   // atomic exchange on each cost it a tenth of a stream-ordered pair.

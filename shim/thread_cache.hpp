@@ -190,8 +190,11 @@ class StreamCaches {
   void set_max_bytes(std::size_t bytes) { max_bytes_ = bytes; }
   std::size_t max_bytes() const { return max_bytes_; }
   // Called on every stream-ordered call: the second distinct thread turns the
-  // caches on, for good.
-  void note_caller();
+  // caches on, for good. Once they are on (or can never be), the check inline
+  // is all it costs.
+  void note_caller() {
+    if (!enabled() && !forked_ && max_bytes_ != 0) note_new_caller();
+  }
 
   // A cached block of this thread for `stream` on `device` with room for
   // `rounded` bytes and at most a quarter more, to serve `requested` bytes.
@@ -237,6 +240,8 @@ class StreamCaches {
   // The calling thread's cache, made on first use; null once the thread has
   // handed it back (it is ending).
   ThreadCache* mine();
+  // note_caller's first look at a thread, while the caches are off.
+  void note_new_caller();
   template <typename Keep>
   void flush_if(Keep&& keep, bool as_plain_frees = false);
 
