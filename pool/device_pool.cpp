@@ -386,7 +386,7 @@ void DevicePool::carve(Taken t, std::size_t rounded, StreamId consumer) {
     if (t.listed) remove_free(b);
     return;
   }
-  if (t.listed) uncount_listed(b);  // before its size changes
+  const ListedFigure before = t.listed ? listed_figure(b) : ListedFigure{};  // before its size changes
   // The remainder was part of the same freed block: same history.
   Block* rest = split_off(b, rounded);
   // Its pages were not needed now: recycling may take them at once (keeping
@@ -403,7 +403,7 @@ void DevicePool::carve(Taken t, std::size_t rounded, StreamId consumer) {
     BlockPool& pool = pool_of(kind);
     pool.take_place(b, rest);  // (erasing rest->next above compared no keys)
     pool.rekeyed(rest);
-    count_listed(rest);
+    relisted(kind, before, listed_figure(rest));
   } else {
     add_free(rest);
   }
@@ -431,6 +431,11 @@ void DevicePool::uncount_listed(const Block* b) {
     decrease(stats_.inactive_split, b->segment->kind, 1);
     decrease(stats_.inactive_split_bytes, b->segment->kind, static_cast<std::int64_t>(b->size));
   }
+}
+
+void DevicePool::relisted(PoolKind kind, const ListedFigure& before, const ListedFigure& after) {
+  change(stats_.inactive_split, kind, after.blocks - before.blocks);
+  change(stats_.inactive_split_bytes, kind, after.bytes - before.bytes);
 }
 
 // ---------------------------------------------------------------- free
@@ -512,11 +517,17 @@ Block* DevicePool::merge_and_list(Block* b, const std::unordered_set<const Block
     return n != nullptr && n->is_free_mapped() && (skip == nullptr || skip->count(n) == 0);
   };
   bool listed = false;  // b holds a place in the list; its key is settled at the end
+  ListedFigure absorbed;  // what the listed blocks b takes in added to the statistics
+  auto absorb = [&absorbed](const Block* n) {
+    const ListedFigure f = listed_figure(n);
+    absorbed.blocks += f.blocks;
+    absorbed.bytes += f.bytes;
+  };
   for (bool merged = true; merged;) {
     merged = false;
     if (joins(b->prev) && mergeable(b->prev, b)) {
       Block* prev = b->prev;  // listed: it keeps its place
-      uncount_listed(prev);
+      absorb(prev);
       if (listed) pool.erase(b);
       absorb_next(prev);
       b = prev;
@@ -525,7 +536,7 @@ Block* DevicePool::merge_and_list(Block* b, const std::unordered_set<const Block
     }
     if (joins(b->next) && mergeable(b, b->next)) {
       Block* next = b->next;
-      uncount_listed(next);
+      absorb(next);
       if (listed) {
         pool.erase(next);
       } else {
@@ -541,7 +552,7 @@ Block* DevicePool::merge_and_list(Block* b, const std::unordered_set<const Block
   } else {
     pool.insert(b);
   }
-  count_listed(b);
+  relisted(b->segment->kind, absorbed, listed_figure(b));
   return b;
 }
 

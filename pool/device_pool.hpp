@@ -231,6 +231,18 @@ class DevicePool {
   // The inactive-split statistics of a free block entering or leaving a list.
   void count_listed(const Block* b);
   void uncount_listed(const Block* b);
+  // What listed blocks add to them. A split or merge of listed blocks changes
+  // them by the difference only, as PyTorch's allocator does, so that their
+  // totals (allocated, freed) mean what PyTorch's do: net changes, not every
+  // block's size going out and coming back.
+  struct ListedFigure {
+    std::int64_t blocks = 0;
+    std::int64_t bytes = 0;
+  };
+  static ListedFigure listed_figure(const Block* b) {
+    return b->is_split() ? ListedFigure{1, static_cast<std::int64_t>(b->size)} : ListedFigure{};
+  }
+  void relisted(PoolKind kind, const ListedFigure& before, const ListedFigure& after);
   void absorb_next(Block* low);
   void rekey_to_any_stream(StreamId id);  // the cached blocks of a stream being destroyed
   // Streams the runtime said are gone (see StreamOrdering::found_gone),

@@ -93,10 +93,10 @@ DevicePool::Taken DevicePool::take_covered_part(Block* b, std::size_t rounded, b
     return Taken{};
   }
   if (start == b->addr) return Taken{b, true};
-  uncount_listed(b);  // b keeps the lower part, and its place in the list
+  const ListedFigure before = listed_figure(b);  // b keeps the lower part, and its place in the list
   Block* upper = split_off(b, start - b->addr);
   pool_of(kind).rekeyed(b);
-  count_listed(b);
+  relisted(kind, before, listed_figure(b));
   return Taken{upper, false};
 }
 

@@ -51,6 +51,12 @@ inline int stat_index(PoolKind kind) {
   stat[stat_index(kind)].decrease(amount);
 }
 
+// By `delta`, up or down.
+[[gnu::always_inline]] inline void change(StatArray& stat, PoolKind kind, std::int64_t delta) {
+  if (delta > 0) increase(stat, kind, delta);
+  if (delta < 0) decrease(stat, kind, -delta);
+}
+
 // Power-of-two size buckets: bucket b holds sizes in [2^b, 2^(b+1)).
 inline constexpr int kHistogramBuckets = 64;
 struct SizeHistogram {

@@ -279,6 +279,32 @@ TEST_CASE_METHOD(PoolFixture, "memory_limit refuses growth past it without askin
   CHECK(alloc(1000) != 0);  // 2 MiB more still fits the limit
 }
 
+TEST_CASE_METHOD(PoolFixture, "non-releasable totals count what each split or merge changes, as PyTorch's do") {
+  make();
+  const StatArray& blocks = pool->stats().inactive_split;
+  const StatArray& bytes = pool->stats().inactive_split_bytes;
+  const auto rest = static_cast<std::int64_t>(2 * kMiB - 1024);
+  const DevicePtr a = alloc(1000);  // a 2 MiB segment: the rest is a free block of a split segment
+  CHECK(blocks[kSmallPool].allocated == 1);
+  CHECK(bytes[kSmallPool].allocated == rest);
+  const DevicePtr b = alloc(2000);  // that free block shrinks by 2 KiB: no block leaves or comes
+  CHECK(blocks[kSmallPool].allocated == 1);
+  CHECK(blocks[kSmallPool].freed == 0);
+  CHECK(bytes[kSmallPool].allocated == rest);
+  CHECK(bytes[kSmallPool].freed == 2048);
+  release(b);  // joins the free block above, which grows by 2 KiB
+  CHECK(blocks[kSmallPool].freed == 0);
+  CHECK(bytes[kSmallPool].allocated == rest + 2048);
+  CHECK(bytes[kSmallPool].freed == 2048);
+  release(a);  // the segment is one unsplit block again, which does not count
+  CHECK(blocks[kAll].current == 0);
+  CHECK(blocks[kSmallPool].freed == 1);
+  CHECK(bytes[kSmallPool].current == 0);
+  CHECK(bytes[kSmallPool].freed == rest + 2048);
+  CHECK(bytes[kSmallPool].peak == rest);
+  CHECK(bytes[kAll].allocated == bytes[kSmallPool].allocated);
+}
+
 TEST_CASE_METHOD(PoolFixture, "statistics match a hand count") {
   make();
   const DevicePtr a = alloc(1000);
