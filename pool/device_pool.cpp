@@ -420,14 +420,14 @@ void DevicePool::remove_free(Block* b) {
 }
 
 void DevicePool::count_listed(const Block* b) {
-  if (b->is_split()) {
+  if (non_releasable(b)) {
     increase(stats_.inactive_split, b->segment->kind, 1);
     increase(stats_.inactive_split_bytes, b->segment->kind, static_cast<std::int64_t>(b->size));
   }
 }
 
 void DevicePool::uncount_listed(const Block* b) {
-  if (b->is_split()) {
+  if (non_releasable(b)) {
     decrease(stats_.inactive_split, b->segment->kind, 1);
     decrease(stats_.inactive_split_bytes, b->segment->kind, static_cast<std::int64_t>(b->size));
   }

@@ -228,9 +228,15 @@ class DevicePool {
   void carve(Taken t, std::size_t rounded, StreamId consumer);
   void add_free(Block* b);
   void remove_free(Block* b);
-  // The inactive-split statistics of a free block entering or leaving a list.
+  // The inactive-split ("non-releasable") statistics of a free block
+  // entering or leaving a list.
   void count_listed(const Block* b);
   void uncount_listed(const Block* b);
+  // Whether a free block counts there: a piece of a split segment that holds
+  // it until its neighbours are free. Not in an expandable segment, whose
+  // free pages are unmapped whatever their neighbours (PyTorch leaves those
+  // out too).
+  static bool non_releasable(const Block* b) { return b->is_split() && !b->segment->expandable; }
   // What listed blocks add to them. A split or merge of listed blocks changes
   // them by the difference only, as PyTorch's allocator does, so that their
   // totals (allocated, freed) mean what PyTorch's do: net changes, not every
@@ -240,7 +246,7 @@ class DevicePool {
     std::int64_t bytes = 0;
   };
   static ListedFigure listed_figure(const Block* b) {
-    return b->is_split() ? ListedFigure{1, static_cast<std::int64_t>(b->size)} : ListedFigure{};
+    return non_releasable(b) ? ListedFigure{1, static_cast<std::int64_t>(b->size)} : ListedFigure{};
   }
   void relisted(PoolKind kind, const ListedFigure& before, const ListedFigure& after);
   void absorb_next(Block* low);

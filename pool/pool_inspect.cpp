@@ -221,7 +221,7 @@ bool DevicePool::validate(std::string* error) const {
           why << "free block at " << b->addr << " (size " << b->size << ") has a hot range outside it";
           return fail();
         }
-        if (b->is_split()) {
+        if (non_releasable(b)) {
           add(rc.inactive_split, seg->kind, 1);
           add(rc.inactive_split_bytes, seg->kind, static_cast<std::int64_t>(b->size));
         }

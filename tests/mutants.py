@@ -1688,4 +1688,9 @@ MUTANTS = [
      '    relisted(kind, before, listed_figure(rest));',
      '    relisted(kind, before, ListedFigure{});\n    count_listed(rest);',
      'unit'),
+    ("free blocks of expandable segments are not counted non-releasable, as in PyTorch",
+     'pool/device_pool.hpp',
+     'return b->is_split() && !b->segment->expandable;',
+     'return b->is_split();',
+     'unit'),
 ]

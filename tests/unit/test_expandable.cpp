@@ -74,6 +74,25 @@ TEST_CASE_METHOD(ExpandableFixture, "release_cached unmaps whole free pages and 
   CHECK(upstream.covers(c, 10 * kMiB));
 }
 
+TEST_CASE_METHOD(ExpandableFixture, "free blocks of an expandable segment are not counted non-releasable, as in PyTorch") {
+  make();
+  const DevicePtr a = alloc(5 * kMiB);
+  alloc(3 * kMiB);
+  const DevicePtr c = alloc(1000);  // a small segment of its own, split too
+  release(a);  // free, between the segment's start and a live block: split
+  release(c);
+  const MemoryStats& s = pool->stats();
+  CHECK(s.inactive_split[kAll].current == 0);
+  CHECK(s.inactive_split_bytes[kAll].current == 0);
+  CHECK(s.inactive_split[kAll].allocated == 0);
+  CHECK(s.inactive_split_bytes[kAll].peak == 0);
+  // They are releasable: their whole pages go back.
+  const std::int64_t before = reserved();
+  CHECK(pool->release_cached() > 0);
+  CHECK(reserved() < before);
+  check_mapping();
+}
+
 TEST_CASE_METHOD(ExpandableFixture, "pages the driver refuses to unmap stay mapped, free and counted reserved") {
   make();
   const DevicePtr a = alloc(8 * kMiB);  // four whole pages, freed below
