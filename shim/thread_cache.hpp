@@ -240,7 +240,8 @@ class StreamCaches {
   // The calling thread's cache, made on first use; null once the thread has
   // handed it back (it is ending).
   ThreadCache* mine();
-  // note_caller's first look at a thread, while the caches are off.
+  // note_caller's look at the calling thread, made while the caches are off
+  // and may still come on.
   void note_new_caller();
   template <typename Keep>
   void flush_if(Keep&& keep, bool as_plain_frees = false);
