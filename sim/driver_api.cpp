@@ -152,20 +152,16 @@ CUresult stream_create_with_priority(CUstream* s, unsigned int flags, int priori
   return cu(cudaStreamCreateWithPriority(reinterpret_cast<cudaStream_t*>(s), flags, priority));
 }
 CUresult stream_destroy(CUstream s) { return cu(cudaStreamDestroy(rt(s))); }
-CUresult stream_get_ctx(CUstream s, CUcontext* ctx) {
+// The stream's device's context (each device has one here).
+CUresult stream_ctx_through(cudaError_t (*get_device)(cudaStream_t, int*), CUstream s, CUcontext* ctx) {
   int device = -1;
   if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (const cudaError_t err = cudaStreamGetDevice(rt(s), &device); err != cudaSuccess) return cu(err);
+  if (const cudaError_t err = get_device(rt(s), &device); err != cudaSuccess) return cu(err);
   *ctx = context_of(device);
   return CUDA_SUCCESS;
 }
-CUresult stream_get_ctx_ptsz(CUstream s, CUcontext* ctx) {
-  int device = -1;
-  if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (const cudaError_t err = cudaStreamGetDevice_ptsz(rt(s), &device); err != cudaSuccess) return cu(err);
-  *ctx = context_of(device);
-  return CUDA_SUCCESS;
-}
+CUresult stream_get_ctx(CUstream s, CUcontext* ctx) { return stream_ctx_through(cudaStreamGetDevice, s, ctx); }
+CUresult stream_get_ctx_ptsz(CUstream s, CUcontext* ctx) { return stream_ctx_through(cudaStreamGetDevice_ptsz, s, ctx); }
 CUresult stream_get_flags(CUstream s, unsigned int* flags) { return cu(cudaStreamGetFlags(rt(s), flags)); }
 CUresult stream_get_flags_ptsz(CUstream s, unsigned int* flags) { return cu(cudaStreamGetFlags_ptsz(rt(s), flags)); }
 CUresult stream_synchronize(CUstream s) {
