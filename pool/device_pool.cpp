@@ -79,13 +79,12 @@ Allocation DevicePool::allocate(std::size_t size, StreamId consumer, std::uint32
   // Streams found gone are forgotten before (found by another call) and
   // after (found by this one): the caller learns of it at once.
   if (ordering_.streams_found_gone()) forget_gone_streams();
-  Allocation a;
-  if (clock_ == nullptr || stats_.pool_ops % kTimingSample != 0) {
-    a = allocate_unsampled(size, consumer, site, last_try);
-  } else {
-    const std::uint64_t start = clock_->now_ns();
-    const std::uint64_t upstream_before = stats_.upstream_alloc_ns + stats_.upstream_free_ns;
-    a = allocate_unsampled(size, consumer, site, last_try);
+  // One call site, so that the work is inlined once.
+  const bool timed = clock_ != nullptr && stats_.pool_ops % kTimingSample == 0;
+  const std::uint64_t start = timed ? clock_->now_ns() : 0;
+  const std::uint64_t upstream_before = stats_.upstream_alloc_ns + stats_.upstream_free_ns;
+  const Allocation a = allocate_unsampled(size, consumer, site, last_try);
+  if (timed) {
     const std::uint64_t upstream_spent = stats_.upstream_alloc_ns + stats_.upstream_free_ns - upstream_before;
     const std::uint64_t spent = clock_->now_ns() - start;
     stats_.pool_ns_sampled += spent > upstream_spent ? spent - upstream_spent : 0;
@@ -433,24 +432,19 @@ void DevicePool::uncount_listed(const Block* b) {
   }
 }
 
-void DevicePool::relisted(PoolKind kind, const ListedFigure& before, const ListedFigure& after) {
-  change(stats_.inactive_split, kind, after.blocks - before.blocks);
-  change(stats_.inactive_split_bytes, kind, after.bytes - before.bytes);
-}
-
 // ---------------------------------------------------------------- free
 
 FreeResult DevicePool::deallocate(DevicePtr ptr, StreamId site) {
   ++stats_.pool_ops;
   // (A free makes no call that could find a stream gone: before only.)
   if (ordering_.streams_found_gone()) forget_gone_streams();
-  if (clock_ == nullptr || stats_.pool_ops % kTimingSample != 0) {
-    return deallocate_unsampled(ptr, site);
-  }
-  const std::uint64_t start = clock_->now_ns();
+  const bool timed = clock_ != nullptr && stats_.pool_ops % kTimingSample == 0;
+  const std::uint64_t start = timed ? clock_->now_ns() : 0;
   const FreeResult r = deallocate_unsampled(ptr, site);
-  stats_.pool_ns_sampled += clock_->now_ns() - start;
-  ++stats_.pool_ops_sampled;
+  if (timed) {
+    stats_.pool_ns_sampled += clock_->now_ns() - start;
+    ++stats_.pool_ops_sampled;
+  }
   return r;
 }
 
@@ -499,8 +493,7 @@ FreeResult DevicePool::deallocate_unsampled(DevicePtr ptr, StreamId site) {
 // it without a device-wide wait. Such neighbours stay apart (each reusable at
 // once by its own stream) until one of them is freed again with the other's
 // work known done. Under the "never" policy streams never share a block.
-bool DevicePool::mergeable(const Block* low, const Block* high) {
-  if (low->stream == high->stream || low->device_epoch == 0 || high->device_epoch == 0) return true;
+bool DevicePool::mergeable_across_streams(const Block* low, const Block* high) {
   if (options_.cross_stream_reuse == CrossStreamReuse::Never) return false;
   return ordering_.known_complete(low->stream, low->stream_epoch, low->device_epoch) ||
          ordering_.known_complete(high->stream, high->stream_epoch, high->device_epoch);
