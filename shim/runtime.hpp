@@ -78,6 +78,15 @@ bool explain_library_not_taken_over(bool nothing_pooled);
 // calls itself (by name) without being taken over; empty if none.
 std::string driver_library_not_taken_over();
 
+// The calling thread's last stream named in a stream-ordered call, with its
+// device, while streams_generation_ was `generation` (0: none yet).
+struct LastStream {
+  StreamId stream;
+  int device;
+  std::uint64_t generation;
+};
+extern constinit thread_local LastStream t_last_stream;
+
 class Runtime {
  public:
   static Runtime& get();
@@ -123,7 +132,13 @@ class Runtime {
   void stream_destroy_answered(StreamId stream, int device, bool destroyed);
   // The device of a stream a call names, after registering the stream with
   // that device's pool on first sight. Cached per thread for the last stream.
-  int prepare_stream(StreamId stream);
+  int prepare_stream(StreamId stream) {
+    const LastStream& last = t_last_stream;
+    if (last.stream == stream && last.generation == streams_generation_.load(std::memory_order_acquire)) {
+      return last.device;
+    }
+    return prepare_new_stream(stream);
+  }
   void note_stream_ordered_call() { caches_.note_caller(); }
   // The calling thread is ending (a pthread key's destructor): its cache
   // goes back, then its per-thread stream leaves the pools' books
@@ -198,6 +213,9 @@ class Runtime {
  private:
   Runtime();
   void ensure_known(StreamId stream, int device);
+  // prepare_stream for a stream other than the thread's last one, or after
+  // streams came or went.
+  int prepare_new_stream(StreamId stream);
   // The device's state, made on first use (the check inline: every
   // allocation and free asks).
   DeviceState& device(int index) {

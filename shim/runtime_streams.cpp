@@ -64,24 +64,19 @@ int Runtime::device_of(StreamId stream) {
   return current_device();
 }
 
-int Runtime::prepare_stream(StreamId stream) {
+constinit thread_local LastStream t_last_stream{0, 0, 0};
+
+int Runtime::prepare_new_stream(StreamId stream) {
   if (stream == kLegacyStream) return current_device();  // always known
   if (is_per_thread_id(stream)) {
     const int dev = current_device();
     ensure_known(stream, dev);
     return dev;
   }
-  struct Last {
-    StreamId stream = 0;
-    int device = 0;
-    std::uint64_t generation = 0;
-  };
-  thread_local Last last;
   const std::uint64_t generation = streams_generation_.load(std::memory_order_acquire);
-  if (last.stream == stream && last.generation == generation) return last.device;
   const int dev = device_of(stream);
   ensure_known(stream, dev);
-  last = Last{stream, dev, generation};
+  t_last_stream = LastStream{stream, dev, generation};
   return dev;
 }
 

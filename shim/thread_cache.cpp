@@ -5,18 +5,15 @@
 
 namespace gpupool::shim {
 
-namespace {
+constinit thread_local std::uint64_t t_thread_number = 0;
 
-// A number for the calling thread, unique for the life of the process. Not a
-// thread-local's address: a thread that ends frees its thread-local storage,
-// and a thread that starts later can be given the same address.
-// Constant-initialized and set at first use: no guard on each read.
-std::uint64_t this_thread_number() {
+std::uint64_t new_thread_number() {
   static std::atomic<std::uint64_t> next{1};
-  thread_local std::uint64_t number = 0;
-  if (number == 0) number = next.fetch_add(1, std::memory_order_relaxed);
-  return number;
+  t_thread_number = next.fetch_add(1, std::memory_order_relaxed);
+  return t_thread_number;
 }
+
+namespace {
 
 // This thread's cache. Trivially destructible and constant-initialized, so
 // a use is one thread-local lookup (no guard, no wrapper) and it stays valid

@@ -45,6 +45,17 @@
 
 namespace gpupool::shim {
 
+// A number for the calling thread, unique for the life of the process. Not a
+// thread-local's address: a thread that ends frees its thread-local storage,
+// and a thread that starts later can be given the same address. Read inline,
+// with no initialization guard: constant-initialized, set at first use.
+extern constinit thread_local std::uint64_t t_thread_number;
+std::uint64_t new_thread_number();
+inline std::uint64_t this_thread_number() {
+  const std::uint64_t n = t_thread_number;
+  return n != 0 ? n : new_thread_number();
+}
+
 // Plain data without initializers, so that arrays of them cost nothing to
 // declare; value-initialize ({}) where zeros are wanted.
 struct LiveBlock {
@@ -192,8 +203,13 @@ class StreamCaches {
   // Called on every stream-ordered call: the second distinct thread turns the
   // caches on, for good. Once they are on (or can never be), the check inline
   // is all it costs.
+  // The first caller's own calls are answered here too: a single-threaded
+  // program makes every one of its calls while the caches may still come on.
   void note_caller() {
-    if (!enabled() && !forked_ && max_bytes_ != 0) note_new_caller();
+    if (!enabled() && !forked_ && max_bytes_ != 0 &&
+        first_thread_.load(std::memory_order_relaxed) != this_thread_number()) {
+      note_new_caller();
+    }
   }
 
   // A cached block of this thread for `stream` on `device` with room for
