@@ -243,8 +243,8 @@ class DevicePool {
   // Whether a free block counts there: a piece of a split segment that holds
   // it until its neighbours are free. Not in an expandable segment, whose
   // free pages are unmapped whatever their neighbours (PyTorch leaves those
-  // out too).
-  static bool non_releasable(const Block* b) { return b->is_split() && !b->segment->expandable; }
+  // out too). The segment first: expandable is the default.
+  static bool non_releasable(const Block* b) { return !b->segment->expandable && b->is_split(); }
   // What listed blocks add to them. A split or merge of listed blocks changes
   // them by the difference only, as PyTorch's allocator does, so that their
   // totals (allocated, freed) mean what PyTorch's do: net changes, not every

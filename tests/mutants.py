@@ -1690,7 +1690,7 @@ MUTANTS = [
      'unit'),
     ("free blocks of expandable segments are not counted non-releasable, as in PyTorch",
      'pool/device_pool.hpp',
-     'return b->is_split() && !b->segment->expandable;',
+     'return !b->segment->expandable && b->is_split();',
      'return b->is_split();',
      'unit'),
 ]
