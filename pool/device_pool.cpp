@@ -141,8 +141,6 @@ Allocation DevicePool::allocate_unsampled(std::size_t size, StreamId consumer,
   allocated_.insert(b->addr, b);
   increase(stats_.allocation, kind, 1);
   increase(stats_.allocated_bytes, kind, static_cast<std::int64_t>(b->size));
-  increase(stats_.active, kind, 1);
-  increase(stats_.active_bytes, kind, static_cast<std::int64_t>(b->size));
   increase(stats_.requested_bytes, kind, static_cast<std::int64_t>(size));
   if (b->size >= options_.max_split_size) stats_.oversize_allocations.increase(1);
   if (consumer != kAnyStream) {
@@ -458,8 +456,6 @@ FreeResult DevicePool::deallocate_unsampled(DevicePtr ptr, StreamId site) {
   const PoolKind kind = b->segment->kind;
   decrease(stats_.allocation, kind, 1);
   decrease(stats_.allocated_bytes, kind, static_cast<std::int64_t>(b->size));
-  decrease(stats_.active, kind, 1);
-  decrease(stats_.active_bytes, kind, static_cast<std::int64_t>(b->size));
   decrease(stats_.requested_bytes, kind, static_cast<std::int64_t>(b->requested));
   if (b->size >= options_.max_split_size) stats_.oversize_allocations.decrease(1);
   if (b->stream != kAnyStream) stats_.stream_ordered_bytes.decrease(static_cast<std::int64_t>(b->size));

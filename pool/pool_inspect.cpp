@@ -89,8 +89,8 @@ namespace {
 
 // Accumulates the current value of each statistic from the blocks themselves.
 struct Recount {
-  StatArray allocation, segment, active, inactive_split, allocated_bytes, reserved_bytes,
-      active_bytes, inactive_split_bytes, requested_bytes;
+  StatArray allocation, segment, inactive_split, allocated_bytes, reserved_bytes, inactive_split_bytes,
+      requested_bytes;
   std::int64_t oversize_allocations = 0;
   std::int64_t oversize_segments = 0;
 };
@@ -208,9 +208,7 @@ bool DevicePool::validate(std::string* error) const {
           return fail();
         }
         add(rc.allocation, seg->kind, 1);
-        add(rc.active, seg->kind, 1);
         add(rc.allocated_bytes, seg->kind, static_cast<std::int64_t>(b->size));
-        add(rc.active_bytes, seg->kind, static_cast<std::int64_t>(b->size));
         add(rc.requested_bytes, seg->kind, static_cast<std::int64_t>(b->requested));
         if (b->size >= options_.max_split_size) ++rc.oversize_allocations;
         if (b->stream != kAnyStream) stream_ordered_bytes += static_cast<std::int64_t>(b->size);
@@ -262,11 +260,9 @@ bool DevicePool::validate(std::string* error) const {
   const bool stats_ok =
       check_array("allocation", stats_.allocation, rc.allocation, why) &&
       check_array("segment", stats_.segment, rc.segment, why) &&
-      check_array("active", stats_.active, rc.active, why) &&
       check_array("inactive_split", stats_.inactive_split, rc.inactive_split, why) &&
       check_array("allocated_bytes", stats_.allocated_bytes, rc.allocated_bytes, why) &&
       check_array("reserved_bytes", stats_.reserved_bytes, rc.reserved_bytes, why) &&
-      check_array("active_bytes", stats_.active_bytes, rc.active_bytes, why) &&
       check_array("inactive_split_bytes", stats_.inactive_split_bytes, rc.inactive_split_bytes,
                   why) &&
       check_array("requested_bytes", stats_.requested_bytes, rc.requested_bytes, why);

@@ -70,11 +70,9 @@ int histogram_bucket(std::size_t size);
 struct MemoryStats {
   StatArray allocation;
   StatArray segment;
-  StatArray active;
   StatArray inactive_split;
   StatArray allocated_bytes;
   StatArray reserved_bytes;
-  StatArray active_bytes;
   StatArray inactive_split_bytes;
   StatArray requested_bytes;
   Stat oversize_allocations;
@@ -122,15 +120,19 @@ void end_current_figures(MemoryStats& s);
 
 // The statistics with PyTorch's names, in one list: array(name, StatArray&)
 // and single(name, Stat&) for each (MemoryStats may be const).
+// PyTorch's "active" blocks are its allocated ones and those freed while
+// uses recorded on other streams (record_stream) are pending. gpupool has no
+// record_stream: a freed block is free in its stream's order at once, so its
+// active figures are its allocated ones, kept once.
 template <typename Stats, typename Array, typename Single>
 void for_each_stat(Stats& s, Array&& array, Single&& single) {
   array("allocation", s.allocation);
   array("segment", s.segment);
-  array("active", s.active);
+  array("active", s.allocation);
   array("inactive_split", s.inactive_split);
   array("allocated_bytes", s.allocated_bytes);
   array("reserved_bytes", s.reserved_bytes);
-  array("active_bytes", s.active_bytes);
+  array("active_bytes", s.allocated_bytes);
   array("inactive_split_bytes", s.inactive_split_bytes);
   array("requested_bytes", s.requested_bytes);
   single("oversize_allocations", s.oversize_allocations);

@@ -153,7 +153,7 @@ void device_section(std::string& out, const DeviceReport& d) {
   out += rule('-');
   stat_rows(out, "Allocated memory", s.allocated_bytes, true);
   out += rule('-');
-  stat_rows(out, "Active memory", s.active_bytes, true);
+  stat_rows(out, "Active memory", s.allocated_bytes, true);  // the same (see for_each_stat)
   out += rule('-');
   stat_rows(out, "Requested memory", s.requested_bytes, true);
   out += rule('-');
@@ -163,7 +163,7 @@ void device_section(std::string& out, const DeviceReport& d) {
   out += rule('-');
   stat_rows(out, "Allocations", s.allocation, false);
   out += rule('-');
-  stat_rows(out, "Active allocs", s.active, false);
+  stat_rows(out, "Active allocs", s.allocation, false);
   out += rule('-');
   stat_rows(out, "GPU reserved segments", s.segment, false);
   out += rule('-');

@@ -89,9 +89,7 @@ void add_cache_traffic(const CacheTraffic& t, const std::int64_t (&returned_drif
       }
     };
     add(s.allocation, t.allocations[k], t.frees[k]);
-    add(s.active, t.allocations[k], t.frees[k]);
     add(s.allocated_bytes, t.allocated_bytes[k], t.freed_bytes[k]);
-    add(s.active_bytes, t.allocated_bytes[k], t.freed_bytes[k]);
     add(s.requested_bytes, t.requested_bytes[k], t.requested_freed[k] + returned_drift[k]);
     for (int i : {static_cast<int>(kAll), stat_index(kind)}) {
       Stat& requested = s.requested_bytes[i];
