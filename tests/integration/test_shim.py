@@ -352,6 +352,10 @@ class Devices(ShimTest):
     # block: a block freed with cudaFree can only be reused, on its device.
     ENV = {"SIMCUDA_DEVICES": "2", "GPUPOOL_MEMORY_LIMIT": "20M"}
 
+    # The simulated runtime gives a destroyed stream's handle to the next
+    # stream made, as CUDA may.
+    HANDLES_AGAIN = {"SIMCUDA_REUSE_STREAM_HANDLES": "1"}
+
     def in_both_segment_modes(self, args, env, check):
         """Runs test-devices ARGS with expandable segments on, then off, and
         calls check(report) on each run's JSON report."""
@@ -513,10 +517,17 @@ class Devices(ShimTest):
         # mapped before and after the call, and for pools made later.
         self.in_both_segment_modes(["peer"], {"SIMCUDA_DEVICES": "2"}, lambda report: None)
 
+    def test_a_handle_given_again_to_another_devices_stream_serves_that_device(self):
+        # A thread's last stream is remembered with its device; the stream
+        # destroyed and its handle given to a stream of device 1, the memory
+        # must be device 1's (the program checks where each block lies).
+        self.in_both_segment_modes(["handle-again"], dict(self.HANDLES_AGAIN, SIMCUDA_DEVICES="2"), lambda report: None)
+
     def test_the_devices_program_passes_without_gpupool_too(self):
         for mode in ("cross", "peer", "foreign", "foreign-capture", "foreign-capture-reset", "foreign-reset",
-                     "owner-reset"):
-            run = self.run_program(["test-devices", mode, "5"], env={"SIMCUDA_DEVICES": "2"}, preload=False)
+                     "owner-reset", "handle-again"):
+            run = self.run_program(["test-devices", mode, "5"], env=dict(self.HANDLES_AGAIN, SIMCUDA_DEVICES="2"),
+                                   preload=False)
             self.assertSucceeded(run)
 
 

@@ -38,6 +38,12 @@
 //                              made through the driver (past gpupool) while
 //                              device 0 is current: the memory is device 1's,
 //                              as the runtime gives it
+//   devices handle-again       a stream of device 0 used and destroyed, and its
+//                              handle given to a new stream of device 1 (run with
+//                              SIMCUDA_REUSE_STREAM_HANDLES=1: the simulated
+//                              runtime then gives the last destroyed handle
+//                              to the next stream made): that stream's memory
+//                              is device 1's, though device 0 is current
 //   devices peer               access granted with cudaDeviceEnablePeerAccess
 //                              reaches pooled memory: pages mapped before the
 //                              grant and after it, and pages of a device whose
@@ -337,9 +343,36 @@ int unseen_stream(int rounds) {
   return 0;
 }
 
+// The thread's last stream is remembered with its device (Runtime::
+// prepare_stream): a handle that comes back names another stream.
+int handle_again() {
+  CHECK_CUDA(cudaSetDevice(0));
+  cudaStream_t first = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&first, cudaStreamNonBlocking));
+  void* p = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&p, kBytes, first));
+  expect_on(p, 0);
+  CHECK_CUDA(cudaFreeAsync(p, first));
+  CHECK_CUDA(cudaStreamSynchronize(first));
+  CHECK_CUDA(cudaStreamDestroy(first));
+  CHECK_CUDA(cudaSetDevice(1));
+  cudaStream_t second = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&second, cudaStreamNonBlocking));
+  EXPECT(second == first);  // else this checks nothing
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaMallocAsync(&p, kBytes, second));
+  expect_on(p, 1);
+  fill(p, 7, second);
+  CHECK_CUDA(cudaFreeAsync(p, second));
+  CHECK_CUDA(cudaStreamSynchronize(second));
+  CHECK_CUDA(cudaStreamDestroy(second));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "handle-again") == 0) return handle_again();
   if (argc > 1 && std::strcmp(argv[1], "unseen-stream") == 0) return unseen_stream(argc > 2 ? std::atoi(argv[2]) : 5);
   if (argc > 1 && std::strcmp(argv[1], "peer") == 0) return peer();
   if (argc > 1 && std::strcmp(argv[1], "foreign-capture") == 0) return foreign_capture();
