@@ -82,7 +82,7 @@ Allocation DevicePool::allocate(std::size_t size, StreamId consumer, std::uint32
   // One call site, so that the work is inlined once.
   const bool timed = clock_ != nullptr && stats_.pool_ops % kTimingSample == 0;
   const std::uint64_t start = timed ? clock_->now_ns() : 0;
-  const std::uint64_t upstream_before = stats_.upstream_alloc_ns + stats_.upstream_free_ns;
+  const std::uint64_t upstream_before = timed ? stats_.upstream_alloc_ns + stats_.upstream_free_ns : 0;
   const Allocation a = allocate_unsampled(size, consumer, site, last_try);
   if (timed) {
     const std::uint64_t upstream_spent = stats_.upstream_alloc_ns + stats_.upstream_free_ns - upstream_before;

@@ -123,7 +123,9 @@ void end_current_figures(MemoryStats& s);
 // PyTorch's "active" blocks are its allocated ones and those freed while
 // uses recorded on other streams (record_stream) are pending. gpupool has no
 // record_stream: a freed block is free in its stream's order at once, so its
-// active figures are its allocated ones, kept once.
+// active figures are its allocated ones, kept once. A visitor that changes
+// the figures meets those two arrays twice (end_current_figures may: its
+// second pass finds nothing current).
 template <typename Stats, typename Array, typename Single>
 void for_each_stat(Stats& s, Array&& array, Single&& single) {
   array("allocation", s.allocation);

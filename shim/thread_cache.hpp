@@ -201,10 +201,9 @@ class StreamCaches {
   void set_max_bytes(std::size_t bytes) { max_bytes_ = bytes; }
   std::size_t max_bytes() const { return max_bytes_; }
   // Called on every stream-ordered call: the second distinct thread turns the
-  // caches on, for good. Once they are on (or can never be), the check inline
-  // is all it costs.
-  // The first caller's own calls are answered here too: a single-threaded
-  // program makes every one of its calls while the caches may still come on.
+  // caches on, for good. Inline, the check is all it costs once they are on
+  // (or can never be), and on the first caller's own calls, which are all of
+  // a single-threaded program's while the caches may still come on.
   void note_caller() {
     if (!enabled() && !forked_ && max_bytes_ != 0 &&
         first_thread_.load(std::memory_order_relaxed) != this_thread_number()) {
