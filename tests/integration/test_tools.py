@@ -681,5 +681,36 @@ class Install(ShimTest):
             self.assertIn(path, listing)
 
 
+class GpuPack(ShimTest):
+    """scripts/gpu-pack: what a GPU lease carries, so that nothing is built there."""
+
+    def pack(self, build):
+        folder = os.path.join(self.workdir, "pack")
+        done = subprocess.run([os.path.join(SOURCE, "scripts", "gpu-pack"), folder], capture_output=True, text=True,
+                              env=dict(os.environ, BUILD_DIR=os.path.abspath(build), TRACES_DIR=self.workdir))
+        return done, folder
+
+    def test_the_pack_holds_every_program_the_gpu_scripts_run_within_the_carry_limit(self):
+        done, folder = self.pack(BUILD)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        with open(os.path.join(SOURCE, "scripts", "gpu-check.sh")) as f:
+            programs = set(re.findall(r"build/bin/([A-Za-z0-9_-]+)", f.read()))
+        self.assertIn("test-capture", programs)
+        for program in programs | {"gpupool-bench-api"}:  # the bench's, named in Python
+            self.assertTrue(os.access(os.path.join(folder, "build", "bin", program), os.X_OK), program)
+        core = os.path.join(folder, "build", "lib", "libgpupool-core.so")
+        self.assertTrue(os.path.exists(os.path.join(folder, "build", "lib", "libgpupool.so")))
+        sections = subprocess.run(["readelf", "-S", "-W", core], capture_output=True, text=True, check=True).stdout
+        self.assertNotIn(".debug_info", sections)
+        total = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files)
+        self.assertLess(total, 64 << 20)
+
+    def test_a_build_without_gpupool_is_refused(self):
+        done, folder = self.pack(os.path.join(self.workdir, "no-build"))
+        self.assertEqual(done.returncode, 1)
+        self.assertIn("build it first", done.stderr)
+        self.assertFalse(os.path.exists(folder))
+
+
 if __name__ == "__main__":
     main()
