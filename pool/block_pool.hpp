@@ -89,7 +89,7 @@ class BlockPool {
   // allocation splits twice (plain_reuse.cpp), makes one of each.
   //
   // `block` (in the pool) changed its key in place: keeps it ordered.
-  void rekeyed(Block* block) {
+  [[gnu::always_inline]] void rekeyed(Block* block) {
     const auto it = blocks_.iterator_to(*block);
     if (sorts_at(it, *block)) return;
     blocks_.erase(it);

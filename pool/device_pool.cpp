@@ -50,15 +50,6 @@ DevicePool::~DevicePool() {
 
 Block* DevicePool::new_block() { return new (block_nodes_.take(sizeof(Block))) Block(); }
 
-Block* DevicePool::new_block(const Block& like) {
-  Block* b = new (block_nodes_.take(sizeof(Block))) Block(like);  // links not copied: in no pool
-  b->requested = 0;
-  b->site = 0;
-  b->allocated = false;
-  b->quarantined = false;
-  return b;
-}
-
 void DevicePool::delete_block(Block* b) {
   b->~Block();
   block_nodes_.give_back(b, sizeof(Block));

@@ -314,7 +314,7 @@ bool StreamOrdering::known_complete(StreamId stream, std::uint64_t stream_epoch,
   return it != streams_.end() && stream_epoch <= it->second.completed_epoch;
 }
 
-bool StreamOrdering::device_ready(std::uint64_t device_epoch) {
+bool StreamOrdering::device_ready_slow(std::uint64_t device_epoch) {
   if (options_.unsafe_skip_ordering) return true;
   if (device_epoch <= device_.fenced_epoch) {
     // A barrier recorded after the free orders every live stream; during a

@@ -155,7 +155,12 @@ class StreamOrdering {
 
   // True when a block freed at `device_epoch` may be used on any live stream
   // (recording a device barrier if needed). False when that is impossible now.
-  bool device_ready(std::uint64_t device_epoch);
+  // Inline where a barrier already covers it and no capture is under way
+  // (nearly every plain reuse): the rest is device_ready_slow.
+  bool device_ready(std::uint64_t device_epoch) {
+    if (device_epoch <= device_.fenced_epoch && !capture_active()) return true;
+    return device_ready_slow(device_epoch);
+  }
   // The same for a plain cudaMalloc. Where a destroyed stream's work that
   // nothing covers stops the barriers, the host waits for the whole device
   // now instead: the runtime's own cudaFree would have waited so, and
@@ -204,6 +209,7 @@ class StreamOrdering {
   bool events_held_once() const;
 
  private:
+  bool device_ready_slow(std::uint64_t device_epoch);
   // Destroyed streams kept individually in the report; later ones are folded
   // into the last entry.
   static constexpr std::size_t kDestroyedStreamsReported = 64;
