@@ -526,8 +526,8 @@ class Devices(ShimTest):
     def test_the_devices_program_passes_without_gpupool_too(self):
         for mode in ("cross", "peer", "foreign", "foreign-capture", "foreign-capture-reset", "foreign-reset",
                      "owner-reset", "handle-again"):
-            run = self.run_program(["test-devices", mode, "5"], env=dict(self.HANDLES_AGAIN, SIMCUDA_DEVICES="2"),
-                                   preload=False)
+            env = dict(self.HANDLES_AGAIN if mode == "handle-again" else {}, SIMCUDA_DEVICES="2")
+            run = self.run_program(["test-devices", mode, "5"], env=env, preload=False)
             self.assertSucceeded(run)
 
 
