@@ -78,6 +78,16 @@ def gpu_name():
         return "unknown GPU"
 
 
+def cpu_name():
+    """The host CPU's model and core count: the API pairs' figures are mostly its time, not the GPU's."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        model = ""
+    return f"{model or 'an unknown CPU'} ({os.cpu_count()} cores)"
+
+
 def torch_available():
     probe = subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"],
                            capture_output=True, timeout=120)
@@ -149,7 +159,8 @@ def publish(lines, verdicts, finished):
 
 def main():
     lines = ["## GPU", "",
-             f"Measured by `scripts/gpu-bench.sh` on {gpu_name()}, {datetime.date.today().isoformat()}{code_commit()}. "
+             f"Measured by `scripts/gpu-bench.sh` on {gpu_name()} with {cpu_name()}, "
+             f"{datetime.date.today().isoformat()}{code_commit()}. "
              "Medians of 5 runs (PyTorch: 3 runs), measured side by side in one session.", ""]
     lines += ["### Allocation pairs through the real CUDA runtime", "",
               "`build/bin/gpupool-bench-api MODE THREADS PAIRS WORKING_SET`, with and without "
