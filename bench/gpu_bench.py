@@ -138,6 +138,32 @@ def size_mix():
     return "a fixed mix of 512 B to 64 MiB (no traces in TRACES_DIR on this machine)"
 
 
+def host_cpu_on_simulated_runtime():
+    """The CPU benchmark's single-thread loops, run here on the simulated runtime (build/sim: host memory, no GPU)
+    under gpupool: this CPU beside the CPU benchmark's machine (BENCHMARKS.md), and, beside the real runtime's
+    figures above, what the real runtime adds. Lines for GPU.md; none where the pack has no simulated runtime."""
+    sim = os.path.join(ROOT, "build", "sim")
+    if not os.path.exists(os.path.join(sim, "libcudart.so.13")):
+        return []
+    env = {"LD_LIBRARY_PATH": sim + os.pathsep + os.environ.get("LD_LIBRARY_PATH", "")}
+    figures = {}
+    try:  # a failure here must not cost the rest
+        for mode in ("plain", "async"):
+            one = {}
+            mean, _ = api_pairs(mode, 1, 200000, 64, True, runs=3, extra_env=env, singles=one)
+            figures[mode] = f"{mean:.0f} ns a pair (single pairs' median {one['single_p50_ns']:.0f} ns)"
+    except (SystemExit, subprocess.TimeoutExpired) as failure:
+        print(failure, file=sys.stderr)
+        return ["The CPU benchmark's loops on the simulated runtime failed here (see the log).", ""]
+    lines = ["The same single-thread loops under gpupool on the simulated runtime (`build/sim`: host memory, no GPU; "
+             "medians of 3), as the CPU benchmark runs them (BENCHMARKS.md), on this machine's CPU: "
+             f"`cudaMalloc`+`cudaFree` {figures['plain']}, `cudaMallocAsync`+`cudaFreeAsync` {figures['async']}. "
+             "Where the real runtime's figures above are well above these, the difference is the real runtime's "
+             "(its calls, its libraries in the process), not this CPU's.", ""]
+    print(lines[0], flush=True)
+    return lines
+
+
 def publish(lines, verdicts, finished):
     """Writes what has been measured so far to bench/GPU.md (and $OUT/GPU.md): a run cut short by the GPU
     lease's limit still leaves its figures where they come back."""
@@ -261,6 +287,8 @@ def main():
               f"operation in 64 timed, with its two clock reads, barriers included): {in_pool['plain']:.0f} ns of each plain pair and "
               f"{in_pool['async']:.0f} ns of each stream-ordered pair; the rest of a pair is the shim's and the "
               "runtime's. The CPU benchmark's simulated runtime gives the same estimate for comparison.", ""]
+    lines += host_cpu_on_simulated_runtime()
+    publish(lines, verdicts, False)
     # The CPU benchmark's threads target on this machine's cores: stream-ordered
     # pairs under gpupool cycling through 64 sizes each (more than a thread's
     # cache holds), one thread and two, alternated.

@@ -1718,4 +1718,9 @@ MUTANTS = [
      '  cp "$build/bin/$program" "$dir/build/bin/"\n',
      '',
      'tools'),
+    ("gpu-pack carries the simulated runtime the GPU bench also runs on",
+     'scripts/gpu-pack',
+     '  cp -P "$build"/sim/*.so* "$dir/build/sim/"\n',
+     '',
+     'tools'),
 ]

@@ -700,6 +700,9 @@ class GpuPack(ShimTest):
             self.assertTrue(os.access(os.path.join(folder, "build", "bin", program), os.X_OK), program)
         core = os.path.join(folder, "build", "lib", "libgpupool-core.so")
         self.assertTrue(os.path.exists(os.path.join(folder, "build", "lib", "libgpupool.so")))
+        # The bench also runs on the simulated runtime there (both names the programs load).
+        for name in ("libcudart.so.13", "libcuda.so.1"):
+            self.assertTrue(os.path.exists(os.path.join(folder, "build", "sim", name)), name)
         sections = subprocess.run(["readelf", "-S", "-W", core], capture_output=True, text=True, check=True).stdout
         self.assertNotIn(".debug_info", sections)
         total = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files)
