@@ -152,14 +152,21 @@ def host_cpu_on_simulated_runtime():
             one = {}
             mean, _ = api_pairs(mode, 1, 200000, 64, True, runs=3, extra_env=env, singles=one)
             figures[mode] = f"{mean:.0f} ns a pair (single pairs' median {one['single_p50_ns']:.0f} ns)"
+        scaling = {1: [], 2: []}  # as the threads figure below, alternated
+        for _ in range(3):
+            for threads in scaling:
+                scaling[threads].append(api_pairs("async", threads, 400000, 64, True, runs=1, extra_env=env)[1])
+        ratio = statistics.median(scaling[2]) / statistics.median(scaling[1])
     except (SystemExit, subprocess.TimeoutExpired) as failure:
         print(failure, file=sys.stderr)
         return ["The CPU benchmark's loops on the simulated runtime failed here (see the log).", ""]
     lines = ["The same single-thread loops under gpupool on the simulated runtime (`build/sim`: host memory, no GPU; "
              "medians of 3), as the CPU benchmark runs them (BENCHMARKS.md), on this machine's CPU: "
-             f"`cudaMalloc`+`cudaFree` {figures['plain']}, `cudaMallocAsync`+`cudaFreeAsync` {figures['async']}. "
-             "Where the real runtime's figures above are well above these, the difference is the real runtime's "
-             "(its calls, its libraries in the process), not this CPU's.", ""]
+             f"`cudaMalloc`+`cudaFree` {figures['plain']}, `cudaMallocAsync`+`cudaFreeAsync` {figures['async']}; "
+             f"two threads of the latter (64 sizes each, medians of 3 alternated rounds) {ratio:.2f}x one thread's "
+             "pairs per second. Where the real runtime's figures are well above these, or its two threads' gain "
+             "well below, the difference is the real runtime's (its calls, its libraries in the process), not this "
+             "CPU's.", ""]
     print(lines[0], flush=True)
     return lines
 
