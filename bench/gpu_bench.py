@@ -1,7 +1,14 @@
 #!/usr/bin/env python3
 """The benchmarks that need a GPU (scripts/gpu-bench.sh calls this with the
 real libcudart on LD_LIBRARY_PATH). Writes bench/GPU.md, which the next
-scripts/bench.sh copies into BENCHMARKS.md.
+scripts/bench.sh copies into BENCHMARKS.md, or $OUT/GPU.md where OUT is set
+(a device call's folder that comes back: scripts/gpu-session).
+
+  gpu_bench.py [--quick]   --quick: a twentieth of the pairs and at most 2 runs
+                           each, to check the script itself (the tests run it
+                           so on the simulated runtime); no figures to keep
+  BUILD_DIR: the build (default build); CUDACXX: the compiler for the
+  static-runtime program (default nvcc).
 
 1. Allocation pairs through the real CUDA runtime: cudaMalloc/cudaFree and
    cudaMallocAsync/cudaFreeAsync (CUDA's own stream-ordered pool), without
@@ -28,8 +35,10 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "build", "bin")
-LIB = os.path.join(ROOT, "build", "lib", "libgpupool.so")
+BUILD = os.environ.get("BUILD_DIR") or os.path.join(ROOT, "build")
+BIN = os.path.join(BUILD, "bin")
+LIB = os.path.join(BUILD, "lib", "libgpupool.so")
+QUICK = "--quick" in sys.argv[1:]
 
 
 def run_json(cmd, env, runs):
@@ -48,6 +57,8 @@ def api_pairs(mode, threads, pairs, working_set, preload, runs=5, extra_env=None
               binary=os.path.join(BIN, "gpupool-bench-api"), singles=None):
     """Medians over runs of ns per pair and pairs per second; with one thread,
     `singles` (a dict) gets the medians of the single-pair percentiles too."""
+    if QUICK:
+        pairs, runs = max(pairs // 20, 100), min(runs, 2)
     env = {"GPUPOOL_REPORT": "0"}
     if preload:
         env["LD_PRELOAD"] = LIB
@@ -112,6 +123,7 @@ def barrier_figures(report):
 
 
 def torch_steps(env, report_dir=None, runs=3, side_stream=False):
+    runs = 1 if QUICK else runs
     cmd = [sys.executable, os.path.join(ROOT, "bench", "torch_steps.py"), "60"] + (["--side-stream"] if side_stream else [])
     results = []
     for i in range(runs):
@@ -142,7 +154,7 @@ def host_cpu_on_simulated_runtime():
     """The CPU benchmark's single-thread loops, run here on the simulated runtime (build/sim: host memory, no GPU)
     under gpupool: this CPU beside the CPU benchmark's machine (BENCHMARKS.md), and, beside the real runtime's
     figures above, what the real runtime adds. Lines for GPU.md; none where the pack has no simulated runtime."""
-    sim = os.path.join(ROOT, "build", "sim")
+    sim = os.path.join(BUILD, "sim")
     if not os.path.exists(os.path.join(sim, "libcudart.so.13")):
         return []
     env = {"LD_LIBRARY_PATH": sim + os.pathsep + os.environ.get("LD_LIBRARY_PATH", "")}
@@ -172,8 +184,8 @@ def host_cpu_on_simulated_runtime():
 
 
 def publish(lines, verdicts, finished):
-    """Writes what has been measured so far to bench/GPU.md (and $OUT/GPU.md): a run cut short by the GPU
-    lease's limit still leaves its figures where they come back."""
+    """Writes what has been measured so far to bench/GPU.md, or $OUT/GPU.md where OUT is set: a run cut short
+    by the GPU lease's limit still leaves its figures where they come back."""
     body = list(lines)
     if not finished:
         body += ["The run stopped before the rest of the benchmarks (these figures are all it measured).", ""]
@@ -181,12 +193,9 @@ def publish(lines, verdicts, finished):
     body += [f"| {t} | {v} | {m} |" for t, v, m in verdicts]
     body.append("")
     text = "\n".join(body)
-    paths = [os.path.join(ROOT, "bench", "GPU.md")]
-    if os.environ.get("OUT"):
-        paths.append(os.path.join(os.environ["OUT"], "GPU.md"))
-    for path in paths:
-        with open(path, "w") as f:
-            f.write(text + "\n")
+    out = os.environ.get("OUT")
+    with open(os.path.join(out, "GPU.md") if out else os.path.join(ROOT, "bench", "GPU.md"), "w") as f:
+        f.write(text + "\n")
     return text
 
 
@@ -195,6 +204,9 @@ def main():
              f"Measured by `scripts/gpu-bench.sh` on {gpu_name()} with {cpu_name()}, "
              f"{datetime.date.today().isoformat()}{code_commit()}. "
              "Medians of 5 runs (PyTorch: 3 runs), measured side by side in one session.", ""]
+    if QUICK:
+        lines += ["**A quick run (`--quick`: a twentieth of the pairs, at most 2 runs each), to check the script: "
+                  "not figures to keep.**", ""]
     lines += ["### Allocation pairs through the real CUDA runtime", "",
               "`build/bin/gpupool-bench-api MODE THREADS PAIRS WORKING_SET`, with and without "
               f"`LD_PRELOAD=build/lib/libgpupool.so`; sizes: {size_mix()}. `async` without gpupool is CUDA's own "
@@ -231,7 +243,7 @@ def main():
     # with GPUPOOL_STATIC_RUNTIME=1, through the driver hook.
     with tempfile.TemporaryDirectory() as build:
         static = os.path.join(build, "bench_api_static")
-        nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+        nvcc = os.environ.get("CUDACXX") or shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
         made = subprocess.run([nvcc, "-O2", "-std=c++20", "-I", ROOT, f'-DGPUPOOL_SOURCE_DIR="{ROOT}"', "-x", "cu",
                                "-o", static, os.path.join(ROOT, "bench", "bench_api.cpp"),
                                os.path.join(ROOT, "tools", "trace.cpp")], capture_output=True, text=True)

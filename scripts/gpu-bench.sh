@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu-bench.sh: the benchmarks that need a GPU (allocation pairs through the
 # real runtime with and without gpupool; PyTorch steps when PyTorch is there).
-# Writes bench/GPU.md (and $OUT/GPU.md when OUT is set); scripts/bench.sh puts
+# Writes bench/GPU.md ($OUT/GPU.md where OUT is set); scripts/bench.sh puts
 # it into BENCHMARKS.md. Takes a few minutes on an H200. Exit 77: no GPU here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,4 +19,4 @@ if [ ! -x build/bin/gpupool-bench-api ] || [ ! -f build/lib/libgpupool.so ]; the
   echo "gpu-bench: building gpupool"
   cmake --preset default >/dev/null && cmake --build --preset default >/dev/null
 fi
-exec python3 bench/gpu_bench.py
+exec python3 bench/gpu_bench.py "$@"

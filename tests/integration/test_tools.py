@@ -715,5 +715,36 @@ class GpuPack(ShimTest):
         self.assertFalse(os.path.exists(folder))
 
 
+class GpuBench(ShimTest):
+    """bench/gpu_bench.py runs only where a GPU is lent, which is seldom: run whole here on the simulated runtime
+    (--quick), a fault in the script shows before it costs a lease."""
+
+    def test_the_gpu_bench_runs_whole_on_the_simulated_runtime(self):
+        if sanitizer_runtime():
+            self.skipTest("the bench preloads gpupool alone, without a sanitizer's runtime")
+        committed = os.path.join(SOURCE, "bench", "GPU.md")
+        with open(committed) as f:
+            before = f.read()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "SIMCUDA_"))}
+        # No traces (a fixed size mix) and no compiler for the static-runtime program: its row says so.
+        env.update(BUILD_DIR=os.path.abspath(BUILD), LD_LIBRARY_PATH=os.path.join(BUILD, "sim"), OUT=self.workdir,
+                   TRACES_DIR=self.workdir, CUDACXX="false")
+        done = subprocess.run([sys.executable, os.path.join(SOURCE, "bench", "gpu_bench.py"), "--quick"], env=env,
+                              capture_output=True, text=True, timeout=300)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        with open(os.path.join(self.workdir, "GPU.md")) as f:
+            text = f.read()
+        self.assertIn("A quick run", text)
+        for row in ("`cudaMalloc`+`cudaFree` | 1 | 64", "`cudaMallocAsync`+`cudaFreeAsync` | 2 | 4",
+                    "128 idle non-blocking streams | 1 | 64"):
+            self.assertRegex(text, re.escape(row) + r" \| \d+ \| \d+ \| [\d.]+x \|")
+        self.assertIn("static runtime | 1 | 64 | nvcc failed", text)
+        self.assertRegex(text, r"on the simulated runtime .*`cudaMalloc`\+`cudaFree` \d+ ns a pair .* \d+\.\d\dx one")
+        self.assertRegex(text, r"Two threads .* \d+\.\d\dx one thread's pairs per second")
+        self.assertRegex(text, r"\| gpupool >= 100x faster than raw cudaMalloc/cudaFree \| (met|not met) \| \d+x \|")
+        with open(committed) as f:
+            self.assertEqual(f.read(), before, "the bench wrote bench/GPU.md though OUT was set")
+
+
 if __name__ == "__main__":
     main()
