@@ -6,7 +6,7 @@
 #
 #   scripts/gpu-check.sh [OUTDIR]      (reports and logs go to OUTDIR, default build/gpu-check)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 root=$PWD
 out=${1:-build/gpu-check}
 mkdir -p "$out"
@@ -44,7 +44,8 @@ run() {
   local envs=()
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done
   shift
-  local log="$out/$(echo "$name" | tr -c 'A-Za-z0-9_.-' '_').log"
+  local log
+  log="$out/$(echo "$name" | tr -c 'A-Za-z0-9_.-' '_').log"
   local start=$SECONDS
   # A hang must not eat the GPU lease: each program gets $GPU_CHECK_TIMEOUT s.
   timeout --kill-after=5 "${GPU_CHECK_TIMEOUT:-120}" env "${envs[@]}" "$@" >"$log" 2>&1
@@ -226,7 +227,7 @@ run "hazard gone-handle-after-barrier shows without ordering" "1 2" "${pool[@]}"
 
 echo "== the integration programs on the real runtime"
 for mode in 1 0; do
-  m=(GPUPOOL_EXPANDABLE_SEGMENTS=$mode)
+  m=("GPUPOOL_EXPANDABLE_SEGMENTS=$mode")
   run "patterns (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-patterns 6000 7
   run "repeat (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-repeat 200
   run "threads (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-threads 4 500

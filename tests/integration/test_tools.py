@@ -715,6 +715,23 @@ class GpuPack(ShimTest):
         self.assertFalse(os.path.exists(folder))
 
 
+class Scripts(ShimTest):
+    def test_every_shell_script_parses(self):
+        # bash reads a script as it runs it: a fault past the point where a
+        # script stops without a GPU (gpu-check.sh exits 77 at once) would
+        # first show on a lease.
+        scripts = os.path.join(SOURCE, "scripts")
+        shell = []
+        for name in sorted(os.listdir(scripts)):
+            with open(os.path.join(scripts, name), "rb") as f:
+                if f.readline().rstrip().endswith(b"bash"):
+                    shell.append(name)
+        self.assertIn("gpu-check.sh", shell)
+        for name in shell:
+            done = subprocess.run(["bash", "-n", os.path.join(scripts, name)], capture_output=True, text=True)
+            self.assertEqual(done.returncode, 0, f"{name}: {done.stderr}")
+
+
 class GpuBench(ShimTest):
     """bench/gpu_bench.py runs only where a GPU is lent, which is seldom: run whole here on the simulated runtime
     (--quick), a fault in the script shows before it costs a lease."""
