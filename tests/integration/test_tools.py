@@ -731,6 +731,22 @@ class Scripts(ShimTest):
             done = subprocess.run(["bash", "-n", os.path.join(scripts, name)], capture_output=True, text=True)
             self.assertEqual(done.returncode, 0, f"{name}: {done.stderr}")
 
+    def test_every_python_script_compiles(self):
+        # The same for the Python ones, some of which run only on a GPU
+        # machine (bench/torch_steps.py, tests/gpu/torch_smoke.py).
+        paths = [os.path.join(SOURCE, d, n) for d in ("bench", "scripts", "tests/gpu")
+                 for n in sorted(os.listdir(os.path.join(SOURCE, d)))
+                 if os.path.isfile(os.path.join(SOURCE, d, n))]
+        python = []
+        for path in paths:
+            with open(path, "rb") as f:
+                if path.endswith(".py") or f.readline().rstrip().endswith(b"python3"):
+                    python.append(path)
+        self.assertIn(os.path.join(SOURCE, "bench", "torch_steps.py"), python)
+        for path in python:
+            with open(path) as f:
+                compile(f.read(), path, "exec")  # a SyntaxError fails the test, naming the file
+
 
 class GpuBench(ShimTest):
     """bench/gpu_bench.py runs only where a GPU is lent, which is seldom: run whole here on the simulated runtime
