@@ -8,7 +8,8 @@ scripts/bench.sh copies into BENCHMARKS.md, or $OUT/GPU.md where OUT is set
                            each, to check the script itself (the tests run it
                            so on the simulated runtime); no figures to keep
   BUILD_DIR: the build (default build); CUDACXX: the compiler for the
-  static-runtime program (default nvcc).
+  static-runtime program (default nvcc); GPU_BENCH_TORCH_STEPS: a stand-in
+  for bench/torch_steps.py that needs no PyTorch (the tests').
 
 1. Allocation pairs through the real CUDA runtime: cudaMalloc/cudaFree and
    cudaMallocAsync/cudaFreeAsync (CUDA's own stream-ordered pool), without
@@ -39,6 +40,7 @@ BUILD = os.environ.get("BUILD_DIR") or os.path.join(ROOT, "build")
 BIN = os.path.join(BUILD, "bin")
 LIB = os.path.join(BUILD, "lib", "libgpupool.so")
 QUICK = "--quick" in sys.argv[1:]
+TORCH_STEPS = os.environ.get("GPU_BENCH_TORCH_STEPS") or os.path.join(ROOT, "bench", "torch_steps.py")
 
 
 def run_json(cmd, env, runs):
@@ -100,6 +102,8 @@ def cpu_name():
 
 
 def torch_available():
+    if os.environ.get("GPU_BENCH_TORCH_STEPS"):
+        return True
     probe = subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"],
                            capture_output=True, timeout=120)
     return probe.returncode == 0
@@ -124,7 +128,7 @@ def barrier_figures(report):
 
 def torch_steps(env, report_dir=None, runs=3, side_stream=False):
     runs = 1 if QUICK else runs
-    cmd = [sys.executable, os.path.join(ROOT, "bench", "torch_steps.py"), "60"] + (["--side-stream"] if side_stream else [])
+    cmd = [sys.executable, TORCH_STEPS, "60"] + (["--side-stream"] if side_stream else [])
     results = []
     for i in range(runs):
         e = dict(env)
@@ -328,6 +332,8 @@ def main():
             no_caching = torch_steps({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
             pooled = torch_steps({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, report_dir=reports)
         gib = 2**30
+        if os.environ.get("GPU_BENCH_TORCH_STEPS"):
+            lines += [f"**The steps below are {TORCH_STEPS}'s (`GPU_BENCH_TORCH_STEPS`), not PyTorch's.**", ""]
         lines += ["### PyTorch training steps", "",
                   "`python3 bench/torch_steps.py 60`: an 8-layer transformer encoder, sequence length changing "
                   "every step; median step time after 5 warm-up steps.", "",

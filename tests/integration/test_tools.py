@@ -759,9 +759,11 @@ class GpuBench(ShimTest):
         with open(committed) as f:
             before = f.read()
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "SIMCUDA_"))}
-        # No traces (a fixed size mix) and no compiler for the static-runtime program: its row says so.
+        # No traces (a fixed size mix), no compiler for the static-runtime program (its row says so), and
+        # PyTorch's steps by a stand-in that makes cudaMalloc/cudaFree pairs through ctypes.
+        standin = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_steps_standin.py")
         env.update(BUILD_DIR=os.path.abspath(BUILD), LD_LIBRARY_PATH=os.path.join(BUILD, "sim"), OUT=self.workdir,
-                   TRACES_DIR=self.workdir, CUDACXX="false")
+                   TRACES_DIR=self.workdir, CUDACXX="false", GPU_BENCH_TORCH_STEPS=standin)
         done = subprocess.run([sys.executable, os.path.join(SOURCE, "bench", "gpu_bench.py"), "--quick"], env=env,
                               capture_output=True, text=True, timeout=300)
         self.assertEqual(done.returncode, 0, done.stderr[-3000:])
@@ -774,7 +776,17 @@ class GpuBench(ShimTest):
         self.assertIn("static runtime | 1 | 64 | nvcc failed", text)
         self.assertRegex(text, r"on the simulated runtime .*`cudaMalloc`\+`cudaFree` \d+ ns a pair .* \d+\.\d\dx one")
         self.assertRegex(text, r"Two threads .* \d+\.\d\dx one thread's pairs per second")
-        self.assertRegex(text, r"\| gpupool >= 100x faster than raw cudaMalloc/cudaFree \| (met|not met) \| \d+x \|")
+        self.assertIn("torch_steps_standin.py's", text)
+        for row in ("PyTorch's caching allocator", "`PYTORCH_NO_CUDA_MEMORY_CACHING=1` under gpupool",
+                    "the same with `GPUPOOL_PLAIN_REUSE_SEARCH=0` (no search)"):
+            self.assertRegex(text, re.escape(row) + r" \| [\d.]+ \| [\d.]+ GiB \| [\d.]+ GiB \|")
+        # Read from gpupool's reports of the stand-in's runs: a barrier now and then for its plain pairs.
+        self.assertRegex(text, r"Per allocation under gpupool \(from its reports\): 0\.\d*[1-9]\d* barriers")
+        for target in ("gpupool >= 100x faster than raw cudaMalloc/cudaFree",
+                       "PyTorch under gpupool within 5% of its own allocator in step time",
+                       "PyTorch under gpupool not above its own allocator in peak memory",
+                       "The same with a side stream (PyTorch's stream pool) within 5% in step time"):
+            self.assertRegex(text, re.escape(f"| {target} | ") + r"(met|not met) \| [\d.]+x \|")
         with open(committed) as f:
             self.assertEqual(f.read(), before, "the bench wrote bench/GPU.md though OUT was set")
 
