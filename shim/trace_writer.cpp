@@ -11,60 +11,20 @@
 #include "shim/output_file.hpp"
 #include "shim/report_file.hpp"
 #include "shim/sigpipe_held.hpp"
+#include "shim/trace_format.hpp"
 
 namespace gpupool::shim {
 
 namespace {
 constexpr std::size_t kFlushBytes = 1 << 20;
 
-// Hand-rolled formatting: snprintf's parsing cost most of a traced call.
-// Two digits at a time from a table, and what repeats from one line to the
-// next (the thread's number, the time down to the second) is kept per thread.
-constexpr char kDigitPairs[] =
-    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
-    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
-    "8081828384858687888990919293949596979899";
+using trace_format::put_decimal;
+using trace_format::put_fixed;
+using trace_format::put_hex;
+using trace_format::put_text;
 
-// Writes v's last `width` decimal digits (width even), ending at `end`.
-void put_fixed(char* end, unsigned long v, int width) {
-  for (; width > 0; width -= 2, v /= 100) {
-    end -= 2;
-    std::memcpy(end, &kDigitPairs[v % 100 * 2], 2);
-  }
-}
-
-char* put_decimal(char* out, unsigned long long v) {
-  int digits = 1;
-  for (unsigned long long rest = v; rest >= 10; rest /= 10) ++digits;
-  char* const end = out + digits;
-  char* p = end;
-  for (; v >= 100; v /= 100) {
-    p -= 2;
-    std::memcpy(p, &kDigitPairs[v % 100 * 2], 2);
-  }
-  if (v >= 10) {
-    std::memcpy(p - 2, &kDigitPairs[v * 2], 2);
-  } else {
-    p[-1] = static_cast<char>('0' + v);
-  }
-  return end;
-}
-
-char* put_hex(char* out, unsigned long long v) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  const int digits = v == 0 ? 1 : (64 - __builtin_clzll(v) + 3) / 4;
-  *out++ = '0';
-  *out++ = 'x';
-  for (int i = digits - 1; i >= 0; --i, v >>= 4) out[i] = kDigits[v & 15];
-  return out + digits;
-}
-
-char* put_text(char* out, const char* text, std::size_t n) {
-  std::memcpy(out, text, n);
-  return out + n;
-}
-
-// "tid," and "HH:MM:SS." of this thread's last line.
+// What repeats from one line to the next, kept per thread: "tid," and the
+// "HH:MM:SS." of this thread's last line.
 struct LineStart {
   char thread[24];
   std::size_t thread_length = 0;
@@ -159,7 +119,7 @@ void TraceWriter::record(Action action, DevicePtr ptr, std::size_t size, StreamI
   out = put_hex(out, stream == kAnyStream ? 0 : stream);
   *out++ = '\n';
   const auto n = static_cast<std::size_t>(out - line);
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<AdaptiveMutex> lock(mu_);
   if (!opened_) return;
   Output& o = output_for(device);
   if (o.fd < 0) return;
@@ -174,7 +134,7 @@ void TraceWriter::record(Action action, DevicePtr ptr, std::size_t size, StreamI
 
 void TraceWriter::write_full_buffers() {
   if (!unwritten_full_.load(std::memory_order_relaxed)) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<AdaptiveMutex> lock(mu_);
   for (Output& o : outputs_) {
     if (o.buffer.size() >= kFlushBytes) flush_output(o);
   }
@@ -182,7 +142,7 @@ void TraceWriter::write_full_buffers() {
 }
 
 void TraceWriter::flush() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<AdaptiveMutex> lock(mu_);
   for (Output& o : outputs_) flush_output(o);
 }
 
@@ -229,12 +189,12 @@ std::string TraceWriter::mixed_devices_line_locked() const {
 }
 
 std::string TraceWriter::mixed_devices_line() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<AdaptiveMutex> lock(mu_);
   return mixed_devices_line_locked();
 }
 
 std::vector<std::string> TraceWriter::problems() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<AdaptiveMutex> lock(mu_);
   std::vector<std::string> lines;
   for (const Output& o : outputs_) {
     if (!o.problem.empty()) lines.push_back(o.problem);

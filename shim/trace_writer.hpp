@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "pool/types.hpp"
+#include "shim/locks.hpp"
 
 namespace gpupool::shim {
 
@@ -42,7 +43,7 @@ class TraceWriter {
   std::string mixed_devices_line() const;  // empty unless one file mixes devices
 
   // Held across fork() so that the child never inherits it locked.
-  std::mutex& mutex() { return mu_; }
+  AdaptiveMutex& mutex() { return mu_; }
 
  private:
   struct Output {
@@ -57,7 +58,10 @@ class TraceWriter {
   static void flush_output(Output& out);
   std::string mixed_devices_line_locked() const;
 
-  mutable std::mutex mu_;
+  // Taken twice a traced pair, mostly for a few dozen instructions (a full
+  // buffer's write is the rare long hold): the shim's own lock, inline, not
+  // pthread's (about 80 instructions a record).
+  mutable AdaptiveMutex mu_;
   std::string template_;
   bool per_device_ = false;
   bool opened_ = false;
