@@ -35,6 +35,8 @@ import subprocess
 import sys
 import tempfile
 
+from run_benchmarks import machine  # the CPU benchmark's own line: OS, cores, CPU model
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.environ.get("BUILD_DIR") or os.path.join(ROOT, "build")
 BIN = os.path.join(BUILD, "bin")
@@ -89,16 +91,6 @@ def gpu_name():
                               capture_output=True, text=True, check=True).stdout.strip().splitlines()[0]
     except (OSError, subprocess.CalledProcessError, IndexError):
         return "unknown GPU"
-
-
-def cpu_name():
-    """The host CPU's model and core count: the API pairs' figures are mostly its time, not the GPU's."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        model = ""
-    return f"{model or 'an unknown CPU'} ({os.cpu_count()} cores)"
 
 
 def torch_available():
@@ -205,7 +197,7 @@ def publish(lines, verdicts, finished):
 
 def main():
     lines = ["## GPU", "",
-             f"Measured by `scripts/gpu-bench.sh` on {gpu_name()} with {cpu_name()}, "
+             f"Measured by `scripts/gpu-bench.sh` on {gpu_name()}, host {machine()}, "
              f"{datetime.date.today().isoformat()}{code_commit()}. "
              "Medians of 5 runs (PyTorch: 3 runs), measured side by side in one session.", ""]
     if QUICK:
