@@ -587,6 +587,7 @@ void DevicePool::stream_destroy_begin(StreamId id) {
     // Out of host memory partway: some blocks may stay keyed to the stream,
     // whose row must then be among the report's gone streams to count them.
     ordering_.stream_destroy_end(id, true);
+    ordering_.destroyed_stream_keys_left();
     throw;
   }
 }

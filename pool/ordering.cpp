@@ -277,8 +277,9 @@ bool StreamOrdering::record_completion_fence() {
     for (EventHandle e : fence.more) retired_.push_back(e);
     return false;
   }
+  legacy_fenced_epoch_ = fence.epoch;  // ordered only for streams that follow the legacy stream
   device_.pending.push_back(std::move(fence));
-  ++device_.free_epoch;  // later frees are not covered; nothing is ordered (fenced_epoch stays)
+  ++device_.free_epoch;  // later frees are not covered; fenced_epoch stays (non-blocking streams are not ordered)
   unfenced_frees_ = false;
   return true;
 }
@@ -341,12 +342,27 @@ bool StreamOrdering::stream_ready(StreamId from, std::uint64_t stream_epoch,
   // for the frees since the last: its thread may have ended, and threads
   // that come and go would otherwise each find the blocks of the one before
   // still pending, and grow the pool.
+  StreamState* const known_src = known(from);
+  // A per-thread stream is a blocking one: a legacy-stream action queued
+  // after the free follows its work (the first event of a completion fence
+  // is one), and the later work of a consumer that follows the legacy stream
+  // follows that action. Such a consumer takes the block at once, with no
+  // wait: its work already depends on the fence, reused or not (so threads
+  // that come and go, each on its own per-thread stream, do not grow the
+  // pool while the device is still behind). A stream found gone may have
+  // been a non-blocking one; so may a destroyed stream's key left behind.
+  const bool from_follows_legacy =
+      known_src == nullptr ? !destroyed_keys_left_ : known_src->kind == StreamKind::PerThread && !known_src->gone;
+  auto legacy_ordered = [&] {
+    if (!from_follows_legacy || options_.cross_stream_reuse != CrossStreamReuse::Auto || capture_active()) return false;
+    if (device_epoch > std::max(legacy_fenced_epoch_, device_.fenced_epoch)) return false;
+    return follows_legacy(stream(to));
+  };
   auto through_device = [&] {
     fence_frees();
-    if (device_complete(device_epoch)) return true;
+    if (device_complete(device_epoch) || legacy_ordered()) return true;
     return may_wait && usable(stream(to)) && device_ready(device_epoch);
   };
-  StreamState* const known_src = known(from);
   if (known_src == nullptr || !addressable(*known_src) || known_src->gone) return through_device();
   StreamState& src = *known_src;
   if (stream_epoch <= src.completed_epoch) return true;

@@ -100,6 +100,8 @@ class StreamOrdering {
   // lives on with its kind, counters and captures (its fences stay retired).
   void stream_destroy_begin(StreamId id);
   void stream_destroy_end(StreamId id, bool destroyed);
+  // Some of a destroyed stream's cached blocks could not be re-keyed.
+  void destroyed_stream_keys_left() { destroyed_keys_left_ = true; }
   // The thread whose per-thread default stream this is has ended. Its state
   // goes (its counters to the report's gone streams), so that a program whose
   // threads come and go does not make the pool keep, poll and report a
@@ -259,6 +261,10 @@ class StreamOrdering {
   bool record_completion_fence();
   void poll(StreamState& s);
   bool addressable(const StreamState& s) const { return s.kind != StreamKind::PerThread; }
+  // Its later work follows every action already queued on the legacy stream
+  // (CUDA's legacy-stream rule): the legacy stream itself, a blocking stream,
+  // a per-thread default stream.
+  static bool follows_legacy(const StreamState& s) { return s.kind != StreamKind::NonBlocking && !s.gone; }
   // Events may be recorded, waited for and queried on it now: not while it
   // captures, and not on the legacy stream while any capture is under way (a
   // capturing blocking stream's capture would break).
@@ -281,6 +287,13 @@ class StreamOrdering {
   bool destroyed_work_unordered_ = false;
   bool gone_found_ = false;  // a stream is marked gone and still in the books
   Fence last_barrier_;           // for streams created after it
+  // Frees stamped <= this have a completion fence recorded after them, whose
+  // first event is on the legacy stream (see stream_ready).
+  std::uint64_t legacy_fenced_epoch_ = 0;
+  // Blocks of a destroyed stream stayed keyed to it (host memory ran out as
+  // they were re-keyed): a key the books do not know is then not surely an
+  // ended thread's per-thread stream, whose work the legacy stream follows.
+  bool destroyed_keys_left_ = false;
   StreamState* last_stream_ = nullptr;  // stream()'s one-entry cache
 };
 

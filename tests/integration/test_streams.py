@@ -271,6 +271,27 @@ class Hazards(ShimTest):
             with self.subTest(case=case):
                 self.check("test-hazards-ptds", case, True)
 
+    def test_per_thread_streams_take_pending_blocks_through_the_legacy_stream_with_room_to_grow(self):
+        # Thread B's per-thread stream follows the legacy stream, and the
+        # completion fence's event there follows thread A's write: B takes
+        # the block at once, with no wait and no new memory. (Before, B grew
+        # the pool while A's work was pending: threads that come and go each
+        # took new memory while the device was behind.)
+        for case in ("per-thread", "ended-thread"):
+            for expandable in ("1", "0"):
+                with self.subTest(case=case, expandable_segments=expandable):
+                    env = {"GPUPOOL_MEMORY_LIMIT": "unlimited", "GPUPOOL_EXPANDABLE_SEGMENTS": expandable}
+                    run = self.run_program(["test-hazards", case], env=env)
+                    self.assertSucceeded(run)  # reused (else exit 2), and ordered
+                    self.assertEqual(run.counters()["stream_waits"], 0)
+                    self.assertEqual(run.report()["devices"]["0"]["stats"]["reserved_bytes.all.peak"], 2 << 20)
+                    os.remove(run.reports()[0])
+                    unsafe = self.run_program(["test-hazards", case], env=dict(env, **UNSAFE))
+                    expected = (1, 66) if "tsan" in (sanitizer_runtime() or "") else (1,)
+                    self.assertIn(unsafe.code, expected, f"without ordering the hazard should show:\n{unsafe.stdout}")
+                    for path in unsafe.reports():
+                        os.remove(path)
+
     def test_completed_work_is_reused_without_a_device_wait(self):
         run = self.check("test-hazards", "cross-stream-completed", False)
         streams = run.report()["devices"]["0"]["streams"]

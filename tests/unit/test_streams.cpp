@@ -829,13 +829,75 @@ TEST_CASE_METHOD(PoolFixture, "a destroyed stream's fence whose query fails no l
   check();
 }
 
-TEST_CASE_METHOD(PoolFixture, "another thread's per-thread stream is ordered through the barrier") {
-  const DevicePtr a = freed_on_thread_a(*this, true);  // no room to grow: the cached block is the only way
+TEST_CASE_METHOD(PoolFixture, "another thread's per-thread stream is ordered through the legacy stream") {
+  // Its work pending and room to grow: a per-thread stream follows the
+  // completion fence's legacy event, which follows thread A's work, so the
+  // block is taken at once; a non-blocking stream follows nothing, and grows.
+  const DevicePtr a = freed_on_thread_a(*this, false);
+  pool->stream_created(kNB, StreamKind::NonBlocking);
+  upstream.clear_calls();
+  CHECK(alloc(kMiB, kNB) != a);
+  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);  // the completion fence
+  CHECK(count(upstream.calls(), Call::Record, kPtdsA) == 0);   // unreachable from here
   upstream.clear_calls();
   CHECK(alloc(kMiB, kPtdsB) == a);
-  CHECK(count(upstream.calls(), Call::Record, kPtdsA) == 0);  // unreachable from here
-  // A completion fence at the first look (no room to wait for it), then the barrier.
+  CHECK(upstream.calls().empty());  // that fence covers the free: no wait, no record
+  check();
+}
+
+TEST_CASE_METHOD(PoolFixture, "a stream that ignores the legacy stream takes another thread's block through the barrier") {
+  const DevicePtr a = freed_on_thread_a(*this, true);  // no room to grow: the cached block is the only way
+  pool->stream_created(kNB, StreamKind::NonBlocking);
+  upstream.clear_calls();
+  CHECK(alloc(kMiB, kNB) == a);
+  CHECK(count(upstream.calls(), Call::Record, kPtdsA) == 0);
+  // A completion fence at the first look (no room to wait for it), then the
+  // barrier, which the non-blocking stream waits for.
   CHECK(count(upstream.calls(), Call::Record, kLegacy) == 2);
+  CHECK(count(upstream.calls(), Call::Wait, kNB) == 1);
+  check();
+}
+
+TEST_CASE_METHOD(PoolFixture, "a completion fence from before a free does not order it") {
+  const DevicePtr a = freed_on_thread_a(*this, false);
+  CHECK(alloc(kMiB, kPtdsB) == a);  // after a fence that covers A's free
+  const DevicePtr rest = alloc(kMiB, kPtdsA);  // the segment's other half
+  release(a, kPtdsB);                          // after that fence
+  upstream.set_failing_record_stream(kLegacy);  // no new fence can be had
+  CHECK(alloc(kMiB, kPtdsA) != a);  // a new segment,
+  CHECK(alloc(kMiB, kPtdsA) != a);  // and its rest
+  upstream.set_failing_record_stream(0);
+  CHECK(alloc(kMiB, kPtdsA) == a);  // a fence recorded now covers it
+  release(rest, kPtdsA);
+  check();
+}
+
+TEST_CASE_METHOD(PoolFixture, "no block is taken through the legacy stream while a capture is under way") {
+  // A graph captured now runs later, on a stream it cannot be known to follow.
+  const DevicePtr a = freed_on_thread_a(*this, false);
+  pool->stream_created(kNB, StreamKind::NonBlocking);
+  pool->stream_created(kS1, StreamKind::Blocking);
+  // Its look records the completion fence; it takes the segment's other
+  // half, then a new segment, whole: a is left the only free block.
+  for (int i = 0; i < 3; ++i) CHECK(alloc(kMiB, kNB) != a);
+  pool->capture_began(kS1);
+  CHECK(alloc(kMiB, kPtdsB) != a);
+  CHECK(alloc(kMiB, kPtdsB) != a);
+  pool->capture_ended(kS1);
+  upstream.clear_calls();
+  CHECK(alloc(kMiB, kPtdsB) == a);
+  CHECK(upstream.calls().empty());
+  check();
+}
+
+TEST_CASE_METHOD(PoolFixture, "the completed policy leaves another thread's pending block alone") {
+  options.cross_stream_reuse = CrossStreamReuse::Completed;
+  const DevicePtr a = freed_on_thread_a(*this, false);
+  CHECK(alloc(kMiB, kPtdsB) != a);  // a new segment,
+  CHECK(alloc(kMiB, kPtdsB) != a);  // and its rest
+  upstream.complete_all();
+  CHECK(alloc(kMiB, kPtdsB) == a);
+  check();
 }
 
 TEST_CASE_METHOD(PoolFixture, "the unsafe debug switch really skips every ordering step") {
@@ -1055,8 +1117,10 @@ TEST_CASE_METHOD(PoolFixture, "threads that come and go reuse the blocks of thos
 
 TEST_CASE_METHOD(PoolFixture, "blocks kept under ended threads' streams are counted in the gone rows") {
   // 100 threads each free a block whose work is still pending and end: the
-  // blocks keep their streams' ids. The first 63 are counted in their own
-  // rows, the rest in the row of every later gone stream.
+  // blocks keep their streams' ids (the completed policy: none takes the one
+  // before it). The first 63 are counted in their own rows, the rest in the
+  // row of every later gone stream.
+  options.cross_stream_reuse = CrossStreamReuse::Completed;
   make();
   upstream.set_events_complete_at_once(false);
   for (StreamId t = 1; t <= 100; ++t) pair_on_thread(*this, t, true);
@@ -1125,34 +1189,48 @@ TEST_CASE_METHOD(PoolFixture, "a device reset carries the count of gone streams 
 }
 
 TEST_CASE_METHOD(PoolFixture, "an ended thread's stream leaves the books, its blocks still ordered") {
-  // Its state goes at once; the blocks freed on it keep its id, and are
-  // handed to another stream only once a completion fence shows them done.
+  // Its state goes at once; the blocks freed on it keep its id. A stream that
+  // follows the legacy stream takes them after a completion fence; one that
+  // does not, only once that fence shows them done.
   const DevicePtr a = freed_on_thread_a(*this, false);
   pool->thread_stream_ended(kPtdsA);
   std::vector<StreamReport> rows = rows_of(*pool, kPtdsA);
   REQUIRE(rows.size() == 1);
   CHECK_FALSE(rows[0].alive);
   CHECK(rows[0].kind == StreamKind::PerThread);
+  pool->stream_created(kNB, StreamKind::NonBlocking);
   upstream.clear_calls();
-  const DevicePtr pending = alloc(kMiB, kPtdsB);
+  const DevicePtr pending = alloc(kMiB, kNB);
   CHECK(pending != a);  // room to grow: not while its work may be pending
   CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);  // a completion fence
   CHECK(count(upstream.calls(), Call::Record, kPtdsA) == 0);   // which cannot name it
   upstream.complete_all();
-  CHECK(alloc(kMiB, kPtdsB) == a);  // that fence done: reused
+  CHECK(alloc(kMiB, kNB) == a);  // that fence done: reused
   CHECK(rows_of(*pool, kPtdsA).size() == 1);  // looking at its block made no state for it again
   check();
 }
 
-TEST_CASE_METHOD(PoolFixture, "an ended thread's stream under pressure is ordered through the barrier") {
+TEST_CASE_METHOD(PoolFixture, "threads that come and go on their per-thread streams reuse one block") {
+  // Each frees its block with the work still pending and ends; the next
+  // one's look records a completion fence, which its stream follows.
+  make();
+  upstream.set_events_complete_at_once(false);
+  for (StreamId t = 1; t <= 100; ++t) pair_on_thread(*this, t, true);
+  CHECK(current(pool->stats().reserved_bytes) == static_cast<std::int64_t>(2 * kMiB));  // one small segment
+  CHECK(pool->stats().cache_misses == 1);
+  check();
+}
+
+TEST_CASE_METHOD(PoolFixture, "an ended thread's stream under pressure is ordered through the legacy stream") {
   const DevicePtr a = freed_on_thread_a(*this, true);  // no room to grow
   pool->thread_stream_ended(kPtdsA);
   upstream.clear_calls();
   CHECK(alloc(kMiB, kPtdsB) == a);
   CHECK(count(upstream.calls(), Call::Record, kPtdsA) == 0);
-  // A completion fence at the first look, then the barrier (the per-thread
-  // stream, a blocking one, follows the legacy stream's event).
-  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 2);
+  // A completion fence at the first look, which the per-thread stream, a
+  // blocking one, follows: no barrier, no wait.
+  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);
+  CHECK(count(upstream.calls(), Call::Wait, kPtdsB) == 0);
   check();
 }
 
