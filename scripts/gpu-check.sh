@@ -185,6 +185,13 @@ for mode in 1 0; do
            GPUPOOL_EXPANDABLE_SEGMENTS=$mode GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING=1 -- "$out/hazards_gpu" "$case" ;;
     esac
   done
+  # With room to grow as well: the new thread's per-thread stream follows the
+  # completion fence's legacy event, so it takes the block at once (exit 2:
+  # it took new memory instead).
+  for case in per-thread ended-thread; do
+    run "hazard $case with room to grow (expandable=$mode)" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=unlimited \
+      GPUPOOL_EXPANDABLE_SEGMENTS=$mode -- "$out/hazards_gpu" "$case"
+  done
 done
 
 echo "== a destroyed stream's handle given to a new stream (unseen-: destroyed through the driver, past gpupool)"
