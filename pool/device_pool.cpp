@@ -165,12 +165,18 @@ bool DevicePool::fits_size_rules(const Block* b, std::size_t rounded) const {
 bool DevicePool::ready_for(Block* b, StreamId consumer, bool allow_wait) {
   // Another stream's block: at once if its last use is known complete; else
   // only when waits are allowed, and never under the "completed" policy.
-  const bool may_wait = allow_wait && options_.cross_stream_reuse == CrossStreamReuse::Auto;
+  const bool auto_policy = options_.cross_stream_reuse == CrossStreamReuse::Auto;
+  const bool may_wait = allow_wait && auto_policy;
+  // A barrier recorded since the free already makes every stream's later
+  // work follow it: taking the block then adds no call and no dependency.
+  auto ordered = [&] {
+    return ordering_.device_complete(b->device_epoch) || (auto_policy && ordering_.device_covered(b->device_epoch));
+  };
   auto complete_or_wait = [&](auto&& wait) {
-    if (ordering_.device_complete(b->device_epoch)) return true;
+    if (ordered()) return true;
     if (may_wait) return wait();
-    ordering_.fence_frees();  // so that it can be seen complete later
-    return ordering_.device_complete(b->device_epoch);
+    ordering_.fence_frees();  // so that it can be seen complete later (with destroyed streams' work in flight, a barrier)
+    return ordered();
   };
   if (consumer == kAnyStream) {
     // Plain cudaMalloc: the block may be used on any stream. cudaFree's own
@@ -221,14 +227,24 @@ DevicePool::Taken DevicePool::take_cached(PoolKind kind, std::size_t rounded, St
   }
   if (options_.cross_stream_reuse == CrossStreamReuse::Never) return Taken{};
 
-  // Then the best fit of every other stream's blocks, smallest first.
+  // Then every other stream's blocks that fit, smallest first: a few of each
+  // stream's, since its best fit may still be in use where a larger one is
+  // done. (Blocks of destroyed streams all come under kAnyStream: a program
+  // that makes a stream for each task would find only the newest one's block
+  // there, pending, and grow the pool at every task.)
+  constexpr int kLookedAtPerStream = 4;
   Block* candidates[64];
   int found = 0;
   StreamId key = 0;
   for (bool first = true; found < 64 && pool.next_stream(key, &key, first); first = false) {
     if (key == consumer) continue;
     Block* c = pool.best_fit(key, rounded);
-    if (c != nullptr && fits_size_rules(c, rounded)) candidates[found++] = c;
+    // Past one the size rules refuse, all larger are refused too.
+    for (int looked = 0; looked < kLookedAtPerStream && found < 64 && c != nullptr && c->stream == key &&
+                         fits_size_rules(c, rounded);
+         ++looked, c = pool.next(c)) {
+      candidates[found++] = c;
+    }
   }
   std::sort(candidates, candidates + found, [](const Block* a, const Block* b) {
     return a->size != b->size ? a->size < b->size : a->addr < b->addr;

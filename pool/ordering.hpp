@@ -173,6 +173,11 @@ class StreamOrdering {
   bool device_ordered(std::uint64_t device_epoch) const {
     return device_epoch <= device_.fenced_epoch || device_epoch <= device_.completed_epoch;
   }
+  // True when a barrier recorded since the free orders every stream's later
+  // work after it (not during a capture: see device_ready_slow). Records nothing.
+  bool device_covered(std::uint64_t device_epoch) const {
+    return device_epoch <= device_.fenced_epoch && !capture_active();
+  }
   bool device_complete(std::uint64_t device_epoch);
   // True when the work queued before a free with this history is known done,
   // from what fences and idle queries have already shown. Queries nothing.

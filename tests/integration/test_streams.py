@@ -22,6 +22,7 @@ CASES = {
     "cross-stream-completed": False,  # the old work is done before the reuse
     "cross-stream-pending": True,   # the new stream waits on the free's fence
     "destroyed-stream": True,       # the destroyed stream's last work is fenced
+    "stream-per-task": True,        # the same, a stream made and destroyed for each of 8 tasks
     "per-thread": True,             # per-thread default streams of two threads
     "ended-thread": True,           # the same, the freeing thread ended before the reuse
 }
@@ -291,6 +292,23 @@ class Hazards(ShimTest):
                     self.assertIn(unsafe.code, expected, f"without ordering the hazard should show:\n{unsafe.stdout}")
                     for path in unsafe.reports():
                         os.remove(path)
+
+    def test_a_stream_made_for_each_task_takes_the_last_tasks_block_through_the_barrier(self):
+        # With room to grow: each look at a destroyed stream's block, its
+        # work in flight, records a barrier, which the new stream follows.
+        # (Without ordering no barrier is recorded and the block is not taken:
+        # CASES shows the hazard under pressure.)
+        for case in ("destroyed-stream", "stream-per-task"):
+            for expandable in ("1", "0"):
+                with self.subTest(case=case, expandable_segments=expandable):
+                    env = {"GPUPOOL_MEMORY_LIMIT": "unlimited", "GPUPOOL_EXPANDABLE_SEGMENTS": expandable}
+                    run = self.run_program(["test-hazards", case], env=env)
+                    try:
+                        self.assertSucceeded(run)  # reused (else exit 2), and ordered
+                        self.assertEqual(run.report()["devices"]["0"]["stats"]["reserved_bytes.all.peak"], 2 << 20)
+                    finally:
+                        for path in run.reports():
+                            os.remove(path)
 
     def test_completed_work_is_reused_without_a_device_wait(self):
         run = self.check("test-hazards", "cross-stream-completed", False)

@@ -203,6 +203,28 @@ inline int cross_stream(bool wait_first, bool destroy_first) {
   return verdict(p, q, s2);
 }
 
+// A stream made for each task and destroyed after it: each task frees its
+// block with its slow write still queued, and the next task's new stream
+// takes that block (exit 2 where it took new memory), ordered after the
+// write. 8 tasks.
+inline int stream_per_task() {
+  void* previous = nullptr;
+  for (int task = 0; task < 8; ++task) {
+    cudaStream_t s = stream(cudaStreamNonBlocking);
+    void* p = nullptr;
+    HAZARD_CHECK(cudaMallocAsync(&p, kBytes, s));
+    if (previous != nullptr) {
+      if (const int result = verdict(previous, p, s); result != 0) return result;
+    }
+    old_owner_writes(p, s);
+    HAZARD_CHECK(cudaFreeAsync(p, s));
+    HAZARD_CHECK(cudaStreamDestroy(s));
+    previous = p;
+  }
+  HAZARD_CHECK(cudaDeviceSynchronize());
+  return 0;
+}
+
 // Device 0's block, last written on device 1's stream and freed in its
 // order: device 0's barriers do not reach that stream, so the block waits
 // until the free's point on it is known passed. Needs two devices.
@@ -521,6 +543,7 @@ inline int run_case(const std::string& name) {
   if (name == "cross-stream-completed") return cross_stream(true, false);
   if (name == "cross-stream-pending") return cross_stream(false, false);
   if (name == "destroyed-stream") return cross_stream(false, true);
+  if (name == "stream-per-task") return stream_per_task();
   if (name == "per-thread") return per_thread_streams();
   if (name == "ended-thread") return ended_thread_stream();
   if (name == "handle-given-again") return handle_given_again(false, false);

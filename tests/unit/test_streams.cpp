@@ -577,6 +577,103 @@ TEST_CASE_METHOD(PoolFixture, "a destroyed stream's blocks stay cached and are f
   CHECK(legacy_waited);
 }
 
+// A stream made for each task: a 1 MiB pair on it, then destroyed, its work
+// still pending. Returns the pair's address.
+DevicePtr task_on_new_stream(PoolFixture& f, StreamId s, StreamKind kind = StreamKind::NonBlocking) {
+  f.pool->stream_created(s, kind);
+  const DevicePtr a = f.alloc(kMiB, s);
+  f.release(a, s);
+  f.pool->stream_destroying(s);
+  return a;
+}
+
+TEST_CASE_METHOD(PoolFixture, "a stream made after a destroy takes the destroyed stream's block through the barrier") {
+  // Room to grow: the look records a barrier (a destroyed stream's work is in
+  // flight), which every stream follows; the block is taken at once.
+  make();
+  upstream.set_events_complete_at_once(false);
+  const DevicePtr a = task_on_new_stream(*this, kNB);
+  pool->stream_created(kNB + 1, StreamKind::NonBlocking);
+  upstream.clear_calls();
+  CHECK(alloc(kMiB, kNB + 1) == a);
+  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);  // the barrier
+  CHECK(count(upstream.calls(), Call::Wait, kNB + 1) == 1);    // which the new stream waits for
+  check();
+}
+
+// Two plain blocks freed, each in a segment its other half keeps; a plain
+// request takes the first after a barrier, which covers the second's free
+// too. Returns the second.
+DevicePtr covered_plain_block(PoolFixture& f) {
+  f.make();
+  f.upstream.set_events_complete_at_once(false);
+  const DevicePtr a = f.alloc(kMiB);
+  f.alloc(kMiB);
+  const DevicePtr x = f.alloc(kMiB);
+  f.alloc(kMiB);
+  f.release(a);
+  f.release(x);
+  REQUIRE(f.alloc(kMiB) == a);  // after a barrier
+  return x;
+}
+
+TEST_CASE_METHOD(PoolFixture, "a block a barrier already covers is taken by a stream with no call") {
+  // Every stream's later work follows that barrier: taking the block adds no
+  // dependency, where the pool would otherwise grow.
+  const DevicePtr x = covered_plain_block(*this);
+  pool->stream_created(kNB, StreamKind::NonBlocking);  // made to follow the barrier
+  upstream.clear_calls();
+  CHECK(alloc(kMiB, kNB) == x);
+  CHECK(upstream.calls().empty());
+  check();
+}
+
+TEST_CASE_METHOD(PoolFixture, "under the completed policy a barrier's cover is not enough for a stream") {
+  options.cross_stream_reuse = CrossStreamReuse::Completed;
+  const DevicePtr x = covered_plain_block(*this);
+  pool->stream_created(kNB, StreamKind::NonBlocking);
+  CHECK(alloc(kMiB, kNB) != x);
+  check();
+}
+
+TEST_CASE_METHOD(PoolFixture, "during a capture a barrier's cover is not enough for a stream") {
+  // What is captured runs when the graph is launched, on a stream that need
+  // not follow the barrier.
+  const DevicePtr x = covered_plain_block(*this);
+  pool->stream_created(kS1, StreamKind::Blocking);
+  pool->stream_created(kNB, StreamKind::NonBlocking);
+  pool->capture_began(kS1);
+  CHECK(alloc(kMiB, kNB) != x);
+  pool->capture_ended(kS1);
+  check();
+}
+
+TEST_CASE_METHOD(PoolFixture, "a stream made for each task reuses the blocks of those before it") {
+  // Each look records a fence that the device completes before the next
+  // task (a device that keeps up): the newest block is still pending, the
+  // one before it done. Only the newest was looked at before, and each task
+  // grew the pool.
+  options.expandable_segments = false;
+  make();
+  upstream.set_events_complete_at_once(false);
+  for (StreamId t = 0; t < 40; ++t) {
+    task_on_new_stream(*this, kNB + t);
+    upstream.complete_all();
+  }
+  CHECK(current(pool->stats().reserved_bytes) <= static_cast<std::int64_t>(4 * kMiB));
+  check();
+}
+
+TEST_CASE_METHOD(PoolFixture, "under the completed policy a destroyed stream's pending block is left alone") {
+  options.cross_stream_reuse = CrossStreamReuse::Completed;
+  make();
+  upstream.set_events_complete_at_once(false);
+  const DevicePtr a = task_on_new_stream(*this, kNB);
+  pool->stream_created(kNB + 1, StreamKind::NonBlocking);
+  CHECK(alloc(kMiB, kNB + 1) != a);
+  check();
+}
+
 TEST_CASE_METHOD(PoolFixture, "a stream whose destroy is refused lives on with its kind, counters and captures") {
   make();
   pool->stream_created(kS1, StreamKind::Blocking);
