@@ -20,6 +20,11 @@
 // that starts a thread per request), with `pause` microseconds between one
 // thread's end and the next one's start (0); prints microseconds per thread,
 // pauses included.
+//   gpupool-bench-api tasks [tasks] [pause]
+// tasks: one thread makes a non-blocking stream for each task, then a 1 MiB
+// cudaMallocAsync, a cudaMemsetAsync and a cudaFreeAsync on it, and destroys
+// the stream (a program that makes a stream per task), with `pause`
+// microseconds between tasks (0); prints microseconds per task.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -82,11 +87,32 @@ int churn(int threads, int pause_us) {
   std::printf("{\"mode\": \"churn\", \"threads\": %d, \"us_per_thread\": %.1f}\n", threads, us / threads);
   return 0;
 }
+int tasks(int count, int pause_us) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int t = 0; t < count; ++t) {
+    if (pause_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
+    cudaStream_t s = nullptr;
+    void* p = nullptr;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaMallocAsync(&p, 1 << 20, s) != cudaSuccess || cudaMemsetAsync(p, 0, 1 << 20, s) != cudaSuccess ||
+        cudaFreeAsync(p, s) != cudaSuccess || cudaStreamDestroy(s) != cudaSuccess) {
+      std::fprintf(stderr, "gpupool-bench-api: tasks: a call failed\n");
+      return 1;
+    }
+  }
+  cudaDeviceSynchronize();
+  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+  std::printf("{\"mode\": \"tasks\", \"tasks\": %d, \"us_per_task\": %.1f}\n", count, us / count);
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "churn") == 0) {
     return churn(argc > 2 ? std::atoi(argv[2]) : 2000, argc > 3 ? std::atoi(argv[3]) : 0);
+  }
+  if (argc > 1 && std::strcmp(argv[1], "tasks") == 0) {
+    return tasks(argc > 2 ? std::atoi(argv[2]) : 300, argc > 3 ? std::atoi(argv[3]) : 0);
   }
   const bool async = argc > 1 && std::strcmp(argv[1], "async") == 0;
   const int threads = argc > 2 ? std::atoi(argv[2]) : 1;
