@@ -401,7 +401,10 @@ def main():
               "destroyed (`LD_PRELOAD=build-bench/lib/libgpupool.so build-bench/bin/gpupool-bench-api tasks 300 "
               "PAUSE`, 3 runs each). A destroyed stream's blocks are ordered through the device barrier, which "
               "the next task's look records while the last task's work is in flight, and which its stream "
-              "follows; a block the barrier covers is taken at once.", "",
+              "follows; a block the barrier covers is taken at once. With a pause the last task's work may be done by "
+              "the next look, which then records a completion fence, not a barrier, and finds it pending; the "
+              "simulated runtime completes an event on a stream it has just made 0.1-6 ms later (a worker thread "
+              "per stream), so the pool still grows now and then there.", "",
               "| segments | pause | peak reserved, median (lowest-highest) | from cache | us per task |",
               "|---|---:|---:|---:|---:|"]
     for name, expandable, pause in (("expandable (default)", "1", 0), ("fixed", "0", 0),
