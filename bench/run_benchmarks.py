@@ -104,6 +104,23 @@ def api_pairs(mode, threads, pairs, preload, runs=5, working_set=64, singles=Non
             statistics.median(r["pairs_per_second"] for r in results))
 
 
+def held_memory_rows(mode, count, pause_us, per_key, last_cell=None):
+    """Table rows for gpupool-bench-api churn or tasks: expandable and fixed
+    segments, without and with a pause; 3 runs each, their peak reserved
+    (median, lowest-highest), cache hits and time per thread or task."""
+    rows = []
+    for name, expandable, pause in (("expandable (default)", "1", 0), ("fixed", "0", 0),
+                                    ("expandable (default)", "1", pause_us), ("fixed", "0", pause_us)):
+        runs = [bench_api(mode, count, pause, True, reserved=True, extra_env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                for _ in range(3)]
+        mib = sorted(r["reserved"] / 2**20 for r in runs)
+        row = (f"| {name} | {pause} us | {mib[1]:.0f} MiB ({mib[0]:.0f}-{mib[2]:.0f}) | "
+               f"{statistics.median(r['hit_ratio'] for r in runs) * 100:.1f}% | "
+               f"{statistics.median(r[per_key] for r in runs):.0f} |")
+        rows.append(row + (f" {last_cell(runs)} |" if last_cell else ""))
+    return rows
+
+
 def timed(cmd, env, runs):
     """Median wall time of `runs` runs of cmd."""
     times = []
@@ -146,7 +163,7 @@ def main():
         f"- Date: {datetime.date.today().isoformat()}",
         f"- Code: {code_version()}",
         f"- Machine: {machine()}; no GPU (the simulated runtime stands in for the device)",
-        f"- Traces: the five real PyTorch traces in `../shared/traces` (read at run time, never committed)",
+        "- Traces: the five real PyTorch traces in `../shared/traces` (read at run time, never committed)",
         "",
     ]
     verdicts = []
@@ -385,16 +402,7 @@ def main():
               "| segments | pause | peak reserved, median (lowest-highest) | from cache | us per thread | stream "
               "rows in the report |",
               "|---|---:|---:|---:|---:|---:|"]
-    for name, expandable, pause in (("expandable (default)", "1", 0), ("fixed", "0", 0),
-                                    ("expandable (default)", "1", 100), ("fixed", "0", 100)):
-        runs = [bench_api("churn", 2000, pause, True, reserved=True,
-                          extra_env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
-                for _ in range(3)]
-        mib = sorted(r["reserved"] / 2**20 for r in runs)
-        lines.append(f"| {name} | {pause} us | {mib[1]:.0f} MiB ({mib[0]:.0f}-{mib[2]:.0f}) | "
-                     f"{statistics.median(r['hit_ratio'] for r in runs) * 100:.1f}% | "
-                     f"{statistics.median(r['us_per_thread'] for r in runs):.0f} | "
-                     f"{max(r['stream_rows'] for r in runs)} |")
+    lines += held_memory_rows("churn", 2000, 100, "us_per_thread", lambda runs: max(r["stream_rows"] for r in runs))
     # A stream made for each task: each task's block must serve the next.
     lines += ["", "A stream for each task: one thread makes 300 tasks one after another, each a non-blocking stream, "
               "a 1 MiB `cudaMallocAsync`, a `cudaMemsetAsync` and a `cudaFreeAsync` on it, and the stream "
@@ -407,15 +415,7 @@ def main():
               "per stream), so the pool still grows now and then there.", "",
               "| segments | pause | peak reserved, median (lowest-highest) | from cache | us per task |",
               "|---|---:|---:|---:|---:|"]
-    for name, expandable, pause in (("expandable (default)", "1", 0), ("fixed", "0", 0),
-                                    ("expandable (default)", "1", 1000), ("fixed", "0", 1000)):
-        runs = [bench_api("tasks", 300, pause, True, reserved=True,
-                          extra_env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
-                for _ in range(3)]
-        mib = sorted(r["reserved"] / 2**20 for r in runs)
-        lines.append(f"| {name} | {pause} us | {mib[1]:.0f} MiB ({mib[0]:.0f}-{mib[2]:.0f}) | "
-                     f"{statistics.median(r['hit_ratio'] for r in runs) * 100:.1f}% | "
-                     f"{statistics.median(r['us_per_task'] for r in runs):.0f} |")
+    lines += held_memory_rows("tasks", 300, 1000, "us_per_task")
     verdicts.append(("Default reserves no more than PyTorch on every trace", "met" if all_default_ok else "not met",
                      "see the table"))
     verdicts.append(("Best swept configuration within 3% of peak live on every trace",

@@ -272,6 +272,20 @@ class Hazards(ShimTest):
             with self.subTest(case=case):
                 self.check("test-hazards-ptds", case, True)
 
+    def reused_with_room_to_grow(self, case, expandable):
+        """Runs a hazard case with no memory limit: the block must be reused
+        (exit 2 otherwise) and ordered, with one 2 MiB segment at the peak.
+        Returns the run, its reports removed."""
+        env = {"GPUPOOL_MEMORY_LIMIT": "unlimited", "GPUPOOL_EXPANDABLE_SEGMENTS": expandable}
+        run = self.run_program(["test-hazards", case], env=env)
+        try:
+            self.assertSucceeded(run)
+            self.assertEqual(run.report()["devices"]["0"]["stats"]["reserved_bytes.all.peak"], 2 << 20)
+        finally:
+            for path in run.reports():
+                os.remove(path)
+        return run
+
     def test_per_thread_streams_take_pending_blocks_through_the_legacy_stream_with_room_to_grow(self):
         # Thread B's per-thread stream follows the legacy stream, and the
         # completion fence's event there follows thread A's write: B takes
@@ -281,13 +295,10 @@ class Hazards(ShimTest):
         for case in ("per-thread", "ended-thread"):
             for expandable in ("1", "0"):
                 with self.subTest(case=case, expandable_segments=expandable):
-                    env = {"GPUPOOL_MEMORY_LIMIT": "unlimited", "GPUPOOL_EXPANDABLE_SEGMENTS": expandable}
-                    run = self.run_program(["test-hazards", case], env=env)
-                    self.assertSucceeded(run)  # reused (else exit 2), and ordered
+                    run = self.reused_with_room_to_grow(case, expandable)
                     self.assertEqual(run.counters()["stream_waits"], 0)
-                    self.assertEqual(run.report()["devices"]["0"]["stats"]["reserved_bytes.all.peak"], 2 << 20)
-                    os.remove(run.reports()[0])
-                    unsafe = self.run_program(["test-hazards", case], env=dict(env, **UNSAFE))
+                    env = {"GPUPOOL_MEMORY_LIMIT": "unlimited", "GPUPOOL_EXPANDABLE_SEGMENTS": expandable, **UNSAFE}
+                    unsafe = self.run_program(["test-hazards", case], env=env)
                     expected = (1, 66) if "tsan" in (sanitizer_runtime() or "") else (1,)
                     self.assertIn(unsafe.code, expected, f"without ordering the hazard should show:\n{unsafe.stdout}")
                     for path in unsafe.reports():
@@ -301,14 +312,7 @@ class Hazards(ShimTest):
         for case in ("destroyed-stream", "stream-per-task"):
             for expandable in ("1", "0"):
                 with self.subTest(case=case, expandable_segments=expandable):
-                    env = {"GPUPOOL_MEMORY_LIMIT": "unlimited", "GPUPOOL_EXPANDABLE_SEGMENTS": expandable}
-                    run = self.run_program(["test-hazards", case], env=env)
-                    try:
-                        self.assertSucceeded(run)  # reused (else exit 2), and ordered
-                        self.assertEqual(run.report()["devices"]["0"]["stats"]["reserved_bytes.all.peak"], 2 << 20)
-                    finally:
-                        for path in run.reports():
-                            os.remove(path)
+                    self.reused_with_room_to_grow(case, expandable)
 
     def test_completed_work_is_reused_without_a_device_wait(self):
         run = self.check("test-hazards", "cross-stream-completed", False)
