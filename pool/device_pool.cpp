@@ -163,8 +163,9 @@ bool DevicePool::fits_size_rules(const Block* b, std::size_t rounded) const {
 }
 
 bool DevicePool::ready_for(Block* b, StreamId consumer, bool allow_wait) {
-  // Another stream's block: at once if its last use is known complete; else
-  // only when waits are allowed, and never under the "completed" policy.
+  // Another stream's block: at once if its last use is known complete (or,
+  // under "auto", a barrier recorded since its free covers it); else only
+  // when waits are allowed, and never under the "completed" policy.
   const bool auto_policy = options_.cross_stream_reuse == CrossStreamReuse::Auto;
   const bool may_wait = allow_wait && auto_policy;
   // A barrier recorded since the free already makes every stream's later

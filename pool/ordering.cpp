@@ -334,6 +334,11 @@ bool StreamOrdering::wait_out_unordered_work() {
 bool StreamOrdering::stream_ready(StreamId from, std::uint64_t stream_epoch,
                                   std::uint64_t device_epoch, StreamId to, bool may_wait) {
   if (options_.unsafe_skip_ordering) return true;
+  const bool auto_policy = options_.cross_stream_reuse == CrossStreamReuse::Auto;
+  // A barrier recorded since the free makes every stream's later work follow
+  // it: nothing to call, no dependency to add.
+  auto covered = [&] { return auto_policy && device_covered(device_epoch); };
+  if (covered()) return true;
   // Through the device alone: for another thread's per-thread default stream
   // (or an ended thread's, whose state is gone), where nothing can be
   // recorded on it or asked of it from here, and for a stream found gone.
@@ -354,13 +359,13 @@ bool StreamOrdering::stream_ready(StreamId from, std::uint64_t stream_epoch,
   const bool from_follows_legacy =
       known_src == nullptr ? !destroyed_keys_left_ : known_src->kind == StreamKind::PerThread && !known_src->gone;
   auto legacy_ordered = [&] {
-    if (!from_follows_legacy || options_.cross_stream_reuse != CrossStreamReuse::Auto || capture_active()) return false;
-    if (device_epoch > std::max(legacy_fenced_epoch_, device_.fenced_epoch)) return false;
+    if (!from_follows_legacy || !auto_policy || capture_active()) return false;
+    if (device_epoch > legacy_fenced_epoch_) return false;
     return follows_legacy(stream(to));
   };
   auto through_device = [&] {
-    fence_frees();
-    if (device_complete(device_epoch) || legacy_ordered()) return true;
+    fence_frees();  // with destroyed streams' work in flight, a barrier
+    if (device_complete(device_epoch) || covered() || legacy_ordered()) return true;
     return may_wait && usable(stream(to)) && device_ready(device_epoch);
   };
   if (known_src == nullptr || !addressable(*known_src) || known_src->gone) return through_device();

@@ -628,6 +628,24 @@ TEST_CASE_METHOD(PoolFixture, "a block a barrier already covers is taken by a st
   check();
 }
 
+TEST_CASE_METHOD(PoolFixture, "another stream's block freed before a barrier is taken with no call") {
+  make();
+  upstream.set_events_complete_at_once(false);
+  pool->stream_created(kNB, StreamKind::NonBlocking);
+  pool->stream_created(kNB + 1, StreamKind::NonBlocking);
+  const DevicePtr a = alloc(kMiB, kNB);
+  alloc(kMiB, kNB);  // the segment's other half stays taken
+  release(a, kNB);
+  const DevicePtr p = alloc(kMiB);
+  alloc(kMiB);
+  release(p);
+  CHECK(alloc(kMiB) == p);  // after a barrier, which a's free came before
+  upstream.clear_calls();
+  CHECK(alloc(kMiB, kNB + 1) == a);
+  CHECK(upstream.calls().empty());  // no query of kNB, no fence on it, no wait
+  check();
+}
+
 TEST_CASE_METHOD(PoolFixture, "under the completed policy a barrier's cover is not enough for a stream") {
   options.cross_stream_reuse = CrossStreamReuse::Completed;
   const DevicePtr x = covered_plain_block(*this);
