@@ -228,11 +228,12 @@ DevicePool::Taken DevicePool::take_cached(PoolKind kind, std::size_t rounded, St
   }
   if (options_.cross_stream_reuse == CrossStreamReuse::Never) return Taken{};
 
-  // Then every other stream's blocks that fit, smallest first: a few of each
-  // stream's, since its best fit may still be in use where a larger one is
-  // done. (Blocks of destroyed streams all come under kAnyStream: a program
-  // that makes a stream for each task would find only the newest one's block
-  // there, pending, and grow the pool at every task.)
+  // Then every other stream's blocks that fit, smallest first: the best fit
+  // of each stream's, then, while there is room, a few more of each, since a
+  // best fit may still be in use where a larger block is done. (Blocks of
+  // destroyed streams all come under kAnyStream: a program that makes a
+  // stream for each task would find only the newest one's block there,
+  // pending, and grow the pool at every task.)
   constexpr int kLookedAtPerStream = 4;
   Block* candidates[64];
   int found = 0;
@@ -240,10 +241,15 @@ DevicePool::Taken DevicePool::take_cached(PoolKind kind, std::size_t rounded, St
   for (bool first = true; found < 64 && pool.next_stream(key, &key, first); first = false) {
     if (key == consumer) continue;
     Block* c = pool.best_fit(key, rounded);
+    if (c != nullptr && fits_size_rules(c, rounded)) candidates[found++] = c;
+  }
+  const int best_fits = found;
+  for (int i = 0; i < best_fits && found < 64; ++i) {
+    Block* c = candidates[i];
     // Past one the size rules refuse, all larger are refused too.
-    for (int looked = 0; looked < kLookedAtPerStream && found < 64 && c != nullptr && c->stream == key &&
-                         fits_size_rules(c, rounded);
-         ++looked, c = pool.next(c)) {
+    for (int more = 1; more < kLookedAtPerStream && found < 64; ++more) {
+      c = pool.next(c);
+      if (c == nullptr || c->stream != candidates[i]->stream || !fits_size_rules(c, rounded)) break;
       candidates[found++] = c;
     }
   }
