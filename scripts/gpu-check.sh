@@ -186,9 +186,10 @@ for mode in 1 0; do
     esac
   done
   # With room to grow as well: the new thread's per-thread stream follows the
-  # completion fence's legacy event, so it takes the block at once (exit 2:
-  # it took new memory instead).
-  for case in per-thread ended-thread; do
+  # completion fence's legacy event, and a destroyed stream's block goes to
+  # the next stream through the barrier the look records, so each takes the
+  # block at once (exit 2: it took new memory instead).
+  for case in per-thread ended-thread destroyed-stream stream-per-task; do
     run "hazard $case with room to grow (expandable=$mode)" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=unlimited \
       GPUPOOL_EXPANDABLE_SEGMENTS=$mode -- "$out/hazards_gpu" "$case"
   done
