@@ -396,8 +396,7 @@ def main():
               "thread's stream is taken by the next thread once a completion fence is recorded after the free: "
               "its event on the legacy stream follows the ended thread's work, and the next thread's per-thread "
               "stream follows the legacy stream, so the block's new work waits for its old work on the device "
-              "and the pool need not grow while the device is behind (without a pause, the simulated device "
-              "completes an event only once a worker thread has woken up). The report keeps a row for the first "
+              "and the pool need not grow while the device is behind. The report keeps a row for the first "
               "63 ended threads' streams and one for the rest.", "",
               "| segments | pause | peak reserved, median (lowest-highest) | from cache | us per thread | stream "
               "rows in the report |",
