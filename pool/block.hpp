@@ -52,6 +52,14 @@ struct Block {
   DevicePtr hot_begin = 0;
   DevicePtr hot_end = 0;
   std::uint64_t cold_epoch = 0;
+  // Free: the hot bytes outside [fresh_begin, fresh_end), which holds those
+  // of the newest free into the block, were last freed at device epochs <=
+  // older_epoch. Completion fences reach them first: a stream may take them
+  // while the newest free is pending. Only its part within the hot range
+  // counts (splits leave it as it is).
+  DevicePtr fresh_begin = 0;
+  DevicePtr fresh_end = 0;
+  std::uint64_t older_epoch = 0;
   Block* prev = nullptr;           // neighbours in the segment, by address
   Block* next = nullptr;
   Segment* segment = nullptr;

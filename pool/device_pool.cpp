@@ -487,9 +487,9 @@ FreeResult DevicePool::deallocate_unsampled(DevicePtr ptr, StreamId site) {
   b->stream_epoch = stamp.stream_epoch;
   b->device_epoch = stamp.device_epoch;
   b->freed_at = reuse_attempts_;
-  b->hot_begin = b->addr;  // none of it is covered by a barrier yet
-  b->hot_end = b->addr + b->size;
-  b->cold_epoch = 0;
+  b->hot_begin = b->fresh_begin = b->addr;  // none of it is covered by a barrier yet
+  b->hot_end = b->fresh_end = b->addr + b->size;
+  b->cold_epoch = b->older_epoch = 0;
 
   b = merge_and_list(b);
   if (!b->is_split()) b->segment->idle_since = reuse_attempts_;
@@ -588,7 +588,7 @@ void DevicePool::absorb_next(Block* low) {
     low->device_epoch = std::max(low->device_epoch, high->device_epoch);
   }
   low->freed_at = std::max(low->freed_at, high->freed_at);
-  join_covers(low, low_cover, high_cover);
+  join_covers(low, high, low_cover, high_cover);
   low->size += high->size;
   low->next = high->next;
   if (high->next != nullptr) high->next->prev = low;

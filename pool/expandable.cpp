@@ -30,8 +30,8 @@ void DevicePool::add_hole(Block* b) {
   b->stream = kAnyStream;  // unmapped memory has no history
   b->stream_epoch = 0;
   b->device_epoch = 0;
-  b->hot_begin = b->hot_end = 0;
-  b->cold_epoch = 0;
+  b->hot_begin = b->hot_end = b->fresh_begin = b->fresh_end = 0;
+  b->cold_epoch = b->older_epoch = 0;
   holes_[static_cast<int>(b->segment->kind)].insert(b);
 }
 

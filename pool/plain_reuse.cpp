@@ -27,7 +27,8 @@
 // A stream-ordered request that may not wait uses the same covers: it takes
 // another stream's cold bytes, wherever they lie, but only once their work is
 // known complete (a barrier's cover is not enough there: a new stream that
-// could not wait for it voids it).
+// could not wait for it voids it). Completion fences reach a block's older
+// hot bytes before the newest free's, so those are told apart.
 #include <algorithm>
 
 #include "pool/device_pool.hpp"
@@ -38,11 +39,11 @@ namespace gpupool {
 DevicePool::Cover DevicePool::cover_of(const Block* b) const {
   // Never used, or covered whole: nothing is hot.
   if (b->device_epoch == 0) return Cover{};
-  if (ordering_.device_ordered(b->device_epoch)) return Cover{0, 0, b->device_epoch};
-  return Cover{b->hot_begin, b->hot_end, b->cold_epoch};
+  if (ordering_.device_ordered(b->device_epoch)) return Cover{0, 0, b->device_epoch, b->device_epoch};
+  return Cover{b->hot_begin, b->hot_end, b->cold_epoch, b->device_epoch};
 }
 
-void DevicePool::join_covers(Block* merged, const Cover& low, const Cover& high) {
+void DevicePool::join_covers(Block* merged, const Block* high_block, const Cover& low, const Cover& high) {
   // One interval: the span of both hot ranges (a cold gap between them turns
   // hot, which is safe). A byte outside it is outside both.
   const bool low_hot = low.hot_begin != low.hot_end;
@@ -51,9 +52,27 @@ void DevicePool::join_covers(Block* merged, const Cover& low, const Cover& high)
   merged->hot_end = high_hot ? high.hot_end : low.hot_end;
   if (!low_hot && !high_hot) merged->hot_begin = merged->hot_end = 0;
   merged->cold_epoch = std::max(low.cold_epoch, high.cold_epoch);
+  // The side freed last keeps its newest free's bytes apart (both sides',
+  // if freed in one epoch); the other side's hot bytes count as older.
+  // (merged is the lower block: its own fields are still the lower side's.)
+  // A hot side has an epoch, so equal nonzero epochs mean two hot sides.
+  const std::uint64_t low_epoch = low_hot ? low.epoch : 0;
+  const std::uint64_t high_epoch = high_hot ? high.epoch : 0;
+  if (high_epoch > low_epoch) {
+    merged->fresh_begin = high_block->fresh_begin;
+    merged->fresh_end = high_block->fresh_end;
+    merged->older_epoch = std::max(high_block->older_epoch, low_epoch);
+  } else if (high_epoch < low_epoch) {
+    merged->older_epoch = std::max(merged->older_epoch, high_epoch);
+  } else if (high_hot) {
+    merged->fresh_begin = std::min(merged->fresh_begin, high_block->fresh_begin);
+    merged->fresh_end = std::max(merged->fresh_end, high_block->fresh_end);
+    merged->older_epoch = std::max(merged->older_epoch, high_block->older_epoch);
+  }
 }
 
 void DevicePool::clip_hot(Block* b) {
+  // (The fresh range is left as it is: the hot range bounds it where used.)
   const DevicePtr end = b->addr + b->size;
   if (b->hot_end <= b->addr || b->hot_begin >= end) {
     b->hot_begin = b->hot_end = 0;
@@ -66,9 +85,20 @@ void DevicePool::clip_hot(Block* b) {
 DevicePool::Taken DevicePool::take_covered_part(Block* b, std::size_t rounded, bool done_only) {
   constexpr std::size_t kLargestSkipping = 64 * kMiB;
   if (options_.unsafe_skip_ordering) return Taken{};
-  const Cover cover = cover_of(b);
+  Cover cover = cover_of(b);
+  if (done_only) {
+    if (cover.hot_begin == cover.hot_end) return Taken{};  // all of it as done as its last free
+    // The hot bytes but the newest free's may be done already: a look's
+    // completion fence is pending when the free after it merges in (a stream
+    // made for each task on an idle device), so they stayed hot.
+    const std::uint64_t older = std::max(b->older_epoch, cover.cold_epoch);
+    if (ordering_.device_complete(older)) {
+      const DevicePtr begin = std::max(b->fresh_begin, cover.hot_begin);
+      const DevicePtr end = std::min(b->fresh_end, cover.hot_end);
+      cover = begin < end ? Cover{begin, end, older} : Cover{0, 0, older};
+    }
+  }
   const std::size_t hot = cover.hot_end - cover.hot_begin;
-  if (done_only && hot == 0) return Taken{};  // all of it as done as its last free
   const PoolKind kind = b->segment->kind;
   const DevicePtr end = b->addr + b->size;
   // The bytes carve() hands out from a block [start, end).

@@ -1,4 +1,7 @@
 // The cross-stream protocol, seen through the upstream calls it makes.
+#include <algorithm>
+#include <map>
+#include <random>
 #include <utility>
 
 #include "pool_fixture.hpp"
@@ -679,6 +682,63 @@ TEST_CASE_METHOD(PoolFixture, "a stream made for each task reuses the blocks of 
     upstream.complete_all();
   }
   CHECK(current(pool->stats().reserved_bytes) <= static_cast<std::int64_t>(4 * kMiB));
+  check();
+}
+
+TEST_CASE_METHOD(PoolFixture, "a stream made for each task keeps one expandable segment's worth while the device idles") {
+  // The same, with the blocks merged in one expandable segment: each task's
+  // block joins the one free block, whose newest free (the last task's) is
+  // pending at every look while all before it is done. Before the newest
+  // free's bytes were told apart, the whole block looked pending, and every
+  // other task mapped a new page.
+  options.expandable_segments = true;
+  make();
+  upstream.set_events_complete_at_once(false);
+  for (StreamId t = 0; t < 40; ++t) {
+    task_on_new_stream(*this, kNB + t);
+    upstream.complete_all();
+  }
+  CHECK(current(pool->stats().reserved_bytes) <= static_cast<std::int64_t>(4 * kMiB));
+  check();
+}
+
+TEST_CASE_METHOD(PoolFixture, "a task's frees in one epoch are all the newest: the blocks before them are taken") {
+  // Two blocks a task, freed with no fence between: their bytes together are
+  // the newest free, and what the tasks before freed is done.
+  options.expandable_segments = true;
+  make();
+  upstream.set_events_complete_at_once(false);
+  for (StreamId t = 0; t < 40; ++t) {
+    const StreamId s = kNB + t;
+    pool->stream_created(s, StreamKind::NonBlocking);
+    const DevicePtr a = alloc(kMiB, s);
+    const DevicePtr b = alloc(kMiB, s);
+    release(a, s);
+    release(b, s);
+    pool->stream_destroying(s);
+    upstream.complete_all();
+  }
+  CHECK(current(pool->stats().reserved_bytes) <= static_cast<std::int64_t>(6 * kMiB));
+  check();
+}
+
+TEST_CASE_METHOD(PoolFixture, "a stream takes bytes above a block's hot range while its older frees are pending") {
+  // The older hot bytes not yet known done: the hot range as a whole decides,
+  // and the never-used bytes above it are taken.
+  options.expandable_segments = true;
+  make();
+  upstream.set_events_complete_at_once(false);
+  pool->stream_created(kNB, StreamKind::NonBlocking);
+  const DevicePtr y = alloc(kMiB / 2);  // small pool: [y, y + 2 MiB) mapped
+  const DevicePtr x = alloc(kMiB / 2);
+  REQUIRE(x == y + kMiB / 2);
+  const DevicePtr large = alloc(4 * kMiB);
+  alloc(4 * kMiB);  // keeps the large block apart
+  release(x);
+  release(large);
+  alloc(4 * kMiB, kNB);  // looks at the large block: a completion fence, pending
+  release(y);            // newer than x: y's bytes are the newest free's
+  CHECK(alloc(kMiB, kNB) == y + kMiB);
   check();
 }
 
@@ -1490,4 +1550,111 @@ TEST_CASE_METHOD(PoolFixture, "a stream the runtime no longer knows leaves the b
     CHECK(pool->take_forgotten_streams().empty());  // the capturing stream is the pool's to know on
   }
   check();
+}
+
+TEST_CASE("no stream allocation holds another stream's byte before its work is done or ordered", "[random]") {
+  // Streams take other streams' and plain blocks (whole, or the part whose
+  // work is done) while the device lags: every such byte must have been
+  // freed before the device last caught up, or before the last barrier
+  // (which every stream here follows). No memory pressure: no stream waits.
+  const bool expandable = GENERATE(false, true);
+  PoolOptions options;
+  options.expandable_segments = expandable;
+  VirtualUpstream upstream;
+  upstream.set_virtual_memory(true);
+  upstream.set_events_complete_at_once(false);
+  DevicePool pool(upstream, options, 8 * kGiB);
+  constexpr StreamId kStreams[] = {kAnyStream, 0x3000, 0x3001, 0x3002};
+  std::map<StreamId, std::uint64_t> generation;  // a destroyed handle names a new stream
+  for (StreamId s : kStreams) {
+    if (s != kAnyStream) pool.stream_created(s, StreamKind::NonBlocking);
+  }
+  std::mt19937_64 rng(expandable ? 21 : 22);
+
+  struct Freed {
+    DevicePtr end;
+    std::uint64_t op;
+    StreamId stream;
+    std::uint64_t generation;
+  };
+  std::map<DevicePtr, Freed> freed;  // disjoint ranges of used bytes, by start
+  auto forget = [&](DevicePtr begin, DevicePtr end) {
+    auto it = freed.lower_bound(begin);
+    if (it != freed.begin() && std::prev(it)->second.end > begin) --it;
+    while (it != freed.end() && it->first < end) {
+      const DevicePtr s = it->first;
+      const Freed r = it->second;
+      it = freed.erase(it);
+      if (s < begin) freed.emplace(s, Freed{begin, r.op, r.stream, r.generation});
+      if (r.end > end) freed.emplace(end, Freed{r.end, r.op, r.stream, r.generation});
+    }
+  };
+  struct Live {
+    DevicePtr ptr;
+    std::size_t size;
+    StreamId stream;
+  };
+  std::vector<Live> live;
+  std::uint64_t ordered_op = 0;  // frees before this operation are done or behind a barrier
+  std::uint64_t last_barriers = 0;
+  std::uint64_t checked_ranges = 0;
+  auto device_barriers = [&] {
+    for (const StreamReport& s : pool.streams()) {
+      if (s.id == kAnyStream) return s.counters.fences_recorded;
+    }
+    return std::uint64_t{0};
+  };
+  for (std::uint64_t op = 1; op <= 200000; ++op) {
+    const std::uint64_t dice = rng() % 1000;
+    if (dice < 10) {
+      upstream.complete_all();
+      ordered_op = op;
+    } else if (dice < 15) {
+      const StreamId s = kStreams[1 + rng() % 3];
+      std::erase_if(live, [&](const Live& l) {
+        if (l.stream != s) return false;
+        REQUIRE(pool.deallocate(l.ptr, l.stream) == FreeResult::Freed);
+        freed.emplace(l.ptr, Freed{l.ptr + l.size, op, s, generation[s]});
+        return true;
+      });
+      pool.stream_destroying(s);
+      ++generation[s];
+      pool.stream_created(s, StreamKind::NonBlocking);
+    } else if (live.empty() || (rng() % 100 < 50 && live.size() < 200)) {
+      const std::size_t size = rng() % 100 < 50 ? 1 + rng() % kMiB : kMiB + rng() % (8 * kMiB);
+      const StreamId stream = kStreams[rng() % 4];
+      const Allocation a = pool.allocate(size, stream);
+      REQUIRE(a.ok);
+      if (device_barriers() != last_barriers) ordered_op = op;  // (recorded for this request, before it took)
+      last_barriers = device_barriers();
+      if (stream != kAnyStream) {
+        auto it = freed.lower_bound(a.ptr);
+        if (it != freed.begin() && std::prev(it)->second.end > a.ptr) --it;
+        for (; it != freed.end() && it->first < a.ptr + size; ++it) {
+          const Freed& r = it->second;
+          if (r.stream == stream && r.generation == generation[stream]) continue;  // stream order
+          INFO("operation " << op << ": bytes at " << it->first << " freed on " << r.stream << " at operation "
+                            << r.op << ", ordered up to operation " << ordered_op);
+          REQUIRE(r.op < ordered_op);
+          ++checked_ranges;
+        }
+      }
+      forget(a.ptr, a.ptr + size);
+      live.push_back(Live{a.ptr, size, stream});
+    } else {
+      const std::size_t i = rng() % live.size();
+      const Live l = live[i];
+      live[i] = live.back();
+      live.pop_back();
+      REQUIRE(pool.deallocate(l.ptr, l.stream) == FreeResult::Freed);
+      freed.emplace(l.ptr, Freed{l.ptr + l.size, op, l.stream, generation[l.stream]});
+    }
+    if (op % 997 == 0) {
+      std::string why;
+      const bool ok = pool.validate(&why);
+      INFO(why);
+      REQUIRE(ok);
+    }
+  }
+  CHECK(checked_ranges > 10000);  // the check saw plenty of cross-stream reuse
 }
