@@ -314,6 +314,24 @@ class Hazards(ShimTest):
                 with self.subTest(case=case, expandable_segments=expandable):
                     self.reused_with_room_to_grow(case, expandable)
 
+    def test_a_stream_made_for_each_task_on_an_idle_device_keeps_one_block(self):
+        # 10 ms between tasks: each task's work is done by the next look,
+        # which records a completion fence (no barrier) and finds it pending.
+        # The task before the last one is then known done, and its bytes are
+        # taken, though in an expandable segment they are merged with the last
+        # task's (before, the merged block looked pending as a whole: a new
+        # page every task or two, 30 MiB for 30 tasks). A look that comes
+        # before the simulated runtime has run the last fence may still grow
+        # the pool once.
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                run = self.run_program(["gpupool-bench-api", "tasks", "30", "10000"],
+                                       env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                self.assertSucceeded(run)
+                self.assertLessEqual(run.report()["devices"]["0"]["stats"]["reserved_bytes.all.peak"], 4 << 20)
+                for path in run.reports():
+                    os.remove(path)
+
     def test_completed_work_is_reused_without_a_device_wait(self):
         run = self.check("test-hazards", "cross-stream-completed", False)
         streams = run.report()["devices"]["0"]["streams"]
