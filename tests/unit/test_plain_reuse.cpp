@@ -1,12 +1,14 @@
 // Plain cudaMalloc taking the part of a free block that the last device
 // barrier covers (pool/plain_reuse.cpp): fewer barriers, never an unordered
 // byte, and the placements that keep memory low left as they were.
-#include <map>
 #include <random>
 
+#include "random_ops.hpp"
 #include "pool_fixture.hpp"
 
 using namespace gpupool;
+using gpupool::testing::FreedRanges;
+using gpupool::testing::take_any;
 using gpupool::testing::PoolFixture;
 
 namespace {
@@ -235,23 +237,7 @@ TEST_CASE("no plain allocation holds a byte freed after the last barrier", "[ran
   pool.stream_created(0x2000, StreamKind::NonBlocking);
   std::mt19937_64 rng((expandable ? 11 : 12) + search);
 
-  struct Freed {
-    DevicePtr end;
-    std::uint64_t op;
-  };
-  std::map<DevicePtr, Freed> freed;  // disjoint ranges of used bytes, by start
-  // Removes [begin, end) from `freed`, keeping what lies outside it.
-  auto forget = [&](DevicePtr begin, DevicePtr end) {
-    auto it = freed.lower_bound(begin);
-    if (it != freed.begin() && std::prev(it)->second.end > begin) --it;
-    while (it != freed.end() && it->first < end) {
-      const DevicePtr s = it->first;
-      const Freed r = it->second;
-      it = freed.erase(it);
-      if (s < begin) freed.emplace(s, Freed{begin, r.op});
-      if (r.end > end) freed.emplace(end, Freed{r.end, r.op});
-    }
-  };
+  FreedRanges<std::uint64_t> freed;  // used bytes: the operation that freed them
   struct Live {
     DevicePtr ptr;
     std::size_t size;
@@ -288,24 +274,19 @@ TEST_CASE("no plain allocation holds a byte freed after the last barrier", "[ran
       REQUIRE(a.ok);
       note_barriers(op);
       if (stream == kAnyStream) {
-        auto it = freed.lower_bound(a.ptr);
-        if (it != freed.begin() && std::prev(it)->second.end > a.ptr) --it;
-        for (; it != freed.end() && it->first < a.ptr + size; ++it) {
-          INFO("operation " << op << ": bytes at " << it->first << " freed at operation " << it->second.op
+        freed.overlapping(a.ptr, a.ptr + size, [&](DevicePtr start, std::uint64_t freed_op) {
+          INFO("operation " << op << ": bytes at " << start << " freed at operation " << freed_op
                             << ", last barrier at " << barrier_op);
-          REQUIRE(it->second.op < barrier_op);
+          REQUIRE(freed_op < barrier_op);
           ++checked_ranges;
-        }
+        });
       }
-      forget(a.ptr, a.ptr + size);
+      freed.forget(a.ptr, a.ptr + size);
       live.push_back(Live{a.ptr, size, stream});
     } else {
-      const std::size_t i = rng() % live.size();
-      const Live l = live[i];
-      live[i] = live.back();
-      live.pop_back();
+      const Live l = take_any(live, rng);
       REQUIRE(pool.deallocate(l.ptr, l.stream) == FreeResult::Freed);
-      freed.emplace(l.ptr, Freed{l.ptr + l.size, op});
+      freed.freed(l.ptr, l.ptr + l.size, op);
     }
     if (op % 997 == 0) {
       const bool ok = pool.validate(&why);

@@ -4,11 +4,14 @@
 #include <random>
 #include <utility>
 
+#include "random_ops.hpp"
 #include "pool_fixture.hpp"
 #include "report/collect.hpp"
 #include "report/diagnosis.hpp"
 
 using namespace gpupool;
+using gpupool::testing::FreedRanges;
+using gpupool::testing::take_any;
 using gpupool::testing::PoolFixture;
 using Call = VirtualUpstream::Call;
 
@@ -669,57 +672,43 @@ TEST_CASE_METHOD(PoolFixture, "during a capture a barrier's cover is not enough 
   check();
 }
 
+// 40 tasks, each a non-blocking stream made, `blocks` 1 MiB blocks taken on
+// it and freed (in one epoch), and the stream destroyed; the device completes
+// everything between tasks. Returns the bytes reserved then.
+std::int64_t reserved_after_tasks(PoolFixture& f, int blocks) {
+  f.make();
+  f.upstream.set_events_complete_at_once(false);
+  for (StreamId t = 0; t < 40; ++t) {
+    const StreamId s = kNB + t;
+    f.pool->stream_created(s, StreamKind::NonBlocking);
+    std::vector<DevicePtr> taken;
+    for (int i = 0; i < blocks; ++i) taken.push_back(f.alloc(kMiB, s));
+    for (DevicePtr p : taken) f.release(p, s);
+    f.pool->stream_destroying(s);
+    f.upstream.complete_all();
+  }
+  f.check();
+  return f.current(f.pool->stats().reserved_bytes);
+}
+
 TEST_CASE_METHOD(PoolFixture, "a stream made for each task reuses the blocks of those before it") {
   // Each look records a fence that the device completes before the next
   // task (a device that keeps up): the newest block is still pending, the
   // one before it done. Only the newest was looked at before, and each task
-  // grew the pool.
-  options.expandable_segments = false;
-  make();
-  upstream.set_events_complete_at_once(false);
-  for (StreamId t = 0; t < 40; ++t) {
-    task_on_new_stream(*this, kNB + t);
-    upstream.complete_all();
-  }
-  CHECK(current(pool->stats().reserved_bytes) <= static_cast<std::int64_t>(4 * kMiB));
-  check();
-}
-
-TEST_CASE_METHOD(PoolFixture, "a stream made for each task keeps one expandable segment's worth while the device idles") {
-  // The same, with the blocks merged in one expandable segment: each task's
-  // block joins the one free block, whose newest free (the last task's) is
-  // pending at every look while all before it is done. Before the newest
-  // free's bytes were told apart, the whole block looked pending, and every
-  // other task mapped a new page.
-  options.expandable_segments = true;
-  make();
-  upstream.set_events_complete_at_once(false);
-  for (StreamId t = 0; t < 40; ++t) {
-    task_on_new_stream(*this, kNB + t);
-    upstream.complete_all();
-  }
-  CHECK(current(pool->stats().reserved_bytes) <= static_cast<std::int64_t>(4 * kMiB));
-  check();
+  // grew the pool. In an expandable segment the blocks are merged into one
+  // free block, whose newest free (the last task's) is pending at every look
+  // while all before it is done; before the newest free's bytes were told
+  // apart, the whole block looked pending, and a new page was mapped every
+  // task or two.
+  options.expandable_segments = GENERATE(false, true);
+  CHECK(reserved_after_tasks(*this, 1) <= static_cast<std::int64_t>(4 * kMiB));
 }
 
 TEST_CASE_METHOD(PoolFixture, "a task's frees in one epoch are all the newest: the blocks before them are taken") {
   // Two blocks a task, freed with no fence between: their bytes together are
   // the newest free, and what the tasks before freed is done.
   options.expandable_segments = true;
-  make();
-  upstream.set_events_complete_at_once(false);
-  for (StreamId t = 0; t < 40; ++t) {
-    const StreamId s = kNB + t;
-    pool->stream_created(s, StreamKind::NonBlocking);
-    const DevicePtr a = alloc(kMiB, s);
-    const DevicePtr b = alloc(kMiB, s);
-    release(a, s);
-    release(b, s);
-    pool->stream_destroying(s);
-    upstream.complete_all();
-  }
-  CHECK(current(pool->stats().reserved_bytes) <= static_cast<std::int64_t>(6 * kMiB));
-  check();
+  CHECK(reserved_after_tasks(*this, 2) <= static_cast<std::int64_t>(6 * kMiB));
 }
 
 TEST_CASE_METHOD(PoolFixture, "a stream takes bytes above a block's hot range while its older frees are pending") {
@@ -1572,23 +1561,11 @@ TEST_CASE("no stream allocation holds another stream's byte before its work is d
   std::mt19937_64 rng(expandable ? 21 : 22);
 
   struct Freed {
-    DevicePtr end;
     std::uint64_t op;
     StreamId stream;
     std::uint64_t generation;
   };
-  std::map<DevicePtr, Freed> freed;  // disjoint ranges of used bytes, by start
-  auto forget = [&](DevicePtr begin, DevicePtr end) {
-    auto it = freed.lower_bound(begin);
-    if (it != freed.begin() && std::prev(it)->second.end > begin) --it;
-    while (it != freed.end() && it->first < end) {
-      const DevicePtr s = it->first;
-      const Freed r = it->second;
-      it = freed.erase(it);
-      if (s < begin) freed.emplace(s, Freed{begin, r.op, r.stream, r.generation});
-      if (r.end > end) freed.emplace(end, Freed{r.end, r.op, r.stream, r.generation});
-    }
-  };
+  FreedRanges<Freed> freed;  // used bytes: by which operation, on which stream
   struct Live {
     DevicePtr ptr;
     std::size_t size;
@@ -1614,7 +1591,7 @@ TEST_CASE("no stream allocation holds another stream's byte before its work is d
       std::erase_if(live, [&](const Live& l) {
         if (l.stream != s) return false;
         REQUIRE(pool.deallocate(l.ptr, l.stream) == FreeResult::Freed);
-        freed.emplace(l.ptr, Freed{l.ptr + l.size, op, s, generation[s]});
+        freed.freed(l.ptr, l.ptr + l.size, Freed{op, s, generation[s]});
         return true;
       });
       pool.stream_destroying(s);
@@ -1628,26 +1605,20 @@ TEST_CASE("no stream allocation holds another stream's byte before its work is d
       if (device_barriers() != last_barriers) ordered_op = op;  // (recorded for this request, before it took)
       last_barriers = device_barriers();
       if (stream != kAnyStream) {
-        auto it = freed.lower_bound(a.ptr);
-        if (it != freed.begin() && std::prev(it)->second.end > a.ptr) --it;
-        for (; it != freed.end() && it->first < a.ptr + size; ++it) {
-          const Freed& r = it->second;
-          if (r.stream == stream && r.generation == generation[stream]) continue;  // stream order
-          INFO("operation " << op << ": bytes at " << it->first << " freed on " << r.stream << " at operation "
-                            << r.op << ", ordered up to operation " << ordered_op);
+        freed.overlapping(a.ptr, a.ptr + size, [&](DevicePtr start, const Freed& r) {
+          if (r.stream == stream && r.generation == generation[stream]) return;  // stream order
+          INFO("operation " << op << ": bytes at " << start << " freed on " << r.stream << " at operation " << r.op
+                            << ", ordered up to operation " << ordered_op);
           REQUIRE(r.op < ordered_op);
           ++checked_ranges;
-        }
+        });
       }
-      forget(a.ptr, a.ptr + size);
+      freed.forget(a.ptr, a.ptr + size);
       live.push_back(Live{a.ptr, size, stream});
     } else {
-      const std::size_t i = rng() % live.size();
-      const Live l = live[i];
-      live[i] = live.back();
-      live.pop_back();
+      const Live l = take_any(live, rng);
       REQUIRE(pool.deallocate(l.ptr, l.stream) == FreeResult::Freed);
-      freed.emplace(l.ptr, Freed{l.ptr + l.size, op, l.stream, generation[l.stream]});
+      freed.freed(l.ptr, l.ptr + l.size, Freed{op, l.stream, generation[l.stream]});
     }
     if (op % 997 == 0) {
       std::string why;

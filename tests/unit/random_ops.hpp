@@ -1,0 +1,72 @@
+// For the random tests that check no allocation holds a byte whose earlier
+// work may still run: which bytes were last freed by what, and the live
+// blocks to free next.
+#pragma once
+
+#include <cstddef>
+#include <iterator>
+#include <map>
+#include <vector>
+
+#include "pool/types.hpp"
+
+namespace gpupool::testing {
+
+// Disjoint ranges of used device memory, each with what the test noted of
+// its free.
+template <typename Info>
+class FreedRanges {
+ public:
+  void freed(DevicePtr begin, DevicePtr end, const Info& info) {
+    forget(begin, end);
+    ranges_.emplace(begin, Range{end, info});
+  }
+
+  // [begin, end) is in use again: what lies outside it is kept.
+  void forget(DevicePtr begin, DevicePtr end) {
+    auto it = first_overlapping(ranges_, begin);
+    while (it != ranges_.end() && it->first < end) {
+      const DevicePtr start = it->first;
+      const Range r = it->second;
+      it = ranges_.erase(it);
+      if (start < begin) ranges_.emplace(start, Range{begin, r.info});
+      if (r.end > end) ranges_.emplace(end, Range{r.end, r.info});
+    }
+  }
+
+  // Calls each(start, info) for every range that overlaps [begin, end).
+  template <typename Each>
+  void overlapping(DevicePtr begin, DevicePtr end, Each&& each) const {
+    for (auto it = first_overlapping(ranges_, begin); it != ranges_.end() && it->first < end; ++it) {
+      each(it->first, it->second.info);
+    }
+  }
+
+ private:
+  struct Range {
+    DevicePtr end;
+    Info info;
+  };
+  using Map = std::map<DevicePtr, Range>;
+
+  template <typename M>  // Map or const Map
+  static auto first_overlapping(M& ranges, DevicePtr begin) {
+    auto it = ranges.lower_bound(begin);
+    if (it != ranges.begin() && std::prev(it)->second.end > begin) --it;
+    return it;
+  }
+
+  Map ranges_;
+};
+
+// Removes and returns one element, at random (the order is not kept).
+template <typename T, typename Rng>
+T take_any(std::vector<T>& items, Rng& rng) {
+  const std::size_t i = rng() % items.size();
+  const T item = items[i];
+  items[i] = items.back();
+  items.pop_back();
+  return item;
+}
+
+}  // namespace gpupool::testing
