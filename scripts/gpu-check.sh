@@ -439,6 +439,23 @@ print(sum(v['upstream']['page_maps'] for v in d['devices'].values()))" "$loop_re
     record "allocation loop ($mode) keeps its pages mapped" FAIL "$maps page maps over 40000 pairs ($loop_report)"
   fi
 done
+# A stream made for each task, 10 ms between tasks (the device idle): each
+# look finds the last task's block pending and must take the one before it,
+# also where both are merged in one expandable page (before ae032ad: a page
+# more every task or two on the simulated runtime).
+for mode in 1 0; do
+  tasks_report="$out/report-tasks-$mode.json"
+  run "stream-per-task on an idle device runs (expandable=$mode)" 0 "${pool[@]}" GPUPOOL_LOG="$tasks_report" \
+    GPUPOOL_EXPANDABLE_SEGMENTS=$mode -- build/bin/gpupool-bench-api tasks 30 10000
+  peak=$(python3 -c "import json, sys
+print(json.load(open(sys.argv[1]))['devices']['0']['stats']['reserved_bytes.all.peak'])" "$tasks_report" 2>/dev/null ||
+    echo unknown)
+  if [ "$peak" != unknown ] && [ "$peak" -le $((4 << 20)) ]; then
+    record "stream-per-task on an idle device keeps one block (expandable=$mode)" PASS "$peak bytes at the peak"
+  else
+    record "stream-per-task on an idle device keeps one block (expandable=$mode)" FAIL "$peak bytes at the peak ($tasks_report)"
+  fi
+done
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   run "two devices, switching between calls" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=20M -- build/bin/test-devices cross 20
   run "two devices, a thread each" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=20M -- build/bin/test-devices threads 50
