@@ -127,7 +127,7 @@ EventStatus VirtualUpstream::query_stream(StreamId stream) {
     stream_call_fails(stream);
     return EventStatus::Error;
   }
-  return streams_idle_ ? EventStatus::Complete : EventStatus::Pending;
+  return streams_idle_ || (idle_stream_ != 0 && stream == idle_stream_) ? EventStatus::Complete : EventStatus::Pending;
 }
 
 bool VirtualUpstream::synchronize_event(EventHandle event) {

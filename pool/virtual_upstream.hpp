@@ -53,6 +53,8 @@ class VirtualUpstream final : public Upstream {
   void set_lagging_stream(StreamId stream) { lagging_stream_ = stream; }
   // Streams report idle (all queued work done) or busy to query_stream.
   void set_streams_idle(bool yes) { streams_idle_ = yes; }
+  // This stream reports idle whatever set_streams_idle says (0: none).
+  void set_idle_stream(StreamId stream) { idle_stream_ = stream; }
   void complete_all();
   // Fail the allocation attempts for which `fail` returns true (by call number).
   void set_failure(std::function<bool(std::uint64_t)> fail) { fail_ = std::move(fail); }
@@ -136,6 +138,7 @@ class VirtualUpstream final : public Upstream {
   bool complete_at_once_ = true;
   bool contiguous_ = false;
   bool streams_idle_ = false;
+  StreamId idle_stream_ = 0;
   bool virtual_memory_ = true;
   std::map<DevicePtr, std::size_t> reserved_;  // address space: base -> bytes
   std::set<DevicePtr> mapped_;                 // mapped pages

@@ -603,6 +603,14 @@ MUTANTS = [
      '      const DevicePtr begin = std::max(b->fresh_begin, cover.hot_begin);\n      const DevicePtr end = std::min(b->fresh_end, cover.hot_end);',
      '      const DevicePtr begin = b->fresh_begin;\n      const DevicePtr end = b->fresh_end;',
      'unit'),
+    ("every other stream's best fit is a candidate before more blocks of any one",
+     'pool/device_pool.cpp',
+     '    if (c != nullptr && fits_size_rules(c, rounded)) candidates[found++] = c;\n  }\n  const int best_fits = found;',
+     '    if (c != nullptr && fits_size_rules(c, rounded)) {\n      candidates[found++] = c;\n'
+     '      for (int more = 1; more < kLookedAtPerStream && found < 64 && (c = pool.next(c)) != nullptr &&\n'
+     '           c->stream == key && fits_size_rules(c, rounded); ++more) candidates[found++] = c;\n    }\n'
+     '  }\n  const int best_fits = 0;',
+     'unit'),
     ('plain reuse prefers an equal block the last barrier covers (a cost rule)',
      'pool/device_pool.cpp',
      '      if (ordering_.device_ordered(b->device_epoch)) {\n        own = b;',

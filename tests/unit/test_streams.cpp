@@ -711,6 +711,31 @@ TEST_CASE_METHOD(PoolFixture, "a task's frees in one epoch are all the newest: t
   CHECK(reserved_after_tasks(*this, 2) <= static_cast<std::int64_t>(6 * kMiB));
 }
 
+TEST_CASE_METHOD(PoolFixture, "every other stream's best fit is looked at before more blocks of any one") {
+  // 20 streams with four pending blocks each, kept apart (their neighbours
+  // are other streams' pending blocks); only the last stream, in key order,
+  // is idle. Four blocks of each stream in key order would fill the 64
+  // candidates before its turn.
+  options.expandable_segments = false;
+  make();
+  constexpr int kStreams = 20;
+  add_non_blocking_streams(*pool, kStreams);
+  std::vector<DevicePtr> blocks[kStreams];
+  for (int j = 0; j < 4; ++j) {
+    for (int i = 0; i < kStreams; ++i) blocks[i].push_back(alloc(kMiB, kNB + i));
+  }
+  for (int i = 0; i < kStreams; ++i) {
+    for (DevicePtr p : blocks[i]) release(p, kNB + i);
+  }
+  upstream.set_idle_stream(kNB + kStreams - 1);
+  const StreamId consumer = kNB + 100;
+  pool->stream_created(consumer, StreamKind::NonBlocking);
+  const DevicePtr taken = alloc(kMiB, consumer);
+  const std::vector<DevicePtr>& idle = blocks[kStreams - 1];
+  CHECK(std::find(idle.begin(), idle.end(), taken) != idle.end());
+  check();
+}
+
 TEST_CASE_METHOD(PoolFixture, "a stream takes bytes above a block's hot range while its older frees are pending") {
   // The older hot bytes not yet known done: the hot range as a whole decides,
   // and the never-used bytes above it are taken.
