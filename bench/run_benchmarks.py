@@ -49,10 +49,12 @@ def machine():
 
 
 def code_version():
-    """The commit measured, and whether the tree held changes beyond it."""
+    """The commit measured, and whether the tree held changes beyond it (an
+    earlier run's BENCHMARKS.md is not one: it changes nothing measured)."""
     try:
         commit = sh(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]).strip()
-        changed = sh(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"]).strip()
+        changed = sh(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no", "--", ".",
+                      ":(exclude)BENCHMARKS.md"]).strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
     return f"commit {commit}" + (", with uncommitted changes" if changed else "")
