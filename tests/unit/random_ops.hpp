@@ -22,7 +22,17 @@ class FreedRanges {
     ranges_.emplace(begin, Range{end, info});
   }
 
-  // [begin, end) is in use again: what lies outside it is kept.
+  // [begin, end) is in use again: calls each(start, info) for every range
+  // that overlaps it, then forgets those bytes (what lies outside is kept).
+  template <typename Each>
+  void reused(DevicePtr begin, DevicePtr end, Each&& each) {
+    for (auto it = first_overlapping(ranges_, begin); it != ranges_.end() && it->first < end; ++it) {
+      each(it->first, it->second.info);
+    }
+    forget(begin, end);
+  }
+
+ private:
   void forget(DevicePtr begin, DevicePtr end) {
     auto it = first_overlapping(ranges_, begin);
     while (it != ranges_.end() && it->first < end) {
@@ -34,15 +44,6 @@ class FreedRanges {
     }
   }
 
-  // Calls each(start, info) for every range that overlaps [begin, end).
-  template <typename Each>
-  void overlapping(DevicePtr begin, DevicePtr end, Each&& each) const {
-    for (auto it = first_overlapping(ranges_, begin); it != ranges_.end() && it->first < end; ++it) {
-      each(it->first, it->second.info);
-    }
-  }
-
- private:
   struct Range {
     DevicePtr end;
     Info info;
