@@ -166,13 +166,8 @@ bool DevicePool::ready_for(Block* b, StreamId consumer, bool allow_wait) {
   // Another stream's block: at once if its last use is known complete (or,
   // under "auto", a barrier recorded since its free covers it); else only
   // when waits are allowed, and never under the "completed" policy.
-  const bool auto_policy = options_.cross_stream_reuse == CrossStreamReuse::Auto;
-  const bool may_wait = allow_wait && auto_policy;
-  // A barrier recorded since the free already makes every stream's later
-  // work follow it: taking the block then adds no call and no dependency.
-  auto ordered = [&] {
-    return ordering_.device_complete(b->device_epoch) || (auto_policy && ordering_.device_covered(b->device_epoch));
-  };
+  const bool may_wait = allow_wait && options_.cross_stream_reuse == CrossStreamReuse::Auto;
+  auto ordered = [&] { return ordering_.complete_or_covered(b->device_epoch); };
   auto complete_or_wait = [&](auto&& wait) {
     if (ordered()) return true;
     if (may_wait) return wait();

@@ -335,10 +335,7 @@ bool StreamOrdering::stream_ready(StreamId from, std::uint64_t stream_epoch,
                                   std::uint64_t device_epoch, StreamId to, bool may_wait) {
   if (options_.unsafe_skip_ordering) return true;
   const bool auto_policy = options_.cross_stream_reuse == CrossStreamReuse::Auto;
-  // A barrier recorded since the free makes every stream's later work follow
-  // it: nothing to call, no dependency to add.
-  auto covered = [&] { return auto_policy && device_covered(device_epoch); };
-  if (covered()) return true;
+  if (auto_covered(device_epoch)) return true;
   // Through the device alone: for another thread's per-thread default stream
   // (or an ended thread's, whose state is gone), where nothing can be
   // recorded on it or asked of it from here, and for a stream found gone.
@@ -365,7 +362,7 @@ bool StreamOrdering::stream_ready(StreamId from, std::uint64_t stream_epoch,
   };
   auto through_device = [&] {
     fence_frees();  // with destroyed streams' work in flight, a barrier
-    if (device_complete(device_epoch) || covered() || legacy_ordered()) return true;
+    if (complete_or_covered(device_epoch) || legacy_ordered()) return true;
     return may_wait && usable(stream(to)) && device_ready(device_epoch);
   };
   if (known_src == nullptr || !addressable(*known_src) || known_src->gone) return through_device();

@@ -178,6 +178,18 @@ class StreamOrdering {
   bool device_covered(std::uint64_t device_epoch) const {
     return device_epoch <= device_.fenced_epoch && !capture_active();
   }
+  // True when another stream may take a block freed at `device_epoch` with
+  // no call and no dependency under the `auto` policy: a barrier recorded
+  // since the free already orders every stream's later work after it.
+  // (The `completed` policy waits for completion instead.) Records nothing.
+  bool auto_covered(std::uint64_t device_epoch) const {
+    return options_.cross_stream_reuse == CrossStreamReuse::Auto && device_covered(device_epoch);
+  }
+  // The same, or the work queued before the free known complete (this may
+  // query the device's oldest pending fence).
+  bool complete_or_covered(std::uint64_t device_epoch) {
+    return device_complete(device_epoch) || auto_covered(device_epoch);
+  }
   bool device_complete(std::uint64_t device_epoch);
   // True when the work queued before a free with this history is known done,
   // from what fences and idle queries have already shown. Queries nothing.
