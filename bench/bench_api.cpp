@@ -20,11 +20,13 @@
 // that starts a thread per request), with `pause` microseconds between one
 // thread's end and the next one's start (0); prints microseconds per thread,
 // pauses included.
-//   gpupool-bench-api tasks [tasks] [pause]
+//   gpupool-bench-api tasks [tasks] [pause] [busy]
 // tasks: one thread makes a non-blocking stream for each task, then a 1 MiB
 // cudaMallocAsync, a cudaMemsetAsync and a cudaFreeAsync on it, and destroys
 // the stream (a program that makes a stream per task), with `pause`
-// microseconds between tasks (0); prints microseconds per task.
+// microseconds between tasks (0); prints microseconds per task. `busy`: a
+// long-lived non-blocking stream gets that many 4 KiB cudaMemsetAsync calls
+// before each task (a stream the program keeps fed; 0, none).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -87,9 +89,17 @@ int churn(int threads, int pause_us) {
   std::printf("{\"mode\": \"churn\", \"threads\": %d, \"us_per_thread\": %.1f}\n", threads, us / threads);
   return 0;
 }
-int tasks(int count, int pause_us) {
+int tasks(int count, int pause_us, int busy_ops) {
+  cudaStream_t busy = nullptr;
+  void* busy_bytes = nullptr;
+  if (busy_ops > 0 && (cudaStreamCreateWithFlags(&busy, cudaStreamNonBlocking) != cudaSuccess ||
+                       cudaMallocAsync(&busy_bytes, 4096, busy) != cudaSuccess)) {
+    std::fprintf(stderr, "gpupool-bench-api: tasks: the busy stream could not be made\n");
+    return 1;
+  }
   const auto start = std::chrono::steady_clock::now();
   for (int t = 0; t < count; ++t) {
+    for (int i = 0; i < busy_ops; ++i) cudaMemsetAsync(busy_bytes, 0, 4096, busy);
     if (pause_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
     cudaStream_t s = nullptr;
     void* p = nullptr;
@@ -112,7 +122,8 @@ int main(int argc, char** argv) {
     return churn(argc > 2 ? std::atoi(argv[2]) : 2000, argc > 3 ? std::atoi(argv[3]) : 0);
   }
   if (argc > 1 && std::strcmp(argv[1], "tasks") == 0) {
-    return tasks(argc > 2 ? std::atoi(argv[2]) : 300, argc > 3 ? std::atoi(argv[3]) : 0);
+    return tasks(argc > 2 ? std::atoi(argv[2]) : 300, argc > 3 ? std::atoi(argv[3]) : 0,
+                 argc > 4 ? std::atoi(argv[4]) : 0);
   }
   const bool async = argc > 1 && std::strcmp(argv[1], "async") == 0;
   const int threads = argc > 2 ? std::atoi(argv[2]) : 1;
