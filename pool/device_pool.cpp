@@ -167,7 +167,10 @@ bool DevicePool::ready_for(Block* b, StreamId consumer, bool allow_wait) {
   // under "auto", a barrier recorded since its free covers it); else only
   // when waits are allowed, and never under the "completed" policy.
   const bool may_wait = allow_wait && options_.cross_stream_reuse == CrossStreamReuse::Auto;
-  auto ordered = [&] { return ordering_.complete_or_covered(b->device_epoch); };
+  auto ordered = [&] {
+    return (StreamOrdering::is_retired_key(b->stream) && ordering_.retired_done(b->stream, true)) ||
+           ordering_.complete_or_covered(b->device_epoch);
+  };
   auto complete_or_wait = [&](auto&& wait) {
     if (ordered()) return true;
     if (may_wait) return wait();
@@ -181,7 +184,11 @@ bool DevicePool::ready_for(Block* b, StreamId consumer, bool allow_wait) {
     return complete_or_wait([&] { return ordering_.plain_ready(b->device_epoch); });
   }
   if (b->stream == consumer) return true;
-  if (b->stream == kAnyStream) return complete_or_wait([&] { return ordering_.device_ready(b->device_epoch); });
+  // A destroyed stream's blocks (see StreamOrdering::retired_done) as a plain
+  // free's, once not known done.
+  if (b->stream == kAnyStream || StreamOrdering::is_retired_key(b->stream)) {
+    return complete_or_wait([&] { return ordering_.device_ready(b->device_epoch); });
+  }
   return ordering_.stream_ready(b->stream, b->stream_epoch, b->device_epoch, consumer, may_wait);
 }
 
@@ -226,9 +233,10 @@ DevicePool::Taken DevicePool::take_cached(PoolKind kind, std::size_t rounded, St
   // Then every other stream's blocks that fit, smallest first: the best fit
   // of each stream's, then, while there is room, a few more of each, since a
   // best fit may still be in use where a larger block is done. (Blocks of
-  // destroyed streams all come under kAnyStream: a program that makes a
-  // stream for each task would find only the newest one's block there,
-  // pending, and grow the pool at every task.)
+  // destroyed streams come under kAnyStream where merged with each other
+  // while pending, or where no event of their own could be had: a program
+  // that makes a stream for each task would find only the newest one's block
+  // there, pending, and grow the pool at every task.)
   constexpr int kLookedAtPerStream = 4;
   Block* candidates[64];
   int found = 0;
@@ -593,14 +601,14 @@ void DevicePool::absorb_next(Block* low) {
 bool DevicePool::stream_created(StreamId id, StreamKind kind) {
   // A handle already known names a new stream (see StreamOrdering::
   // stream_created): what the old stream left cached is a destroyed stream's.
-  if (kind != StreamKind::PerThread && ordering_.knows(id)) rekey_to_any_stream(id);
+  if (kind != StreamKind::PerThread && ordering_.knows(id)) rekey(id, kAnyStream);
   return ordering_.stream_created(id, kind);
 }
 
 void DevicePool::stream_destroy_begin(StreamId id) {
-  ordering_.stream_destroy_begin(id);
+  const StreamId key = ordering_.stream_destroy_begin(id);
   try {
-    rekey_to_any_stream(id);
+    rekey(id, key);
   } catch (...) {
     // Out of host memory partway: some blocks may stay keyed to the stream,
     // whose row must then be among the report's gone streams to count them.
@@ -610,10 +618,11 @@ void DevicePool::stream_destroy_begin(StreamId id) {
   }
 }
 
-void DevicePool::rekey_to_any_stream(StreamId id) {
-  // Blocks keyed to the stream: from now on only the device barrier (which the
-  // retired fence feeds) orders their reuse. A new stream may get the same
-  // handle, so none may stay keyed to it.
+void DevicePool::rekey(StreamId id, StreamId key) {
+  // Blocks keyed to the stream: from now on the device barrier (which the
+  // retired fence feeds), or the destroyed stream's own event (`key`), orders
+  // their reuse. A new stream may get the same handle, so none may stay keyed
+  // to it.
   for (BlockPool& pool : pools_) {
     // Found before any is taken out (the lists may allocate).
     std::vector<Block*> keyed;
@@ -625,7 +634,7 @@ void DevicePool::rekey_to_any_stream(StreamId id) {
     for (Block* b : keyed) remove_free(b);
     for (Block* b : keyed) {
       waiting.erase(b);
-      b->stream = kAnyStream;
+      b->stream = key;
       b->stream_epoch = 0;
       merge_and_list(b, &waiting);
     }
@@ -634,7 +643,7 @@ void DevicePool::rekey_to_any_stream(StreamId id) {
 
 void DevicePool::forget_gone_streams() {
   const std::vector<StreamId> gone = ordering_.gone_streams();
-  for (StreamId id : gone) rekey_to_any_stream(id);
+  for (StreamId id : gone) rekey(id, kAnyStream);
   forgotten_streams_.reserve(forgotten_streams_.size() + gone.size());  // room first: nothing fails after
   const std::vector<StreamId> dropped = ordering_.forget_gone_streams();
   forgotten_streams_.insert(forgotten_streams_.end(), dropped.begin(), dropped.end());

@@ -274,7 +274,7 @@ class DevicePool {
     change(stats_.inactive_split_bytes, kind, after.bytes - before.bytes);
   }
   [[gnu::always_inline]] inline void absorb_next(Block* low);
-  void rekey_to_any_stream(StreamId id);  // the cached blocks of a stream being destroyed
+  void rekey(StreamId id, StreamId key);  // the cached blocks of a stream being destroyed
   // Streams the runtime said are gone (see StreamOrdering::found_gone),
   // before and after each allocation and before each free: their cached
   // blocks re-keyed as at a destroy, before a call that names the handle

@@ -311,6 +311,7 @@ bool StreamOrdering::device_complete(std::uint64_t device_epoch) {
 bool StreamOrdering::known_complete(StreamId stream, std::uint64_t stream_epoch, std::uint64_t device_epoch) {
   if (device_epoch == 0 || device_epoch <= device_.completed_epoch) return true;
   if (stream == kAnyStream) return false;
+  if (is_retired_key(stream)) return retired_done(stream, false);
   auto it = streams_.find(stream);
   return it != streams_.end() && stream_epoch <= it->second.completed_epoch;
 }
@@ -432,6 +433,9 @@ void StreamOrdering::fence_frees() {
 bool StreamOrdering::events_held_once() const {
   std::vector<EventHandle> held(spare_events_.begin(), spare_events_.end());
   held.insert(held.end(), retired_.begin(), retired_.end());
+  for (const RetiredStream& r : retired_streams_) {
+    if (r.event != 0) held.push_back(r.event);
+  }
   auto add_fences = [&](const StreamState& s) {
     for (const Fence& f : s.pending) {
       held.push_back(f.event);

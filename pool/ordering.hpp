@@ -98,8 +98,21 @@ class StreamOrdering {
   // count, so no barrier is made meanwhile if it captures); then, destroyed,
   // its counters go to the report's gone streams, and refused, the stream
   // lives on with its kind, counters and captures (its fences stay retired).
-  void stream_destroy_begin(StreamId id);
+  // Returns the key for the stream's cached blocks: one of their own (see
+  // retired_done), or kAnyStream, whose blocks wait for the device barrier or
+  // a completion fence.
+  StreamId stream_destroy_begin(StreamId id);
   void stream_destroy_end(StreamId id, bool destroyed);
+  // A destroyed stream's cached blocks are keyed to a pool-made id (the top
+  // bit set: no stream handle, a user-space address, has it), with an event
+  // recorded at the destroy after all the stream's work. Once that event has
+  // completed, they are done, whatever other streams still have queued:
+  // without it they would wait for a completion fence, which a stream that
+  // the program keeps fed never lets complete, and a program that makes a
+  // stream for each task would grow the pool at every task. True when known
+  // done; `ask`: query the event if not known yet.
+  static bool is_retired_key(StreamId id) { return (id & kRetiredKeyBit) != 0 && id != kAnyStream; }
+  bool retired_done(StreamId key, bool ask);
   // Some of a destroyed stream's cached blocks could not be re-keyed.
   void destroyed_stream_keys_left() { destroyed_keys_left_ = true; }
   // The thread whose per-thread default stream this is has ended. Its state
@@ -232,6 +245,18 @@ class StreamOrdering {
   // Destroyed streams kept individually in the report; later ones are folded
   // into the last entry.
   static constexpr std::size_t kDestroyedStreamsReported = 64;
+  static constexpr StreamId kRetiredKeyBit = StreamId{1} << (8 * sizeof(StreamId) - 1);
+  // Destroyed streams whose event is pending or failed, at most this many: a
+  // stream destroyed beyond them keys its blocks to kAnyStream.
+  static constexpr std::size_t kRetiredStreamsKept = 1024;
+  struct RetiredStream {
+    StreamId key;
+    EventHandle event;  // 0: done (or, not done, its query failed: never known done)
+    bool done;
+  };
+  // A key for a stream being destroyed whose event `event` was recorded after
+  // its work, or kAnyStream (none to spare). Takes the event either way.
+  StreamId add_retired_stream(EventHandle event);
 
   StreamState& lookup(StreamId id);
   // The stream's state, or null where it has none (see thread_stream_ended).
@@ -296,6 +321,10 @@ class StreamOrdering {
   std::unordered_map<StreamId, StreamState> destroying_;  // between the steps of a destroy
   std::vector<EventHandle> spare_events_;
   std::vector<EventHandle> retired_;  // fences on destroyed streams, until complete
+  // The keys of destroyed streams' blocks, ascending; each leaves from the
+  // front once done, so a key before the front is done.
+  std::deque<RetiredStream> retired_streams_;
+  StreamId next_retired_key_ = kRetiredKeyBit | 1;
   std::vector<StreamReport> destroyed_;  // counters of destroyed streams, for the report
   int captures_active_ = 0;
   bool unfenced_frees_ = false;  // a free happened since the last device fence

@@ -53,8 +53,9 @@ SizeHistogram DevicePool::free_block_histogram() const {
 // cache: a live stream's row, else the row of the gone stream that freed it
 // (an ended thread's per-thread stream, whose blocks keep its id, or a
 // destroyed stream whose blocks a failure kept from being re-keyed), else the
-// row of every later gone stream. A destroyed stream's handle may be a live
-// stream's now: live rows are looked up first.
+// row of every later gone stream; a destroyed stream's blocks re-keyed to
+// their own key, the plain frees' row. A destroyed stream's handle may be a
+// live stream's now: live rows are looked up first.
 std::vector<StreamReport> DevicePool::streams() const {
   std::vector<StreamReport> reports = ordering_.stream_reports();
   std::map<StreamId, StreamReport*> live;
@@ -70,6 +71,7 @@ std::vector<StreamReport> DevicePool::streams() const {
     }
   }
   auto row_of = [&](StreamId id) -> StreamReport* {
+    if (StreamOrdering::is_retired_key(id)) id = kAnyStream;  // with the plain frees' row, as before its key
     if (const auto it = live.find(id); it != live.end()) return it->second;
     if (const auto it = gone.find(id); it != gone.end()) return it->second;
     return later;

@@ -3,6 +3,7 @@
 // knows it), its captures, and the report's rows of streams gone. The
 // fences and barriers that order reuse between them are in ordering.cpp.
 #include <algorithm>
+#include <new>
 
 #include "pool/ordering.hpp"
 
@@ -68,10 +69,11 @@ bool StreamOrdering::order_after_last_barrier(StreamState& s) {
   return false;
 }
 
-void StreamOrdering::stream_destroy_begin(StreamId id) {
+StreamId StreamOrdering::stream_destroy_begin(StreamId id) {
   auto it = streams_.find(id);
-  if (it == streams_.end()) return;
+  if (it == streams_.end()) return kAnyStream;
   StreamState& s = it->second;
+  EventHandle own = 0;  // the blocks' event (see retired_done)
   retired_.reserve(retired_.size() + s.pending.size() + 1);  // as in stream_created
   destroying_.reserve(destroying_.size() + 1);  // so that holding it aside cannot fail
   // Work queued on s may still run after the destroy returns. Keep an event at
@@ -84,6 +86,15 @@ void StreamOrdering::stream_destroy_begin(StreamId id) {
     if (event != 0 && upstream_.record_event(event, id)) {
       retired_.push_back(event);
       ++s.counters.fences_recorded;
+      // A second event, the blocks' own: the first is the barriers', given
+      // back once complete. (Under "never" no other stream takes them.)
+      if (options_.cross_stream_reuse != CrossStreamReuse::Never) {
+        own = take_event();
+        if (own != 0 && !upstream_.record_event(own, id)) {
+          give_back_event(own);
+          own = 0;
+        }
+      }
     } else {
       if (event != 0) give_back_event(event);
       if (upstream_.synchronize_stream(id)) {
@@ -104,6 +115,42 @@ void StreamOrdering::stream_destroy_begin(StreamId id) {
   // of it under way on another thread) is reported gone.
   auto held = destroying_.insert(streams_.extract(it));
   if (!held.inserted) forget_destroyed(held.node.mapped());
+  return own != 0 ? add_retired_stream(own) : kAnyStream;
+}
+
+StreamId StreamOrdering::add_retired_stream(EventHandle event) {
+  // Each destroy asks after the oldest: streams tend to finish in the order
+  // they were destroyed, so the list holds about those still running.
+  while (!retired_streams_.empty() && retired_done(retired_streams_.front().key, true)) {
+  }
+  try {
+    if (retired_streams_.size() < kRetiredStreamsKept) {
+      retired_streams_.push_back(RetiredStream{next_retired_key_++, event, false});
+      return retired_streams_.back().key;
+    }
+  } catch (const std::bad_alloc&) {
+    // Out of host memory: the blocks wait for the device, as they did before.
+  }
+  give_back_event(event);
+  return kAnyStream;
+}
+
+bool StreamOrdering::retired_done(StreamId key, bool ask) {
+  if (retired_streams_.empty() || key < retired_streams_.front().key) return true;
+  const auto it = std::lower_bound(retired_streams_.begin(), retired_streams_.end(), key,
+                                   [](const RetiredStream& r, StreamId k) { return r.key < k; });
+  if (it == retired_streams_.end() || it->key != key) return false;  // never given out
+  if (it->done) return true;
+  if (!ask || it->event == 0) return false;
+  const EventStatus status = upstream_.query_event(it->event);
+  if (status == EventStatus::Pending) return false;
+  // An error: the event is recycled, and the blocks wait for the device.
+  give_back_event(it->event);
+  it->event = 0;
+  if (status != EventStatus::Complete) return false;
+  it->done = true;
+  while (!retired_streams_.empty() && retired_streams_.front().done) retired_streams_.pop_front();
+  return true;
 }
 
 void StreamOrdering::stream_destroy_end(StreamId id, bool destroyed) {

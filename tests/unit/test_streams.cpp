@@ -567,7 +567,8 @@ TEST_CASE_METHOD(PoolFixture, "a destroyed stream's blocks stay cached and are f
   release(a, kNB);
   upstream.clear_calls();
   pool->stream_destroying(kNB);
-  REQUIRE(count(upstream.calls(), Call::Record, kNB) == 1);
+  // Two events after its work: the barriers', then the blocks' own.
+  REQUIRE(count(upstream.calls(), Call::Record, kNB) == 2);
   const EventHandle retired = upstream.calls()[0].event;
   check();
   // A new stream that happens to get the same handle does not inherit them...
@@ -604,6 +605,45 @@ TEST_CASE_METHOD(PoolFixture, "a stream made after a destroy takes the destroyed
   CHECK(alloc(kMiB, kNB + 1) == a);
   CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);  // the barrier
   CHECK(count(upstream.calls(), Call::Wait, kNB + 1) == 1);    // which the new stream waits for
+  check();
+}
+
+TEST_CASE_METHOD(PoolFixture, "a destroyed stream's block is taken with no call once its own event completes") {
+  // Another stream still has work queued, so the device has not caught up:
+  // a completion fence would stay pending, and a barrier is not needed.
+  make();
+  upstream.set_events_complete_at_once(true);
+  pool->stream_created(kNB - 1, StreamKind::NonBlocking);
+  upstream.set_lagging_stream(kNB - 1);
+  release(alloc(kMiB, kNB - 1), kNB - 1);
+  const DevicePtr a = task_on_new_stream(*this, kNB);
+  pool->stream_created(kNB + 1, StreamKind::NonBlocking);
+  upstream.clear_calls();
+  CHECK(alloc(kMiB, kNB + 1) == a);
+  CHECK(upstream.calls().empty());  // no fence, no barrier, no wait
+  SECTION("and by a plain request, with no barrier") {
+    release(a, kNB + 1);
+    pool->stream_destroying(kNB + 1);
+    upstream.clear_calls();
+    CHECK(alloc(kMiB) == a);
+    // A barrier would make the lagging stream wait. (A look at that
+    // stream's own pending block records a completion fence, no wait.)
+    CHECK(count(upstream.calls(), Call::Wait, kNB - 1) == 0);
+  }
+  check();
+}
+
+TEST_CASE_METHOD(PoolFixture, "a destroyed stream's block whose own event answers with an error is not taken as done") {
+  make();
+  upstream.set_events_complete_at_once(true);
+  const DevicePtr a = task_on_new_stream(*this, kNB);
+  upstream.set_event_queries_fail(true);
+  // Nothing shows its work done. A stream that follows the legacy stream is
+  // not ordered after it by a completion fence either: a non-blocking
+  // stream's work does not come before the legacy stream's event.
+  const StreamKind kind = GENERATE(StreamKind::NonBlocking, StreamKind::PerThread);
+  pool->stream_created(kNB + 1, kind);
+  CHECK(alloc(kMiB, kNB + 1) != a);
   check();
 }
 
@@ -709,6 +749,28 @@ TEST_CASE_METHOD(PoolFixture, "a task's frees in one epoch are all the newest: t
   // the newest free, and what the tasks before freed is done.
   options.expandable_segments = true;
   CHECK(reserved_after_tasks(*this, 2) <= static_cast<std::int64_t>(6 * kMiB));
+}
+
+TEST_CASE_METHOD(PoolFixture, "a stream made for each task beside a stream that lags takes the blocks of tasks done") {
+  // A long-lived stream always has work pending (a compute stream fed ahead
+  // of the device), so no completion fence completes; each task's stream
+  // is done by the next task. Its blocks are then known done by the event
+  // recorded on it at its destroy, without the device catching up. Before,
+  // they waited for a completion fence, and the pool grew at every task.
+  options.expandable_segments = GENERATE(false, true);
+  make();
+  upstream.set_events_complete_at_once(true);
+  pool->stream_created(kNB - 1, StreamKind::NonBlocking);
+  upstream.set_lagging_stream(kNB - 1);
+  release(alloc(kMiB, kNB - 1), kNB - 1);
+  for (StreamId t = 0; t < 40; ++t) {
+    const StreamId s = kNB + t;
+    pool->stream_created(s, StreamKind::NonBlocking);
+    release(alloc(kMiB, s), s);
+    pool->stream_destroying(s);
+  }
+  check();
+  CHECK(current(pool->stats().reserved_bytes) <= static_cast<std::int64_t>(6 * kMiB));
 }
 
 TEST_CASE_METHOD(PoolFixture, "every other stream's best fit is looked at before more blocks of any one") {
