@@ -106,15 +106,19 @@ def api_pairs(mode, threads, pairs, preload, runs=5, working_set=64, singles=Non
             statistics.median(r["pairs_per_second"] for r in results))
 
 
-def held_memory_rows(mode, count, pauses_us, per_key, last_cell=None):
+def held_memory_rows(mode, count, pauses_us, per_key, last_cell=None, busy=0, extra_env=None, zero_pause=True):
     """Table rows for gpupool-bench-api churn or tasks: expandable and fixed
-    segments, without a pause and with each of pauses_us; 3 runs each, their
-    peak reserved (median, lowest-highest), cache hits and time per thread or
-    task."""
+    segments, without a pause (unless zero_pause is false) and with each of
+    pauses_us; 3 runs each, their peak reserved (median, lowest-highest),
+    cache hits and time per thread or task. busy: tasks' busy-stream
+    operations per task."""
     rows = []
-    for name, expandable, pause in [(name, expandable, pause) for pause in (0, *pauses_us)
+    pauses = (0, *pauses_us) if zero_pause else tuple(pauses_us)
+    for name, expandable, pause in [(name, expandable, pause) for pause in pauses
                                     for name, expandable in (("expandable (default)", "1"), ("fixed", "0"))]:
-        runs = [bench_api(mode, count, pause, True, reserved=True, extra_env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+        env = {"GPUPOOL_EXPANDABLE_SEGMENTS": expandable, **(extra_env or {})}
+        # (gpupool-bench-api's fourth argument is the busy stream's operations for tasks.)
+        runs = [bench_api(mode, count, pause, True, working_set=busy, reserved=True, extra_env=env)
                 for _ in range(3)]
         mib = sorted(r["reserved"] / 2**20 for r in runs)
         row = (f"| {name} | {pause} us | {mib[1]:.0f} MiB ({mib[0]:.0f}-{mib[2]:.0f}) | "
@@ -409,17 +413,22 @@ def main():
     lines += ["", "A stream for each task: one thread makes 300 tasks one after another, each a non-blocking stream, "
               "a 1 MiB `cudaMallocAsync`, a `cudaMemsetAsync` and a `cudaFreeAsync` on it, and the stream "
               "destroyed (`LD_PRELOAD=build-bench/lib/libgpupool.so build-bench/bin/gpupool-bench-api tasks 300 "
-              "PAUSE`, 3 runs each). A destroyed stream's blocks are ordered through the device barrier, which "
-              "the next task's look records while the last task's work is in flight, and which its stream "
-              "follows; a block the barrier covers is taken at once. With a pause the last task's work is done by "
-              "the next look, which then records a completion fence, not a barrier, and finds it pending: the "
-              "last task's block is left, and the block of the task before it, which the previous look's fence "
-              "has shown done, is taken. In an expandable segment those blocks are merged into one free block; "
-              "it keeps the newest free's bytes apart from the older ones (before, a look found all of it pending "
-              "and mapped a new page: 22 MiB with 1 ms pauses, 274 MiB with 10 ms).", "",
+              "PAUSE`, 3 runs each). A destroyed stream's blocks get a key of their own and an event recorded "
+              "on the stream at the destroy: once it has completed (with a pause, by the next task's look), they "
+              "are taken with no call. While the last task's work is in flight, the look records a device "
+              "barrier, which the next task's stream follows; a block the barrier covers is taken at once. "
+              "(Before stop 59 an expandable segment mapped a new page every task or two with pauses: 22 MiB "
+              "with 1 ms, 274 MiB with 10 ms.) The last two rows add a long-lived non-blocking stream that the "
+              "program keeps fed: 11 `cudaMemsetAsync` calls on it before each task, where each simulated "
+              "operation takes 1 ms (`SIMCUDA_OP_DELAY_US=1000`, `gpupool-bench-api tasks 300 10000 11`), so "
+              "it falls ever further behind and no completion fence completes (before the destroyed stream's "
+              "own event, the pool grew with the tasks there: 36-92 MiB in three runs on expandable segments).", "",
               "| segments | pause | peak reserved, median (lowest-highest) | from cache | us per task |",
               "|---|---:|---:|---:|---:|"]
     lines += held_memory_rows("tasks", 300, (1000, 10000), "us_per_task")
+    busy_rows = held_memory_rows("tasks", 300, (10000,), "us_per_task", busy=11,
+                                 extra_env={"SIMCUDA_OP_DELAY_US": "1000"}, zero_pause=False)
+    lines += [row.replace(" | 10000 us |", " | 10000 us, a busy stream |") for row in busy_rows]
     verdicts.append(("Default reserves no more than PyTorch on every trace", "met" if all_default_ok else "not met",
                      "see the table"))
     verdicts.append(("Best swept configuration within 3% of peak live on every trace",
