@@ -184,10 +184,18 @@ bool DevicePool::ready_for(Block* b, StreamId consumer, bool allow_wait) {
     return complete_or_wait([&] { return ordering_.plain_ready(b->device_epoch); });
   }
   if (b->stream == consumer) return true;
-  // A destroyed stream's blocks (see StreamOrdering::retired_done) as a plain
-  // free's, once not known done.
-  if (b->stream == kAnyStream || StreamOrdering::is_retired_key(b->stream)) {
-    return complete_or_wait([&] { return ordering_.device_ready(b->device_epoch); });
+  auto through_barrier = [&] { return ordering_.device_ready(b->device_epoch); };
+  if (b->stream == kAnyStream) return complete_or_wait(through_barrier);
+  if (StreamOrdering::is_retired_key(b->stream)) {
+    // A destroyed stream's block (see StreamOrdering::retired_done) not
+    // known done: the consumer waits for that stream's last event, even with
+    // room to grow, where a plain free's block would get a barrier (which
+    // makes it wait for every busy stream); as a plain free's where it cannot.
+    if (ordered()) return true;
+    if (options_.cross_stream_reuse == CrossStreamReuse::Auto && ordering_.wait_for_retired(b->stream, consumer)) {
+      return true;
+    }
+    return complete_or_wait(through_barrier);
   }
   return ordering_.stream_ready(b->stream, b->stream_epoch, b->device_epoch, consumer, may_wait);
 }

@@ -113,6 +113,10 @@ class StreamOrdering {
   // done; `ask`: query the event if not known yet.
   static bool is_retired_key(StreamId id) { return (id & kRetiredKeyBit) != 0 && id != kAnyStream; }
   bool retired_done(StreamId key, bool ask);
+  // Makes `to` wait on the device for that event, while pending: its later
+  // work then follows the destroyed stream's, and only that (a barrier would
+  // make it follow every busy stream's). False where it cannot.
+  bool wait_for_retired(StreamId key, StreamId to);
   // Some of a destroyed stream's cached blocks could not be re-keyed.
   void destroyed_stream_keys_left() { destroyed_keys_left_ = true; }
   // The thread whose per-thread default stream this is has ended. Its state
@@ -257,6 +261,7 @@ class StreamOrdering {
   // A key for a stream being destroyed whose event `event` was recorded after
   // its work, or kAnyStream (none to spare). Takes the event either way.
   StreamId add_retired_stream(EventHandle event);
+  std::deque<RetiredStream>::iterator retired_entry(StreamId key);  // end() where none
 
   StreamState& lookup(StreamId id);
   // The stream's state, or null where it has none (see thread_stream_ended).

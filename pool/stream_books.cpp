@@ -135,11 +135,16 @@ StreamId StreamOrdering::add_retired_stream(EventHandle event) {
   return kAnyStream;
 }
 
-bool StreamOrdering::retired_done(StreamId key, bool ask) {
-  if (retired_streams_.empty() || key < retired_streams_.front().key) return true;
+std::deque<StreamOrdering::RetiredStream>::iterator StreamOrdering::retired_entry(StreamId key) {
   const auto it = std::lower_bound(retired_streams_.begin(), retired_streams_.end(), key,
                                    [](const RetiredStream& r, StreamId k) { return r.key < k; });
-  if (it == retired_streams_.end() || it->key != key) return false;  // never given out
+  return it != retired_streams_.end() && it->key == key ? it : retired_streams_.end();
+}
+
+bool StreamOrdering::retired_done(StreamId key, bool ask) {
+  if (retired_streams_.empty() || key < retired_streams_.front().key) return true;
+  const auto it = retired_entry(key);
+  if (it == retired_streams_.end()) return false;  // never given out
   if (it->done) return true;
   if (!ask || it->event == 0) return false;
   const EventStatus status = upstream_.query_event(it->event);
@@ -150,6 +155,16 @@ bool StreamOrdering::retired_done(StreamId key, bool ask) {
   if (status != EventStatus::Complete) return false;
   it->done = true;
   while (!retired_streams_.empty() && retired_streams_.front().done) retired_streams_.pop_front();
+  return true;
+}
+
+bool StreamOrdering::wait_for_retired(StreamId key, StreamId to) {
+  if (retired_streams_.empty() || key < retired_streams_.front().key) return false;  // done: nothing to wait for
+  const auto it = retired_entry(key);
+  if (it == retired_streams_.end() || it->event == 0) return false;
+  StreamState& dst = stream(to);
+  if (!usable(dst) || !wait_on(dst, it->event)) return false;
+  ++dst.counters.event_waits;
   return true;
 }
 

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <map>
 #include <random>
+#include <set>
 #include <utility>
 
 #include "random_ops.hpp"
@@ -569,19 +570,17 @@ TEST_CASE_METHOD(PoolFixture, "a destroyed stream's blocks stay cached and are f
   pool->stream_destroying(kNB);
   // Two events after its work: the barriers', then the blocks' own.
   REQUIRE(count(upstream.calls(), Call::Record, kNB) == 2);
-  const EventHandle retired = upstream.calls()[0].event;
+  const EventHandle own = upstream.calls()[1].event;
   check();
   // A new stream that happens to get the same handle does not inherit them...
   pool->stream_created(kNB, StreamKind::NonBlocking);
   upstream.clear_calls();
   const DevicePtr b = alloc(1000, kNB);
-  // ...it takes it only through the barrier, which waits for the old work.
+  // ...it takes it only after a wait on the device for the old work.
   CHECK(b == a);
-  bool legacy_waited = false;
-  for (const Call& c : upstream.calls()) {
-    legacy_waited |= c.kind == Call::Wait && c.stream == kLegacy && c.event == retired;
-  }
-  CHECK(legacy_waited);
+  bool waited = false;
+  for (const Call& c : upstream.calls()) waited |= c.kind == Call::Wait && c.stream == kNB && c.event == own;
+  CHECK(waited);
 }
 
 // A stream made for each task: a 1 MiB pair on it, then destroyed, its work
@@ -594,17 +593,18 @@ DevicePtr task_on_new_stream(PoolFixture& f, StreamId s, StreamKind kind = Strea
   return a;
 }
 
-TEST_CASE_METHOD(PoolFixture, "a stream made after a destroy takes the destroyed stream's block through the barrier") {
-  // Room to grow: the look records a barrier (a destroyed stream's work is in
-  // flight), which every stream follows; the block is taken at once.
+TEST_CASE_METHOD(PoolFixture, "a stream made after a destroy takes the destroyed stream's pending block after a wait") {
+  // Room to grow, and the destroyed stream's work still in flight: the new
+  // stream waits on the device for that stream's last event (a barrier
+  // would make it wait for every busy stream), and the block is taken.
   make();
   upstream.set_events_complete_at_once(false);
   const DevicePtr a = task_on_new_stream(*this, kNB);
   pool->stream_created(kNB + 1, StreamKind::NonBlocking);
   upstream.clear_calls();
   CHECK(alloc(kMiB, kNB + 1) == a);
-  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);  // the barrier
-  CHECK(count(upstream.calls(), Call::Wait, kNB + 1) == 1);    // which the new stream waits for
+  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 0);  // no barrier
+  CHECK(count(upstream.calls(), Call::Wait, kNB + 1) == 1);
   check();
 }
 
@@ -1632,7 +1632,8 @@ TEST_CASE("no stream allocation holds another stream's byte before its work is d
   // Streams take other streams' and plain blocks (whole, or the part whose
   // work is done) while the device lags: every such byte must have been
   // freed before the device last caught up, or before the last barrier
-  // (which every stream here follows). No memory pressure: no stream waits.
+  // (which every stream here follows), or on a destroyed stream whose last
+  // event the consumer waited for. No memory pressure: no other waits.
   const bool expandable = GENERATE(false, true);
   PoolOptions options;
   options.expandable_segments = expandable;
@@ -1661,6 +1662,19 @@ TEST_CASE("no stream allocation holds another stream's byte before its work is d
   std::vector<Live> live;
   std::uint64_t ordered_op = 0;  // frees before this operation are done or behind a barrier
   std::uint64_t last_barriers = 0;
+  // A destroyed stream's last event (the blocks' own): which stream and
+  // generation a wait on it orders after, until it is recorded again.
+  std::map<EventHandle, std::pair<StreamId, std::uint64_t>> last_events;
+  // What each stream (this generation of it) has waited for: its later work
+  // follows that work, on whatever bytes.
+  std::map<StreamId, std::set<std::pair<StreamId, std::uint64_t>>> waited_for;
+  auto read_calls = [&] {
+    for (const Call& c : upstream.calls()) {
+      if (c.kind == Call::Record) last_events.erase(c.event);
+      if (c.kind == Call::Wait && last_events.count(c.event) != 0) waited_for[c.stream].insert(last_events.at(c.event));
+    }
+    upstream.clear_calls();
+  };
   std::uint64_t checked_ranges = 0;
   auto device_barriers = [&] {
     for (const StreamReport& s : pool.streams()) {
@@ -1681,7 +1695,15 @@ TEST_CASE("no stream allocation holds another stream's byte before its work is d
         freed.freed(l.ptr, l.ptr + l.size, Freed{op, s, generation[s]});
         return true;
       });
+      read_calls();
       pool.stream_destroying(s);
+      EventHandle last = 0;
+      for (const Call& c : upstream.calls()) {
+        if (c.kind == Call::Record && c.stream == s) last = c.event;
+      }
+      read_calls();
+      if (last != 0) last_events[last] = {s, generation[s]};
+      waited_for.erase(s);
       ++generation[s];
       pool.stream_created(s, StreamKind::NonBlocking);
     } else if (live.empty() || (rng() % 100 < 50 && live.size() < 200)) {
@@ -1689,6 +1711,7 @@ TEST_CASE("no stream allocation holds another stream's byte before its work is d
       const StreamId stream = kStreams[rng() % 4];
       const Allocation a = pool.allocate(size, stream);
       REQUIRE(a.ok);
+      read_calls();
       if (device_barriers() != last_barriers) ordered_op = op;  // (recorded for this request, before it took)
       last_barriers = device_barriers();
       freed.reused(a.ptr, a.ptr + size, [&](DevicePtr start, const Freed& r) {
@@ -1696,7 +1719,7 @@ TEST_CASE("no stream allocation holds another stream's byte before its work is d
         if (r.stream == stream && r.generation == generation[stream]) return;  // stream order
         INFO("operation " << op << ": bytes at " << start << " freed on " << r.stream << " at operation " << r.op
                           << ", ordered up to operation " << ordered_op);
-        REQUIRE(r.op < ordered_op);
+        REQUIRE((r.op < ordered_op || waited_for[stream].count({r.stream, r.generation}) != 0));
         ++checked_ranges;
       });
       live.push_back(Live{a.ptr, size, stream});
