@@ -633,6 +633,50 @@ TEST_CASE_METHOD(PoolFixture, "a destroyed stream's block is taken with no call 
   check();
 }
 
+TEST_CASE_METHOD(PoolFixture, "a destroyed stream's block known done merges with the next destroyed stream's") {
+  // Two tasks' 4 MiB blocks side by side, the rest of the segment live: each
+  // destroy asks after the oldest destroyed stream's event, so at the second
+  // the first block is known done and joins the second. A request of both
+  // together then fits; kept apart, the pool would grow.
+  options.expandable_segments = false;
+  make();
+  upstream.set_events_complete_at_once(true);
+  pool->stream_created(kNB - 1, StreamKind::NonBlocking);  // keeps the device's fences pending
+  upstream.set_lagging_stream(kNB - 1);
+  release(alloc(kMiB, kNB - 1), kNB - 1);
+  pool->stream_created(kNB, StreamKind::NonBlocking);
+  pool->stream_created(kNB + 1, StreamKind::NonBlocking);
+  pool->stream_created(kS1, StreamKind::Blocking);
+  const DevicePtr a = alloc(4 * kMiB, kNB);
+  const DevicePtr b = alloc(4 * kMiB, kNB + 1);
+  alloc(12 * kMiB, kS1);  // the rest of the 20 MiB segment
+  REQUIRE(b == a + 4 * kMiB);
+  release(a, kNB);
+  release(b, kNB + 1);
+  pool->stream_destroying(kNB);
+  pool->stream_destroying(kNB + 1);
+  const std::int64_t reserved = current(pool->stats().reserved_bytes);
+  pool->stream_created(kNB + 2, StreamKind::NonBlocking);
+  CHECK(alloc(8 * kMiB, kNB + 2) == a);
+  CHECK(current(pool->stats().reserved_bytes) == reserved);
+  check();
+}
+
+TEST_CASE_METHOD(PoolFixture, "destroyed streams' own events are kept for at most 1024 pending, then the barrier serves") {
+  // The device never catches up: each task waits for the one before, and
+  // every destroyed stream's event stays pending. Past the bound, a
+  // destroyed stream's blocks go to the barrier as a plain free's do.
+  make();
+  upstream.set_events_complete_at_once(false);
+  for (StreamId t = 0; t < 1030; ++t) task_on_new_stream(*this, kNB + t);
+  pool->stream_created(kNB + 1030, StreamKind::NonBlocking);
+  upstream.clear_calls();
+  alloc(kMiB, kNB + 1030);
+  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);  // a barrier, not a wait on the last event alone
+  CHECK(current(pool->stats().reserved_bytes) <= static_cast<std::int64_t>(4 * kMiB));
+  check();
+}
+
 TEST_CASE_METHOD(PoolFixture, "a destroyed stream's block whose own event answers with an error is not taken as done") {
   make();
   upstream.set_events_complete_at_once(true);
