@@ -113,6 +113,10 @@ int tasks(int count, int pause_us, int busy_ops) {
   cudaDeviceSynchronize();
   const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   std::printf("{\"mode\": \"tasks\", \"tasks\": %d, \"us_per_task\": %.1f}\n", count, us / count);
+  if (busy != nullptr) {  // (after the clock: not part of the tasks)
+    cudaFreeAsync(busy_bytes, busy);
+    cudaStreamDestroy(busy);
+  }
   return 0;
 }
 }  // namespace
