@@ -130,7 +130,7 @@ bool StreamOrdering::record_barrier() {
   if (capture_active()) return false;
   // Destroyed streams' events are dropped as soon as complete (the barrier
   // waits for each one still pending).
-  if (!retired_.empty()) poll();
+  if (!retired_.empty() || !retired_streams_.empty()) poll();
   if (destroyed_work_unordered_) return false;
   refill_spare_events();  // one is enough: the non-blocking streams' are given back at once
   const StreamId legacy = upstream_.legacy_stream();
@@ -145,7 +145,8 @@ bool StreamOrdering::record_barrier() {
     return s.kind == StreamKind::NonBlocking && !s.gone && s.idle_checks_skipped > 0;
   });
   EventHandle early = 0;
-  if (!one_taken_as_busy && retired_.empty() && non_blocking_streams() >= kCaughtUpCheckStreams) {
+  if (!one_taken_as_busy && retired_.empty() && retired_streams_.empty() &&
+      non_blocking_streams() >= kCaughtUpCheckStreams) {
     early = take_event();
     if (early == 0) return false;
     if (!upstream_.record_event(early, legacy)) {
@@ -178,6 +179,10 @@ bool StreamOrdering::record_barrier() {
   }
   for (EventHandle event : retired_) {
     if (!upstream_.wait_event(legacy, event)) return fail();
+  }
+  for (const RetiredStream& r : retired_streams_) {
+    // (One whose query failed has set destroyed_work_unordered_: no barrier.)
+    if (!r.done && r.event != 0 && !upstream_.wait_event(legacy, r.event)) return fail();
   }
   if (early != 0 && !any_busy && upstream_.query_event(early) == EventStatus::Complete) {
     give_back_event(early);
@@ -222,6 +227,7 @@ bool StreamOrdering::record_barrier() {
 void StreamOrdering::poll(StreamState& s) {
   while (!s.pending.empty()) {
     Fence& f = s.pending.front();
+    if (f.retired_mark != 0 && !retired_done_before(f.retired_mark)) break;
     EventStatus status = upstream_.query_event(f.event);
     // A completion fence completes when every one of its events has.
     while (status == EventStatus::Complete && !f.more.empty()) {
@@ -244,12 +250,15 @@ void StreamOrdering::poll(StreamState& s) {
 }
 
 bool StreamOrdering::record_completion_fence() {
-  // Work of destroyed streams still in flight is covered only by a barrier
-  // (the legacy stream waits for their last events); rare, so take one then.
+  // Work of destroyed streams still in flight: the fence completes once
+  // their keys' events have too (a stream made for each task, beside one
+  // kept fed: a barrier would make the next task's stream wait behind it).
+  // Without a key, or after a failed call, only a barrier covers it (the
+  // legacy stream waits for their last events); rare, so take one then.
   poll();
   if (!retired_.empty() || destroyed_work_unordered_) return record_barrier();
   const StreamId legacy = upstream_.legacy_stream();
-  Fence fence{device_.free_epoch, 0, {}};
+  Fence fence{device_.free_epoch, 0, {}, retired_streams_.empty() ? 0 : next_retired_key_};
   auto record_on_stream = [&](StreamState* s) {  // null: the legacy stream
     const EventHandle e = take_event();
     if (e == 0) return false;
@@ -277,7 +286,9 @@ bool StreamOrdering::record_completion_fence() {
     for (EventHandle e : fence.more) retired_.push_back(e);
     return false;
   }
-  legacy_fenced_epoch_ = fence.epoch;  // ordered only for streams that follow the legacy stream
+  // Ordered only for streams that follow the legacy stream (for a stream's
+  // own frees: its legacy event need not follow destroyed streams' work).
+  legacy_fenced_epoch_ = fence.epoch;
   device_.pending.push_back(std::move(fence));
   ++device_.free_epoch;  // later frees are not covered; fenced_epoch stays (non-blocking streams are not ordered)
   unfenced_frees_ = false;
@@ -300,6 +311,8 @@ void StreamOrdering::poll() {
     give_back_event(event);
   }
   retired_.resize(kept);
+  for (RetiredStream& r : retired_streams_) ask_retired(r);
+  drop_done_retired();
 }
 
 bool StreamOrdering::device_complete(std::uint64_t device_epoch) {
@@ -417,6 +430,7 @@ bool StreamOrdering::wait_for_frees() {
 bool StreamOrdering::synchronize_device() {
   if (!upstream_.synchronize_device()) return false;
   destroyed_work_unordered_ = false;
+  all_retired_done();
   ++device_.counters.host_syncs;
   device_.fenced_epoch = device_.completed_epoch = device_.free_epoch++;
   unfenced_frees_ = false;

@@ -37,6 +37,9 @@ struct Fence {
   EventHandle event = 0;
   // A completion fence (device only) also needs these; it orders nothing.
   std::vector<EventHandle> more;
+  // And, made while destroyed streams' work was in flight (their events
+  // pending under keys below this; 0: none), those events.
+  StreamId retired_mark = 0;
 };
 
 struct StreamState {
@@ -262,6 +265,10 @@ class StreamOrdering {
   // its work, or kAnyStream (none to spare). Takes the event either way.
   StreamId add_retired_stream(EventHandle event);
   std::deque<RetiredStream>::iterator retired_entry(StreamId key);  // end() where none
+  bool ask_retired(RetiredStream& r);  // queries its event while pending; true once done
+  void drop_done_retired();            // from the front
+  bool retired_done_before(StreamId mark);  // every key below mark done (asked in order)
+  void all_retired_done();             // after a host wait for the whole device
 
   StreamState& lookup(StreamId id);
   // The stream's state, or null where it has none (see thread_stream_ended).
@@ -325,9 +332,13 @@ class StreamOrdering {
   std::unordered_map<StreamId, StreamState> streams_;
   std::unordered_map<StreamId, StreamState> destroying_;  // between the steps of a destroy
   std::vector<EventHandle> spare_events_;
-  std::vector<EventHandle> retired_;  // fences on destroyed streams, until complete
-  // The keys of destroyed streams' blocks, ascending; each leaves from the
-  // front once done, so a key before the front is done.
+  // Events kept until complete: destroyed streams' with no key of their own
+  // (barriers wait for them), and events of fences that failed or whose
+  // stream went, to recycle.
+  std::vector<EventHandle> retired_;
+  // The keys of destroyed streams' blocks, ascending, each with the event
+  // recorded after the stream's work (barriers wait for it while pending);
+  // each leaves from the front once done, so a key before the front is done.
   std::deque<RetiredStream> retired_streams_;
   StreamId next_retired_key_ = kRetiredKeyBit | 1;
   std::vector<StreamReport> destroyed_;  // counters of destroyed streams, for the report

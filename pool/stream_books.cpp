@@ -84,16 +84,13 @@ StreamId StreamOrdering::stream_destroy_begin(StreamId id) {
   if (!options_.unsafe_skip_ordering && addressable(s) && s.captures == 0 && !s.gone) {
     const EventHandle event = take_event();
     if (event != 0 && upstream_.record_event(event, id)) {
-      retired_.push_back(event);
       ++s.counters.fences_recorded;
-      // A second event, the blocks' own: the first is the barriers', given
-      // back once complete. (Under "never" no other stream takes them.)
+      // The blocks' key holds it (barriers wait for it there); under "never"
+      // no other stream takes them, and it only keeps barriers waiting.
       if (options_.cross_stream_reuse != CrossStreamReuse::Never) {
-        own = take_event();
-        if (own != 0 && !upstream_.record_event(own, id)) {
-          give_back_event(own);
-          own = 0;
-        }
+        own = event;
+      } else {
+        retired_.push_back(event);
       }
     } else {
       if (event != 0) give_back_event(event);
@@ -129,9 +126,9 @@ StreamId StreamOrdering::add_retired_stream(EventHandle event) {
       return retired_streams_.back().key;
     }
   } catch (const std::bad_alloc&) {
-    // Out of host memory: the blocks wait for the device, as they did before.
+    // Out of host memory: the blocks wait for the device.
   }
-  give_back_event(event);
+  retired_.push_back(event);  // (room reserved by the caller)
   return kAnyStream;
 }
 
@@ -146,16 +143,46 @@ bool StreamOrdering::retired_done(StreamId key, bool ask) {
   const auto it = retired_entry(key);
   if (it == retired_streams_.end()) return false;  // never given out
   if (it->done) return true;
-  if (!ask || it->event == 0) return false;
-  const EventStatus status = upstream_.query_event(it->event);
-  if (status == EventStatus::Pending) return false;
-  // An error: the event is recycled, and the blocks wait for the device.
-  give_back_event(it->event);
-  it->event = 0;
-  if (status != EventStatus::Complete) return false;
-  it->done = true;
-  while (!retired_streams_.empty() && retired_streams_.front().done) retired_streams_.pop_front();
+  if (!ask || !ask_retired(*it)) return false;
+  drop_done_retired();
   return true;
+}
+
+bool StreamOrdering::ask_retired(RetiredStream& r) {
+  if (r.done) return true;
+  if (r.event == 0) return false;
+  const EventStatus status = upstream_.query_event(r.event);
+  if (status == EventStatus::Pending) return false;
+  give_back_event(r.event);
+  r.event = 0;
+  // An error tells nothing of the stream's work: nothing covers it now, as
+  // when no event could be recorded at the destroy, and its blocks wait for
+  // the device (barriers stop until the host has waited for the whole device).
+  if (status != EventStatus::Complete) {
+    destroyed_work_unordered_ = true;
+    return false;
+  }
+  r.done = true;
+  return true;
+}
+
+void StreamOrdering::drop_done_retired() {
+  while (!retired_streams_.empty() && retired_streams_.front().done) retired_streams_.pop_front();
+}
+
+bool StreamOrdering::retired_done_before(StreamId mark) {
+  while (!retired_streams_.empty() && retired_streams_.front().key < mark) {
+    if (!ask_retired(retired_streams_.front())) return false;
+    drop_done_retired();
+  }
+  return true;
+}
+
+void StreamOrdering::all_retired_done() {
+  for (RetiredStream& r : retired_streams_) {
+    if (r.event != 0) give_back_event(r.event);
+  }
+  retired_streams_.clear();
 }
 
 bool StreamOrdering::wait_for_retired(StreamId key, StreamId to) {

@@ -568,9 +568,9 @@ TEST_CASE_METHOD(PoolFixture, "a destroyed stream's blocks stay cached and are f
   release(a, kNB);
   upstream.clear_calls();
   pool->stream_destroying(kNB);
-  // Two events after its work: the barriers', then the blocks' own.
-  REQUIRE(count(upstream.calls(), Call::Record, kNB) == 2);
-  const EventHandle own = upstream.calls()[1].event;
+  // One event after its work, held by the blocks' key (barriers wait for it too).
+  REQUIRE(count(upstream.calls(), Call::Record, kNB) == 1);
+  const EventHandle own = upstream.calls()[0].event;
   check();
   // A new stream that happens to get the same handle does not inherit them...
   pool->stream_created(kNB, StreamKind::NonBlocking);
@@ -631,6 +631,112 @@ TEST_CASE_METHOD(PoolFixture, "a destroyed stream's block is taken with no call 
     CHECK(count(upstream.calls(), Call::Wait, kNB - 1) == 0);
   }
   check();
+}
+
+TEST_CASE_METHOD(PoolFixture, "a barrier waits for a destroyed stream's last event") {
+  // Its work may still use memory that cudaFree handed back after the
+  // destroy: cudaFree's promise covers all work queued before it. (Under
+  // "never" its blocks get no key: the event is kept apart, as where no key
+  // can be had.)
+  const CrossStreamReuse policy = GENERATE(CrossStreamReuse::Auto, CrossStreamReuse::Never);
+  options.cross_stream_reuse = policy;
+  make(2 * kMiB);  // one small segment: no room to grow
+  upstream.set_events_complete_at_once(false);
+  pool->stream_created(kNB, StreamKind::NonBlocking);
+  const DevicePtr live = alloc(kMiB, kNB);
+  pool->stream_destroying(kNB);
+  const EventHandle own = upstream.calls().back().event;
+  REQUIRE(upstream.calls().back().kind == Call::Record);
+  release(live);  // plain: all work before it, the destroyed stream's too
+  upstream.clear_calls();
+  CHECK(alloc(kMiB) == live);  // back where it was, through a barrier
+  bool waited = false;
+  for (const Call& c : upstream.calls()) waited |= c.kind == Call::Wait && c.stream == kLegacy && c.event == own;
+  CHECK(waited);
+  check();
+}
+
+TEST_CASE_METHOD(PoolFixture, "a completion fence made while a destroyed stream's work is in flight waits for it") {
+  // The fence's own events complete at once, the destroyed stream's stays
+  // pending: blocks freed before the fence are not known done until it is.
+  options.cross_stream_reuse = CrossStreamReuse::Completed;  // no waits: only completion
+  make(42 * kMiB);  // a's 20 MiB segment, a small one, b's: no more
+  upstream.set_events_complete_at_once(true);
+  pool->stream_created(kNB, StreamKind::NonBlocking);
+  upstream.set_lagging_stream(kNB);
+  const DevicePtr a = alloc(4 * kMiB);
+  release(alloc(kMiB, kNB), kNB);
+  pool->stream_destroying(kNB);  // its event pending
+  upstream.set_lagging_stream(0);
+  release(a);  // plain: it promises the destroyed stream's work done before reuse
+  pool->stream_created(kS1, StreamKind::NonBlocking);
+  upstream.clear_calls();
+  const DevicePtr b = alloc(4 * kMiB, kS1);
+  CHECK(b != a);  // new memory: no barrier, no wait under "completed"
+  CHECK(count(upstream.calls(), Call::Wait, kS1) == 0);
+  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);  // the fence's
+  release(b, kS1);
+  pool->stream_destroying(kS1);
+  pool->stream_created(kS2, StreamKind::NonBlocking);
+  // Still pending: not taken, though the fence's own events have completed.
+  const DevicePtr c = alloc(4 * kMiB, kS2);
+  CHECK(c != a);
+  upstream.complete_all();
+  pool->stream_created(kS2 + 1, StreamKind::NonBlocking);
+  upstream.clear_calls();
+  CHECK(alloc(17 * kMiB, kS2 + 1) == a);  // only a's block is that large
+  for (const Call& call : upstream.calls()) CHECK(call.kind == Call::Record);  // known done: no host wait
+  check();
+}
+
+TEST_CASE_METHOD(PoolFixture, "a destroyed stream whose event erred holds no fence back after a device wait") {
+  // Its query's error leaves its work covered by nothing: barriers stop
+  // until a host wait for the whole device, after which all of it is done,
+  // and completion fences must not wait for that stream's event any more.
+  options.cross_stream_reuse = CrossStreamReuse::Completed;  // reuse across streams only when complete
+  make();
+  upstream.set_events_complete_at_once(false);
+  pool->stream_created(kNB, StreamKind::NonBlocking);
+  release(alloc(kMiB, kNB), kNB);
+  pool->stream_destroying(kNB);
+  upstream.set_event_queries_fail(true);
+  pool->stream_created(kS1, StreamKind::NonBlocking);
+  alloc(kMiB, kS1);  // asks the destroyed stream's event: an error
+  upstream.set_event_queries_fail(false);
+  upstream.set_events_complete_at_once(true);
+  const DevicePtr p = alloc(4 * kMiB);
+  release(p);
+  upstream.clear_calls();
+  CHECK(alloc(4 * kMiB) == p);  // through the device wait
+  CHECK(count(upstream.calls(), Call::SyncDevice, 0) == 1);
+  release(p);
+  pool->stream_created(kS2, StreamKind::NonBlocking);
+  CHECK(alloc(4 * kMiB, kS2) == p);  // a completion fence, complete at once
+  check();
+}
+
+TEST_CASE_METHOD(PoolFixture, "under completed, a stream made for each task makes no stream wait") {
+  // The tasks' streams end with work in flight: each new task takes new
+  // memory or a done block, never a barrier or a wait (which would put it
+  // behind every earlier task on the device).
+  for (const bool expandable : {true, false}) {
+    DYNAMIC_SECTION("expandable segments " << expandable) {
+      options.expandable_segments = expandable;
+      options.cross_stream_reuse = CrossStreamReuse::Completed;
+      make();
+      upstream.set_events_complete_at_once(false);
+      upstream.clear_calls();
+      for (StreamId s = kNB; s < kNB + 40; ++s) task_on_new_stream(*this, s);
+      for (const Call& c : upstream.calls()) CHECK(c.kind != Call::Wait);
+      // The device catches up and keeps up: the tasks reuse what they left.
+      upstream.complete_all();
+      upstream.set_events_complete_at_once(true);
+      const std::size_t reserved = upstream.in_use();
+      for (StreamId s = kNB + 40; s < kNB + 80; ++s) task_on_new_stream(*this, s);
+      CHECK(upstream.in_use() == reserved);
+      check();
+    }
+  }
 }
 
 TEST_CASE_METHOD(PoolFixture, "a destroyed stream's block known done merges with the next destroyed stream's") {
