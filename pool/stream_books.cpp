@@ -85,13 +85,7 @@ StreamId StreamOrdering::stream_destroy_begin(StreamId id) {
     const EventHandle event = take_event();
     if (event != 0 && upstream_.record_event(event, id)) {
       ++s.counters.fences_recorded;
-      // The blocks' key holds it (barriers wait for it there); under "never"
-      // no other stream takes them, and it only keeps barriers waiting.
-      if (options_.cross_stream_reuse != CrossStreamReuse::Never) {
-        own = event;
-      } else {
-        retired_.push_back(event);
-      }
+      own = event;  // the blocks' key holds it (barriers and completion fences wait for it there)
     } else {
       if (event != 0) give_back_event(event);
       if (upstream_.synchronize_stream(id)) {
@@ -112,7 +106,10 @@ StreamId StreamOrdering::stream_destroy_begin(StreamId id) {
   // of it under way on another thread) is reported gone.
   auto held = destroying_.insert(streams_.extract(it));
   if (!held.inserted) forget_destroyed(held.node.mapped());
-  return own != 0 ? add_retired_stream(own) : kAnyStream;
+  const StreamId key = own != 0 ? add_retired_stream(own) : kAnyStream;
+  // Under "never" no other stream takes its blocks: they are plain requests'
+  // (the key still tells barriers and completion fences what to wait for).
+  return options_.cross_stream_reuse == CrossStreamReuse::Never ? kAnyStream : key;
 }
 
 StreamId StreamOrdering::add_retired_stream(EventHandle event) {

@@ -193,6 +193,16 @@ for mode in 1 0; do
     run "hazard $case with room to grow (expandable=$mode)" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=unlimited \
       GPUPOOL_EXPANDABLE_SEGMENTS=$mode -- "$out/hazards_gpu" "$case"
   done
+  # A stream made for each task beside a stream kept busy with slow kernels:
+  # no task's stream may wait behind that stream (exit 4); under completed
+  # and never a task takes new memory rather than wait for the last (exit 2).
+  run "stream-per-task beside a busy stream (expandable=$mode)" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=unlimited \
+    GPUPOOL_EXPANDABLE_SEGMENTS=$mode -- "$out/hazards_gpu" stream-per-task-beside-busy
+  for policy in completed never; do
+    run "stream-per-task beside a busy stream, $policy (expandable=$mode)" "0 2" "${pool[@]}" \
+      GPUPOOL_MEMORY_LIMIT=unlimited GPUPOOL_CROSS_STREAM_REUSE=$policy GPUPOOL_EXPANDABLE_SEGMENTS=$mode \
+      -- "$out/hazards_gpu" stream-per-task-beside-busy
+  done
 done
 
 echo "== a destroyed stream's handle given to a new stream (unseen-: destroyed through the driver, past gpupool)"

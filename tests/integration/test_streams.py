@@ -304,10 +304,10 @@ class Hazards(ShimTest):
                     for path in unsafe.reports():
                         os.remove(path)
 
-    def test_a_stream_made_for_each_task_takes_the_last_tasks_block_through_the_barrier(self):
-        # With room to grow: each look at a destroyed stream's block, its
-        # work in flight, records a barrier, which the new stream follows.
-        # (Without ordering no barrier is recorded and the block is not taken:
+    def test_a_stream_made_for_each_task_takes_the_last_tasks_block_after_a_wait(self):
+        # With room to grow: a look at a destroyed stream's block, its work
+        # in flight, makes the new stream wait for that stream's last event.
+        # (Without ordering there is no wait and the block is not taken:
         # CASES shows the hazard under pressure.)
         for case in ("destroyed-stream", "stream-per-task"):
             for expandable in ("1", "0"):
@@ -349,6 +349,23 @@ class Hazards(ShimTest):
                 self.assertLessEqual(run.report()["devices"]["0"]["stats"]["reserved_bytes.all.peak"], 4 << 20)
                 for path in run.reports():
                     os.remove(path)
+
+    def test_a_stream_made_for_each_task_never_waits_behind_a_busy_stream(self):
+        # Each task's stream takes the last task's block after waiting for
+        # that task alone (auto), or new memory (completed, never: exit 2). A
+        # device barrier would put it behind the busy stream's work (exit 4):
+        # under those two policies a completion fence was made a barrier while
+        # a destroyed stream's work was in flight, as growing the pool makes
+        # one.
+        for policy, codes in (("auto", (0,)), ("completed", (0, 2)), ("never", (2,))):
+            for expandable in ("1", "0"):
+                with self.subTest(policy=policy, expandable_segments=expandable):
+                    run = self.run_program(["test-hazards", "stream-per-task-beside-busy"],
+                                           env={"GPUPOOL_CROSS_STREAM_REUSE": policy,
+                                                "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                    self.assertIn(run.code, codes, run.stdout + run.stderr)
+                    for path in run.reports():
+                        os.remove(path)
 
     def test_completed_work_is_reused_without_a_device_wait(self):
         run = self.check("test-hazards", "cross-stream-completed", False)

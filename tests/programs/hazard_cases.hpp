@@ -7,8 +7,9 @@
 // Unless the pool ordered the new owner after the old work, kOld lands last.
 //
 // run_case's exit codes: 0 reused, kNew intact; 1 a hazard; 2 not reused (so
-// nothing shown); 3 a CUDA call failed (never to be taken for a hazard); 64
-// an unknown case. The includer defines, in namespace hazards:
+// nothing shown); 3 a CUDA call failed (never to be taken for a hazard); 4 a
+// task's stream was made to wait behind another stream's work; 64 an
+// unknown case. The includer defines, in namespace hazards:
 //   extern const size_t kBytes = ...;  // the block size
 //   void old_owner_writes(void* p, cudaStream_t s, size_t bytes);  // queues the slow write of kOld
 #pragma once
@@ -18,6 +19,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <future>
@@ -222,6 +224,59 @@ inline int stream_per_task() {
     previous = p;
   }
   HAZARD_CHECK(cudaDeviceSynchronize());
+  return 0;
+}
+
+// A stream made for each task beside a stream the program keeps busy (five
+// of the old owner's slow writes queued on it before each task, one on the
+// task's stream): no task's stream may be made to wait behind the busy
+// stream's work, as a device barrier would make it (it orders every stream
+// after every busy one). A task may wait for the task before it, whose
+// block it takes while that task's write is pending: task k then ends about
+// k + 1 writes after the start; behind the busy stream, about 5(k + 1).
+inline int stream_per_task_beside_busy() {
+  constexpr int kTasks = 4;
+  constexpr int kBusyWrites = 5;
+  cudaStream_t busy = stream(cudaStreamNonBlocking);
+  void* busy_bytes = nullptr;
+  HAZARD_CHECK(cudaMallocAsync(&busy_bytes, 4096, busy));
+  cudaEvent_t done[kTasks];
+  for (cudaEvent_t& e : done) HAZARD_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  void* previous = nullptr;
+  bool reused = true;
+  const auto begin = std::chrono::steady_clock::now();
+  for (int task = 0; task < kTasks; ++task) {
+    for (int i = 0; i < kBusyWrites; ++i) old_owner_writes(busy_bytes, busy, 4096);
+    cudaStream_t s = stream(cudaStreamNonBlocking);
+    void* p = nullptr;
+    HAZARD_CHECK(cudaMallocAsync(&p, kBytes, s));
+    reused = reused && (previous == nullptr || p == previous);
+    old_owner_writes(p, s);
+    HAZARD_CHECK(cudaEventRecord(done[task], s));
+    HAZARD_CHECK(cudaFreeAsync(p, s));
+    HAZARD_CHECK(cudaStreamDestroy(s));
+    previous = p;
+  }
+  int result = 0;
+  for (int task = 0; task < kTasks; ++task) {
+    HAZARD_CHECK(cudaEventSynchronize(done[task]));
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - begin);
+    if (ms.count() * 2 > (2 * task + 5) * static_cast<long long>(delay_ms)) {  // past k + 2.5 writes
+      std::printf("task %d ended %lld ms after the start: it waited behind the busy stream\n", task,
+                  static_cast<long long>(ms.count()));
+      result = 4;
+    }
+  }
+  HAZARD_CHECK(cudaDeviceSynchronize());
+  for (cudaEvent_t e : done) HAZARD_CHECK(cudaEventDestroy(e));
+  HAZARD_CHECK(cudaFreeAsync(busy_bytes, busy));
+  HAZARD_CHECK(cudaStreamDestroy(busy));
+  if (result != 0) return result;
+  if (!reused) {
+    std::printf("not reused: a task took new memory\n");
+    return 2;
+  }
+  std::printf("each task took the last one's block, and none waited behind the busy stream\n");
   return 0;
 }
 
@@ -544,6 +599,7 @@ inline int run_case(const std::string& name) {
   if (name == "cross-stream-pending") return cross_stream(false, false);
   if (name == "destroyed-stream") return cross_stream(false, true);
   if (name == "stream-per-task") return stream_per_task();
+  if (name == "stream-per-task-beside-busy") return stream_per_task_beside_busy();
   if (name == "per-thread") return per_thread_streams();
   if (name == "ended-thread") return ended_thread_stream();
   if (name == "handle-given-again") return handle_given_again(false, false);

@@ -25,13 +25,13 @@ void slow_write(void* arg) {
   auto* w = static_cast<SlowWrite*>(arg);
   std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
   std::memset(w->ptr, w->value, w->bytes);
+  delete w;
 }
 }  // namespace
 
 void old_owner_writes(void* p, cudaStream_t stream, size_t bytes) {
-  static SlowWrite w;
-  w = SlowWrite{p, bytes, kOld};
-  HAZARD_CHECK(cudaLaunchHostFunc(stream, slow_write, &w));
+  // Its own record: several writes may be queued at once, on several streams.
+  HAZARD_CHECK(cudaLaunchHostFunc(stream, slow_write, new SlowWrite{p, bytes, kOld}));
 }
 
 }  // namespace hazards
