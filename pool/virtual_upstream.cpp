@@ -117,7 +117,9 @@ bool VirtualUpstream::wait_event(StreamId stream, EventHandle event) {
 EventStatus VirtualUpstream::query_event(EventHandle event) {
   ++event_queries_;
   auto it = events_.find(event);
-  if (it == events_.end() || queries_fail_ || event_queries_fail_) return EventStatus::Error;
+  if (it == events_.end() || queries_fail_ || event_queries_fail_ || event == failing_event_query_) {
+    return EventStatus::Error;
+  }
   return it->second ? EventStatus::Complete : EventStatus::Pending;
 }
 

@@ -83,6 +83,8 @@ class VirtualUpstream final : public Upstream {
   void set_queries_fail(bool yes) { queries_fail_ = yes; }
   // Queries of events alone answer with an error (streams answer as before).
   void set_event_queries_fail(bool yes) { event_queries_fail_ = yes; }
+  // Queries of this one event answer with an error (0: none).
+  void set_failing_event_query(EventHandle event) { failing_event_query_ = event; }
   // Segment releases are refused (the memory stays allocated).
   void set_releases_refused(bool yes) { releases_refused_ = yes; }
   // At most this many more pages are unmapped; the driver refuses the rest.
@@ -166,6 +168,7 @@ class VirtualUpstream final : public Upstream {
   bool host_waits_fail_ = false;
   bool queries_fail_ = false;
   bool event_queries_fail_ = false;
+  EventHandle failing_event_query_ = 0;
   StreamId lagging_stream_ = 0;
   bool capture_forbids_unsafe_calls_ = false;
   std::vector<Call> calls_;

@@ -775,11 +775,29 @@ TEST_CASE_METHOD(PoolFixture, "destroyed streams' own events are kept for at mos
   // destroyed stream's blocks go to the barrier as a plain free's do.
   make();
   upstream.set_events_complete_at_once(false);
-  for (StreamId t = 0; t < 1030; ++t) task_on_new_stream(*this, kNB + t);
+  for (StreamId t = 0; t < 1029; ++t) task_on_new_stream(*this, kNB + t);
+  upstream.clear_calls();
+  task_on_new_stream(*this, kNB + 1029);
+  EventHandle last = 0;  // the last destroy's event, kept with no key
+  for (const Call& c : upstream.calls()) {
+    if (c.kind == Call::Record && c.stream == kNB + 1029) last = c.event;
+  }
+  REQUIRE(last != 0);
   pool->stream_created(kNB + 1030, StreamKind::NonBlocking);
   upstream.clear_calls();
   alloc(kMiB, kNB + 1030);
   CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);  // a barrier, not a wait on the last event alone
+  bool waited = false;  // for that event too
+  for (const Call& c : upstream.calls()) waited |= c.kind == Call::Wait && c.stream == kLegacy && c.event == last;
+  CHECK(waited);
+  SECTION("its query answering with an error leaves that work to a device wait") {
+    upstream.set_failing_event_query(last);
+    const DevicePtr p = alloc(kMiB);
+    release(p);
+    upstream.clear_calls();
+    CHECK(alloc(kMiB) == p);  // no barrier can cover that work: the host waits for the device
+    CHECK(count(upstream.calls(), Call::SyncDevice, 0) == 1);
+  }
   CHECK(current(pool->stats().reserved_bytes) <= static_cast<std::int64_t>(4 * kMiB));
   check();
 }
