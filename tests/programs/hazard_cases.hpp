@@ -19,7 +19,6 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <future>
@@ -233,20 +232,24 @@ inline int stream_per_task() {
 // stream's work, as a device barrier would make it (it orders every stream
 // after every busy one). A task may wait for the task before it, whose
 // block it takes while that task's write is pending: task k then ends about
-// k + 1 writes after the start; behind the busy stream, about 5(k + 1).
+// k + 1 writes after the start, long before the busy stream's 5(k + 1)
+// writes queued by then; behind them, it ends after them.
 inline int stream_per_task_beside_busy() {
   constexpr int kTasks = 4;
   constexpr int kBusyWrites = 5;
   cudaStream_t busy = stream(cudaStreamNonBlocking);
   void* busy_bytes = nullptr;
   HAZARD_CHECK(cudaMallocAsync(&busy_bytes, 4096, busy));
-  cudaEvent_t done[kTasks];
-  for (cudaEvent_t& e : done) HAZARD_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  cudaEvent_t done[kTasks], busy_done[kTasks];
+  for (int task = 0; task < kTasks; ++task) {
+    HAZARD_CHECK(cudaEventCreateWithFlags(&done[task], cudaEventDisableTiming));
+    HAZARD_CHECK(cudaEventCreateWithFlags(&busy_done[task], cudaEventDisableTiming));
+  }
   void* previous = nullptr;
   bool reused = true;
-  const auto begin = std::chrono::steady_clock::now();
   for (int task = 0; task < kTasks; ++task) {
     for (int i = 0; i < kBusyWrites; ++i) old_owner_writes(busy_bytes, busy, 4096);
+    HAZARD_CHECK(cudaEventRecord(busy_done[task], busy));
     cudaStream_t s = stream(cudaStreamNonBlocking);
     void* p = nullptr;
     HAZARD_CHECK(cudaMallocAsync(&p, kBytes, s));
@@ -260,15 +263,19 @@ inline int stream_per_task_beside_busy() {
   int result = 0;
   for (int task = 0; task < kTasks; ++task) {
     HAZARD_CHECK(cudaEventSynchronize(done[task]));
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - begin);
-    if (ms.count() * 2 > (2 * task + 5) * static_cast<long long>(delay_ms)) {  // past k + 2.5 writes
-      std::printf("task %d ended %lld ms after the start: it waited behind the busy stream\n", task,
-                  static_cast<long long>(ms.count()));
+    const cudaError_t busy_state = cudaEventQuery(busy_done[task]);
+    if (busy_state == cudaSuccess) {
+      std::printf("task %d ended after the busy stream's writes queued before it: it waited behind them\n", task);
       result = 4;
+    } else if (busy_state != cudaErrorNotReady) {
+      HAZARD_CHECK(busy_state);
     }
   }
   HAZARD_CHECK(cudaDeviceSynchronize());
-  for (cudaEvent_t e : done) HAZARD_CHECK(cudaEventDestroy(e));
+  for (int task = 0; task < kTasks; ++task) {
+    HAZARD_CHECK(cudaEventDestroy(done[task]));
+    HAZARD_CHECK(cudaEventDestroy(busy_done[task]));
+  }
   HAZARD_CHECK(cudaFreeAsync(busy_bytes, busy));
   HAZARD_CHECK(cudaStreamDestroy(busy));
   if (result != 0) return result;
