@@ -171,8 +171,9 @@ esac
 
 echo "== reuse hazards with real kernels (0: ordered; 1 without ordering: the hazard)"
 for mode in 1 0; do
-  for case in cudafree-blocking cudafree-nonblocking cudafree-idle-streams cudafree-covered same-stream cross-stream-completed \
-              cross-stream-pending destroyed-stream per-thread ended-thread; do
+  for case in cudafree-blocking cudafree-nonblocking cudafree-idle-streams cudafree-after-destroy-idle-streams \
+              cudafree-covered same-stream cross-stream-completed cross-stream-pending destroyed-stream per-thread \
+              ended-thread; do
     limit=("${pressure[@]}")
     [ "$case" = cudafree-covered ] && limit=(GPUPOOL_MEMORY_LIMIT=unlimited)  # a block of each pool
     run "hazard $case (expandable=$mode)" 0 "${pool[@]}" "${limit[@]}" GPUPOOL_EXPANDABLE_SEGMENTS=$mode \

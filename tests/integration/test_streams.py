@@ -22,6 +22,7 @@ CASES = {
     "cross-stream-completed": False,  # the old work is done before the reuse
     "cross-stream-pending": True,   # the new stream waits on the free's fence
     "destroyed-stream": True,       # the destroyed stream's last work is fenced
+    "cudafree-after-destroy-idle-streams": True,  # a barrier beside idle streams waits for a destroyed one
     "stream-per-task": True,        # the same, a stream made and destroyed for each of 8 tasks
     "per-thread": True,             # per-thread default streams of two threads
     "ended-thread": True,           # the same, the freeing thread ended before the reuse

@@ -168,6 +168,26 @@ inline int cudafree_idle_streams() {
   return verdict(p, q, pool[5]);
 }
 
+// The same beside a destroyed stream whose write still uses the block when
+// cudaFree hands it back (cudaFree promises that write done): a barrier
+// that first looks whether the device has caught up must not take an idle
+// device for a done destroyed stream's work.
+inline int cudafree_after_destroy_idle_streams() {
+  std::vector<cudaStream_t> pool;
+  for (int i = 0; i < 8; ++i) pool.push_back(stream(cudaStreamNonBlocking));
+  void* p = nullptr;
+  HAZARD_CHECK(cudaMalloc(&p, kBytes));
+  HAZARD_CHECK(cudaFree(p));
+  HAZARD_CHECK(cudaMalloc(&p, kBytes));  // a barrier while every stream is idle
+  cudaStream_t old = stream(cudaStreamNonBlocking);
+  old_owner_writes(p, old);
+  HAZARD_CHECK(cudaStreamDestroy(old));  // its write still queued
+  HAZARD_CHECK(cudaFree(p));
+  void* q = nullptr;
+  HAZARD_CHECK(cudaMalloc(&q, kBytes));
+  return verdict(p, q, pool[5]);
+}
+
 inline int same_stream() {
   cudaStream_t s = stream(cudaStreamNonBlocking);
   void* p = nullptr;
@@ -601,6 +621,7 @@ inline int run_case(const std::string& name) {
   if (name == "cudafree-covered") return cudafree_covered();
   if (name == "new-stream-after-barrier") return new_stream_after_barrier();
   if (name == "cudafree-idle-streams") return cudafree_idle_streams();
+  if (name == "cudafree-after-destroy-idle-streams") return cudafree_after_destroy_idle_streams();
   if (name == "same-stream") return same_stream();
   if (name == "cross-stream-completed") return cross_stream(true, false);
   if (name == "cross-stream-pending") return cross_stream(false, false);

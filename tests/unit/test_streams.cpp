@@ -655,6 +655,24 @@ TEST_CASE_METHOD(PoolFixture, "a barrier waits for a destroyed stream's last eve
   check();
 }
 
+TEST_CASE_METHOD(PoolFixture, "a barrier does not wait for destroyed streams' events already complete") {
+  // Each would be one cudaStreamWaitEvent for nothing: the barrier asks
+  // after them first.
+  make();
+  upstream.set_events_complete_at_once(false);
+  const DevicePtr p = alloc(4 * kMiB);
+  release(p);
+  CHECK(alloc(4 * kMiB) == p);  // a first barrier: the next takes a fresh event, with no poll on the way
+  for (StreamId s = kNB; s < kNB + 5; ++s) task_on_new_stream(*this, s);
+  upstream.complete_all();
+  release(p);
+  upstream.clear_calls();
+  CHECK(alloc(4 * kMiB) == p);
+  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);  // the barrier
+  CHECK(count(upstream.calls(), Call::Wait, kLegacy) == 0);
+  check();
+}
+
 TEST_CASE_METHOD(PoolFixture, "a completion fence made while a destroyed stream's work is in flight waits for it") {
   // The fence's own events complete at once, the destroyed stream's stays
   // pending: blocks freed before the fence are not known done until it is.
