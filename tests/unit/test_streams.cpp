@@ -1820,7 +1820,8 @@ TEST_CASE("no stream allocation holds another stream's byte before its work is d
   // work is done) while the device lags: every such byte must have been
   // freed before the device last caught up, or before the last barrier
   // (which every stream here follows), or on a destroyed stream whose last
-  // event the consumer waited for. No memory pressure: no other waits.
+  // event the consumer waited for (or one that stream had waited for before
+  // that event). No memory pressure: no other waits.
   const bool expandable = GENERATE(false, true);
   PoolOptions options;
   options.expandable_segments = expandable;
@@ -1849,16 +1850,22 @@ TEST_CASE("no stream allocation holds another stream's byte before its work is d
   std::vector<Live> live;
   std::uint64_t ordered_op = 0;  // frees before this operation are done or behind a barrier
   std::uint64_t last_barriers = 0;
-  // A destroyed stream's last event (the blocks' own): which stream and
-  // generation a wait on it orders after, until it is recorded again.
-  std::map<EventHandle, std::pair<StreamId, std::uint64_t>> last_events;
   // What each stream (this generation of it) has waited for: its later work
   // follows that work, on whatever bytes.
-  std::map<StreamId, std::set<std::pair<StreamId, std::uint64_t>>> waited_for;
+  using Followed = std::set<std::pair<StreamId, std::uint64_t>>;
+  std::map<StreamId, Followed> waited_for;
+  // A destroyed stream's last event (the blocks' own): the stream and
+  // generation a wait on it orders after, and what that stream had waited
+  // for itself (recorded after those waits, the event follows that work
+  // too), until it is recorded again.
+  std::map<EventHandle, Followed> last_events;
   auto read_calls = [&] {
     for (const Call& c : upstream.calls()) {
       if (c.kind == Call::Record) last_events.erase(c.event);
-      if (c.kind == Call::Wait && last_events.count(c.event) != 0) waited_for[c.stream].insert(last_events.at(c.event));
+      if (c.kind == Call::Wait && last_events.count(c.event) != 0) {
+        const Followed& followed = last_events.at(c.event);
+        waited_for[c.stream].insert(followed.begin(), followed.end());
+      }
     }
     upstream.clear_calls();
   };
@@ -1889,7 +1896,11 @@ TEST_CASE("no stream allocation holds another stream's byte before its work is d
         if (c.kind == Call::Record && c.stream == s) last = c.event;
       }
       read_calls();
-      if (last != 0) last_events[last] = {s, generation[s]};
+      if (last != 0) {
+        Followed followed = waited_for[s];
+        followed.insert({s, generation[s]});
+        last_events[last] = followed;
+      }
       waited_for.erase(s);
       ++generation[s];
       pool.stream_created(s, StreamKind::NonBlocking);
