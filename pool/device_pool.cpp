@@ -174,7 +174,7 @@ bool DevicePool::ready_for(Block* b, StreamId consumer, bool allow_wait) {
   auto complete_or_wait = [&](auto&& wait) {
     if (ordered()) return true;
     if (may_wait) return wait();
-    ordering_.fence_frees();  // so that it can be seen complete later (with destroyed streams' work in flight, a barrier)
+    ordering_.fence_frees();  // so that it can be seen complete later
     return ordered();
   };
   if (consumer == kAnyStream) {

@@ -211,7 +211,7 @@ bool StreamOrdering::record_barrier() {
     if (!wait_on(s, barrier)) {
       // That stream is unordered: the barrier does not count. Its event is
       // recycled once complete.
-      retired_.push_back(barrier);
+      to_recycle_.push_back(barrier);
       return false;
     }
     ++s.counters.barrier_waits;
@@ -282,8 +282,8 @@ bool StreamOrdering::record_completion_fence() {
     if (ok && s.kind == StreamKind::NonBlocking && s.captures == 0 && !s.gone) ok = record_on_stream(&s);
   }
   if (!ok) {
-    if (fence.event != 0) retired_.push_back(fence.event);
-    for (EventHandle e : fence.more) retired_.push_back(e);
+    if (fence.event != 0) to_recycle_.push_back(fence.event);
+    for (EventHandle e : fence.more) to_recycle_.push_back(e);
     return false;
   }
   // Ordered only for streams that follow the legacy stream (for a stream's
@@ -311,6 +311,15 @@ void StreamOrdering::poll() {
     give_back_event(event);
   }
   retired_.resize(kept);
+  kept = 0;
+  for (EventHandle event : to_recycle_) {
+    if (upstream_.query_event(event) == EventStatus::Pending) {
+      to_recycle_[kept++] = event;
+    } else {
+      give_back_event(event);
+    }
+  }
+  to_recycle_.resize(kept);
   for (RetiredStream& r : retired_streams_) ask_retired(r);
   drop_done_retired();
 }
@@ -375,7 +384,7 @@ bool StreamOrdering::stream_ready(StreamId from, std::uint64_t stream_epoch,
     return follows_legacy(stream(to));
   };
   auto through_device = [&] {
-    fence_frees();  // with destroyed streams' work in flight, a barrier
+    fence_frees();  // a barrier only for destroyed streams' work with no key
     if (complete_or_covered(device_epoch) || legacy_ordered()) return true;
     return may_wait && usable(stream(to)) && device_ready(device_epoch);
   };
@@ -447,6 +456,7 @@ void StreamOrdering::fence_frees() {
 bool StreamOrdering::events_held_once() const {
   std::vector<EventHandle> held(spare_events_.begin(), spare_events_.end());
   held.insert(held.end(), retired_.begin(), retired_.end());
+  held.insert(held.end(), to_recycle_.begin(), to_recycle_.end());
   for (const RetiredStream& r : retired_streams_) {
     if (r.event != 0) held.push_back(r.event);
   }

@@ -332,10 +332,15 @@ class StreamOrdering {
   std::unordered_map<StreamId, StreamState> streams_;
   std::unordered_map<StreamId, StreamState> destroying_;  // between the steps of a destroy
   std::vector<EventHandle> spare_events_;
-  // Events kept until complete: destroyed streams' with no key of their own
-  // (barriers wait for them), and events of fences that failed or whose
-  // stream went, to recycle.
+  // Destroyed streams' events with no key of their own: barriers wait for
+  // them until complete.
   std::vector<EventHandle> retired_;
+  // Events nothing waits for, kept until complete so that none is recorded
+  // again while pending: a destroyed or gone stream's fences (its event at
+  // the destroy, a host wait or a device wait covers that work: waiting for
+  // them made every completion fence a barrier meanwhile), and those of a
+  // barrier or completion fence that failed.
+  std::vector<EventHandle> to_recycle_;
   // The keys of destroyed streams' blocks, ascending, each with the event
   // recorded after the stream's work (barriers wait for it while pending);
   // each leaves from the front once done, so a key before the front is done.

@@ -27,9 +27,9 @@ bool StreamOrdering::stream_created(StreamId id, StreamKind kind) {
   const bool gone_unseen = kind != StreamKind::PerThread && known(id) != nullptr;
   StreamState& s = stream(id);
   // Its fences are kept until they complete. Nothing may fail once the first
-  // event is retired, or it would stay pending too: room comes first.
-  retired_.reserve(retired_.size() + s.pending.size());
-  for (const Fence& f : s.pending) retired_.push_back(f.event);
+  // event is set aside, or it would stay pending too: room comes first.
+  to_recycle_.reserve(to_recycle_.size() + s.pending.size());
+  for (const Fence& f : s.pending) to_recycle_.push_back(f.event);
   captures_active_ -= s.captures;
   if (gone_unseen) {
     // Its work since its last fence was never fenced, and can no longer be:
@@ -74,7 +74,8 @@ StreamId StreamOrdering::stream_destroy_begin(StreamId id) {
   if (it == streams_.end()) return kAnyStream;
   StreamState& s = it->second;
   EventHandle own = 0;  // the blocks' event (see retired_done)
-  retired_.reserve(retired_.size() + s.pending.size() + 1);  // as in stream_created
+  retired_.reserve(retired_.size() + 1);  // as in stream_created
+  to_recycle_.reserve(to_recycle_.size() + s.pending.size());
   destroying_.reserve(destroying_.size() + 1);  // so that holding it aside cannot fail
   // Work queued on s may still run after the destroy returns. Keep an event at
   // its end: barriers make the legacy stream wait for it until it completes.
@@ -97,7 +98,9 @@ StreamId StreamOrdering::stream_destroy_begin(StreamId id) {
       }
     }
   }
-  for (const Fence& f : s.pending) retired_.push_back(f.event);
+  // Its fences only wait to be recycled: the event above, a host wait, or
+  // (for work nothing covers) the device wait barriers stop for covers it.
+  for (const Fence& f : s.pending) to_recycle_.push_back(f.event);
   s.pending.clear();
   // Its captures still count until the runtime answers: a refused destroy
   // leaves them going, and no barrier may touch the legacy stream meanwhile.
@@ -335,7 +338,7 @@ std::vector<StreamId> StreamOrdering::forget_gone_streams() {
   std::vector<StreamId> dropped = gone_streams();
   std::size_t fences = 0;
   for (StreamId id : dropped) fences += streams_.at(id).pending.size();
-  retired_.reserve(retired_.size() + fences);
+  to_recycle_.reserve(to_recycle_.size() + fences);
   dropped.clear();
   for (auto it = streams_.begin(); it != streams_.end();) {
     StreamState& s = it->second;
@@ -343,8 +346,9 @@ std::vector<StreamId> StreamOrdering::forget_gone_streams() {
       ++it;
       continue;
     }
-    // Its fences are kept until they complete (as a destroyed stream's).
-    for (const Fence& f : s.pending) retired_.push_back(f.event);
+    // Its fences are kept until they complete (as a destroyed stream's; its
+    // work waits for a device wait).
+    for (const Fence& f : s.pending) to_recycle_.push_back(f.event);
     s.pending.clear();
     report_destroyed(s);
     if (last_stream_ == &s) last_stream_ = nullptr;

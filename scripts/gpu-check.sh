@@ -204,6 +204,13 @@ for mode in 1 0; do
       GPUPOOL_MEMORY_LIMIT=unlimited GPUPOOL_CROSS_STREAM_REUSE=$policy GPUPOOL_EXPANDABLE_SEGMENTS=$mode \
       -- "$out/hazards_gpu" stream-per-task-beside-busy
   done
+  # The same with each task's stream destroyed after the next task took
+  # memory (a fence pending on it then): tasks may take new memory.
+  for policy in auto completed never; do
+    run "overlapping tasks beside a busy stream, $policy (expandable=$mode)" 0 "${pool[@]}" \
+      GPUPOOL_MEMORY_LIMIT=unlimited GPUPOOL_CROSS_STREAM_REUSE=$policy GPUPOOL_EXPANDABLE_SEGMENTS=$mode \
+      -- "$out/hazards_gpu" overlapping-tasks-beside-busy
+  done
 done
 
 echo "== a destroyed stream's handle given to a new stream (unseen-: destroyed through the driver, past gpupool)"

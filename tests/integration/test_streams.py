@@ -357,16 +357,23 @@ class Hazards(ShimTest):
         # device barrier would put it behind the busy stream's work (exit 4):
         # under those two policies a completion fence was made a barrier while
         # a destroyed stream's work was in flight, as growing the pool makes
-        # one.
-        for policy, codes in (("auto", (0,)), ("completed", (0, 2)), ("never", (2,))):
-            for expandable in ("1", "0"):
-                with self.subTest(policy=policy, expandable_segments=expandable):
-                    run = self.run_program(["test-hazards", "stream-per-task-beside-busy"],
-                                           env={"GPUPOOL_CROSS_STREAM_REUSE": policy,
-                                                "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
-                    self.assertIn(run.code, codes, run.stdout + run.stderr)
-                    for path in run.reports():
-                        os.remove(path)
+        # one. Overlapping tasks (each stream destroyed after the next task
+        # took memory, exit 0 either way) leave a fence pending on the stream
+        # at its destroy: waiting for it made completion fences barriers too,
+        # under completed.
+        for case, per_policy in (("stream-per-task-beside-busy",
+                                  (("auto", (0,)), ("completed", (0, 2)), ("never", (2,)))),
+                                 ("overlapping-tasks-beside-busy",
+                                  (("auto", (0,)), ("completed", (0,)), ("never", (0,))))):
+            for policy, codes in per_policy:
+                for expandable in ("1", "0"):
+                    with self.subTest(case=case, policy=policy, expandable_segments=expandable):
+                        run = self.run_program(["test-hazards", case],
+                                               env={"GPUPOOL_CROSS_STREAM_REUSE": policy,
+                                                    "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                        self.assertIn(run.code, codes, run.stdout + run.stderr)
+                        for path in run.reports():
+                            os.remove(path)
 
     def test_completed_work_is_reused_without_a_device_wait(self):
         run = self.check("test-hazards", "cross-stream-completed", False)
