@@ -192,6 +192,7 @@ struct StreamCounters {
   std::uint64_t same_stream_reuses = 0;   // cached block reused on the stream that freed it
   std::uint64_t cross_stream_reuses = 0;  // cached block taken from another stream
   std::uint64_t event_waits = 0;          // waits so this stream could take another stream's block
+  std::uint64_t destroyed_stream_waits = 0;  // of those, for a destroyed stream's last work
   std::uint64_t barrier_waits = 0;        // waits for device barriers (plain cudaFree then cudaMalloc)
   std::uint64_t idle_queries = 0;         // cudaStreamQuery calls of device barriers, to find it idle
   std::uint64_t caught_up_barriers = 0;   // device barriers that found the device caught up: no waits
@@ -203,6 +204,7 @@ struct StreamCounters {
     same_stream_reuses += o.same_stream_reuses;
     cross_stream_reuses += o.cross_stream_reuses;
     event_waits += o.event_waits;
+    destroyed_stream_waits += o.destroyed_stream_waits;
     barrier_waits += o.barrier_waits;
     idle_queries += o.idle_queries;
     caught_up_barriers += o.caught_up_barriers;

@@ -192,6 +192,7 @@ bool StreamOrdering::wait_for_retired(StreamId key, StreamId to) {
   StreamState& dst = stream(to);
   if (!usable(dst) || !wait_on(dst, it->event)) return false;
   ++dst.counters.event_waits;
+  ++dst.counters.destroyed_stream_waits;
   return true;
 }
 

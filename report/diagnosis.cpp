@@ -264,12 +264,14 @@ std::vector<std::string> advice(const DeviceReport& dev) {
                static_cast<unsigned long long>(dev.resets.blocks), bytes(dev.resets.bytes).c_str()));
   }
   std::uint64_t waits = 0;
+  std::uint64_t destroyed_stream_waits = 0;
   std::uint64_t barrier_waits = 0;
   std::uint64_t idle_queries = 0;
   std::uint64_t barriers = 0;
   std::size_t waiting_streams = 0;
   for (const StreamReport& r : dev.streams) {
     waits += r.counters.event_waits;
+    destroyed_stream_waits += r.counters.destroyed_stream_waits;
     barrier_waits += r.counters.barrier_waits;
     idle_queries += r.counters.idle_queries;
     waiting_streams += r.counters.barrier_waits > 0 || r.counters.idle_queries > 0 ? 1 : 0;
@@ -308,9 +310,20 @@ std::vector<std::string> advice(const DeviceReport& dev) {
                static_cast<double>(barrier_calls) / static_cast<double>(allocations), search));
   }
   if (waits > 1000 && waits * 10 > allocations && o.cross_stream_reuse == CrossStreamReuse::Auto) {
-    add(format("streams waited on each other %llu times to reuse memory: "
-               "GPUPOOL_CROSS_STREAM_REUSE=completed avoids those device-side waits at some memory cost",
-               static_cast<unsigned long long>(waits)));
+    if (destroyed_stream_waits * 2 > waits) {
+      // A stream made for each task while the device is behind: each task
+      // takes the last one's block, after its work. What "completed" costs
+      // there is the memory of every task still running.
+      add(format("streams waited %llu times to reuse memory, %llu of them for the last work of a stream "
+                 "destroyed with work queued (a stream made for each task while the device was behind): "
+                 "each such task ran after the one before it. GPUPOOL_CROSS_STREAM_REUSE=completed lets "
+                 "them run side by side, each task still running then holding memory of its own",
+                 static_cast<unsigned long long>(waits), static_cast<unsigned long long>(destroyed_stream_waits)));
+    } else {
+      add(format("streams waited on each other %llu times to reuse memory: "
+                 "GPUPOOL_CROSS_STREAM_REUSE=completed avoids those device-side waits at some memory cost",
+                 static_cast<unsigned long long>(waits)));
+    }
   }
   // Pages given back and mapped again cost driver calls each time (on an
   // H200 about 0.5 ms a map): a loop doing it on many allocations crawls.

@@ -97,6 +97,7 @@ void device(JsonWriter& w, const DeviceReport& d) {
     w.field("same_stream_reuses", r.counters.same_stream_reuses);
     w.field("cross_stream_reuses", r.counters.cross_stream_reuses);
     w.field("event_waits", r.counters.event_waits);
+    w.field("destroyed_stream_waits", r.counters.destroyed_stream_waits);
     w.field("barrier_waits", r.counters.barrier_waits);
     w.field("idle_queries", r.counters.idle_queries);
     w.field("caught_up_barriers", r.counters.caught_up_barriers);

@@ -81,8 +81,12 @@ void stream_rows(std::string& out, const std::vector<StreamReport>& streams) {
   if (gone_rows >= 2) row(std::to_string(gone_ones.streams) + " gone, none cached", gone_ones);
   if (quiet_rows >= 2) row(std::to_string(quiet_rows) + " others, no reuse", quiet_ones);
   std::uint64_t idle_queries = 0;
+  std::uint64_t event_waits = 0;
+  std::uint64_t destroyed_stream_waits = 0;
   for (const StreamReport& r : streams) {
     idle_queries += r.counters.idle_queries;
+    event_waits += r.counters.event_waits;
+    destroyed_stream_waits += r.counters.destroyed_stream_waits;
     if (r.id != kAnyStream) continue;
     if (r.counters.caught_up_barriers > 0) {
       appendf(out, "  %llu of the %llu device barriers found the device caught up: no stream waited for them\n",
@@ -99,6 +103,12 @@ void stream_rows(std::string& out, const std::vector<StreamReport>& streams) {
   if (idle_queries > 0) {
     appendf(out, "  device barriers asked the non-blocking streams %llu times whether they were idle\n",
             static_cast<unsigned long long>(idle_queries));
+  }
+  if (destroyed_stream_waits > 0) {
+    appendf(out,
+            "  %llu of the %llu event waits were for the last work of a stream destroyed with work queued, "
+            "whose block the waiting stream took\n",
+            static_cast<unsigned long long>(destroyed_stream_waits), static_cast<unsigned long long>(event_waits));
   }
 }
 

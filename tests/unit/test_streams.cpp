@@ -605,6 +605,11 @@ TEST_CASE_METHOD(PoolFixture, "a stream made after a destroy takes the destroyed
   CHECK(alloc(kMiB, kNB + 1) == a);
   CHECK(count(upstream.calls(), Call::Record, kLegacy) == 0);  // no barrier
   CHECK(count(upstream.calls(), Call::Wait, kNB + 1) == 1);
+  for (const StreamReport& r : pool->streams()) {
+    if (r.id != kNB + 1) continue;
+    CHECK(r.counters.event_waits == 1);
+    CHECK(r.counters.destroyed_stream_waits == 1);  // the report tells these apart
+  }
   check();
 }
 
@@ -1591,6 +1596,29 @@ TEST_CASE_METHOD(PoolFixture, "streams taking each other's blocks are advised th
   CHECK(barrier_waits == 0);
   CHECK(advises(*pool, "GPUPOOL_CROSS_STREAM_REUSE=completed"));
   CHECK_FALSE(advises(*pool, "cudaStreamNonBlocking"));
+  CHECK_FALSE(advises(*pool, "a stream made for each task"));  // none was destroyed
+}
+
+TEST_CASE_METHOD(PoolFixture, "a stream made for each task while the device lags is told what the completed policy costs") {
+  // Each task takes the last one's block after a wait for its work: the
+  // tasks run one after another. The completed policy lets them overlap,
+  // each holding its own memory.
+  make();
+  upstream.set_events_complete_at_once(false);
+  for (StreamId t = 0; t < 1200; ++t) {
+    task_on_new_stream(*this, kNB + t);
+    if (t % 100 == 99) upstream.complete_all();  // (fewer than 1,024 keys pending)
+  }
+  std::uint64_t waits = 0;
+  std::uint64_t destroyed_stream_waits = 0;
+  for (const StreamReport& r : pool->streams()) {
+    waits += r.counters.event_waits;
+    destroyed_stream_waits += r.counters.destroyed_stream_waits;
+  }
+  CHECK(waits > 1000);
+  CHECK(destroyed_stream_waits == waits);
+  CHECK(advises(*pool, "a stream made for each task while the device was behind"));
+  CHECK(advises(*pool, "each task still running then holding memory of its own"));  // the line's end
 }
 
 TEST_CASE_METHOD(PoolFixture, "threads that come and go reuse the blocks of those before them") {
