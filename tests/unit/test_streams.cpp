@@ -1542,6 +1542,33 @@ TEST_CASE("the latest barrier's event is never recorded again while a new stream
   CHECK(recorded_on == VirtualUpstream::kLegacy);
 }
 
+TEST_CASE("the latest barrier's event is kept, not recycled, when its query fails") {
+  // A non-blocking stream created later waits for it: recorded again for
+  // other work, that wait would order the new stream after the wrong work.
+  VirtualUpstream upstream;
+  PoolOptions options;
+  StreamOrdering ordering(upstream, options);
+  upstream.set_events_complete_at_once(false);
+  constexpr StreamId kNonBlocking = 0x1000, kLater = 0x2000;
+  ordering.stream_created(kNonBlocking, StreamKind::NonBlocking);
+  REQUIRE(ordering.device_ready(ordering.stamp_free(kAnyStream).device_epoch));  // the barrier
+  upstream.set_event_queries_fail(true);
+  ordering.poll();  // its query errs
+  upstream.set_event_queries_fail(false);
+  ordering.stream_destroying(kNonBlocking);  // takes a spare event and records it there
+  ordering.stream_created(kLater, StreamKind::NonBlocking);
+  const std::vector<VirtualUpstream::Call>& calls = upstream.calls();
+  REQUIRE(!calls.empty());
+  const VirtualUpstream::Call wait = calls.back();
+  REQUIRE(wait.kind == VirtualUpstream::Call::Wait);
+  CHECK(wait.stream == kLater);
+  StreamId recorded_on = 0;  // where the event it waits for was last recorded: the barrier's
+  for (const VirtualUpstream::Call& c : calls) {
+    if (c.kind == VirtualUpstream::Call::Record && c.event == wait.event) recorded_on = c.stream;
+  }
+  CHECK(recorded_on == VirtualUpstream::kLegacy);
+}
+
 namespace {
 bool advises(const DevicePool& pool, const char* words) {
   const std::vector<std::string> lines = report::advice(report::collect(pool, 0));
