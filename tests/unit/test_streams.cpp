@@ -737,6 +737,15 @@ TEST_CASE_METHOD(PoolFixture, "a destroyed stream whose event erred holds no fen
   check();
 }
 
+// The pool made afresh under `policy` on expandable or fixed segments, on a
+// device that lags: events complete only when the test says.
+void make_lagging(PoolFixture& f, CrossStreamReuse policy, bool expandable) {
+  f.options.expandable_segments = expandable;
+  f.options.cross_stream_reuse = policy;
+  f.make();
+  f.upstream.set_events_complete_at_once(false);
+}
+
 TEST_CASE_METHOD(PoolFixture, "under completed or never, a stream made for each task makes no stream wait") {
   // The tasks' streams end with work in flight: each new task takes new
   // memory or a done block, never a barrier or a wait (which would put it
@@ -744,10 +753,7 @@ TEST_CASE_METHOD(PoolFixture, "under completed or never, a stream made for each 
   const CrossStreamReuse policy = GENERATE(CrossStreamReuse::Completed, CrossStreamReuse::Never);
   for (const bool expandable : {true, false}) {
     DYNAMIC_SECTION("expandable segments " << expandable) {
-      options.expandable_segments = expandable;
-      options.cross_stream_reuse = policy;
-      make();
-      upstream.set_events_complete_at_once(false);
+      make_lagging(*this, policy, expandable);
       upstream.clear_calls();
       for (StreamId s = kNB; s < kNB + 40; ++s) task_on_new_stream(*this, s);
       for (const Call& c : upstream.calls()) CHECK(c.kind != Call::Wait);
@@ -789,10 +795,7 @@ TEST_CASE_METHOD(PoolFixture, "overlapping tasks' streams, destroyed with a fenc
       GENERATE(CrossStreamReuse::Auto, CrossStreamReuse::Completed, CrossStreamReuse::Never);
   for (const bool expandable : {true, false}) {
     DYNAMIC_SECTION("expandable segments " << expandable) {
-      options.expandable_segments = expandable;
-      options.cross_stream_reuse = policy;
-      make();
-      upstream.set_events_complete_at_once(false);
+      make_lagging(*this, policy, expandable);
       pool->stream_created(kNB - 1, StreamKind::NonBlocking);  // kept busy
       release(alloc(kMiB, kNB - 1), kNB - 1);
       upstream.clear_calls();
@@ -1513,8 +1516,9 @@ TEST_CASE_METHOD(PoolFixture, "when no event can be made, barriers recycle a com
 }
 
 TEST_CASE("the latest barrier's event is never recorded again while a new stream may wait on it") {
-  // A non-blocking stream created later waits for the latest barrier. When a
-  // newer barrier fails half-way, that event must still mark the old one.
+  // A non-blocking stream created later waits for the latest barrier:
+  // recorded again for other work, that wait would order it after the
+  // wrong work.
   VirtualUpstream upstream;
   PoolOptions options;
   StreamOrdering ordering(upstream, options);
@@ -1522,11 +1526,18 @@ TEST_CASE("the latest barrier's event is never recorded again while a new stream
   constexpr StreamId kNonBlocking = 0x1000, kLater = 0x2000;
   ordering.stream_created(kNonBlocking, StreamKind::NonBlocking);
   REQUIRE(ordering.device_ready(ordering.stamp_free(kAnyStream).device_epoch));  // the barrier
-  ordering.stamp_free(kAnyStream);
-  ordering.fence_frees();  // a completion fence after it, still pending
-  upstream.set_failing_record_stream(kNonBlocking);
-  CHECK_FALSE(ordering.device_ready(ordering.stamp_free(kAnyStream).device_epoch));  // fails at step 1
-  upstream.set_failing_record_stream(0);
+  SECTION("a newer barrier fails half-way") {
+    ordering.stamp_free(kAnyStream);
+    ordering.fence_frees();  // a completion fence after it, still pending
+    upstream.set_failing_record_stream(kNonBlocking);
+    CHECK_FALSE(ordering.device_ready(ordering.stamp_free(kAnyStream).device_epoch));  // fails at step 1
+    upstream.set_failing_record_stream(0);
+  }
+  SECTION("its query fails") {
+    upstream.set_event_queries_fail(true);
+    ordering.poll();  // the event is kept, not recycled
+    upstream.set_event_queries_fail(false);
+  }
   ordering.stream_destroying(kNonBlocking);  // takes a spare event and records it there
   ordering.stream_created(kLater, StreamKind::NonBlocking);
   const std::vector<VirtualUpstream::Call>& calls = upstream.calls();
@@ -1536,33 +1547,6 @@ TEST_CASE("the latest barrier's event is never recorded again while a new stream
   CHECK(wait.stream == kLater);
   // The event it waits for was last recorded on the legacy stream: the barrier.
   StreamId recorded_on = 0;
-  for (const VirtualUpstream::Call& c : calls) {
-    if (c.kind == VirtualUpstream::Call::Record && c.event == wait.event) recorded_on = c.stream;
-  }
-  CHECK(recorded_on == VirtualUpstream::kLegacy);
-}
-
-TEST_CASE("the latest barrier's event is kept, not recycled, when its query fails") {
-  // A non-blocking stream created later waits for it: recorded again for
-  // other work, that wait would order the new stream after the wrong work.
-  VirtualUpstream upstream;
-  PoolOptions options;
-  StreamOrdering ordering(upstream, options);
-  upstream.set_events_complete_at_once(false);
-  constexpr StreamId kNonBlocking = 0x1000, kLater = 0x2000;
-  ordering.stream_created(kNonBlocking, StreamKind::NonBlocking);
-  REQUIRE(ordering.device_ready(ordering.stamp_free(kAnyStream).device_epoch));  // the barrier
-  upstream.set_event_queries_fail(true);
-  ordering.poll();  // its query errs
-  upstream.set_event_queries_fail(false);
-  ordering.stream_destroying(kNonBlocking);  // takes a spare event and records it there
-  ordering.stream_created(kLater, StreamKind::NonBlocking);
-  const std::vector<VirtualUpstream::Call>& calls = upstream.calls();
-  REQUIRE(!calls.empty());
-  const VirtualUpstream::Call wait = calls.back();
-  REQUIRE(wait.kind == VirtualUpstream::Call::Wait);
-  CHECK(wait.stream == kLater);
-  StreamId recorded_on = 0;  // where the event it waits for was last recorded: the barrier's
   for (const VirtualUpstream::Call& c : calls) {
     if (c.kind == VirtualUpstream::Call::Record && c.event == wait.event) recorded_on = c.stream;
   }
