@@ -353,11 +353,14 @@ MUTANTS = [
      'return device_complete(device_epoch) || auto_covered(device_epoch);',
      'return device_complete(device_epoch);',
      'unit'),
-    ("a stream made for each task takes the last task's block through the barrier",
+    # (A stream made for each task took the last task's block so before stop
+    # 60; it waits for that task's own event now, and the streams suite no
+    # longer sees this rule.)
+    ("a block a barrier already covers goes to a stream with no call",
      'pool/device_pool.cpp',
      '           ordering_.complete_or_covered(b->device_epoch);',
      '           ordering_.device_complete(b->device_epoch);',
-     'streams'),
+     'unit'),
     ("the completed policy takes no block on a barrier's cover",
      'pool/ordering.hpp',
      'return options_.cross_stream_reuse == CrossStreamReuse::Auto && device_covered(device_epoch);',
