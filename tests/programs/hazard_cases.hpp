@@ -153,35 +153,25 @@ inline int cudafree_covered() {
 // and waits only on those with work left (PyTorch's stream pool: dozens of
 // streams, most never used). A stream idle at one barrier must be asked
 // again at the next, and an idle stream that takes the block must still wait
-// for the barrier.
-inline int cudafree_idle_streams() {
+// for the barrier. `destroyed_writer`: the block's last write is queued on a
+// stream destroyed before the cudaFree (cudaFree promises that write done,
+// with every stream of the pool idle): a barrier that first looks whether
+// the device has caught up must not take an idle device for a done
+// destroyed stream's work.
+inline int cudafree_idle_streams(bool destroyed_writer) {
   std::vector<cudaStream_t> pool;
   for (int i = 0; i < 8; ++i) pool.push_back(stream(cudaStreamNonBlocking));
   void* p = nullptr;
   HAZARD_CHECK(cudaMalloc(&p, kBytes));
   HAZARD_CHECK(cudaFree(p));
   HAZARD_CHECK(cudaMalloc(&p, kBytes));  // a barrier while every stream is idle
-  old_owner_writes(p, pool[3]);
-  HAZARD_CHECK(cudaFree(p));
-  void* q = nullptr;
-  HAZARD_CHECK(cudaMalloc(&q, kBytes));  // the next: pool[3] is busy now
-  return verdict(p, q, pool[5]);
-}
-
-// The same beside a destroyed stream whose write still uses the block when
-// cudaFree hands it back (cudaFree promises that write done): a barrier
-// that first looks whether the device has caught up must not take an idle
-// device for a done destroyed stream's work.
-inline int cudafree_after_destroy_idle_streams() {
-  std::vector<cudaStream_t> pool;
-  for (int i = 0; i < 8; ++i) pool.push_back(stream(cudaStreamNonBlocking));
-  void* p = nullptr;
-  HAZARD_CHECK(cudaMalloc(&p, kBytes));
-  HAZARD_CHECK(cudaFree(p));
-  HAZARD_CHECK(cudaMalloc(&p, kBytes));  // a barrier while every stream is idle
-  cudaStream_t old = stream(cudaStreamNonBlocking);
-  old_owner_writes(p, old);
-  HAZARD_CHECK(cudaStreamDestroy(old));  // its write still queued
+  if (destroyed_writer) {
+    cudaStream_t old = stream(cudaStreamNonBlocking);
+    old_owner_writes(p, old);
+    HAZARD_CHECK(cudaStreamDestroy(old));  // its write still queued
+  } else {
+    old_owner_writes(p, pool[3]);  // pool[3] is busy at the next barrier
+  }
   HAZARD_CHECK(cudaFree(p));
   void* q = nullptr;
   HAZARD_CHECK(cudaMalloc(&q, kBytes));
@@ -632,8 +622,8 @@ inline int run_case(const std::string& name) {
   if (name == "cudafree-nonblocking") return cudafree_then_cudamalloc(cudaStreamNonBlocking, cudaStreamNonBlocking);
   if (name == "cudafree-covered") return cudafree_covered();
   if (name == "new-stream-after-barrier") return new_stream_after_barrier();
-  if (name == "cudafree-idle-streams") return cudafree_idle_streams();
-  if (name == "cudafree-after-destroy-idle-streams") return cudafree_after_destroy_idle_streams();
+  if (name == "cudafree-idle-streams") return cudafree_idle_streams(false);
+  if (name == "cudafree-after-destroy-idle-streams") return cudafree_idle_streams(true);
   if (name == "same-stream") return same_stream();
   if (name == "cross-stream-completed") return cross_stream(true, false);
   if (name == "cross-stream-pending") return cross_stream(false, false);
