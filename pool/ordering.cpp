@@ -298,30 +298,29 @@ bool StreamOrdering::record_completion_fence() {
 void StreamOrdering::poll() {
   poll(device_);
   for (auto& [id, s] : streams_) poll(s);
-  std::size_t kept = 0;
-  for (EventHandle event : retired_) {
-    const EventStatus status = upstream_.query_event(event);
-    if (status == EventStatus::Pending) {
-      retired_[kept++] = event;
-      continue;
-    }
-    // An error tells nothing of the work the event covered: it is uncovered
-    // now, as when no event could be recorded (see stream_destroying).
-    if (status == EventStatus::Error) destroyed_work_unordered_ = true;
-    give_back_event(event);
-  }
-  retired_.resize(kept);
-  kept = 0;
-  for (EventHandle event : to_recycle_) {
-    if (upstream_.query_event(event) == EventStatus::Pending) {
-      to_recycle_[kept++] = event;
-    } else {
-      give_back_event(event);
-    }
-  }
-  to_recycle_.resize(kept);
+  // An error tells nothing of the work a destroyed stream's event covered:
+  // it is uncovered now, as when no event could be recorded (see
+  // stream_destroying). Of the events nothing waits for, it tells nothing.
+  if (give_back_done(retired_)) destroyed_work_unordered_ = true;
+  give_back_done(to_recycle_);
   for (RetiredStream& r : retired_streams_) ask_retired(r);
   drop_done_retired();
+}
+
+bool StreamOrdering::give_back_done(std::vector<EventHandle>& events) {
+  bool erred = false;
+  std::size_t kept = 0;
+  for (EventHandle event : events) {
+    const EventStatus status = upstream_.query_event(event);
+    if (status == EventStatus::Pending) {
+      events[kept++] = event;
+      continue;
+    }
+    erred = erred || status == EventStatus::Error;
+    give_back_event(event);
+  }
+  events.resize(kept);
+  return erred;
 }
 
 bool StreamOrdering::device_complete(std::uint64_t device_epoch) {

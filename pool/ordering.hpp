@@ -286,6 +286,9 @@ class StreamOrdering {
   EventHandle take_event();
   void refill_spare_events();  // before a barrier
   void give_back_event(EventHandle event);  // never throws
+  // Gives back those of `events` no longer pending (complete or erred);
+  // true when a query erred.
+  bool give_back_done(std::vector<EventHandle>& events);
   // True when all work queued on s so far has completed (for a barrier).
   // Asked of the device for a stream found idle at its last check, and for
   // one found busy only every kBusyCheckInterval-th time: a busy stream tends
