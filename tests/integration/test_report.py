@@ -643,6 +643,36 @@ class StreamCosts(ShimTest):
         self.assertFalse(any(name.startswith("0x") for name in rows), rows)
 
 
+class DestroyedStreamWaits(ShimTest):
+    # A stream made for each task while the device lags (1 ms a simulated
+    # operation, no pause): each task takes the last one's block after a
+    # wait for that task's own event.
+    TASKS = ["gpupool-bench-api", "tasks", "40", "0", "0"]
+    ENV = {"SIMCUDA_OP_DELAY_US": "1000"}
+
+    def test_waits_for_destroyed_streams_are_counted_apart(self):
+        run = self.run_program(self.TASKS, env=self.ENV)
+        self.assertSucceeded(run)
+        streams = run.report()["devices"]["0"]["streams"]
+        waits = sum(s["event_waits"] for s in streams)
+        self.assertGreater(waits, 20)
+        self.assertEqual(sum(s["destroyed_stream_waits"] for s in streams), waits)
+
+    def test_the_text_report_says_how_many_waits_were_for_destroyed_streams(self):
+        run = self.run_program(self.TASKS, env=self.ENV, fmt="text")
+        self.assertSucceeded(run)
+        section = run.report().split("\nStreams ", 1)[1].split("\n\n", 1)[0]
+        rows = [line[24:].split() for line in section.splitlines()[1:]
+                if len(line) > 24 and all(cell.isdigit() for cell in line[24:].split()[-5:])]
+        self.assertGreater(len(rows), 1, section)
+        waits = sum(int(row[-4]) for row in rows)  # the event waits column
+        line = re.search(r"(\d+) of the (\d+) event waits were for the last work of a stream destroyed",
+                         run.report())
+        self.assertIsNotNone(line, run.report())
+        self.assertEqual(int(line.group(2)), waits)
+        self.assertEqual(int(line.group(1)), waits)
+
+
 class GoneStreams(ShimTest):
     # 100 threads that come and go, each on its own per-thread stream, and the
     # main thread's stream destroyed at the end: 101 gone streams. Those that
