@@ -4,13 +4,21 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <iterator>
 #include <map>
 #include <vector>
 
+#include <catch2/catch.hpp>
+
 #include "pool/types.hpp"
 
 namespace gpupool::testing {
+
+// A random test's seed: its own fixed one, moved by Catch's --rng-seed (0 by
+// default), so that `gpupool_unit_tests "[random]" --rng-seed N` looks at
+// other sequences than the suite's (scripts/soak unit runs many).
+inline std::uint64_t test_seed(std::uint64_t fixed) { return fixed + Catch::rngSeed(); }
 
 // Disjoint ranges of used device memory, each with what the test noted of
 // its free.
