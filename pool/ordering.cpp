@@ -130,7 +130,7 @@ bool StreamOrdering::record_barrier() {
   if (capture_active()) return false;
   // Destroyed streams' events are dropped as soon as complete (the barrier
   // waits for each one still pending).
-  if (!retired_.empty() || !retired_streams_.empty()) poll();
+  if (!retired_streams_.empty()) poll();
   if (destroyed_work_unordered_) return false;
   refill_spare_events();  // one is enough: the non-blocking streams' are given back at once
   const StreamId legacy = upstream_.legacy_stream();
@@ -145,7 +145,7 @@ bool StreamOrdering::record_barrier() {
     return s.kind == StreamKind::NonBlocking && !s.gone && s.idle_checks_skipped > 0;
   });
   EventHandle early = 0;
-  if (!one_taken_as_busy && retired_.empty() && retired_streams_.empty() &&
+  if (!one_taken_as_busy && retired_streams_.empty() &&
       non_blocking_streams() >= kCaughtUpCheckStreams) {
     early = take_event();
     if (early == 0) return false;
@@ -176,9 +176,6 @@ bool StreamOrdering::record_barrier() {
     give_back_event(event);  // the wait captured it; it may be recorded again
     if (!ok) return fail();
     ++s.counters.fences_recorded;
-  }
-  for (EventHandle event : retired_) {
-    if (!upstream_.wait_event(legacy, event)) return fail();
   }
   for (const RetiredStream& r : retired_streams_) {
     // (One whose query failed has set destroyed_work_unordered_: no barrier.)
@@ -253,10 +250,10 @@ bool StreamOrdering::record_completion_fence() {
   // Work of destroyed streams still in flight: the fence completes once
   // their keys' events have too (a stream made for each task, beside one
   // kept fed: a barrier would make the next task's stream wait behind it).
-  // Without a key, or after a failed call, only a barrier covers it (the
-  // legacy stream waits for their last events); rare, so take one then.
+  // Where a call failed, that work no event covers: no fence or barrier may
+  // claim to until the host has waited for the whole device (rare).
   poll();
-  if (!retired_.empty() || destroyed_work_unordered_) return record_barrier();
+  if (destroyed_work_unordered_) return false;
   const StreamId legacy = upstream_.legacy_stream();
   Fence fence{device_.free_epoch, 0, {}, retired_streams_.empty() ? 0 : next_retired_key_};
   auto record_on_stream = [&](StreamState* s) {  // null: the legacy stream
@@ -298,29 +295,24 @@ bool StreamOrdering::record_completion_fence() {
 void StreamOrdering::poll() {
   poll(device_);
   for (auto& [id, s] : streams_) poll(s);
-  // An error tells nothing of the work a destroyed stream's event covered:
-  // it is uncovered now, as when no event could be recorded (see
-  // stream_destroying). Of the events nothing waits for, it tells nothing.
-  if (give_back_done(retired_)) destroyed_work_unordered_ = true;
+  // Of the events nothing waits for, an error tells nothing: each goes back
+  // once no longer pending. (A destroyed stream's own event that errs leaves
+  // its work uncovered: see ask_retired.)
   give_back_done(to_recycle_);
   for (RetiredStream& r : retired_streams_) ask_retired(r);
   drop_done_retired();
 }
 
-bool StreamOrdering::give_back_done(std::vector<EventHandle>& events) {
-  bool erred = false;
+void StreamOrdering::give_back_done(std::vector<EventHandle>& events) {
   std::size_t kept = 0;
   for (EventHandle event : events) {
-    const EventStatus status = upstream_.query_event(event);
-    if (status == EventStatus::Pending) {
+    if (upstream_.query_event(event) == EventStatus::Pending) {
       events[kept++] = event;
-      continue;
+    } else {
+      give_back_event(event);
     }
-    erred = erred || status == EventStatus::Error;
-    give_back_event(event);
   }
   events.resize(kept);
-  return erred;
 }
 
 bool StreamOrdering::device_complete(std::uint64_t device_epoch) {
@@ -383,7 +375,7 @@ bool StreamOrdering::stream_ready(StreamId from, std::uint64_t stream_epoch,
     return follows_legacy(stream(to));
   };
   auto through_device = [&] {
-    fence_frees();  // a barrier only for destroyed streams' work with no key
+    fence_frees();  // a completion fence (none while a destroyed stream's work is uncovered)
     if (complete_or_covered(device_epoch) || legacy_ordered()) return true;
     return may_wait && usable(stream(to)) && device_ready(device_epoch);
   };
@@ -454,7 +446,6 @@ void StreamOrdering::fence_frees() {
 
 bool StreamOrdering::events_held_once() const {
   std::vector<EventHandle> held(spare_events_.begin(), spare_events_.end());
-  held.insert(held.end(), retired_.begin(), retired_.end());
   held.insert(held.end(), to_recycle_.begin(), to_recycle_.end());
   for (const RetiredStream& r : retired_streams_) {
     if (r.event != 0) held.push_back(r.event);

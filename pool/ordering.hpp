@@ -253,16 +253,15 @@ class StreamOrdering {
   // into the last entry.
   static constexpr std::size_t kDestroyedStreamsReported = 64;
   static constexpr StreamId kRetiredKeyBit = StreamId{1} << (8 * sizeof(StreamId) - 1);
-  // Destroyed streams whose event is pending or failed, at most this many: a
-  // stream destroyed beyond them keys its blocks to kAnyStream.
-  static constexpr std::size_t kRetiredStreamsKept = 1024;
+  // A destroyed stream whose event is pending, or failed.
   struct RetiredStream {
     StreamId key;
     EventHandle event;  // 0: done (or, not done, its query failed: never known done)
     bool done;
   };
   // A key for a stream being destroyed whose event `event` was recorded after
-  // its work, or kAnyStream (none to spare). Takes the event either way.
+  // its work, or kAnyStream (no host memory for one: the host waits for the
+  // event instead). Takes the event either way.
   StreamId add_retired_stream(EventHandle event);
   std::deque<RetiredStream>::iterator retired_entry(StreamId key);  // end() where none
   bool ask_retired(RetiredStream& r);  // queries its event while pending; true once done
@@ -286,9 +285,8 @@ class StreamOrdering {
   EventHandle take_event();
   void refill_spare_events();  // before a barrier
   void give_back_event(EventHandle event);  // never throws
-  // Gives back those of `events` no longer pending (complete or erred);
-  // true when a query erred.
-  bool give_back_done(std::vector<EventHandle>& events);
+  // Gives back those of `events` no longer pending (complete or erred).
+  void give_back_done(std::vector<EventHandle>& events);
   // True when all work queued on s so far has completed (for a barrier).
   // Asked of the device for a stream found idle at its last check, and for
   // one found busy only every kBusyCheckInterval-th time: a busy stream tends
@@ -335,18 +333,18 @@ class StreamOrdering {
   std::unordered_map<StreamId, StreamState> streams_;
   std::unordered_map<StreamId, StreamState> destroying_;  // between the steps of a destroy
   std::vector<EventHandle> spare_events_;
-  // Destroyed streams' events with no key of their own: barriers wait for
-  // them until complete.
-  std::vector<EventHandle> retired_;
   // Events nothing waits for, kept until complete so that none is recorded
   // again while pending: a destroyed or gone stream's fences (its event at
-  // the destroy, a host wait or a device wait covers that work: waiting for
-  // them made every completion fence a barrier meanwhile), and those of a
-  // barrier or completion fence that failed.
+  // the destroy, a host wait or a device wait covers that work), those of a
+  // barrier or completion fence that failed, and a destroy's own event where
+  // neither a key nor a host wait could be had.
   std::vector<EventHandle> to_recycle_;
   // The keys of destroyed streams' blocks, ascending, each with the event
-  // recorded after the stream's work (barriers wait for it while pending);
-  // each leaves from the front once done, so a key before the front is done.
+  // recorded after the stream's work (barriers wait for it while pending,
+  // and completion fences count once it is done); each leaves from the front
+  // once done, so a key before the front is done. As many as the device has
+  // destroyed streams' work in flight: a stream-per-task program's tasks
+  // then each wait for the one before, never for a barrier.
   std::deque<RetiredStream> retired_streams_;
   StreamId next_retired_key_ = kRetiredKeyBit | 1;
   std::vector<StreamReport> destroyed_;  // counters of destroyed streams, for the report

@@ -74,8 +74,7 @@ StreamId StreamOrdering::stream_destroy_begin(StreamId id) {
   if (it == streams_.end()) return kAnyStream;
   StreamState& s = it->second;
   EventHandle own = 0;  // the blocks' event (see retired_done)
-  retired_.reserve(retired_.size() + 1);  // as in stream_created
-  to_recycle_.reserve(to_recycle_.size() + s.pending.size());
+  to_recycle_.reserve(to_recycle_.size() + s.pending.size() + 1);  // (+1: see add_retired_stream)
   destroying_.reserve(destroying_.size() + 1);  // so that holding it aside cannot fail
   // Work queued on s may still run after the destroy returns. Keep an event at
   // its end: barriers make the legacy stream wait for it until it completes.
@@ -121,14 +120,20 @@ StreamId StreamOrdering::add_retired_stream(EventHandle event) {
   while (!retired_streams_.empty() && retired_done(retired_streams_.front().key, true)) {
   }
   try {
-    if (retired_streams_.size() < kRetiredStreamsKept) {
-      retired_streams_.push_back(RetiredStream{next_retired_key_++, event, false});
-      return retired_streams_.back().key;
-    }
+    retired_streams_.push_back(RetiredStream{next_retired_key_++, event, false});
+    return retired_streams_.back().key;
   } catch (const std::bad_alloc&) {
-    // Out of host memory: the blocks wait for the device.
+    // Out of host memory: no key, so nothing could wait for the event. The
+    // host waits for it now (the blocks then need only a barrier's cover);
+    // failing that, nothing covers the work until a device-wide wait.
   }
-  retired_.push_back(event);  // (room reserved by the caller)
+  if (upstream_.synchronize_event(event)) {
+    ++device_.counters.host_syncs;
+    give_back_event(event);
+  } else {
+    destroyed_work_unordered_ = true;
+    to_recycle_.push_back(event);  // (room reserved by the caller)
+  }
   return kAnyStream;
 }
 

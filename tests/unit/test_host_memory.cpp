@@ -5,6 +5,7 @@
 // event held in two places (it could be recorded for two fences at once).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <new>
 
@@ -190,6 +191,80 @@ TEST_CASE("a destroyed stream's blocks left under its key are not taken as an en
     CHECK(pool.allocate(kMiB, kPerThread).ptr != freed);  // room to grow: not while its work may be pending
   }
   CHECK(left_keyed > 0);
+}
+
+TEST_CASE("a destroy with no host memory for its key waits for the stream's last event on the host") {
+#ifndef GPUPOOL_FAILING_NEW
+  WARN("skipped under ASan");
+  return;
+#endif
+  // Destroyed streams' events stay pending (the device never catches up),
+  // each under its key; one more key needs a new chunk of the list at some
+  // count. Where that fails, nothing could wait for the last destroy's
+  // event: the host waits for it, and a stream that takes the block after
+  // follows that work. Where that host wait fails too, nothing covers the
+  // work: no stream takes the block without a wait for it or for the device
+  // (none has room to grow here).
+  std::vector<std::pair<int, long>> waited_on_host;  // (destroys before, failing allocation)
+  long refused_runs = 0;  // the same failures with host waits failing too
+  constexpr std::size_t kBlock = 2 * kMiB;
+  for (const bool host_waits_fail : {false, true}) {
+    for (int earlier = 18; earlier <= 24; ++earlier) {
+      for (long n = 1;; ++n) {
+        VirtualUpstream upstream;
+        PoolOptions options;
+        options.large_segment_size = kBlock;  // a segment a block: kLast's is the only free memory
+        DevicePool pool(upstream, options, 80 * kGiB);
+        upstream.set_events_complete_at_once(false);
+        for (StreamId s = kFirst; s < kFirst + static_cast<StreamId>(earlier); ++s) {
+          pool.stream_created(s, StreamKind::NonBlocking);
+          REQUIRE(pool.allocate(kBlock, s).ok);  // kept
+          pool.stream_destroying(s);
+        }
+        constexpr StreamId kLast = 0x9000, kNext = 0x9001;
+        pool.stream_created(kLast, StreamKind::NonBlocking);
+        const DevicePtr last = pool.allocate(kBlock, kLast).ptr;
+        REQUIRE(pool.deallocate(last, kLast) == FreeResult::Freed);
+        upstream.clear_calls();
+        upstream.set_host_waits_fail(host_waits_fail);
+        g_allocations_until_failure = n;
+        try {
+          pool.stream_destroying(kLast);
+        } catch (const std::bad_alloc&) {
+        }
+        const bool failed = g_allocations_until_failure == 0;
+        g_allocations_until_failure = 0;
+        INFO(earlier << " destroyed before, failing at allocation " << n << ", host waits fail " << host_waits_fail);
+        REQUIRE(pool.validate());
+        if (!failed) break;
+        EventHandle own = 0;  // the destroy's event on kLast
+        bool synced = false;
+        for (const auto& c : upstream.calls()) {
+          if (c.kind == VirtualUpstream::Call::Record && c.stream == kLast) own = c.event;
+          synced |= c.kind == VirtualUpstream::Call::SyncEvent && c.event == own && own != 0;
+        }
+        if (synced) waited_on_host.emplace_back(earlier, n);
+        // A run whose key was refused in the first pass, again with host waits failing.
+        const bool key_refused = std::find(waited_on_host.begin(), waited_on_host.end(), std::make_pair(earlier, n)) !=
+                                 waited_on_host.end();
+        CHECK_FALSE((host_waits_fail && synced));
+        pool.stream_created(kNext, StreamKind::NonBlocking);
+        upstream.set_capacity(upstream.in_use());  // no room to grow: the block, or nothing
+        upstream.clear_calls();
+        const bool taken = pool.allocate(kBlock, kNext).ptr == last;
+        if (host_waits_fail && key_refused) ++refused_runs;
+        if (!taken || own == 0) continue;
+        bool waited = synced;  // the block: after its work, on the host or on the device
+        for (const auto& c : upstream.calls()) {
+          waited |= (c.kind == VirtualUpstream::Call::Wait && c.event == own) ||
+                    c.kind == VirtualUpstream::Call::SyncDevice;
+        }
+        CHECK(waited);
+      }
+    }
+  }
+  CHECK_FALSE(waited_on_host.empty());
+  CHECK(refused_runs == static_cast<long>(waited_on_host.size()));
 }
 
 TEST_CASE("a host allocation failing anywhere in the stream ordering leaves no event held twice") {

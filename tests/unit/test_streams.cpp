@@ -861,27 +861,44 @@ TEST_CASE_METHOD(PoolFixture, "a destroyed stream's block known done merges with
   check();
 }
 
-TEST_CASE_METHOD(PoolFixture, "destroyed streams' own events are kept for at most 1024 pending, then the barrier serves") {
+TEST_CASE_METHOD(PoolFixture, "destroyed streams' own events are kept under their keys however many are pending") {
   // The device never catches up: each task waits for the one before, and
-  // every destroyed stream's event stays pending. Past the bound, a
-  // destroyed stream's blocks go to the barrier as a plain free's do.
+  // every destroyed stream's event stays pending, past a thousand of them.
+  // The next stream still waits for the last one's event alone: no barrier,
+  // which would make it wait for every busy stream.
   make();
   upstream.set_events_complete_at_once(false);
-  for (StreamId t = 0; t < 1029; ++t) task_on_new_stream(*this, kNB + t);
-  upstream.clear_calls();
-  task_on_new_stream(*this, kNB + 1029);
-  EventHandle last = 0;  // the last destroy's event, kept with no key
+  for (StreamId t = 0; t < 1100; ++t) task_on_new_stream(*this, kNB + t);
+  const DevicePtr last_block = task_on_new_stream(*this, kNB + 1100);
+  std::set<EventHandle> destroy_events;  // (none completes: each is its own)
+  EventHandle last = 0;  // the last destroy's event
   for (const Call& c : upstream.calls()) {
-    if (c.kind == Call::Record && c.stream == kNB + 1029) last = c.event;
+    if (c.kind != Call::Record || c.stream < kNB || c.stream > kNB + 1100) continue;
+    destroy_events.insert(c.event);
+    if (c.stream == kNB + 1100) last = c.event;
   }
+  REQUIRE(destroy_events.size() == 1101);
   REQUIRE(last != 0);
-  pool->stream_created(kNB + 1030, StreamKind::NonBlocking);
+  pool->stream_created(kNB + 1101, StreamKind::NonBlocking);
   upstream.clear_calls();
-  alloc(kMiB, kNB + 1030);
-  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);  // a barrier, not a wait on the last event alone
-  bool waited = false;  // for that event too
-  for (const Call& c : upstream.calls()) waited |= c.kind == Call::Wait && c.stream == kLegacy && c.event == last;
+  CHECK(alloc(kMiB, kNB + 1101) == last_block);
+  CHECK(count(upstream.calls(), Call::Record, kLegacy) == 0);  // no barrier
+  CHECK(count(upstream.calls(), Call::Wait, kNB + 1101) == 1);
+  bool waited = false;  // for that event
+  for (const Call& c : upstream.calls()) waited |= c.kind == Call::Wait && c.stream == kNB + 1101 && c.event == last;
   CHECK(waited);
+  SECTION("a barrier waits for every one of them") {
+    const DevicePtr p = alloc(kMiB);
+    release(p);
+    upstream.clear_calls();
+    CHECK(alloc(kMiB) == p);
+    CHECK(count(upstream.calls(), Call::Record, kLegacy) == 1);
+    std::set<EventHandle> waited_for;
+    for (const Call& c : upstream.calls()) {
+      if (c.kind == Call::Wait && c.stream == kLegacy && destroy_events.count(c.event) != 0) waited_for.insert(c.event);
+    }
+    CHECK(waited_for == destroy_events);
+  }
   SECTION("its query answering with an error leaves that work to a device wait") {
     upstream.set_failing_event_query(last);
     const DevicePtr p = alloc(kMiB);
