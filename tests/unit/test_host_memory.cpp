@@ -66,6 +66,19 @@ void run_streams(StreamOrdering& ordering, VirtualUpstream& upstream) {
   }
 }
 
+// Destroys `stream` with the n-th host allocation failing; false when the
+// destroy made fewer (it then ran whole).
+bool destroy_failing_at(DevicePool& pool, StreamId stream, long n) {
+  g_allocations_until_failure = n;
+  try {
+    pool.stream_destroying(stream);
+  } catch (const std::bad_alloc&) {
+  }
+  const bool failed = g_allocations_until_failure == 0;
+  g_allocations_until_failure = 0;
+  return failed;
+}
+
 using Live = std::vector<std::pair<DevicePtr, StreamId>>;
 
 // Plain and stream-ordered blocks of both pools: new segments, splits,
@@ -175,14 +188,7 @@ TEST_CASE("a destroyed stream's blocks left under its key are not taken as an en
     for (int i = 0; i < 2; ++i) REQUIRE(pool.allocate(kMiB, kAnyStream).ptr != freed);
     upstream.set_failing_record_stream(kFirst);
     upstream.set_host_waits_fail(true);
-    g_allocations_until_failure = n;
-    try {
-      pool.stream_destroying(kFirst);
-    } catch (const std::bad_alloc&) {
-    }
-    const bool failed = g_allocations_until_failure == 0;
-    g_allocations_until_failure = 0;
-    if (!failed) break;
+    if (!destroy_failing_at(pool, kFirst, n)) break;
     bool keyed = false;
     for (const StreamReport& r : pool.streams()) keyed |= !r.alive && r.id == kFirst && r.cached_blocks > 0;
     if (!keyed) continue;
@@ -227,13 +233,7 @@ TEST_CASE("a destroy with no host memory for its key waits for the stream's last
         REQUIRE(pool.deallocate(last, kLast) == FreeResult::Freed);
         upstream.clear_calls();
         upstream.set_host_waits_fail(host_waits_fail);
-        g_allocations_until_failure = n;
-        try {
-          pool.stream_destroying(kLast);
-        } catch (const std::bad_alloc&) {
-        }
-        const bool failed = g_allocations_until_failure == 0;
-        g_allocations_until_failure = 0;
+        const bool failed = destroy_failing_at(pool, kLast, n);
         INFO(earlier << " destroyed before, failing at allocation " << n << ", host waits fail " << host_waits_fail);
         REQUIRE(pool.validate());
         if (!failed) break;
