@@ -106,6 +106,34 @@ def api_pairs(mode, threads, pairs, preload, runs=5, working_set=64, singles=Non
             statistics.median(r["pairs_per_second"] for r in results))
 
 
+def own_instructions_per_pair(mode):
+    """gpupool's own instructions per API pair, counted by callgrind: those of
+    its two libraries (the simulated runtime, libc and the benchmark not
+    counted), per pair made, from the difference of two runs, so that
+    start-up and warm-up cancel; the median of three such differences (how
+    often a plain pair records a barrier moves a little with the simulated
+    device's timing). Unlike a time, the same for a build on any machine, and
+    in any state of it."""
+    return statistics.median(own_instructions_difference(mode) for _ in range(3))
+
+
+def own_instructions_difference(mode):
+    runs = []
+    for pairs in (10000, 20000):
+        env = {"LD_LIBRARY_PATH": SIM, "TRACES_DIR": TRACES, "GPUPOOL_REPORT": "0", "LD_PRELOAD": LIB}
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "callgrind.out")
+            result = json.loads(sh(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+                                    os.path.join(BIN, "gpupool-bench-api"), mode, "1", str(pairs), "64"], env=env))
+            # One line per function, its own instructions first, its object last.
+            own = sum(int(line.split()[0].replace(",", ""))
+                      for line in sh(["callgrind_annotate", "--inclusive=no", "--threshold=100", out]).splitlines()
+                      if line.rstrip().endswith(("/libgpupool.so]", "/libgpupool-core.so]")))
+        runs.append((result["pairs_made"], own))
+    (pairs_a, own_a), (pairs_b, own_b) = runs
+    return (own_b - own_a) / (pairs_b - pairs_a)
+
+
 def held_memory_rows(mode, count, pauses_us, per_key, last_cell=None, busy=0, extra_env=None, zero_pause=True):
     """Table rows for gpupool-bench-api churn or tasks: expandable and fixed
     segments, without a pause (unless zero_pause is false) and with each of
@@ -218,6 +246,11 @@ def main():
               f"operation in 64 timed, with its two clock reads, barriers included): {in_pool['plain']:.0f} ns of each plain pair and "
               f"{in_pool['async']:.0f} ns of each stream-ordered pair; the rest of a pair is the shim's and the "
               "simulated runtime's. `scripts/gpu-bench.sh` gives the same estimate on a GPU machine (bench/GPU.md)."]
+    instructions = {mode: own_instructions_per_pair(mode) for mode in ("async", "plain")}
+    lines += ["", f"gpupool's own instructions per pair, counted by callgrind (`bench/run_benchmarks.py "
+              f"--instructions`; its two libraries only, the simulated runtime's and libc's left out, a barrier's "
+              f"included): {instructions['plain']:.0f} per plain pair and {instructions['async']:.0f} per "
+              "stream-ordered pair. Unlike the times, these are the same for this build on any machine."]
     lines += ["", "The build alone moves these figures by about a tenth: on 2026-12-03 the same source (commit "
               "308ace4), built in two folders and run alternately (`gpupool-bench "
               "--benchmark_filter=BM_PoolPair_Plain --benchmark_repetitions=5` from each), gave the plain pool pair 99-101 ns in one and 106-111 ns in the "
@@ -553,4 +586,8 @@ def main():
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--instructions"]:  # only these, to compare builds; BENCHMARKS.md is left as it is
+        for mode, label in (("plain", "plain pair"), ("async", "stream-ordered pair")):
+            print(f"{label}: {own_instructions_per_pair(mode):.0f} gpupool instructions")
+        sys.exit(0)
     sys.exit(main())
