@@ -71,9 +71,10 @@ def google_benchmark(filter_, repetitions=5):
     return medians
 
 
-def bench_api(mode, threads, pairs, preload, working_set=64, reserved=False, extra_env=None):
-    """One run of gpupool-bench-api: its JSON line, with the pool's peak
-    reserved bytes from gpupool's report as "reserved" when asked for."""
+def bench_api(mode, threads, pairs, preload, working_set=64, reserved=False, extra_env=None, runner=()):
+    """One run of gpupool-bench-api (under `runner`, a command and its
+    arguments, if given): its JSON line, with the pool's peak reserved bytes
+    from gpupool's report as "reserved" when asked for."""
     env = {"LD_LIBRARY_PATH": SIM, "TRACES_DIR": TRACES, "GPUPOOL_REPORT": "0", **(extra_env or {})}
     if preload:
         env["LD_PRELOAD"] = LIB
@@ -81,7 +82,7 @@ def bench_api(mode, threads, pairs, preload, working_set=64, reserved=False, ext
         report = os.path.join(tmp, "report.json")
         if reserved:
             env.update(GPUPOOL_REPORT="1", GPUPOOL_LOG=report, GPUPOOL_LOG_FORMAT="json", GPUPOOL_LOG_LEVEL="error")
-        result = json.loads(sh([os.path.join(BIN, "gpupool-bench-api"), mode, str(threads), str(pairs),
+        result = json.loads(sh([*runner, os.path.join(BIN, "gpupool-bench-api"), mode, str(threads), str(pairs),
                                 str(working_set)], env=env))
         if reserved:
             with open(report) as f:
@@ -120,11 +121,10 @@ def own_instructions_per_pair(mode):
 def own_instructions_difference(mode):
     runs = []
     for pairs in (10000, 20000):
-        env = {"LD_LIBRARY_PATH": SIM, "TRACES_DIR": TRACES, "GPUPOOL_REPORT": "0", "LD_PRELOAD": LIB}
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "callgrind.out")
-            result = json.loads(sh(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-                                    os.path.join(BIN, "gpupool-bench-api"), mode, "1", str(pairs), "64"], env=env))
+            result = bench_api(mode, 1, pairs, True, runner=("valgrind", "--tool=callgrind",
+                                                             f"--callgrind-out-file={out}"))
             # One line per function, its own instructions first, its object last.
             own = sum(int(line.split()[0].replace(",", ""))
                       for line in sh(["callgrind_annotate", "--inclusive=no", "--threshold=100", out]).splitlines()

@@ -17,7 +17,7 @@ namespace gpupool::testing {
 
 // A random test's seed: its own fixed one, moved by Catch's --rng-seed (0 by
 // default), so that `gpupool_unit_tests "[random]" --rng-seed N` looks at
-// other sequences than the suite's (scripts/soak unit runs many).
+// other sequences than the suite's (`scripts/soak SECONDS BUILD random` runs many).
 inline std::uint64_t test_seed(std::uint64_t fixed) { return fixed + Catch::rngSeed(); }
 
 // Disjoint ranges of used device memory, each with what the test noted of
