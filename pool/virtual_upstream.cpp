@@ -134,7 +134,11 @@ EventStatus VirtualUpstream::query_stream(StreamId stream) {
 
 bool VirtualUpstream::synchronize_event(EventHandle event) {
   auto it = events_.find(event);
-  if (it == events_.end() || host_waits_fail_) return false;
+  if (it == events_.end()) return false;
+  if (host_waits_fail_) {
+    if (refused_event_syncs_.size() < kMaxCallsKept) refused_event_syncs_.push_back(event);
+    return false;
+  }
   it->second = true;
   if (calls_.size() < kMaxCallsKept) calls_.push_back(Call{Call::SyncEvent, event, 0});
   return true;

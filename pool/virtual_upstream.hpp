@@ -99,7 +99,13 @@ class VirtualUpstream final : public Upstream {
     StreamId stream;
   };
   const std::vector<Call>& calls() const { return calls_; }
-  void clear_calls() { calls_.clear(); }
+  // Events whose host wait was refused (set_host_waits_fail), in order; not
+  // in calls(), which lists only what was done.
+  const std::vector<EventHandle>& refused_event_syncs() const { return refused_event_syncs_; }
+  void clear_calls() {
+    calls_.clear();
+    refused_event_syncs_.clear();
+  }
   std::uint64_t allocations() const { return allocations_; }
   std::uint64_t releases() const { return releases_; }
   std::uint64_t failed_allocations() const { return failed_; }
@@ -172,6 +178,7 @@ class VirtualUpstream final : public Upstream {
   StreamId lagging_stream_ = 0;
   bool capture_forbids_unsafe_calls_ = false;
   std::vector<Call> calls_;
+  std::vector<EventHandle> refused_event_syncs_;
 };
 
 }  // namespace gpupool
