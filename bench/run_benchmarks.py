@@ -107,7 +107,14 @@ def api_pairs(mode, threads, pairs, preload, runs=5, working_set=64, singles=Non
             statistics.median(r["pairs_per_second"] for r in results))
 
 
-def own_instructions_per_pair(mode):
+# The pairs whose instructions are counted: mode, environment, label. The
+# plain pair without ordering (unsafe: a block may be reused while work on it
+# still runs) is there to show what ordering costs the plain pair.
+INSTRUCTION_PAIRS = (("plain", {}, "plain pair"), ("async", {}, "stream-ordered pair"),
+                     ("plain", {"GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING": "1"}, "plain pair without ordering"))
+
+
+def own_instructions_per_pair(mode, extra_env=None):
     """gpupool's own instructions per API pair, counted by callgrind: those of
     its two libraries (the simulated runtime, libc and the benchmark not
     counted), per pair made, from the difference of two runs, so that
@@ -115,16 +122,16 @@ def own_instructions_per_pair(mode):
     often a plain pair records a barrier moves a little with the simulated
     device's timing). Unlike a time, the same for a build on any machine, and
     in any state of it."""
-    return statistics.median(own_instructions_difference(mode) for _ in range(3))
+    return statistics.median(own_instructions_difference(mode, extra_env) for _ in range(3))
 
 
-def own_instructions_difference(mode):
+def own_instructions_difference(mode, extra_env):
     runs = []
     for pairs in (10000, 20000):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "callgrind.out")
-            result = bench_api(mode, 1, pairs, True, runner=("valgrind", "--tool=callgrind",
-                                                             f"--callgrind-out-file={out}"))
+            result = bench_api(mode, 1, pairs, True, extra_env=extra_env,
+                               runner=("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"))
             # One line per function, its own instructions first, its object last.
             own = sum(int(line.split()[0].replace(",", ""))
                       for line in sh(["callgrind_annotate", "--inclusive=no", "--threshold=100", out]).splitlines()
@@ -246,11 +253,12 @@ def main():
               f"operation in 64 timed, with its two clock reads, barriers included): {in_pool['plain']:.0f} ns of each plain pair and "
               f"{in_pool['async']:.0f} ns of each stream-ordered pair; the rest of a pair is the shim's and the "
               "simulated runtime's. `scripts/gpu-bench.sh` gives the same estimate on a GPU machine (bench/GPU.md)."]
-    instructions = {mode: own_instructions_per_pair(mode) for mode in ("async", "plain")}
+    plain, stream, unordered = (own_instructions_per_pair(mode, env) for mode, env, _ in INSTRUCTION_PAIRS)
     lines += ["", f"gpupool's own instructions per pair, counted by callgrind (`bench/run_benchmarks.py "
               f"--instructions`; its two libraries only, the simulated runtime's and libc's left out, a barrier's "
-              f"included): {instructions['plain']:.0f} per plain pair and {instructions['async']:.0f} per "
-              "stream-ordered pair. Unlike the times, these are the same for this build on any machine."]
+              f"included): {plain:.0f} per plain pair and {stream:.0f} per stream-ordered pair; {unordered:.0f} "
+              "per plain pair with `GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING=1` (unsafe), which shows what ordering "
+              "costs a plain pair. Unlike the times, these are the same for this build on any machine."]
     lines += ["", "The build alone moves these figures by about a tenth: on 2026-12-03 the same source (commit "
               "308ace4), built in two folders and run alternately (`gpupool-bench "
               "--benchmark_filter=BM_PoolPair_Plain --benchmark_repetitions=5` from each), gave the plain pool pair 99-101 ns in one and 106-111 ns in the "
@@ -587,7 +595,7 @@ def main():
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--instructions"]:  # only these, to compare builds; BENCHMARKS.md is left as it is
-        for mode, label in (("plain", "plain pair"), ("async", "stream-ordered pair")):
-            print(f"{label}: {own_instructions_per_pair(mode):.0f} gpupool instructions")
+        for mode, env, label in INSTRUCTION_PAIRS:
+            print(f"{label}: {own_instructions_per_pair(mode, env):.0f} gpupool instructions")
         sys.exit(0)
     sys.exit(main())
