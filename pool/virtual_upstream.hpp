@@ -77,7 +77,8 @@ class VirtualUpstream final : public Upstream {
   void set_gone_stream(StreamId stream) { gone_stream_ = stream; }
   // No event can be created (create_event returns 0).
   void set_event_creation_fails(bool yes) { event_creation_fails_ = yes; }
-  // Host waits (for an event, a stream, the device) fail and wait for nothing.
+  // Host waits (for an event, a stream, the device) fail and wait for nothing;
+  // refused waits for an event are listed (refused_event_syncs).
   void set_host_waits_fail(bool yes) { host_waits_fail_ = yes; }
   // Queries of events and streams answer with an error.
   void set_queries_fail(bool yes) { queries_fail_ = yes; }

@@ -249,7 +249,8 @@ TEST_CASE("a destroy with no host memory for its key waits for the stream's last
                                  waited_on_host.end();
         const auto& refused = upstream.refused_event_syncs();
         const bool wait_tried = own != 0 && std::find(refused.begin(), refused.end(), own) != refused.end();
-        CHECK(wait_tried == (host_waits_fail && key_refused));  // the same host wait, tried and refused
+        // The same host wait, tried and refused (only the second pass refuses any).
+        CHECK(wait_tried == (host_waits_fail && key_refused));
         pool.stream_created(kNext, StreamKind::NonBlocking);
         upstream.set_capacity(upstream.in_use());  // no room to grow: the block, or nothing
         upstream.clear_calls();
