@@ -21,7 +21,7 @@ constexpr int kOomWarnings = 8;
 std::atomic<bool> Runtime::report_requested_{false};
 std::atomic<Runtime*> Runtime::started_{nullptr};
 
-Runtime& Runtime::get() {
+Runtime& Runtime::start() {
   static Runtime* runtime = [] {
     auto* r = new Runtime();
     started_.store(r, std::memory_order_release);
@@ -167,25 +167,19 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
       if (!d.foreign_frees.empty()) return_foreign_frees(d, attempt == 1);
       // The block this thread's cache kept past its limit goes back under
       // this lock, not one of its own (and may serve this very request).
-      CachedBlock spill{};
-      if (caching && attempt == 0 && captures_active_.load(std::memory_order_relaxed) == 0 &&
-          caches_.take_spill(dev, &spill)) {
-        LiveBlock parked{};
-        if (caches_.live().take(spill.ptr, &parked)) {  // the pool's again, as give_back_cached does
-          count_last_request(d, spill.ptr, parked.requested);
-        }
-        d.pool->deallocate(spill.ptr, spill.stream);
-      }
-      const std::int64_t reserved_before = d.pool->stats().reserved_bytes[kAll].current;
+      if (caching && attempt == 0 && captures_active_.load(std::memory_order_relaxed) == 0) return_spill(d, dev);
       // A first failure is tried again once the blocks held outside the pool
       // (threads' caches, frees waiting on another device) are back in it.
       last_try = attempt == 1 || (!caches_.enabled() && d.foreign_frees.empty());
-      a = d.pool->allocate(size, consumer, site, last_try);
-      grew = d.pool->stats().reserved_bytes[kAll].current > reserved_before;
-      // Only stream-ordered blocks may go into a cache, so only they are
-      // tracked there (the pool counts them apart: see add_pool_figure).
-      if (a.ok && a.ptr != 0 && consumer != kAnyStream && caches_.enabled()) {
-        block_size = d.pool->find_allocated(a.ptr)->size;
+      if (caching) {
+        const std::int64_t reserved_before = d.pool->stats().reserved_bytes[kAll].current;
+        a = d.pool->allocate(size, consumer, site, last_try);
+        grew = d.pool->stats().reserved_bytes[kAll].current > reserved_before;
+        // Only stream-ordered blocks may go into a cache, so only they are
+        // tracked there (the pool counts them apart: see add_pool_figure).
+        if (a.ok && a.ptr != 0) block_size = d.pool->find_allocated(a.ptr)->size;
+      } else {
+        a = d.pool->allocate(size, consumer, site, last_try);
       }
       if (a.device_error) error = d.upstream.last_error();
       if (!a.ok && !a.device_error && last_try) warn_oom(d);
@@ -212,6 +206,16 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
   if (!a.ok) return fail(error);
   *out = reinterpret_cast<void*>(a.ptr);
   return cudaSuccess;
+}
+
+void Runtime::return_spill(DeviceState& d, int dev) {
+  CachedBlock spill{};
+  if (!caches_.take_spill(dev, &spill)) return;
+  LiveBlock parked{};
+  if (caches_.live().take(spill.ptr, &parked)) {  // the pool's again, as give_back_cached does
+    count_last_request(d, spill.ptr, parked.requested);
+  }
+  d.pool->deallocate(spill.ptr, spill.stream);
 }
 
 FreeResult Runtime::deallocate(void* ptr, StreamId site, int site_device, int* owner) {
@@ -259,30 +263,16 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site, int site_device, int* o
     if (i == first) continue;
     DeviceState* d = existing(index);
     if (d == nullptr) continue;
-    std::size_t size = 0;
     FreeResult r;
     std::vector<StreamId> forgotten;
     {
       std::lock_guard<AdaptiveMutex> lock(d->mu);
       const bool foreign_site = site != kAnyStream && site_device >= 0 && site_device != index;
-      // The block is looked up here only where it is needed: the pool's own
-      // free finds it again.
-      const Block* b = foreign_site || trace_ ? d->pool->find_allocated(p) : nullptr;
-      if (b != nullptr) size = b->requested;
-      const bool waiting = std::any_of(d->foreign_frees.begin(), d->foreign_frees.end(),
-                                       [p](const DeviceState::ForeignFree& f) { return f.ptr == p; });
-      if (tracked && !waiting) count_last_request(*d, p, last_request);
-      if (waiting) {
-        r = FreeResult::NotAllocated;  // freed twice: the first free waits on another device
-      } else if (b != nullptr && foreign_site) {
-        r = free_foreign(*d, p, site, site_device);
+      if (foreign_site || tracked || trace_ || !d->foreign_frees.empty()) {
+        r = free_with_books(*d, p, site, site_device, index, foreign_site, tracked ? &last_request : nullptr);
       } else {
         r = d->pool->deallocate(p, site);
       }
-      // Traced while the lock is held: once it goes, another thread may be
-      // handed the block, and the trace must show this free before that
-      // allocation. A full buffer is written out after, not under this lock.
-      if (r == FreeResult::Freed && trace_) trace_->record(TraceWriter::Action::Free, p, size, site, index, false);
       take_forgotten_streams(*d, &forgotten);
     }
     if (!forgotten.empty()) forget_stream_handles(index, forgotten);
@@ -293,6 +283,30 @@ FreeResult Runtime::deallocate(void* ptr, StreamId site, int site_device, int* o
     return r;
   }
   return FreeResult::NotOwned;
+}
+
+FreeResult Runtime::free_with_books(DeviceState& d, DevicePtr p, StreamId site, int site_device, int index,
+                                    bool foreign_site, const std::size_t* last_request) {
+  // The block is looked up here only where it is needed: the pool's own
+  // free finds it again.
+  const Block* b = foreign_site || trace_ ? d.pool->find_allocated(p) : nullptr;
+  const std::size_t size = b != nullptr ? b->requested : 0;
+  const bool waiting = std::any_of(d.foreign_frees.begin(), d.foreign_frees.end(),
+                                   [p](const DeviceState::ForeignFree& f) { return f.ptr == p; });
+  if (last_request != nullptr && !waiting) count_last_request(d, p, *last_request);
+  FreeResult r;
+  if (waiting) {
+    r = FreeResult::NotAllocated;  // freed twice: the first free waits on another device
+  } else if (b != nullptr && foreign_site) {
+    r = free_foreign(d, p, site, site_device);
+  } else {
+    r = d.pool->deallocate(p, site);
+  }
+  // Traced while the lock is held: once it goes, another thread may be
+  // handed the block, and the trace must show this free before that
+  // allocation. A full buffer is written out after, not under this lock.
+  if (r == FreeResult::Freed && trace_) trace_->record(TraceWriter::Action::Free, p, size, site, index, false);
+  return r;
 }
 
 FreeResult Runtime::keep_after_stepping_aside(DevicePtr ptr, int* owner) {

@@ -89,7 +89,11 @@ extern constinit thread_local LastStream t_last_stream;
 
 class Runtime {
  public:
-  static Runtime& get();
+  // Inline: every intercepted call asks (the first one starts it).
+  static Runtime& get() {
+    Runtime* r = if_started();
+    return r != nullptr ? *r : start();
+  }
   // The runtime if some intercepted call has started it, else null.
   static Runtime* if_started() { return started_.load(std::memory_order_acquire); }
 
@@ -270,8 +274,16 @@ class Runtime {
     if (!used_.load(std::memory_order_relaxed)) used_.store(true, std::memory_order_relaxed);
   }
   bool take_cached(void** out, std::size_t size, StreamId consumer, int device);
+  // The block the calling thread's cache kept past its limit, if any, back to d's pool (d.mu held).
+  [[gnu::noinline]] void return_spill(DeviceState& d, int dev);
   // deallocate once gpupool has stepped aside.
   FreeResult keep_after_stepping_aside(DevicePtr ptr, int* owner);
+  // deallocate's free of p from d's pool where more than the pool's free is
+  // owed (d.mu held): a free on another device's stream, a trace to write,
+  // frees waiting on another device (p may be among them: freed twice), the
+  // last request of a block the live table tracked to count.
+  [[gnu::noinline]] FreeResult free_with_books(DeviceState& d, DevicePtr p, StreamId site, int site_device,
+                                               int index, bool foreign_site, const std::size_t* last_request);
   // A block of d freed on a stream of another device (d.mu held).
   FreeResult free_foreign(DeviceState& d, DevicePtr ptr, StreamId site, int site_device);
   // Gives back to d's pool the foreign frees whose event has completed; with
@@ -331,6 +343,7 @@ class Runtime {
   std::atomic<std::uint64_t> own_pool_allocations_{0};     // left to the runtime so, told at exit
   StreamCaches caches_{&Runtime::give_back_cached};
 
+  static Runtime& start();  // once, by the first call (threads meeting there wait for it)
   static std::atomic<Runtime*> started_;
   static std::atomic<bool> report_requested_;
   static void on_report_signal(int);
