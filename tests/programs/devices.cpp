@@ -28,7 +28,8 @@
 //                              asked for with SIGUSR1 (written to REPORT):
 //                              prints the report
 //   devices foreign-twice      such a free, then the same block freed again
-//                              while the first free still waits: refused, and
+//                              while the first free still waits (on device
+//                              1's stream, then with cudaFree): refused, and
 //                              device 0 gets the block back once (run as for
 //                              foreign-reset)
 //   devices owner-reset        such a free, its work done but not yet seen
@@ -301,6 +302,9 @@ int foreign_twice() {
   if (!peer_stream_of_device_one(&one)) return 0;
   void* p = free_on_device_one(one);
   EXPECT(cudaFreeAsync(p, one) == cudaErrorInvalidValue);  // the first free still waits
+  EXPECT(cudaGetLastError() == cudaErrorInvalidValue);
+  CHECK_CUDA(cudaSetDevice(0));
+  EXPECT(cudaFree(p) == cudaErrorInvalidValue);  // nor a plain free, on the block's own device
   EXPECT(cudaGetLastError() == cudaErrorInvalidValue);
   use_device_zero();
   use_device_zero();  // the block came back once: it serves request after request
