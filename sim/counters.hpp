@@ -15,6 +15,10 @@ struct Counters {
       kernel_launches{0}, vmm_maps{0}, vmm_unmaps{0}, stale_event_uses{0}, null_free_calls{0},
       event_failures{0}, host_wait_failures{0}, event_query_failures{0}, get_device_calls{0},
       destroyed_stream_calls{0}, unmap_failures{0};
+  // A gauge, not a count: the engine's streams_ (see Engine), kept here so
+  // that reading it takes no lock (a forked child's exit reads the counters,
+  // and a thread of the parent may have held the engine's lock at the fork).
+  std::atomic<std::uint64_t> streams_tracked{0};
 };
 
 Counters& counters();

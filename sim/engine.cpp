@@ -62,7 +62,7 @@ Engine::Engine() : delay_us_(env_u64("SIMCUDA_OP_DELAY_US", 0)) {
     legacy->kind = StreamKind::Legacy;
     legacy->device = device;
     legacy_.push_back(legacy);
-    streams_.push_back(legacy);
+    track(legacy);
   }
 }
 
@@ -76,7 +76,7 @@ Stream* Engine::resolve(cudaStream_t handle, bool per_thread, int device) {
       mine = new Stream();
       mine->kind = StreamKind::PerThread;
       mine->device = device;
-      streams_.push_back(mine);
+      track(mine);
     }
     return mine;
   }
@@ -96,7 +96,7 @@ cudaStream_t Engine::create_stream(unsigned flags, int device) {
     free_handles_.pop_back();
   }
   s->handle->stream.store(s, std::memory_order_release);
-  streams_.push_back(s);
+  track(s);
   return reinterpret_cast<cudaStream_t>(s->handle);
 }
 
@@ -113,6 +113,7 @@ cudaError_t Engine::destroy_stream(Stream* s) {
   s->destroyed = true;
   s->capturing = false;
   if (reuse_handles) free_handles_.push_back(s->handle);
+  if (!s->worker_started) forget_drained(s);  // (a worker leaves by itself, drained)
   cv_.notify_all();
   return cudaSuccess;
 }
@@ -123,8 +124,20 @@ void Engine::retire_per_thread_streams(Stream* const* streams, std::size_t count
     if (streams[i] == nullptr) continue;
     streams[i]->destroyed = true;
     streams[i]->capturing = false;  // as a destroyed stream's
+    if (!streams[i]->worker_started) forget_drained(streams[i]);  // (a worker leaves by itself)
   }
   cv_.notify_all();
+}
+
+void Engine::track(Stream* s) {
+  streams_.push_back(s);
+  counters().streams_tracked = streams_.size();
+}
+
+void Engine::forget_drained(Stream* s) {
+  const auto it = std::find(streams_.begin(), streams_.end(), s);
+  if (it != streams_.end()) streams_.erase(it);
+  counters().streams_tracked = streams_.size();
 }
 
 void Engine::invalidate_captures_blocked_by_legacy(int device) {
@@ -182,7 +195,10 @@ void Engine::work(Stream* s) {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] { return !s->queue.empty() || s->destroyed; });
-    if (s->queue.empty()) return;  // destroyed and drained
+    if (s->queue.empty()) {  // destroyed and drained
+      forget_drained(s);
+      return;
+    }
     Op& op = s->queue.front();
     cv_.wait(lock, [&] {
       for (const Dependency& d : op.deps) {

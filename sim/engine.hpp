@@ -138,7 +138,15 @@ class Engine {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<Stream*> streams_;  // every stream ever made; never freed
+  // Every stream that may still matter to another: alive, or destroyed with
+  // work queued. A destroyed stream leaves once drained (its object stays:
+  // events and dependencies may still name it), so that a program whose
+  // threads or tasks each make a stream does not make every legacy-stream
+  // operation walk all the streams it ever made.
+  // Counted in counters().streams_tracked. Changed with mu_ held:
+  std::vector<Stream*> streams_;
+  void track(Stream* s);
+  void forget_drained(Stream* s);
   std::vector<Stream*> legacy_;  // per device
   std::vector<StreamHandle*> free_handles_;  // destroyed streams', to give again
   std::vector<std::thread::id> stale_capture_threads_;  // see end_captures
