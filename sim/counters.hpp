@@ -14,7 +14,7 @@ struct Counters {
       device_syncs{0}, legacy_ops{0}, captures_begun{0}, captures_invalidated{0},
       kernel_launches{0}, vmm_maps{0}, vmm_unmaps{0}, stale_event_uses{0}, null_free_calls{0},
       event_failures{0}, host_wait_failures{0}, event_query_failures{0}, get_device_calls{0},
-      destroyed_stream_calls{0}, unmap_failures{0};
+      destroyed_stream_calls{0}, unmap_failures{0}, worker_wakeups{0};
   // A gauge, not a count: the engine's streams_ (see Engine), kept here so
   // that reading it takes no lock (a forked child's exit reads the counters,
   // and a thread of the parent may have held the engine's lock at the fork).

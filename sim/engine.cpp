@@ -114,6 +114,7 @@ cudaError_t Engine::destroy_stream(Stream* s) {
   s->capturing = false;
   if (reuse_handles) free_handles_.push_back(s->handle);
   if (!s->worker_started) forget_drained(s);  // (a worker leaves by itself, drained)
+  s->work.notify_all();
   cv_.notify_all();
   return cudaSuccess;
 }
@@ -125,6 +126,7 @@ void Engine::retire_per_thread_streams(Stream* const* streams, std::size_t count
     streams[i]->destroyed = true;
     streams[i]->capturing = false;  // as a destroyed stream's
     if (!streams[i]->worker_started) forget_drained(streams[i]);  // (a worker leaves by itself)
+    streams[i]->work.notify_all();
   }
   cv_.notify_all();
 }
@@ -136,7 +138,9 @@ void Engine::track(Stream* s) {
 
 void Engine::forget_drained(Stream* s) {
   const auto it = std::find(streams_.begin(), streams_.end(), s);
-  if (it != streams_.end()) streams_.erase(it);
+  if (it == streams_.end()) return;
+  streams_.erase(it);
+  drained_.push_back(s);
   counters().streams_tracked = streams_.size();
 }
 
@@ -182,7 +186,7 @@ cudaError_t Engine::enqueue(Stream* s, std::function<void()> run, std::vector<De
   if (seq != nullptr) *seq = op.seq;
   s->queue.push_back(std::move(op));
   if (!s->worker_started) start_worker(s);
-  cv_.notify_all();
+  s->work.notify_all();
   return cudaSuccess;
 }
 
@@ -194,18 +198,22 @@ void Engine::start_worker(Stream* s) {
 void Engine::work(Stream* s) {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return !s->queue.empty() || s->destroyed; });
+    s->work.wait(lock, [&] {
+      counters().worker_wakeups++;
+      return !s->queue.empty() || s->destroyed;
+    });
     if (s->queue.empty()) {  // destroyed and drained
       forget_drained(s);
       return;
     }
     Op& op = s->queue.front();
-    cv_.wait(lock, [&] {
-      for (const Dependency& d : op.deps) {
-        if (!done(d)) return false;
-      }
-      return true;
-    });
+    // One dependency at a time: a done one stays done.
+    for (const Dependency& d : op.deps) {
+      d.stream->done.wait(lock, [&] {
+        counters().worker_wakeups++;
+        return done(d);
+      });
+    }
     std::function<void()> run = std::move(op.run);
     const std::uint64_t seq = op.seq;
     const bool delayed = op.delayed;
@@ -215,6 +223,7 @@ void Engine::work(Stream* s) {
     lock.lock();
     s->queue.pop_front();
     s->completed = seq;
+    s->done.notify_all();
     cv_.notify_all();
   }
 }

@@ -61,6 +61,14 @@ struct Stream {
   void* capture_graph = nullptr;   // cudaStreamBeginCaptureToGraph's graph, which the end returns
   std::uint64_t captured_nodes = 0;
   StreamHandle* handle = nullptr;  // null: the legacy and per-thread streams
+  // Used with the engine's lock. Its worker waits on `work` for an operation
+  // (or the destroy), and on each dependency's `done` for that stream's
+  // progress: an operation wakes only the workers it can concern, not every
+  // stream's (a program that makes a stream per task, its tasks' work
+  // chained by waits, would otherwise wake every waiting worker at each
+  // operation: quadratic).
+  std::condition_variable work;
+  std::condition_variable done;
   bool blocking() const { return kind == StreamKind::Blocking || kind == StreamKind::PerThread; }
 };
 
@@ -137,14 +145,15 @@ class Engine {
   void synchronize_streams(int device);  // -1: all devices
 
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_;  // host waits: any operation completed
   // Every stream that may still matter to another: alive, or destroyed with
-  // work queued. A destroyed stream leaves once drained (its object stays:
-  // events and dependencies may still name it), so that a program whose
-  // threads or tasks each make a stream does not make every legacy-stream
-  // operation walk all the streams it ever made.
+  // work queued. A destroyed stream leaves once drained, for drained_ (its
+  // object stays, never freed: events and dependencies may still name it),
+  // so that a program whose threads or tasks each make a stream does not
+  // make every legacy-stream operation walk all the streams it ever made.
   // Counted in counters().streams_tracked. Changed with mu_ held:
   std::vector<Stream*> streams_;
+  std::vector<Stream*> drained_;
   void track(Stream* s);
   void forget_drained(Stream* s);
   std::vector<Stream*> legacy_;  // per device

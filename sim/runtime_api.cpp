@@ -237,7 +237,7 @@ void write_counters_at_exit() {
                "\"vmm_unmaps\": %llu, \"stale_event_uses\": %llu, \"null_free_calls\": %llu, "
                "\"event_failures\": %llu, \"host_wait_failures\": %llu, \"event_query_failures\": %llu, "
                "\"get_device_calls\": %llu, \"destroyed_stream_calls\": %llu, \"unmap_failures\": %llu, "
-               "\"streams_tracked\": %llu}\n",
+               "\"worker_wakeups\": %llu, \"streams_tracked\": %llu}\n",
                (unsigned long long)c.malloc_calls, (unsigned long long)c.malloc_failures,
                (unsigned long long)c.free_calls, (unsigned long long)c.malloc_async_calls,
                (unsigned long long)c.free_async_calls, (unsigned long long)c.bytes_in_use,
@@ -251,7 +251,8 @@ void write_counters_at_exit() {
                (unsigned long long)c.null_free_calls, (unsigned long long)c.event_failures,
                (unsigned long long)c.host_wait_failures, (unsigned long long)c.event_query_failures,
                (unsigned long long)c.get_device_calls, (unsigned long long)c.destroyed_stream_calls,
-               (unsigned long long)c.unmap_failures, (unsigned long long)c.streams_tracked);
+               (unsigned long long)c.unmap_failures, (unsigned long long)c.worker_wakeups,
+               (unsigned long long)c.streams_tracked);
   std::fclose(f);
 }
 
@@ -893,6 +894,7 @@ void simcuda_get_counters(struct simcuda_counters* out) {
   out->get_device_calls = c.get_device_calls;
   out->destroyed_stream_calls = c.destroyed_stream_calls;
   out->unmap_failures = c.unmap_failures;
+  out->worker_wakeups = c.worker_wakeups;
   out->streams_tracked = c.streams_tracked;
   out->malloc_calls = c.malloc_calls;
   out->malloc_failures = c.malloc_failures;

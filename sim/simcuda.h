@@ -80,6 +80,8 @@ struct simcuda_counters {
   uint64_t destroyed_stream_calls; /* calls naming a destroyed stream whose handle no stream has again
                                       (refused with cudaErrorInvalidResourceHandle) */
   uint64_t unmap_failures;      /* cuMemUnmap calls failed on purpose (SIMCUDA_UNMAP_FAIL_RATE) */
+  uint64_t worker_wakeups;      /* times a stream's worker thread looked whether it could go on
+                                   (its queue, or an operation it waits for) */
   uint64_t streams_tracked;     /* now: streams a legacy-stream operation looks at (alive, or
                                    destroyed with work queued; the legacy streams included) */
 };
