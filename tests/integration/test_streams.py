@@ -413,8 +413,9 @@ class Hazards(ShimTest):
         # streams and destroyed streams kept there, a program that makes a
         # thread or a stream for each task would run slower with each task
         # (a churn of 20,000 threads took 3.5 times as long a thread as one
-        # of 2,000). At exit only the legacy stream is left: the tasks' last
-        # stream has drained (the program synchronizes the device first).
+        # of 2,000). At exit the legacy stream is left, and perhaps the tasks'
+        # last stream: its work is done (the program synchronizes the device
+        # first), but its worker may not yet have woken to leave the list.
         for mode in (["churn", "200"], ["tasks", "30"]):
             with self.subTest(mode=mode[0]):
                 run = self.run_program(["gpupool-bench-api"] + mode)
@@ -428,8 +429,8 @@ class Hazards(ShimTest):
         # waiting for the one before. Woken all at each operation, they made
         # the tasks quadratic (3,000 tasks took 7.4 ms each, 300 took 0.8). A
         # worker now wakes for its own stream's operations and for the streams
-        # it waits on: about 7 looks a task (5 operations), where all-at-once
-        # made 51 a task at 100 tasks and 79 at 200.
+        # it waits on: about 7 looks a task, where all-at-once made 51 a task
+        # at 100 tasks and 79 at 200.
         run = self.run_program(["gpupool-bench-api", "tasks", "200"])
         self.assertSucceeded(run)
         self.assertLessEqual(run.counters()["worker_wakeups"], 20 * 200)
