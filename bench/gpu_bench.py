@@ -14,8 +14,8 @@ scripts/bench.sh copies into BENCHMARKS.md, or $OUT/GPU.md where OUT is set
 1. Allocation pairs through the real CUDA runtime: cudaMalloc/cudaFree and
    cudaMallocAsync/cudaFreeAsync (CUDA's own stream-ordered pool), without
    and with gpupool, sizes from the traces (a fixed mix when TRACES_DIR has none);
-   plain pairs also beside 128 idle non-blocking streams (PyTorch's stream pool),
-   and the same program built with nvcc's default static runtime, under
+   plain pairs also beside 128 idle non-blocking streams (PyTorch's stream pool)
+   and of one size over and over (a scratch buffer per call), and the same program built with nvcc's default static runtime, under
    GPUPOOL_STATIC_RUNTIME=1.
 2. PyTorch training steps, when PyTorch with CUDA is installed: its own
    caching allocator; PYTORCH_NO_CUDA_MEMORY_CACHING=1 (every tensor a
@@ -234,6 +234,12 @@ def main():
     pooled, _ = api_pairs("plain", 1, 20000, 64, True, idle_streams=128)
     lines.append(f"| `cudaMalloc`+`cudaFree`, 128 idle non-blocking streams | 1 | 64 | {raw:.0f} | {pooled:.0f} | "
                  f"{raw / pooled:.1f}x |")
+    print(lines[-1], flush=True)
+    # One size over and over (a scratch buffer taken and freed at every call):
+    # a barrier per sweep through its segment's room (BENCHMARKS.md).
+    raw, _ = api_pairs("plain", 1, 2000, 1, False)
+    pooled, _ = api_pairs("plain", 1, 200000, 1, True)
+    lines.append(f"| `cudaMalloc`+`cudaFree`, one size | 1 | 1 | {raw:.0f} | {pooled:.0f} | {raw / pooled:.1f}x |")
     print(lines[-1], flush=True)
     # The same loop built with nvcc's default static runtime: pooled only
     # with GPUPOOL_STATIC_RUNTIME=1, through the driver hook.

@@ -552,6 +552,20 @@ def main():
               f"{calls['stream_waits'] / loop['pairs_made']:.1f} stream waits per pair ({loop['ns_per_pair']:.0f} ns per pair on "
               "the simulated runtime, whose streams are still busy with the previous barrier's waits when the next "
               "asks: a barrier skips a stream only when it is found idle)."]
+    # A loop of one size: a scratch buffer taken and freed at every call.
+    pairs = 20000
+    loop = json.loads(sh([os.path.join(BIN, "gpupool-bench-api"), "plain", "1", str(pairs), "1"],
+                         env={"LD_LIBRARY_PATH": SIM, "TRACES_DIR": TRACES, "GPUPOOL_REPORT": "0",
+                              "LD_PRELOAD": LIB, "SIMCUDA_COUNTERS_FILE": counters}))
+    with open(counters) as f:
+        calls = json.load(f)
+    os.remove(counters)
+    lines += ["", f"A loop of one size (`gpupool-bench-api plain 1 {pairs} 1`: one of those sizes over and over, as a "
+              f"program that takes and frees a scratch buffer at every call) records {calls['event_records']} events "
+              f"over its {loop['pairs_made']} pairs: {calls['event_records'] / loop['pairs_made']:.2f} per pair "
+              f"({loop['ns_per_pair']:.0f} ns per pair on the simulated runtime). A block freed and asked for again "
+              "at its size goes back to its place after a barrier, unless its free block has room past it for 8 or "
+              "more such requests: then the loop sweeps through that room, one barrier per sweep."]
     lines.append("")
 
     # Trace recording cost.

@@ -71,9 +71,10 @@ struct PoolOptions {
   // 32 per priority level), so with many such streams it costs far more than
   // the one cudaEventRecord it is alone. It costs memory: replayed plain
   // beside 64 idle streams, 16 took the ordering calls per allocation from
-  // 16-23 to 4-6 and peak reserved / peak live from 1.0124 to 1.0780
-  // (gpt-medium-ctx512-infer) and from 1.0456 to 1.1829 (multistream-10), the
-  // other three within 0.003. So kSearchAuto (the default) searches only
+  // 16-23 to 3-6 and peak reserved / peak live from 1.0124 to 1.0575
+  // (gpt-medium-ctx512-infer), from 1.0456 to 1.1636 (multistream-10) and
+  // from 1.0283 to 1.0382 (lora-finetune-1.3b), the other two within 0.003.
+  // So kSearchAuto (the default) searches only
   // where barriers are dear: kAutoSearchLength blocks while the device has
   // kAutoSearchStreams or more live non-blocking streams, none below. (On an
   // H200, PyTorch steps with its stream pool took 1.10x its own allocator's

@@ -294,7 +294,7 @@ std::vector<std::string> advice(const DeviceReport& dev) {
         searching
             ? ""
             : " GPUPOOL_PLAIN_REUSE_SEARCH=16 records fewer barriers for more memory (the shared PyTorch traces "
-              "replayed plain: 3-6x fewer, up to 13% more reserved; auto, the default, searches only beside 8 or "
+              "replayed plain: 3-6x fewer, up to 11% more reserved; auto, the default, searches only beside 8 or "
               "more non-blocking streams); gpupool-replay --plain --idle-streams N "
               "--sweep plain_reuse_search=0,16 on a GPUPOOL_TRACE of this program shows both.";
     add(format("cudaMalloc reused cudaFree'd memory behind %llu device barriers, which made non-blocking streams "

@@ -771,7 +771,7 @@ class GpuBench(ShimTest):
             text = f.read()
         self.assertIn("A quick run", text)
         for row in ("`cudaMalloc`+`cudaFree` | 1 | 64", "`cudaMallocAsync`+`cudaFreeAsync` | 2 | 4",
-                    "128 idle non-blocking streams | 1 | 64"):
+                    "128 idle non-blocking streams | 1 | 64", "`cudaMalloc`+`cudaFree`, one size | 1 | 1"):
             self.assertRegex(text, re.escape(row) + r" \| \d+ \| \d+ \| [\d.]+x \|")
         self.assertIn("static runtime | 1 | 64 | nvcc failed", text)
         self.assertRegex(text, r"on the simulated runtime .*`cudaMalloc`\+`cudaFree` \d+ ns a pair .* \d+\.\d\dx one")
