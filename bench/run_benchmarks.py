@@ -96,13 +96,9 @@ def bench_api(mode, threads, pairs, preload, working_set=64, reserved=False, ext
     return result
 
 
-def api_pairs(mode, threads, pairs, preload, runs=5, working_set=64, singles=None):
-    """Medians over runs of ns per pair and pairs per second; with one thread,
-    `singles` (a dict) gets the medians of the single-pair percentiles too."""
+def api_pairs(mode, threads, pairs, preload, runs=5, working_set=64):
+    """Medians over runs of ns per pair and pairs per second."""
     results = [bench_api(mode, threads, pairs, preload, working_set) for _ in range(runs)]
-    if singles is not None:
-        for key in ("single_p50_ns", "single_p90_ns", "single_p99_ns", "clock_ns"):
-            singles[key] = statistics.median(r[key] for r in results)
     return (statistics.median(r["ns_per_pair"] for r in results),
             statistics.median(r["pairs_per_second"] for r in results))
 
@@ -225,19 +221,28 @@ def main():
                         ("BM_PoolPair_Plain/expandable:1", "pool, plain cudaMalloc/cudaFree, expandable segments"),
                         ("BM_PoolPair_Plain/expandable:0", "pool, plain cudaMalloc/cudaFree, fixed segments")):
         lines.append(f"| {label} | {gb[name]:.0f} | {gb[name] / malloc_ns:.2f} |")
-    api, singles = {}, {}
+    # The four loops' runs interleaved: this machine's processes run fast or
+    # about twice as slow in spells, which would otherwise land on one loop.
+    loops = {"async": ("async", 200000, True), "raw async": ("async", 200000, False),
+             "plain": ("plain", 200000, True), "raw plain": ("plain", 20000, False)}
+    results = {key: [] for key in loops}
+    for _ in range(5):
+        for key, (mode, pairs, preload) in loops.items():
+            results[key].append(bench_api(mode, 1, pairs, preload))
+    api = {key: statistics.median(r["ns_per_pair"] for r in rs) for key, rs in results.items()}
+    singles = {key: {stat: statistics.median(r[stat] for r in rs)
+                     for stat in ("single_p50_ns", "single_p90_ns", "single_p99_ns", "clock_ns")}
+               for key, rs in results.items()}
     for mode in ("async", "plain"):
-        singles[mode], singles["raw " + mode] = {}, {}
-        api[mode] = api_pairs(mode, 1, 200000, True, singles=singles[mode])[0]
-        raw = api["raw " + mode] = api_pairs(mode, 1, 20000 if mode == "plain" else 200000, False,
-                                             singles=singles["raw " + mode])[0]
+        raw = api["raw " + mode]
         lines.append(f"| `cudaMalloc{'Async' if mode == 'async' else ''}`+free through the shim (simulated runtime) "
                      f"| {api[mode]:.0f} | {api[mode] / malloc_ns:.2f} |")
         lines.append(f"| the same calls without gpupool (simulated runtime) | {raw:.0f} | {raw / malloc_ns:.2f} |")
     lines += ["", "The same API loops, each pair then timed on its own (the next 100,000 pairs of each run, medians "
-              "of the 5 runs' percentiles). The loop's figure above is a mean, which folds the few pairs that "
-              "record a device barrier into every pair; here they show in the tail. Each figure includes the two "
-              "clock reads around the pair, whose own median cost is the last column.", "",
+              "of the 5 runs' percentiles; the four loops' runs interleaved). The loop's figure above is a mean, "
+              "which folds the few pairs that record a device barrier into every pair; here they show in the tail. "
+              "Each figure includes the two clock reads around the pair, whose own median cost is the last column "
+              "(it moves with the machine's spells, as the pairs do).", "",
               "| what | median pair ns | 90th percentile | 99th percentile | loop's mean | clock reads |",
               "|---|---:|---:|---:|---:|---:|"]
     for mode, label in (("async", "`cudaMallocAsync`+free through the shim"),
