@@ -189,6 +189,19 @@ def ordering_calls(r):
     return r["events_recorded"] + r["event_queries"] + r["stream_waits"] + r["stream_queries"]
 
 
+def counted_plain_loop(*args):
+    """One run of `gpupool-bench-api plain 1 ARGS...` under gpupool: its JSON
+    line and the simulated runtime's call counters (SIMCUDA_COUNTERS_FILE)."""
+    counters = os.path.join(BUILD, "bench-counters.json")
+    loop = json.loads(sh([os.path.join(BIN, "gpupool-bench-api"), "plain", "1", *map(str, args)],
+                         env={"LD_LIBRARY_PATH": SIM, "TRACES_DIR": TRACES, "GPUPOOL_REPORT": "0",
+                              "LD_PRELOAD": LIB, "SIMCUDA_COUNTERS_FILE": counters}))
+    with open(counters) as f:
+        calls = json.load(f)
+    os.remove(counters)
+    return loop, calls
+
+
 def main():
     traces = sorted(os.path.join(TRACES, t) for t in os.listdir(TRACES) if t.endswith(".csv"))
     lines = [
@@ -522,15 +535,9 @@ def main():
     # The API loop of plain pairs that the GPU target times: its barriers, as
     # the simulated runtime counts its event records (no other stream exists,
     # so each barrier is one record on the legacy stream).
-    counters = os.path.join(BUILD, "bench-counters.json")
     pairs = 200000
-    loop = json.loads(sh([os.path.join(BIN, "gpupool-bench-api"), "plain", "1", str(pairs), "64"],
-                         env={"LD_LIBRARY_PATH": SIM, "TRACES_DIR": TRACES, "GPUPOOL_REPORT": "0",
-                              "LD_PRELOAD": LIB, "SIMCUDA_COUNTERS_FILE": counters}))
-    with open(counters) as f:
-        calls = json.load(f)
+    loop, calls = counted_plain_loop(pairs, 64)
     legacy_records = calls["event_records"]
-    os.remove(counters)
     lines += ["", f"The loop of plain pairs that the GPU target times (`gpupool-bench-api plain 1 {pairs} 64` under "
               f"`LD_PRELOAD` on the simulated runtime, whose `SIMCUDA_COUNTERS_FILE` counts the calls) records "
               f"{legacy_records} events over its {loop['pairs_made']} pairs (warm-up and single pairs included), "
@@ -545,12 +552,7 @@ def main():
     # The same loop beside PyTorch's stream pool: 128 non-blocking streams that
     # run nothing, each of which every barrier orders.
     pairs = 20000
-    loop = json.loads(sh([os.path.join(BIN, "gpupool-bench-api"), "plain", "1", str(pairs), "64", "128"],
-                         env={"LD_LIBRARY_PATH": SIM, "TRACES_DIR": TRACES, "GPUPOOL_REPORT": "0",
-                              "LD_PRELOAD": LIB, "SIMCUDA_COUNTERS_FILE": counters}))
-    with open(counters) as f:
-        calls = json.load(f)
-    os.remove(counters)
+    loop, calls = counted_plain_loop(pairs, 64, 128)
     lines += ["", f"With 128 idle non-blocking streams beside it (`gpupool-bench-api plain 1 {pairs} 64 128`; PyTorch "
               "creates 32 per priority level once a program asks for a side stream), every barrier also orders "
               f"each of them: {calls['event_records'] / loop['pairs_made']:.1f} event records and "
@@ -559,12 +561,7 @@ def main():
               "asks: a barrier skips a stream only when it is found idle)."]
     # A loop of one size: a scratch buffer taken and freed at every call.
     pairs = 20000
-    loop = json.loads(sh([os.path.join(BIN, "gpupool-bench-api"), "plain", "1", str(pairs), "1"],
-                         env={"LD_LIBRARY_PATH": SIM, "TRACES_DIR": TRACES, "GPUPOOL_REPORT": "0",
-                              "LD_PRELOAD": LIB, "SIMCUDA_COUNTERS_FILE": counters}))
-    with open(counters) as f:
-        calls = json.load(f)
-    os.remove(counters)
+    loop, calls = counted_plain_loop(pairs, 1)
     lines += ["", f"A loop of one size (`gpupool-bench-api plain 1 {pairs} 1`: one of those sizes over and over, as a "
               f"program that takes and frees a scratch buffer at every call) records {calls['event_records']} events "
               f"over its {loop['pairs_made']} pairs: {calls['event_records'] / loop['pairs_made']:.2f} per pair "
