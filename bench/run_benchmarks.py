@@ -4,6 +4,14 @@
 Each figure is measured side by side in one run and reported as a median of
 repeated runs, with the command that produced it. Targets are judged here,
 in the report, never in a timed test.
+
+  run_benchmarks.py                 every benchmark; rewrites BENCHMARKS.md
+  run_benchmarks.py --instructions  gpupool's instructions per pair only
+  run_benchmarks.py --quick         every section with a few runs, pairs and
+                                    rounds, to show the script works (the
+                                    tests run it so); writes $OUT/BENCHMARKS.md
+                                    where OUT is set, never the committed one
+BUILD_DIR names the build (build-bench), TRACES_DIR the traces.
 """
 import datetime
 import json
@@ -16,11 +24,18 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD = os.path.join(ROOT, "build-bench")
+BUILD = os.environ.get("BUILD_DIR", os.path.join(ROOT, "build-bench"))
 BIN = os.path.join(BUILD, "bin")
 LIB = os.path.join(BUILD, "lib", "libgpupool.so")
 SIM = os.path.join(BUILD, "sim")
 TRACES = os.environ.get("TRACES_DIR", os.path.join(ROOT, "..", "shared", "traces"))
+QUICK = sys.argv[1:] == ["--quick"]
+
+
+def count(full, quick):
+    """How many runs, rounds or pairs: `quick` in a quick run, whose figures
+    mean nothing (it shows that every section still runs)."""
+    return quick if QUICK else full
 
 # PyTorch's own reserved bytes on the same runs (from the traces' README).
 PYTORCH_RESERVED = {
@@ -62,8 +77,8 @@ def code_version():
 
 def google_benchmark(filter_, repetitions=5):
     out = sh([os.path.join(BIN, "gpupool-bench"), f"--benchmark_filter={filter_}", "--benchmark_format=json",
-              f"--benchmark_repetitions={repetitions}", "--benchmark_report_aggregates_only=true",
-              "--benchmark_min_time=0.3"], env={"TRACES_DIR": TRACES})
+              f"--benchmark_repetitions={count(repetitions, 2)}", "--benchmark_report_aggregates_only=true",
+              f"--benchmark_min_time={count(0.3, 0.001)}"], env={"TRACES_DIR": TRACES})
     medians = {}
     for b in json.loads(out)["benchmarks"]:
         if b.get("aggregate_name") == "median":
@@ -118,12 +133,12 @@ def own_instructions_per_pair(mode, extra_env=None):
     often a plain pair records a barrier moves a little with the simulated
     device's timing). Unlike a time, the same for a build on any machine, and
     in any state of it."""
-    return statistics.median(own_instructions_difference(mode, extra_env) for _ in range(3))
+    return statistics.median(own_instructions_difference(mode, extra_env) for _ in range(count(3, 1)))
 
 
 def own_instructions_difference(mode, extra_env):
     runs = []
-    for pairs in (10000, 20000):
+    for pairs in (count(10000, 200), count(20000, 400)):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "callgrind.out")
             result = bench_api(mode, 1, pairs, True, extra_env=extra_env,
@@ -137,7 +152,7 @@ def own_instructions_difference(mode, extra_env):
     return (own_b - own_a) / (pairs_b - pairs_a)
 
 
-def held_memory_rows(mode, count, pauses_us, per_key, last_cell=None, busy=0, extra_env=None, zero_pause=True):
+def held_memory_rows(mode, threads_or_tasks, pauses_us, per_key, last_cell=None, busy=0, extra_env=None, zero_pause=True):
     """Table rows for gpupool-bench-api churn or tasks: expandable and fixed
     segments, without a pause (unless zero_pause is false) and with each of
     pauses_us; 3 runs each, their peak reserved (median, lowest-highest),
@@ -149,10 +164,10 @@ def held_memory_rows(mode, count, pauses_us, per_key, last_cell=None, busy=0, ex
                                     for name, expandable in (("expandable (default)", "1"), ("fixed", "0"))]:
         env = {"GPUPOOL_EXPANDABLE_SEGMENTS": expandable, **(extra_env or {})}
         # (gpupool-bench-api's fourth argument is the busy stream's operations for tasks.)
-        runs = [bench_api(mode, count, pause, True, working_set=busy, reserved=True, extra_env=env)
-                for _ in range(3)]
+        runs = [bench_api(mode, threads_or_tasks, pause, True, working_set=busy, reserved=True, extra_env=env)
+                for _ in range(count(3, 1))]
         mib = sorted(r["reserved"] / 2**20 for r in runs)
-        row = (f"| {name} | {pause} us | {mib[1]:.0f} MiB ({mib[0]:.0f}-{mib[2]:.0f}) | "
+        row = (f"| {name} | {pause} us | {statistics.median(mib):.0f} MiB ({mib[0]:.0f}-{mib[-1]:.0f}) | "
                f"{statistics.median(r['hit_ratio'] for r in runs) * 100:.1f}% | "
                f"{statistics.median(r[per_key] for r in runs):.0f} |")
         rows.append(row + (f" {last_cell(runs)} |" if last_cell else ""))
@@ -172,9 +187,9 @@ def timed(cmd, env, runs):
 def interleaved_ratio(cmd, env_a, env_b, rounds=15, runs=20):
     """Median over rounds of (time with env_a) / (time with env_b), measured in turn."""
     ratios = []
-    for _ in range(rounds):
-        b = timed(cmd, env_b, runs)
-        a = timed(cmd, env_a, runs)
+    for _ in range(count(rounds, 1)):
+        b = timed(cmd, env_b, count(runs, 1))
+        a = timed(cmd, env_a, count(runs, 1))
         ratios.append(a / b)
     return statistics.median(ratios)
 
@@ -214,9 +229,14 @@ def main():
         f"- Date: {datetime.date.today().isoformat()}",
         f"- Code: {code_version()}",
         f"- Machine: {machine()}; no GPU (the simulated runtime stands in for the device)",
-        "- Traces: the five real PyTorch traces in `../shared/traces` (read at run time, never committed)",
+        ("- Traces: the five real PyTorch traces in `../shared/traces` (read at run time, never committed)"
+         if "TRACES_DIR" not in os.environ else f"- Traces: {len(traces)} in `{TRACES}`"),
         "",
     ]
+    if QUICK:
+        lines[2:2] = ["A quick run (`bench/run_benchmarks.py --quick`): every section with a run or round or two and a "
+                      "few hundred pairs where the text below says more. It shows that the script works; its figures "
+                      "and verdicts mean nothing.", ""]
     verdicts = []
 
     # 1. Cache-hit latency.
@@ -236,10 +256,10 @@ def main():
         lines.append(f"| {label} | {gb[name]:.0f} | {gb[name] / malloc_ns:.2f} |")
     # The four loops' runs interleaved: this machine's processes run fast or
     # about twice as slow in spells, which would otherwise land on one loop.
-    loops = {"async": ("async", 200000, True), "raw async": ("async", 200000, False),
-             "plain": ("plain", 200000, True), "raw plain": ("plain", 20000, False)}
+    loops = {"async": ("async", count(200000, 2000), True), "raw async": ("async", count(200000, 2000), False),
+             "plain": ("plain", count(200000, 2000), True), "raw plain": ("plain", count(20000, 500), False)}
     results = {key: [] for key in loops}
-    for _ in range(5):
+    for _ in range(count(5, 1)):
         for key, (mode, pairs, preload) in loops.items():
             results[key].append(bench_api(mode, 1, pairs, preload))
     api = {key: statistics.median(r["ns_per_pair"] for r in rs) for key, rs in results.items()}
@@ -265,7 +285,7 @@ def main():
         one = singles[mode]
         lines.append(f"| {label} | {one['single_p50_ns']:.0f} | {one['single_p90_ns']:.0f} | "
                      f"{one['single_p99_ns']:.0f} | {api[mode]:.0f} | {one['clock_ns']:.0f} |")
-    in_pool = {mode: 2 * bench_api(mode, 1, 200000, True, reserved=True)["pool_ns_per_op"]
+    in_pool = {mode: 2 * bench_api(mode, 1, count(200000, 2000), True, reserved=True)["pool_ns_per_op"]
                for mode in ("async", "plain")}
     lines += ["", "Inside the pool, by gpupool's report of one more run of each API loop (its sampled estimate: one "
               f"operation in 64 timed, with its two clock reads, barriers included): {in_pool['plain']:.0f} ns of each plain pair and "
@@ -318,7 +338,7 @@ def main():
     live_counts = ("1000", "100000", "1000000")
     scale = {n: [] for n in live_counts}
     growths = []
-    for _ in range(7):
+    for _ in range(count(7, 1)):
         for n in live_counts:
             scale[n].append(google_benchmark(f"BM_PoolPairWithLive/live:{n}$", repetitions=3)
                             [f"BM_PoolPairWithLive/live:{n}"])
@@ -367,9 +387,9 @@ def main():
     for ws in (4, 64):
         # Interleaved, so that a slow spell of the machine does not land on one thread count.
         runs = {t: [] for t in (1, 2, 4)}
-        for _ in range(9):
+        for _ in range(count(9, 1)):
             for t in runs:
-                r = bench_api("async", t, 400000, True, ws, reserved=True)  # pairs per thread
+                r = bench_api("async", t, count(400000, 2000), True, ws, reserved=True)  # pairs per thread
                 runs[t].append((r["ns_per_pair"], r["pairs_per_second"], r["reserved"]))
         one = None
         for t, results in runs.items():
@@ -395,9 +415,9 @@ def main():
               "| threads | median ns per pair | pairs per second, all threads | vs 1 thread |",
               "|---:|---:|---:|---:|"]
     runs = {t: [] for t in (1, 2, 4)}
-    for _ in range(5):
+    for _ in range(count(5, 1)):
         for t in runs:
-            runs[t].append(api_pairs("plain", t, 200000, True, runs=1))  # per thread
+            runs[t].append(api_pairs("plain", t, count(200000, 2000), True, runs=1))  # per thread
     one = None
     for t, results in runs.items():
         ns = statistics.median(r[0] for r in results)
@@ -467,7 +487,7 @@ def main():
               "| segments | pause | peak reserved, median (lowest-highest) | from cache | us per thread | stream "
               "rows in the report |",
               "|---|---:|---:|---:|---:|---:|"]
-    lines += held_memory_rows("churn", 2000, (100,), "us_per_thread", lambda runs: max(r["stream_rows"] for r in runs))
+    lines += held_memory_rows("churn", count(2000, 20), (100,), "us_per_thread", lambda runs: max(r["stream_rows"] for r in runs))
     # A stream made for each task: each task's block must serve the next.
     lines += ["", "A stream for each task: one thread makes 300 tasks one after another, each a non-blocking stream, "
               "a 1 MiB `cudaMallocAsync`, a `cudaMemsetAsync` and a `cudaFreeAsync` on it, and the stream "
@@ -490,8 +510,8 @@ def main():
               "own event, the pool grew with the tasks there: 36-92 MiB in three runs on expandable segments).", "",
               "| segments | pause | peak reserved, median (lowest-highest) | from cache | us per task |",
               "|---|---:|---:|---:|---:|"]
-    lines += held_memory_rows("tasks", 300, (1000, 10000), "us_per_task")
-    busy_rows = held_memory_rows("tasks", 300, (10000,), "us_per_task", busy=11,
+    lines += held_memory_rows("tasks", count(300, 10), (1000, 10000), "us_per_task")
+    busy_rows = held_memory_rows("tasks", count(300, 10), (10000,), "us_per_task", busy=11,
                                  extra_env={"SIMCUDA_OP_DELAY_US": "1000"}, zero_pause=False)
     lines += [row.replace(" | 10000 us |", " | 10000 us, a busy stream |") for row in busy_rows]
     verdicts.append(("Default reserves no more than PyTorch on every trace", "met" if all_default_ok else "not met",
@@ -535,7 +555,7 @@ def main():
     # The API loop of plain pairs that the GPU target times: its barriers, as
     # the simulated runtime counts its event records (no other stream exists,
     # so each barrier is one record on the legacy stream).
-    pairs = 200000
+    pairs = count(200000, 2000)
     loop, calls = counted_plain_loop(pairs, 64)
     legacy_records = calls["event_records"]
     lines += ["", f"The loop of plain pairs that the GPU target times (`gpupool-bench-api plain 1 {pairs} 64` under "
@@ -551,7 +571,7 @@ def main():
               "without asking (with more devices visible, a `cudaMalloc` and a barrier ask once each)."]
     # The same loop beside PyTorch's stream pool: 128 non-blocking streams that
     # run nothing, each of which every barrier orders.
-    pairs = 20000
+    pairs = count(20000, 200)
     loop, calls = counted_plain_loop(pairs, 64, 128)
     lines += ["", f"With 128 idle non-blocking streams beside it (`gpupool-bench-api plain 1 {pairs} 64 128`; PyTorch "
               "creates 32 per priority level once a program asks for a side stream), every barrier also orders "
@@ -560,7 +580,7 @@ def main():
               "the simulated runtime, whose streams are still busy with the previous barrier's waits when the next "
               "asks: a barrier skips a stream only when it is found idle)."]
     # A loop of one size: a scratch buffer taken and freed at every call.
-    pairs = 20000
+    pairs = count(20000, 2000)
     loop, calls = counted_plain_loop(pairs, 1)
     lines += ["", f"A loop of one size (`gpupool-bench-api plain 1 {pairs} 1`: one of those sizes over and over, as a "
               f"program that takes and frees a scratch buffer at every call) records {calls['event_records']} events "
@@ -573,10 +593,10 @@ def main():
     # Trace recording cost.
     env = {"LD_LIBRARY_PATH": SIM, "TRACES_DIR": TRACES, "GPUPOOL_REPORT": "0", "LD_PRELOAD": LIB}
     trace_path = os.path.join(BUILD, "bench-trace.csv")
-    loop = [os.path.join(BIN, "gpupool-bench-api"), "async", "1", "200000"]
+    loop = [os.path.join(BIN, "gpupool-bench-api"), "async", "1", str(count(200000, 2000))]
     # Alternated, so that a slow spell of the machine does not land on one side.
     pairs_off, pairs_on = [], []
-    for _ in range(9):
+    for _ in range(count(9, 1)):
         pairs_off.append(json.loads(sh(loop, env=env))["ns_per_pair"])
         pairs_on.append(json.loads(sh(loop, env=dict(env, GPUPOOL_TRACE=trace_path)))["ns_per_pair"])
     os.remove(trace_path)
@@ -604,8 +624,10 @@ def main():
                   "puts it here. Until then the targets that need a GPU (>= 100x faster than raw `cudaMalloc`/`cudaFree`; "
                   "PyTorch under gpupool within 5% of its own allocator's step time, not above its peak memory) are "
                   "unverified.", ""]
-    with open(os.path.join(ROOT, "BENCHMARKS.md"), "w") as f:
-        f.write("\n".join(lines))
+    out = os.environ.get("OUT") if QUICK else ROOT
+    if out:
+        with open(os.path.join(out, "BENCHMARKS.md"), "w") as f:
+            f.write("\n".join(lines))
     print("\n".join(lines))
 
 
@@ -614,4 +636,6 @@ if __name__ == "__main__":
         for mode, env, label in INSTRUCTION_PAIRS:
             print(f"{label}: {own_instructions_per_pair(mode, env):.0f} gpupool instructions")
         sys.exit(0)
+    if sys.argv[1:] not in ([], ["--quick"]):
+        sys.exit("usage: run_benchmarks.py [--quick | --instructions]")
     sys.exit(main())

@@ -5,8 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
-dpkg-query -W -f='${Status}' libbenchmark-dev 2>/dev/null | grep -q "install ok installed" ||
-  { [ "$(id -u)" -eq 0 ] && apt-get install -y --no-install-recommends libbenchmark-dev >/dev/null || sudo apt-get install -y --no-install-recommends libbenchmark-dev >/dev/null; }
 cmake --preset bench >/dev/null
 cmake --build --preset bench >/dev/null
 exec /usr/bin/python3 bench/run_benchmarks.py

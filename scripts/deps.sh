@@ -5,7 +5,7 @@
 # (scripts/fuzz asks for clang).
 set -euo pipefail
 
-packages=(g++ cmake ninja-build libspdlog-dev libfmt-dev libboost-dev catch2 python3 python3-jsonschema python3-matplotlib valgrind "$@")
+packages=(g++ cmake ninja-build libspdlog-dev libfmt-dev libboost-dev catch2 python3 python3-jsonschema python3-matplotlib valgrind libbenchmark-dev "$@")
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -748,6 +748,74 @@ class Scripts(ShimTest):
                 compile(f.read(), path, "exec")  # a SyntaxError fails the test, naming the file
 
 
+class BenchScript(ShimTest):
+    """bench/run_benchmarks.py writes BENCHMARKS.md, by hand, a few times a month: run it whole here (--quick) on a
+    small trace, so that a change to a program it runs, or to the report keys it reads, shows at once."""
+
+    def test_the_bench_script_runs_whole_and_judges_every_target(self):
+        if sanitizer_runtime():
+            self.skipTest("the bench preloads gpupool alone, without a sanitizer's runtime")
+        if not os.path.exists(os.path.join(BUILD, "bin", "gpupool-bench")):
+            self.skipTest("gpupool-bench is not built here (GPUPOOL_BUILD_BENCH is off)")
+        committed = os.path.join(SOURCE, "BENCHMARKS.md")
+        with open(committed) as f:
+            before = f.read()
+        traces = os.path.join(self.workdir, "traces")
+        os.mkdir(traces)
+        # Two streams taking turns over a few sizes, some blocks held across others' frees.
+        lines = ["Thread,Time,Action,Pointer,Size,Stream"]
+        for i in range(200):
+            ptr, size, stream = 0x100000 * (i % 7 + 1), (i % 5 + 1) * 300_000, 0x10 * (i % 2)
+            lines.append(f"1,00:00:00.{i:06d},allocate,{ptr:#x},{size},{stream:#x}")
+            if i % 7 == 6 or i == 199:
+                for j in range(i - i % 7, i + 1):
+                    lines.append(f"1,00:00:00.{i:06d},free,{0x100000 * (j % 7 + 1):#x},{(j % 5 + 1) * 300_000},"
+                                 f"{0x10 * (j % 2):#x}")
+        with open(os.path.join(traces, "small.csv"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "SIMCUDA_"))}
+        env.update(BUILD_DIR=os.path.abspath(BUILD), TRACES_DIR=traces, OUT=self.workdir)
+        done = subprocess.run([sys.executable, os.path.join(SOURCE, "bench", "run_benchmarks.py"), "--quick"],
+                              env=env, capture_output=True, text=True, timeout=300)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        with open(os.path.join(self.workdir, "BENCHMARKS.md")) as f:
+            text = f.read()
+        self.assertIn("A quick run", text)
+        for section in ("## 1. Cache-hit latency", "## 2. Scale", "## 3. Threads", "## 4. Preload cost",
+                        "## 5. Memory", "## Ordering calls", "## Tracing cost", "## Targets"):
+            self.assertIn(section, text)
+        # Every figure the script reads from a program: the tables' rows and sentences hold numbers.
+        number = r"\d[\d,]*(\.\d+)?"
+        for row in (r"\| glibc `malloc`\+`free`, same sizes \| N \| 1\.00 \|",
+                    r"\| pool, plain cudaMalloc/cudaFree, fixed segments \| N \| N \|",
+                    r"\| `cudaMalloc`\+free through the shim \| N \| N \| N \| N \| N \|",
+                    r"N ns of each plain pair and N ns of each stream-ordered pair",
+                    r"N per plain pair and N per stream-ordered pair; N per plain pair with",
+                    r"\| small\.csv \| N \|",
+                    r"\| 1,000,000 \| N \|",
+                    r"\| 64 \| 4 \| N \| N \| N \| N-N \| N MiB \|",
+                    r"\| 4 \| N \| N \| N \|",
+                    r"\| a shell script starting 100 `/bin/true` \| N \|",
+                    r"\| small\.csv \| N GiB \| n/a \| N GiB \(N\) \| n/a \| N \| `[a-z_:0-9,]+` \|",
+                    r"\| fixed \| 100 us \| N MiB \(N-N\) \| N% \| N \| N \|",
+                    r"\| fixed \| 10000 us, a busy stream \| N MiB \(N-N\) \| N% \| N \|",
+                    r"\| small\.csv( \| N){10} \|",
+                    r"records N events over its N pairs",
+                    r"N event records and N stream waits per pair",
+                    r"\| with `GPUPOOL_TRACE` \| N \|"):
+            self.assertRegex(text, row.replace("N", number))
+        self.assertRegex(text, r"The loop of plain pairs .* records (\d+) events over its (\d+) pairs")
+        # The judgement of each target, as the issue lists them.
+        for target in ("Cache-hit pair <= 100 ns, within 5x of malloc+free",
+                       "Growth <= 2x from 1 thousand to 1 million live blocks", "2 threads >= 1.5x one thread",
+                       "Preload cost <= 1.2x", "Default reserves no more than PyTorch on every trace",
+                       "Best swept configuration within 3% of peak live on every trace"):
+            self.assertRegex(text, re.escape(f"| {target} | ") + r"(met|not met)[^|]* \| [^|]+ \|")
+        self.assertIn("The GPU benchmarks below come from `scripts/gpu-bench.sh`", text)
+        with open(committed) as f:
+            self.assertEqual(f.read(), before, "a quick run wrote the committed BENCHMARKS.md")
+
+
 class GpuBench(ShimTest):
     """bench/gpu_bench.py runs only where a GPU is lent, which is seldom: run whole here on the simulated runtime
     (--quick), a fault in the script shows before it costs a lease."""
