@@ -105,6 +105,12 @@ def check_books(report):
                                      f"{current}, or peak {peak} below it")
 
 
+def clean_environment():
+    """This process's environment without gpupool's and the simulated runtime's
+    settings, which a test gives its programs itself."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "SIMCUDA_"))}
+
+
 class ShimTest(unittest.TestCase):
     """Each test gets a fresh directory for reports and counters."""
 
@@ -114,7 +120,7 @@ class ShimTest(unittest.TestCase):
 
     def run_program(self, args, env=None, preload=True, fmt="json", timeout=120, log=True, library=LIBRARY,
                     cwd=None, stderr=subprocess.PIPE, before_exec=None, close_fds=True):
-        e = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "SIMCUDA_"))}
+        e = clean_environment()
         e["LD_LIBRARY_PATH"] = SIM
         e["SIMCUDA_COUNTERS_FILE"] = os.path.join(self.workdir, "counters.json")
         runtime = sanitizer_runtime() if preload else None

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 
-from harness import BUILD, SOURCE, ShimTest, main, sanitizer_runtime
+from harness import BUILD, SOURCE, ShimTest, clean_environment, main, sanitizer_runtime
 
 REPLAY = os.path.join(BUILD, "bin", "gpupool-replay")
 IMPORT = os.path.join(SOURCE, "scripts", "gpupool-import-snapshot")
@@ -773,7 +773,7 @@ class BenchScript(ShimTest):
                                  f"{0x10 * (j % 2):#x}")
         with open(os.path.join(traces, "small.csv"), "w") as f:
             f.write("\n".join(lines) + "\n")
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "SIMCUDA_"))}
+        env = clean_environment()
         env.update(BUILD_DIR=os.path.abspath(BUILD), TRACES_DIR=traces, OUT=self.workdir)
         done = subprocess.run([sys.executable, os.path.join(SOURCE, "bench", "run_benchmarks.py"), "--quick"],
                               env=env, capture_output=True, text=True, timeout=300)
@@ -826,7 +826,7 @@ class GpuBench(ShimTest):
         committed = os.path.join(SOURCE, "bench", "GPU.md")
         with open(committed) as f:
             before = f.read()
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "SIMCUDA_"))}
+        env = clean_environment()
         # No traces (a fixed size mix), no compiler for the static-runtime program (its row says so), and
         # PyTorch's steps by a stand-in that makes cudaMalloc/cudaFree pairs through ctypes.
         standin = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_steps_standin.py")
