@@ -128,6 +128,31 @@ CUresult device_get_default_mem_pool(CUmemoryPool* pool, CUdevice device) {
 CUresult device_get_mem_pool(CUmemoryPool* pool, CUdevice device) {
   return cu(cudaDeviceGetMemPool(reinterpret_cast<cudaMemPool_t*>(pool), device));
 }
+CUresult mem_pool_set_access(CUmemoryPool pool, const CUmemAccessDesc* map, size_t count) {
+  static_assert(sizeof(CUmemAccessDesc) == sizeof(cudaMemAccessDesc));
+  return cu(cudaMemPoolSetAccess(reinterpret_cast<cudaMemPool_t>(pool), reinterpret_cast<const cudaMemAccessDesc*>(map),
+                                 count));
+}
+CUresult mem_pool_get_access(CUmemAccess_flags* flags, CUmemoryPool pool, CUmemLocation* location) {
+  return cu(cudaMemPoolGetAccess(reinterpret_cast<cudaMemAccessFlags*>(flags), reinterpret_cast<cudaMemPool_t>(pool),
+                                 reinterpret_cast<cudaMemLocation*>(location)));
+}
+// CUDA 13's pools by location.
+static_assert(sizeof(CUmemLocation) == sizeof(cudaMemLocation));
+static_assert(static_cast<int>(CU_MEM_ALLOCATION_TYPE_PINNED) == static_cast<int>(cudaMemAllocationTypePinned));
+CUresult mem_set_mem_pool(CUmemLocation* location, CUmemAllocationType type, CUmemoryPool pool) {
+  return cu(cudaMemSetMemPool(reinterpret_cast<cudaMemLocation*>(location), static_cast<cudaMemAllocationType>(type),
+                              reinterpret_cast<cudaMemPool_t>(pool)));
+}
+CUresult mem_get_mem_pool(CUmemoryPool* pool, CUmemLocation* location, CUmemAllocationType type) {
+  return cu(cudaMemGetMemPool(reinterpret_cast<cudaMemPool_t*>(pool), reinterpret_cast<cudaMemLocation*>(location),
+                              static_cast<cudaMemAllocationType>(type)));
+}
+CUresult mem_get_default_mem_pool(CUmemoryPool* pool, CUmemLocation* location, CUmemAllocationType type) {
+  return cu(cudaMemGetDefaultMemPool(reinterpret_cast<cudaMemPool_t*>(pool),
+                                     reinterpret_cast<cudaMemLocation*>(location),
+                                     static_cast<cudaMemAllocationType>(type)));
+}
 CUresult memcpy_htod(CUdeviceptr dst, const void* src, size_t n) {
   return cu(cudaMemcpy(ptr(dst), src, n, cudaMemcpyHostToDevice));
 }
@@ -285,6 +310,11 @@ const Entry kEntries[] = {
     {"cuDeviceSetMemPool", 11020, fn(device_set_mem_pool), fn(device_set_mem_pool)},
     {"cuDeviceGetDefaultMemPool", 11020, fn(device_get_default_mem_pool), fn(device_get_default_mem_pool)},
     {"cuDeviceGetMemPool", 11020, fn(device_get_mem_pool), fn(device_get_mem_pool)},
+    {"cuMemPoolSetAccess", 11020, fn(mem_pool_set_access), fn(mem_pool_set_access)},
+    {"cuMemPoolGetAccess", 11020, fn(mem_pool_get_access), fn(mem_pool_get_access)},
+    {"cuMemSetMemPool", 13000, fn(mem_set_mem_pool), fn(mem_set_mem_pool)},
+    {"cuMemGetMemPool", 13000, fn(mem_get_mem_pool), fn(mem_get_mem_pool)},
+    {"cuMemGetDefaultMemPool", 13000, fn(mem_get_default_mem_pool), fn(mem_get_default_mem_pool)},
     {"cuMemcpyHtoD", 3020, fn(memcpy_htod), fn(memcpy_htod)},
     {"cuMemcpyDtoH", 3020, fn(memcpy_dtoh), fn(memcpy_dtoh)},
     {"cuMemcpyHtoDAsync", 3020, fn(memcpy_htod_async), fn(memcpy_htod_async_ptsz)},
@@ -382,6 +412,12 @@ CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice device) {
 }
 CUresult cuDeviceSetMemPool(CUdevice device, CUmemoryPool pool) { return device_set_mem_pool(device, pool); }
 CUresult cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) { return mem_pool_create(pool, props); }
+CUresult cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc* map, size_t count) {
+  return mem_pool_set_access(pool, map, count);
+}
+CUresult cuMemSetMemPool(CUmemLocation* location, CUmemAllocationType type, CUmemoryPool pool) {
+  return mem_set_mem_pool(location, type, pool);
+}
 CUresult cuMemPoolDestroy(CUmemoryPool pool) { return mem_pool_destroy(pool); }
 CUresult cuMemcpyHtoD(CUdeviceptr dst, const void* src, size_t n) { return memcpy_htod(dst, src, n); }
 CUresult cuMemcpyDtoH(void* dst, CUdeviceptr src, size_t n) { return memcpy_dtoh(dst, src, n); }

@@ -1,6 +1,9 @@
 // The stream-ordered allocator's memory pools: each device's default pool,
 // pools the program creates (cudaMemPoolCreate), and each device's current
-// pool, the one cudaMallocAsync draws from (cudaDeviceSetMemPool). Stream-
+// pool, the one cudaMallocAsync draws from (cudaDeviceSetMemPool, or CUDA
+// 13's cudaMemSetMemPool). A pool's allocations are accessible from its own
+// device and the devices cudaMemPoolSetAccess names, never through peer
+// access (cudaDeviceEnablePeerAccess), as CUDA documents. Stream-
 // ordered memory is given back as soon as a free runs here, so a pool
 // reserves exactly what is in use; each keeps the figures programs read with
 // cudaMemPoolGetAttribute (PyTorch's cudaMallocAsync backend and CuPy's async
@@ -12,7 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <unordered_map>
+#include <map>
 #include <vector>
 
 #include "sim/memory.hpp"
@@ -31,6 +34,7 @@ struct Pool {
   std::uint64_t used_high = 0;
   std::uint64_t reserved_high = 0;
   std::uint64_t release_threshold = 0;
+  std::uint64_t accessors = 0;  // a bit per other device cudaMemPoolSetAccess granted
   int reuse[3] = {1, 1, 1};  // follow event dependencies, opportunistic, internal dependencies
 };
 
@@ -43,7 +47,7 @@ struct Pools {
     std::size_t size;
     Pool* pool;
   };
-  std::unordered_map<void*, Owned> allocations;
+  std::map<std::uintptr_t, Owned> allocations;  // by address: access is asked of any byte
 
   Pools() {
     for (int i = 0; i < kDevices; ++i) defaults[i].device = i;
@@ -134,12 +138,62 @@ cudaError_t set_current_mem_pool(int device, cudaMemPool_t pool) {
   return cudaSuccess;
 }
 
+cudaError_t set_mem_pool_access(cudaMemPool_t pool, const cudaMemAccessDesc* descs, std::size_t count) {
+  if (descs == nullptr && count > 0) return cudaErrorInvalidValue;
+  Pools& all = pools();
+  std::lock_guard<std::mutex> lock(all.mu);
+  Pool* p = all.find(pool);
+  if (p == nullptr) return cudaErrorInvalidValue;
+  // Every descriptor is checked before any takes effect.
+  for (std::size_t i = 0; i < count; ++i) {
+    const cudaMemAccessDesc& d = descs[i];
+    if (d.location.type != cudaMemLocationTypeDevice || !valid_device(d.location.id)) return cudaErrorInvalidValue;
+    if (d.flags != cudaMemAccessFlagsProtNone && d.flags != cudaMemAccessFlagsProtRead &&
+        d.flags != cudaMemAccessFlagsProtReadWrite) {
+      return cudaErrorInvalidValue;
+    }
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    const int device = descs[i].location.id;
+    if (device == p->device) continue;  // its own device keeps its access
+    const std::uint64_t bit = std::uint64_t{1} << device;
+    p->accessors = descs[i].flags == cudaMemAccessFlagsProtNone ? p->accessors & ~bit : p->accessors | bit;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t get_mem_pool_access(cudaMemAccessFlags* flags, cudaMemPool_t pool, const cudaMemLocation* location) {
+  if (flags == nullptr || location == nullptr || location->type != cudaMemLocationTypeDevice ||
+      !valid_device(location->id)) {
+    return cudaErrorInvalidValue;
+  }
+  Pools& all = pools();
+  std::lock_guard<std::mutex> lock(all.mu);
+  const Pool* p = all.find(pool);
+  if (p == nullptr) return cudaErrorInvalidValue;
+  const bool granted = location->id == p->device || (p->accessors >> location->id & 1u) != 0;
+  *flags = granted ? cudaMemAccessFlagsProtReadWrite : cudaMemAccessFlagsProtNone;
+  return cudaSuccess;
+}
+
+int mem_pool_accessible(const void* ptr, int device) {
+  Pools& all = pools();
+  std::lock_guard<std::mutex> lock(all.mu);
+  const auto at = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = all.allocations.upper_bound(at);
+  if (it == all.allocations.begin()) return -1;
+  --it;
+  if (at >= it->first + it->second.size) return -1;
+  const Pool& p = *it->second.pool;
+  return device == p.device || (p.accessors >> device & 1u) != 0 ? 1 : 0;
+}
+
 void mem_pool_allocated(void* p, std::size_t size, int device, cudaMemPool_t from) {
   Pools& all = pools();
   std::lock_guard<std::mutex> lock(all.mu);
   Pool* pool = from != nullptr ? all.find(from) : &all.current_of(device);
   if (pool == nullptr) return;  // destroyed meanwhile
-  all.allocations[p] = Pools::Owned{size, pool};
+  all.allocations[reinterpret_cast<std::uintptr_t>(p)] = Pools::Owned{size, pool};
   pool->used += size;
   pool->used_high = std::max(pool->used_high, pool->used);
   pool->reserved_high = std::max(pool->reserved_high, pool->used);
@@ -148,7 +202,7 @@ void mem_pool_allocated(void* p, std::size_t size, int device, cudaMemPool_t fro
 void mem_pool_freed(void* p) {
   Pools& all = pools();
   std::lock_guard<std::mutex> lock(all.mu);
-  const auto it = all.allocations.find(p);
+  const auto it = all.allocations.find(reinterpret_cast<std::uintptr_t>(p));
   if (it == all.allocations.end()) return;
   it->second.pool->used -= it->second.size;
   all.allocations.erase(it);
@@ -167,6 +221,7 @@ void mem_pool_device_reset(int device) {
     if (c->device == device) c->destroyed = true;
   }
   all.current[device % kDevices] = nullptr;
+  all.defaults[device % kDevices].accessors = 0;  // its default pool starts afresh
 }
 
 cudaError_t mem_pool_get(cudaMemPool_t handle, cudaMemPoolAttr attr, void* value) {

@@ -566,6 +566,44 @@ cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
   return cudaSuccess;
 }
 
+cudaError_t cudaMemPoolSetAccess(cudaMemPool_t pool, const cudaMemAccessDesc* descs, size_t count) {
+  return result(simcuda::set_mem_pool_access(pool, descs, count));
+}
+
+cudaError_t cudaMemPoolGetAccess(cudaMemAccessFlags* flags, cudaMemPool_t pool, cudaMemLocation* location) {
+  return result(simcuda::get_mem_pool_access(flags, pool, location));
+}
+
+// CUDA 13's pools by location: a device's pinned memory is its
+// cudaDevice*MemPool's; host and managed pools the simulated runtime lacks.
+namespace {
+int pool_device(const cudaMemLocation* location, cudaMemAllocationType type) {
+  if (location == nullptr || location->type != cudaMemLocationTypeDevice || type != cudaMemAllocationTypePinned ||
+      location->id < 0 || location->id >= Memory::instance().devices()) {
+    return -1;
+  }
+  return location->id;
+}
+}  // namespace
+
+cudaError_t cudaMemSetMemPool(cudaMemLocation* location, cudaMemAllocationType type, cudaMemPool_t pool) {
+  const int device = pool_device(location, type);
+  if (device < 0) return result(cudaErrorInvalidValue);
+  return result(simcuda::set_current_mem_pool(device, pool));
+}
+
+cudaError_t cudaMemGetMemPool(cudaMemPool_t* pool, cudaMemLocation* location, cudaMemAllocationType type) {
+  const int device = pool_device(location, type);
+  if (device < 0) return result(cudaErrorInvalidValue);
+  return cudaDeviceGetMemPool(pool, device);
+}
+
+cudaError_t cudaMemGetDefaultMemPool(cudaMemPool_t* pool, cudaMemLocation* location, cudaMemAllocationType type) {
+  const int device = pool_device(location, type);
+  if (device < 0) return result(cudaErrorInvalidValue);
+  return cudaDeviceGetDefaultMemPool(pool, device);
+}
+
 cudaError_t cudaMallocHost(void** p, size_t size) {
   if (p == nullptr) return result(cudaErrorInvalidValue);
   *p = std::malloc(size == 0 ? 1 : size);
@@ -884,7 +922,12 @@ void simcuda_fault_stream(void* stream, int error) {
   });
 }
 
-int simcuda_accessible(const void* ptr, int device) { return Memory::instance().accessible_from(ptr, device) ? 1 : 0; }
+// A stream-ordered allocation is its pool's to open (cudaMemPoolSetAccess).
+int simcuda_accessible(const void* ptr, int device) {
+  const int pooled = simcuda::mem_pool_accessible(ptr, device);
+  if (pooled >= 0) return pooled;
+  return Memory::instance().accessible_from(ptr, device) ? 1 : 0;
+}
 
 void simcuda_get_counters(struct simcuda_counters* out) {
   const simcuda::Counters& c = counters();

@@ -98,7 +98,8 @@ void simcuda_get_counters(struct simcuda_counters* out);
 
 /* 1 when `device` may access the device memory at ptr: its own, a peer's
  * cudaMalloc memory after cudaDeviceEnablePeerAccess, mapped pages that
- * cuMemSetAccess opened to it; else 0. */
+ * cuMemSetAccess opened to it, a stream-ordered allocation whose pool
+ * cudaMemPoolSetAccess opened to it; else 0. */
 int simcuda_accessible(const void* ptr, int device);
 
 #ifdef __cplusplus

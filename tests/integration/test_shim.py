@@ -525,8 +525,9 @@ class Devices(ShimTest):
 
     def test_the_devices_program_passes_without_gpupool_too(self):
         for mode in ("cross", "peer", "foreign", "foreign-capture", "foreign-capture-reset", "foreign-reset",
-                     "owner-reset", "handle-again"):
-            env = dict(self.HANDLES_AGAIN if mode == "handle-again" else {}, SIMCUDA_DEVICES="2")
+                     "owner-reset", "handle-again", "pool-access"):
+            env = dict(self.HANDLES_AGAIN if mode == "handle-again" else {},
+                       SIMCUDA_DEVICES="3" if mode == "pool-access" else "2")
             run = self.run_program(["test-devices", mode, "5"], env=env, preload=False)
             self.assertSucceeded(run)
 

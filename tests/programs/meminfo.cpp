@@ -21,6 +21,10 @@
 //                  it names, until the default pool is current
 //                  again; then makes another pool current and destroys it,
 //                  which makes the default pool current again too
+//   meminfo own-pool by-location
+//                  the same, each pool made current with CUDA 13's
+//                  cudaMemSetMemPool (device 0's pinned memory) and read back
+//                  with cudaMemGetMemPool
 //   meminfo poolless-neighbour
 //                  with device 1 a GPU without memory pools (the simulated
 //                  runtime's SIMCUDA_POOLLESS_DEVICE=1) and used, reads device
@@ -153,7 +157,22 @@ int pool_figures(bool threads) {
   return 0;
 }
 
-int own_pool() {
+// Makes `pool` device 0's current pool, with the call of CUDA 13 or the older one.
+void make_current(cudaMemPool_t pool, bool by_location) {
+  if (!by_location) {
+    CHECK_CUDA(cudaDeviceSetMemPool(0, pool));
+    return;
+  }
+  cudaMemLocation location{};
+  location.type = cudaMemLocationTypeDevice;
+  location.id = 0;
+  CHECK_CUDA(cudaMemSetMemPool(&location, cudaMemAllocationTypePinned, pool));
+  cudaMemPool_t current = nullptr;
+  CHECK_CUDA(cudaMemGetMemPool(&current, &location, cudaMemAllocationTypePinned));
+  EXPECT(current == pool);
+}
+
+int own_pool(bool by_location) {
   constexpr size_t kBlock = size_t{4} << 20;
   cudaMemPoolProps props{};
   props.allocType = cudaMemAllocationTypePinned;
@@ -163,7 +182,7 @@ int own_pool() {
   cudaMemPool_t default_pool = nullptr;
   CHECK_CUDA(cudaMemPoolCreate(&own, &props));
   CHECK_CUDA(cudaDeviceGetDefaultMemPool(&default_pool, 0));
-  CHECK_CUDA(cudaDeviceSetMemPool(0, own));
+  make_current(own, by_location);
   cudaStream_t stream = nullptr;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   void* blocks[4];
@@ -200,7 +219,7 @@ int own_pool() {
   EXPECT(figure(default_pool, cudaMemPoolAttrReservedMemCurrent) == default_reserved);
 
   // The default pool current again: drawn from it.
-  CHECK_CUDA(cudaDeviceSetMemPool(0, default_pool));
+  make_current(default_pool, by_location);
   void* p = nullptr;
   CHECK_CUDA(cudaMallocAsync(&p, kBlock, stream));
   CHECK_CUDA(cudaStreamSynchronize(stream));
@@ -213,7 +232,7 @@ int own_pool() {
 
   // Destroying a device's current pool makes its default pool current.
   CHECK_CUDA(cudaMemPoolCreate(&own, &props));
-  CHECK_CUDA(cudaDeviceSetMemPool(0, own));
+  make_current(own, by_location);
   CHECK_CUDA(cudaMemPoolDestroy(own));
   cudaMemPool_t current = nullptr;
   CHECK_CUDA(cudaDeviceGetMemPool(&current, 0));
@@ -253,7 +272,9 @@ int poolless_neighbour() {
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "poolless-neighbour") return poolless_neighbour();
   if (argc > 1 && std::string(argv[1]) == "pool") return pool_figures(argc > 2 && std::string(argv[2]) == "threads");
-  if (argc > 1 && std::string(argv[1]) == "own-pool") return own_pool();
+  if (argc > 1 && std::string(argv[1]) == "own-pool") {
+    return own_pool(argc > 2 && std::string(argv[2]) == "by-location");
+  }
   const bool async = argc > 1 && std::string(argv[1]) == "async";
   if (async && argc > 2 && std::string(argv[2]) == "threads") testprog::turn_thread_caches_on();
   cudaStream_t stream = nullptr;

@@ -21,6 +21,8 @@
 //                                 blocks drawn from it, one from each pool named (cuMemAllocFromPoolAsync),
 //                                 then one from the default pool made current again,
 //                                 and one more after another pool was made current and destroyed
+//   static_runtime own-pool by-location  the same, each pool made current with CUDA 13's
+//                                 cuMemSetMemPool (device 0's pinned memory)
 //   static_runtime async N        the same, stream-ordered on a non-blocking stream (and ptsz twins)
 //   static_runtime hazard [MS [MIB]]  a block of MIB MiB (default 1) freed while a slower stream still
 //                                 writes it (MS ms later, default 100), then asked for again
@@ -36,6 +38,9 @@
 //   static_runtime lookups        where dlsym's answers come from (program, library, RTLD_NEXT)
 //   static_runtime threads T N    T threads at once, each opening the driver and making N pairs
 //   static_runtime peer           two devices: pooled memory reachable once peer access is enabled
+//   static_runtime pool-access    two devices: device 0's default memory pool opened to device 1
+//                                 (cuMemPoolSetAccess) between two stream-ordered blocks; prints
+//                                 whether device 1 may reach each
 //   static_runtime cross-device [MS]  a block of device 1 freed on one of its streams under a slower write,
 //                                 then asked for on another of its streams while device 0 is current:
 //                                 gpupool orders the reuse on device 1 from device 0's thread
@@ -98,6 +103,8 @@ struct Driver {
   decltype(&cuMemPoolCreate) mem_pool_create;
   decltype(&cuMemPoolDestroy) mem_pool_destroy;
   decltype(&cuDeviceSetMemPool) device_set_mem_pool;
+  decltype(&cuMemSetMemPool) mem_set_mem_pool;  // CUDA 13's; not fetched as CUDA 11
+  decltype(&cuMemPoolSetAccess) mem_pool_set_access;
   decltype(&cuMemPoolGetAttribute) mem_pool_get_attribute;
   decltype(&cuMemPoolSetAttribute) mem_pool_set_attribute;
   decltype(&cuDeviceGetDefaultMemPool) device_get_default_mem_pool;
@@ -155,6 +162,8 @@ void open_driver() {
   d.mem_pool_create = fetch<decltype(d.mem_pool_create)>("cuMemPoolCreate", 11020);
   d.mem_pool_destroy = fetch<decltype(d.mem_pool_destroy)>("cuMemPoolDestroy", 11020);
   d.device_set_mem_pool = fetch<decltype(d.device_set_mem_pool)>("cuDeviceSetMemPool", 11020);
+  if (!g_cuda11) d.mem_set_mem_pool = fetch<decltype(d.mem_set_mem_pool)>("cuMemSetMemPool", 13000);
+  d.mem_pool_set_access = fetch<decltype(d.mem_pool_set_access)>("cuMemPoolSetAccess", 11020);
   d.mem_pool_get_attribute = fetch<decltype(d.mem_pool_get_attribute)>("cuMemPoolGetAttribute", 11020);
   d.mem_pool_set_attribute = fetch<decltype(d.mem_pool_set_attribute)>("cuMemPoolSetAttribute", 11020);
   d.device_get_default_mem_pool = fetch<decltype(d.device_get_default_mem_pool)>("cuDeviceGetDefaultMemPool", 11020);
@@ -271,7 +280,19 @@ unsigned long long used_of(CUmemoryPool pool) {
   return static_cast<unsigned long long>(value);
 }
 
-int own_pool() {
+// Makes `pool` device 0's current pool, with the call of CUDA 13 or the older one.
+void make_current(CUmemoryPool pool, bool by_location) {
+  if (!by_location) {
+    check(d.device_set_mem_pool(0, pool), "cuDeviceSetMemPool");
+    return;
+  }
+  CUmemLocation location{};
+  location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  location.id = 0;
+  check(d.mem_set_mem_pool(&location, CU_MEM_ALLOCATION_TYPE_PINNED, pool), "cuMemSetMemPool");
+}
+
+int own_pool(bool by_location) {
   constexpr size_t kBlock = size_t{4} << 20;
   CUmemPoolProps props{};
   props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -281,7 +302,7 @@ int own_pool() {
   CUmemoryPool default_pool = nullptr;
   check(d.mem_pool_create(&own, &props), "cuMemPoolCreate");
   check(d.device_get_default_mem_pool(&default_pool, 0), "cuDeviceGetDefaultMemPool");
-  check(d.device_set_mem_pool(0, own), "cuDeviceSetMemPool");
+  make_current(own, by_location);
   CUstream s = new_stream(CU_STREAM_NON_BLOCKING);
   CUdeviceptr blocks[4];
   for (CUdeviceptr& p : blocks) check(d.mem_alloc_async(&p, kBlock, s), "cuMemAllocAsync");
@@ -294,7 +315,7 @@ int own_pool() {
     check(d.mem_alloc_from_pool_async(&q, kBlock, named, s), "cuMemAllocFromPoolAsync");
     check(d.mem_free_async(q, s), "cuMemFreeAsync");
   }
-  check(d.device_set_mem_pool(0, default_pool), "cuDeviceSetMemPool");
+  make_current(default_pool, by_location);
   CUdeviceptr p = 0;
   check(d.mem_alloc_async(&p, kBlock, s), "cuMemAllocAsync");
   check(d.stream_synchronize(s), "cuStreamSynchronize");
@@ -304,7 +325,7 @@ int own_pool() {
   check(d.mem_pool_destroy(own), "cuMemPoolDestroy");
   // Destroying the current pool makes the default one current.
   check(d.mem_pool_create(&own, &props), "cuMemPoolCreate");
-  check(d.device_set_mem_pool(0, own), "cuDeviceSetMemPool");
+  make_current(own, by_location);
   check(d.mem_pool_destroy(own), "cuMemPoolDestroy");
   check(d.mem_alloc_async(&p, kBlock, s), "cuMemAllocAsync");
   check(d.mem_free_async(p, s), "cuMemFreeAsync");
@@ -630,6 +651,37 @@ int peer() {
   return 0;
 }
 
+int pool_access() {
+  using Accessible = int (*)(const void*, int);
+  auto accessible = reinterpret_cast<Accessible>(dlsym(driver_library, "simcuda_accessible"));
+  if (accessible == nullptr) return 1;  // the simulated driver's own check
+  auto reachable = [&](CUdeviceptr p, int device) {
+    return accessible(reinterpret_cast<void*>(static_cast<uintptr_t>(p)), device) != 0;
+  };
+  constexpr size_t kBytes = 4 << 20;
+  use_device(0);
+  CUstream s = new_stream(CU_STREAM_NON_BLOCKING);
+  CUdeviceptr before = 0;
+  check(d.mem_alloc_async(&before, kBytes, s), "cuMemAllocAsync");
+  const bool hidden_before = !reachable(before, 1);
+  CUmemoryPool pool = nullptr;
+  check(d.device_get_default_mem_pool(&pool, 0), "cuDeviceGetDefaultMemPool");
+  CUmemAccessDesc desc{};
+  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  desc.location.id = 1;
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  check(d.mem_pool_set_access(pool, &desc, 1), "cuMemPoolSetAccess");
+  CUdeviceptr after = 0;
+  check(d.mem_alloc_async(&after, 3 * kBytes, s), "cuMemAllocAsync");
+  std::printf("{\"hidden_before\": %d, \"before\": %d, \"after\": %d}\n", hidden_before ? 1 : 0,
+              reachable(before, 1) ? 1 : 0, reachable(after, 1) ? 1 : 0);
+  check(d.mem_free_async(before, s), "cuMemFreeAsync");
+  check(d.mem_free_async(after, s), "cuMemFreeAsync");
+  check(d.stream_synchronize(s), "cuStreamSynchronize");
+  check(d.stream_destroy(s), "cuStreamDestroy");
+  return 0;
+}
+
 int foreign_capture_reset() {
   constexpr size_t kBytes = 12 << 20;
   use_device(1);
@@ -713,7 +765,7 @@ int main(int argc, char** argv) {
   if (mode == "async") return async(n);
   if (mode == "pitched") return pitched(n);
   if (mode == "trim") return trim(argc > 2 ? argv[2] : nullptr);
-  if (mode == "own-pool") return own_pool();
+  if (mode == "own-pool") return own_pool(argc > 2 && std::strcmp(argv[2], "by-location") == 0);
   if ((mode == "hazard" || mode == "destroyed" || mode == "cross-device") && argc > 2) {
     g_late_write_ms = static_cast<unsigned>(n);
     if (mode == "hazard" && argc > 3) g_hazard_bytes = std::strtoull(argv[3], nullptr, 10) << 20;
@@ -727,13 +779,14 @@ int main(int argc, char** argv) {
   if (mode == "ipc") return ipc();
   if (mode == "reset") return reset();
   if (mode == "peer") return peer();
+  if (mode == "pool-access") return pool_access();
   if (mode == "cross-device") return reuse_after_late_write(LateReuse::CrossDevice);
   if (mode == "unseen-stream") return unseen_stream();
   if (mode == "foreign-capture-reset") return foreign_capture_reset();
   std::fprintf(stderr,
                "usage: static_runtime [--cuda11] "
                "pairs|pitched|trim|own-pool|async|hazard|destroyed|capture|capture-to-graph|capture-per-thread|"
-               "ipc|reset|peer|cross-device|unseen-stream|"
+               "ipc|reset|peer|pool-access|cross-device|unseen-stream|"
                "foreign-capture-reset [N] | "
                "lookups LIBRARY | "
                "threads T N | "
