@@ -302,6 +302,10 @@ print(d['device_resets']['count'], d['device_resets']['blocks_freed_by_reset'], 
   run "a pool of the program's own made current serves its calls (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" \
     GPUPOOL_LOG="$own_pool_report" -- build/bin/test-meminfo own-pool
   all_pooled "  only the default pool's blocks pooled (expandable=$mode)" "$own_pool_report" 3
+  own_pool_report="$out/report-own-pool-by-location-$mode.json"
+  run "  the same made current with CUDA 13's cudaMemSetMemPool (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" \
+    GPUPOOL_LOG="$own_pool_report" -- build/bin/test-meminfo own-pool by-location
+  all_pooled "  only the default pool's blocks pooled (cudaMemSetMemPool, expandable=$mode)" "$own_pool_report" 3
   run "demo (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/gpupool-demo --steps 10
   run "stress, threads and every kind of stream (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-stress 3 10 200 1
 done
@@ -325,6 +329,7 @@ run "once stepped aside: blocks kept, IPC refused, a reset" 0 "${pool[@]}" "${fa
 run "gpupool's host allocations failing from a fork on" 0 "${pool[@]}" "${faults[@]}" -- build/bin/test-host-oom fork
 run "memory pool figures, the runtime's alone (no gpupool)" 0 -- build/bin/test-meminfo pool
 run "a pool of the program's own made current (no gpupool)" 0 -- build/bin/test-meminfo own-pool
+run "  the same with CUDA 13's cudaMemSetMemPool (no gpupool)" 0 -- build/bin/test-meminfo own-pool by-location
 run "unchanged nvcc -cudart shared program" 0 "${pool[@]}" -- "$out/user_program"
 run "pitched 2D/3D arrays without gpupool (the program's own checks)" 0 -- build/bin/test-pitched 4
 # Any pitch that meets the alignments is right; gpupool pads rows to 512 bytes
@@ -416,6 +421,10 @@ static_own_pool_report="$out/report-own-pool-static.json"
 run "static runtime: a pool of the program's own made current" 0 "${static[@]}" \
   GPUPOOL_LOG="$static_own_pool_report" -- "$out/meminfo_static" own-pool
 all_pooled "  only the default pool's blocks pooled (static runtime)" "$static_own_pool_report" 3
+static_own_pool_report="$out/report-own-pool-by-location-static.json"
+run "static runtime: the same made current with cudaMemSetMemPool" 0 "${static[@]}" \
+  GPUPOOL_LOG="$static_own_pool_report" -- "$out/meminfo_static" own-pool by-location
+all_pooled "  only the default pool's blocks pooled (static runtime, cudaMemSetMemPool)" "$static_own_pool_report" 3
 run "static runtime: stress, threads and every kind of stream" 0 "${static[@]}" -- "$out/stress_static" 3 10 200 1
 library_report="$out/report-static-library.json"
 run "static runtime in a library, static_runtime_libraries names it" 0 "${pool[@]}" GPUPOOL_STATIC_RUNTIME=1 \
@@ -478,6 +487,13 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   run "two devices, switching between calls" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=20M -- build/bin/test-devices cross 20
   run "two devices, a thread each" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=20M -- build/bin/test-devices threads 50
   run "two devices, peer access" 0 "${pool[@]}" -- build/bin/test-devices peer
+  # A stream of device 1 writes device 0's stream-ordered blocks after the
+  # grant: a fault where gpupool left them closed (a third device adds a pool
+  # opened before its device was used).
+  for expandable in 1 0; do
+    run "default pools opened with cudaMemPoolSetAccess (expandable=$expandable)" 0 "${pool[@]}" \
+      GPUPOOL_EXPANDABLE_SEGMENTS=$expandable -- build/bin/test-devices pool-access
+  done
   run "two devices, a block freed on the other's stream" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=20M -- build/bin/test-devices foreign 20
   run "two devices, such a free inside a capture" 0 "${pool[@]}" -- build/bin/test-devices foreign-capture
   # Device 0's cache is the only room under the limit while device 1 captures:

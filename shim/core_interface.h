@@ -12,7 +12,7 @@ extern "C" {
 #endif
 
 /* Raised whenever this struct changes: a core of another version is refused. */
-#define GPUPOOL_CORE_ABI 11
+#define GPUPOOL_CORE_ABI 12
 
 /* Finds a real CUDA runtime function: dlsym(RTLD_NEXT) in the preload
    library, the object that stands before the runtime in the search order. */

@@ -59,6 +59,14 @@ CUresult mem_pool_trim_to(CUmemoryPool pool, size_t keep) {
 CUresult device_set_mem_pool(CUdevice device, CUmemoryPool pool) {
   return cu(cudaDeviceSetMemPool(device, reinterpret_cast<cudaMemPool_t>(pool)));
 }
+CUresult mem_set_mem_pool(CUmemLocation* location, CUmemAllocationType type, CUmemoryPool pool) {
+  return cu(cudaMemSetMemPool(reinterpret_cast<cudaMemLocation*>(location), static_cast<cudaMemAllocationType>(type),
+                              reinterpret_cast<cudaMemPool_t>(pool)));
+}
+CUresult mem_pool_set_access(CUmemoryPool pool, const CUmemAccessDesc* map, size_t count) {
+  return cu(cudaMemPoolSetAccess(reinterpret_cast<cudaMemPool_t>(pool), reinterpret_cast<const cudaMemAccessDesc*>(map),
+                                 count));
+}
 CUresult mem_pool_destroy(CUmemoryPool pool) { return cu(cudaMemPoolDestroy(reinterpret_cast<cudaMemPool_t>(pool))); }
 CUresult mem_pool_get_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
   return cu(cudaMemPoolGetAttribute(reinterpret_cast<cudaMemPool_t>(pool), static_cast<cudaMemPoolAttr>(attr), value));
@@ -183,6 +191,8 @@ const Substitute kSubstitutes[] = {
     {"cuMemGetInfo", 3020, 0, fn(mem_get_info), fn(mem_get_info)},
     {"cuMemPoolTrimTo", 11020, 0, fn(mem_pool_trim_to), fn(mem_pool_trim_to)},
     {"cuDeviceSetMemPool", 11020, 0, fn(device_set_mem_pool), fn(device_set_mem_pool)},
+    {"cuMemSetMemPool", 13000, 0, fn(mem_set_mem_pool), fn(mem_set_mem_pool)},
+    {"cuMemPoolSetAccess", 11020, 0, fn(mem_pool_set_access), fn(mem_pool_set_access)},
     {"cuMemPoolDestroy", 11020, 0, fn(mem_pool_destroy), fn(mem_pool_destroy)},
     {"cuMemPoolGetAttribute", 11020, 0, fn(mem_pool_get_attribute), fn(mem_pool_get_attribute)},
     {"cuMemPoolSetAttribute", 11020, 0, fn(mem_pool_set_attribute), fn(mem_pool_set_attribute)},
@@ -238,6 +248,8 @@ const ExportedName kExportedNames[] = {
     {"cuMemGetInfo_v2", "cuMemGetInfo", 3020, false},
     {"cuMemPoolTrimTo", "cuMemPoolTrimTo", 11020, false},
     {"cuDeviceSetMemPool", "cuDeviceSetMemPool", 11020, false},
+    {"cuMemSetMemPool", "cuMemSetMemPool", 13000, false},
+    {"cuMemPoolSetAccess", "cuMemPoolSetAccess", 11020, false},
     {"cuMemPoolDestroy", "cuMemPoolDestroy", 11020, false},
     {"cuMemPoolGetAttribute", "cuMemPoolGetAttribute", 11020, false},
     {"cuMemPoolSetAttribute", "cuMemPoolSetAttribute", 11020, false},

@@ -65,6 +65,8 @@ struct Driver {
   decltype(&cuDeviceGetMemPool) device_get_mem_pool = nullptr;
   decltype(&cuDeviceSetMemPool) device_set_mem_pool = nullptr;
   decltype(&cuMemPoolDestroy) mem_pool_destroy = nullptr;
+  decltype(&cuMemPoolSetAccess) mem_pool_set_access = nullptr;
+  decltype(&cuMemSetMemPool) mem_set_mem_pool = nullptr;
   gpupool_driver_lookup_fn lookup = nullptr;
 };
 
@@ -118,6 +120,16 @@ cudaError_t device_get_mem_pool(cudaMemPool_t* pool, int device) {
 cudaError_t mem_pool_destroy(cudaMemPool_t pool) { return rt(d.mem_pool_destroy(reinterpret_cast<CUmemoryPool>(pool))); }
 cudaError_t device_set_mem_pool(int device, cudaMemPool_t pool) {
   return rt(d.device_set_mem_pool(device, reinterpret_cast<CUmemoryPool>(pool)));
+}
+cudaError_t mem_pool_set_access(cudaMemPool_t pool, const cudaMemAccessDesc* descs, size_t count) {
+  static_assert(sizeof(CUmemAccessDesc) == sizeof(cudaMemAccessDesc));
+  return rt(d.mem_pool_set_access(reinterpret_cast<CUmemoryPool>(pool), reinterpret_cast<const CUmemAccessDesc*>(descs),
+                                  count));
+}
+cudaError_t mem_set_mem_pool(cudaMemLocation* location, cudaMemAllocationType type, cudaMemPool_t pool) {
+  static_assert(sizeof(CUmemLocation) == sizeof(cudaMemLocation));
+  return rt(d.mem_set_mem_pool(reinterpret_cast<CUmemLocation*>(location), static_cast<CUmemAllocationType>(type),
+                               reinterpret_cast<CUmemoryPool>(pool)));
 }
 cudaError_t device_synchronize() { return rt(d.ctx_synchronize()); }
 // The static runtime keeps each device's primary context current; so do we
@@ -297,6 +309,8 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   fetch(d.device_get_mem_pool, "cuDeviceGetMemPool", 11020);
   fetch(d.device_set_mem_pool, "cuDeviceSetMemPool", 11020);
   fetch(d.mem_pool_destroy, "cuMemPoolDestroy", 11020);
+  fetch(d.mem_pool_set_access, "cuMemPoolSetAccess", 11020);
+  fetch(d.mem_set_mem_pool, "cuMemSetMemPool", 13000);  // CUDA 13's current pool by location
   if (!complete) return false;
   table.cudaMalloc = malloc_;
   table.cudaFree = free_;
@@ -346,6 +360,8 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   table.cudaDeviceGetMemPool = d.device_get_mem_pool != nullptr ? device_get_mem_pool : nullptr;
   table.cudaDeviceSetMemPool = d.device_set_mem_pool != nullptr ? device_set_mem_pool : nullptr;
   table.cudaMemPoolDestroy = d.mem_pool_destroy != nullptr ? mem_pool_destroy : nullptr;
+  table.cudaMemPoolSetAccess = d.mem_pool_set_access != nullptr ? mem_pool_set_access : nullptr;
+  table.cudaMemSetMemPool = d.mem_set_mem_pool != nullptr ? mem_set_mem_pool : nullptr;
   table.cudaMemPoolTrimTo = d.mem_pool_trim_to != nullptr ? mem_pool_trim_to : nullptr;
   table.cudaMemPoolGetAttribute = d.mem_pool_get_attribute != nullptr ? mem_pool_get_attribute : nullptr;
   table.cudaMemPoolSetAttribute = d.mem_pool_set_attribute != nullptr ? mem_pool_set_attribute : nullptr;

@@ -358,6 +358,29 @@ cudaError_t cudaDeviceSetMemPool(int device, cudaMemPool_t pool) {
   return err;
 }
 
+// CUDA 13's way to make a pool current: for a device's pinned memory, the
+// same as cudaDeviceSetMemPool (host and managed pools are not gpupool's).
+cudaError_t cudaMemSetMemPool(cudaMemLocation* location, cudaMemAllocationType type, cudaMemPool_t pool) {
+  Runtime& rt = enter();
+  const cudaError_t err = pass_on<&RealCuda::cudaMemSetMemPool>(location, type, pool);
+  if (err == cudaSuccess && !rt.disabled() && location != nullptr && location->type == cudaMemLocationTypeDevice &&
+      type == cudaMemAllocationTypePinned) {
+    keep_books("cudaMemSetMemPool", [&] { rt.current_pool_set(location->id, pool); });
+  }
+  return err;
+}
+
+// Another device may now use the pool's memory: where that is a device's
+// default pool, the memory is gpupool's, whose pages must open to it too.
+cudaError_t cudaMemPoolSetAccess(cudaMemPool_t pool, const cudaMemAccessDesc* descs, size_t count) {
+  Runtime& rt = enter();
+  const cudaError_t err = pass_on<&RealCuda::cudaMemPoolSetAccess>(pool, descs, count);
+  if (err == cudaSuccess && !rt.disabled()) {
+    keep_books("cudaMemPoolSetAccess", [&] { rt.pool_access_set(pool, descs, count); });
+  }
+  return err;
+}
+
 // Destroying a device's current pool makes its default pool current again.
 cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool) {
   Runtime& rt = enter();

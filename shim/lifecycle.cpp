@@ -136,13 +136,25 @@ void Runtime::at_exit() {
   write_report("exit");
   // A forked child's CUDA was its parent's, which speaks for it.
   const std::uint64_t own_pool = own_pool_allocations_.load();
+  const std::uint64_t opened_pool = opened_pool_allocations_.load();
+  auto calls = [](std::uint64_t n) {
+    return std::to_string(n) + (n == 1 ? " cudaMallocAsync call" : " cudaMallocAsync calls");
+  };
   if (own_pool > 0 && !forked_child_) {
     message(config::LogLevel::Warn,
-            "gpupool: " + std::to_string(own_pool) + (own_pool == 1 ? " cudaMallocAsync call" : " cudaMallocAsync calls") +
-                " drew from memory pools this program made current (cudaDeviceSetMemPool); gpupool leaves those to "
-                "the runtime, and the report does not count them");
+            "gpupool: " + calls(own_pool) +
+                " drew from memory pools this program made current (cudaDeviceSetMemPool, cudaMemSetMemPool); "
+                "gpupool leaves those to the runtime, and the report does not count them");
   }
-  if (!disabled_ && !used_.load() && !forked_child_ && own_pool == 0 && cuda_driver_loaded()) {
+  if (opened_pool > 0 && !forked_child_) {
+    const std::string it_or_them = opened_pool == 1 ? "it" : "them";
+    message(config::LogLevel::Warn,
+            "gpupool: " + calls(opened_pool) +
+                " drew from default memory pools this program opened to other devices (cudaMemPoolSetAccess), "
+                "which gpupool's fixed segments cannot follow; the runtime served " + it_or_them +
+                ", and the report does not count " + it_or_them + " (GPUPOOL_EXPANDABLE_SEGMENTS=1 pools them)");
+  }
+  if (!disabled_ && !used_.load() && !forked_child_ && own_pool == 0 && opened_pool == 0 && cuda_driver_loaded()) {
     explain_nothing_pooled(config_.static_runtime);
   } else if (!disabled_ && !forked_child_) {
     explain_library_not_taken_over(false);

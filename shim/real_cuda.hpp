@@ -35,6 +35,8 @@ namespace gpupool::shim {
   X(cudaDeviceGetDefaultMemPool, cudaError_t(cudaMemPool_t*, int))                    \
   X(cudaDeviceGetMemPool, cudaError_t(cudaMemPool_t*, int))                           \
   X(cudaDeviceSetMemPool, cudaError_t(int, cudaMemPool_t))                            \
+  X(cudaMemSetMemPool, cudaError_t(cudaMemLocation*, cudaMemAllocationType, cudaMemPool_t)) \
+  X(cudaMemPoolSetAccess, cudaError_t(cudaMemPool_t, const cudaMemAccessDesc*, size_t)) \
   X(cudaMemPoolDestroy, cudaError_t(cudaMemPool_t))                                   \
   X(cudaMemPoolTrimTo, cudaError_t(cudaMemPool_t, size_t))                            \
   X(cudaMemPoolGetAttribute, cudaError_t(cudaMemPool_t, cudaMemPoolAttr, void*))      \

@@ -92,6 +92,7 @@ DeviceState& Runtime::make_device(int index) {
             "gpupool: expandable_segments:1 needs the driver's virtual memory calls (cuMemCreate, cuMemMap), which "
             "this driver does not give for device " + std::to_string(index) + "; it uses fixed segments from cudaMalloc");
   }
+  if (default_pool_opened_[index].load(std::memory_order_relaxed)) follow_opened_pool(*d);  // before it serves
   devices_[index].store(d, std::memory_order_release);
   only_device_.store(++device_states_ == 1 ? index : -1, std::memory_order_release);
   return *d;
@@ -140,6 +141,11 @@ cudaError_t Runtime::allocate(void** out, std::size_t size, StreamId consumer, i
   if (runtime_serves != nullptr && !named_default_pool && own_pool_current_[dev].load(std::memory_order_relaxed)) {
     own_pool_allocations_.fetch_add(1, std::memory_order_relaxed);
     *runtime_serves = true;  // from the program's own pool, not from a cache of the default one
+    return cudaSuccess;
+  }
+  if (runtime_serves != nullptr && opened_pool_to_runtime_[dev].load(std::memory_order_relaxed)) {
+    opened_pool_allocations_.fetch_add(1, std::memory_order_relaxed);
+    *runtime_serves = true;  // from the default pool itself, which other devices may use
     return cudaSuccess;
   }
   mark_used();
@@ -466,6 +472,8 @@ void Runtime::device_reset_answered(int dev, cudaError_t err) {
   // The reset destroyed the pools the program made: the default one is
   // current again (asked for anew: the handle may change).
   own_pool_current_[dev].store(false, std::memory_order_relaxed);
+  default_pool_opened_[dev].store(false, std::memory_order_relaxed);
+  opened_pool_to_runtime_[dev].store(false, std::memory_order_relaxed);
   default_pools_[dev].store(nullptr, std::memory_order_release);
   if (d == nullptr) return;
   forget_device_memory(*d);

@@ -175,11 +175,21 @@ class Runtime {
   // gives back its idle memory (threads' caches first), unless it reserves
   // no more than `keep`.
   void trim(cudaMemPool_t pool, std::size_t keep);
-  // cudaDeviceSetMemPool(device, pool) succeeded. While a device's current
-  // pool is one the program made, its cudaMallocAsync calls are the
+  // cudaDeviceSetMemPool(device, pool) succeeded (or CUDA 13's
+  // cudaMemSetMemPool for the device's pinned memory). While a device's
+  // current pool is one the program made, its cudaMallocAsync calls are the
   // runtime's: that pool's properties (IPC export, peer access, location)
   // are what the program asked for.
   void current_pool_set(int device, cudaMemPool_t pool);
+  // cudaMemPoolSetAccess(pool, descs, count) succeeded. Where `pool` is a
+  // device's default pool, the devices it opened it to may use that
+  // device's stream-ordered memory, gpupool's: its mapped pages are opened
+  // to them, now and later (peer access does not reach pool memory, so
+  // nothing else would). A pool of fixed segments cannot follow (cudaMalloc
+  // memory opens only to peer access), so its device's stream-ordered calls
+  // go to the runtime from then on. Access taken away again is not followed:
+  // the pages stay open to a device the program no longer uses them from.
+  void pool_access_set(cudaMemPool_t pool, const cudaMemAccessDesc* descs, std::size_t count);
   // cudaMemPoolDestroy succeeded: a device whose current pool it was has its
   // default pool current again.
   void pool_destroyed();
@@ -268,6 +278,13 @@ class Runtime {
   // pool gpupool's memory stands for).
   template <typename F>
   void for_each_device_of_pool(cudaMemPool_t pool, F&& f);
+  // The device whose default memory pool `pool` is, or -1 (any device, with
+  // a pool of gpupool's or not).
+  int device_of_default_pool(cudaMemPool_t pool);
+  // d's default pool was opened to another device: where d's pool has fixed
+  // segments, its stream-ordered calls go to the runtime from now on (see
+  // pool_access_set), said once. d.mu not held.
+  void follow_opened_pool(DeviceState& d);
   // A store only the first time: every call writing the flag would bounce its
   // cache line between the cores of a multi-threaded program.
   void mark_used() {
@@ -341,6 +358,9 @@ class Runtime {
   std::atomic<bool> own_pool_current_[kMaxDevices] = {};  // see current_pool_set
   std::atomic<cudaMemPool_t> default_pools_[kMaxDevices] = {};  // each device's, once asked
   std::atomic<std::uint64_t> own_pool_allocations_{0};     // left to the runtime so, told at exit
+  std::atomic<bool> default_pool_opened_[kMaxDevices] = {};   // to another device: see pool_access_set
+  std::atomic<bool> opened_pool_to_runtime_[kMaxDevices] = {};  // the runtime serves it: fixed segments
+  std::atomic<std::uint64_t> opened_pool_allocations_{0};  // left to the runtime so, told at exit
   StreamCaches caches_{&Runtime::give_back_cached};
 
   static Runtime& start();  // once, by the first call (threads meeting there wait for it)

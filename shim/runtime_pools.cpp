@@ -1,5 +1,9 @@
 // gpupool's memory as each device's default memory pool: which pool is
 // current, trimming, the pool's figures, peer access and IPC.
+#include <algorithm>
+#include <string>
+
+#include "report/diagnosis.hpp"
 #include "shim/messages.hpp"
 #include "shim/real_cuda.hpp"
 #include "shim/runtime.hpp"
@@ -35,6 +39,63 @@ void Runtime::current_pool_set(int device, cudaMemPool_t pool) {
   if (device < 0 || device >= kMaxDevices) return;
   // Unsure which pool it is: the runtime serves the calls, as without gpupool.
   own_pool_current_[device].store(!is_default_pool(pool, device), std::memory_order_relaxed);
+}
+
+int Runtime::device_of_default_pool(cudaMemPool_t pool) {
+  int count = 0;
+  if (pool == nullptr || real().cudaGetDeviceCount == nullptr ||
+      internal([&](const RealCuda& r) { return r.cudaGetDeviceCount(&count); }) != cudaSuccess) {
+    return -1;
+  }
+  for (int i = 0; i < count && i < kMaxDevices; ++i) {
+    if (is_default_pool(pool, i)) return i;
+  }
+  return -1;
+}
+
+void Runtime::pool_access_set(cudaMemPool_t pool, const cudaMemAccessDesc* descs, std::size_t count) {
+  if (descs == nullptr) return;
+  const int owner = device_of_default_pool(pool);
+  if (owner < 0) return;  // a pool the program made: the runtime's memory
+  bool opened = false;
+  for (std::size_t i = 0; i < count; ++i) {
+    const cudaMemAccessDesc& desc = descs[i];
+    if (desc.location.type != cudaMemLocationTypeDevice || desc.location.id == owner ||
+        desc.flags == cudaMemAccessFlagsProtNone) {
+      continue;
+    }
+    peer_access_enabled(desc.location.id, owner);
+    opened = true;
+  }
+  if (!opened) return;
+  DeviceState* d = nullptr;
+  {
+    // With make_device's lock: a pool made meanwhile follows it there.
+    std::lock_guard<std::mutex> lock(devices_mu_);
+    default_pool_opened_[owner].store(true, std::memory_order_relaxed);
+    d = existing(owner);
+  }
+  if (d != nullptr) follow_opened_pool(*d);
+}
+
+void Runtime::follow_opened_pool(DeviceState& d) {
+  std::int64_t lent = 0;
+  {
+    std::lock_guard<AdaptiveMutex> lock(d.mu);
+    if (d.pool->options().expandable_segments) return;  // its pages were opened (peer_access_enabled)
+    lent = d.pool->stats().stream_ordered_bytes.current;
+  }
+  if (opened_pool_to_runtime_[d.device].exchange(true, std::memory_order_relaxed)) return;
+  const std::string device = std::to_string(d.device);
+  message(config::LogLevel::Warn,
+          "gpupool: cudaMemPoolSetAccess opened device " + device +
+              "'s default memory pool to other devices, but gpupool's memory there is fixed segments from "
+              "cudaMalloc, which only peer access (cudaDeviceEnablePeerAccess) opens: device " + device +
+              "'s stream-ordered allocations go to the runtime from now on, unpooled" +
+              (lent > 0 ? "; the " + report::human_bytes(static_cast<double>(lent)) +
+                              " of stream-ordered blocks gpupool lent before stay closed to them"
+                        : "") +
+              ". GPUPOOL_EXPANDABLE_SEGMENTS=1 keeps them pooled");
 }
 
 void Runtime::pool_destroyed() {
@@ -97,7 +158,8 @@ void Runtime::peer_access_enabled(int accessor, int owner) {
   if (owner < 0 || owner >= kMaxDevices) return;
   {
     std::lock_guard<std::mutex> lock(devices_mu_);
-    peer_grants_.emplace_back(accessor, owner);
+    const std::pair<int, int> grant{accessor, owner};
+    if (std::find(peer_grants_.begin(), peer_grants_.end(), grant) == peer_grants_.end()) peer_grants_.push_back(grant);
   }
   if (DeviceState* d = existing(owner)) {
     std::lock_guard<AdaptiveMutex> lock(d->mu);

@@ -3,6 +3,7 @@ runtime, the exported interface, process lifecycle."""
 import collections
 import csv
 import glob
+import itertools
 import json
 import os
 import platform
@@ -517,6 +518,38 @@ class Devices(ShimTest):
         # mapped before and after the call, and for pools made later.
         self.in_both_segment_modes(["peer"], {"SIMCUDA_DEVICES": "2"}, lambda report: None)
 
+    def test_a_default_pool_opened_to_another_device_opens_the_memory_gpupool_serves_for_it(self):
+        # cudaMemPoolSetAccess, not peer access, opens stream-ordered memory to
+        # another device (PyTorch's cudaMallocAsync backend enables peer copies
+        # so). Expandable segments open their pages to it, those mapped before
+        # the grant too, and those of a device whose pool came after the
+        # grant, and go on serving. Fixed segments are cudaMalloc memory,
+        # which only peer access opens: the stream-ordered calls of each
+        # opened device go to the runtime after its grant (3 on device 0, 1 on
+        # device 1), and a line says device 0's block lent before stays closed.
+        opened = "cudaMemPoolSetAccess opened device {}'s default memory pool to other devices"
+        for expandable, lent_before_open, to_runtime in (("1", True, 0), ("0", False, 4)):
+            with self.subTest(expandable_segments=expandable):
+                self.remove_reports()
+                run = self.run_program(["test-devices", "pool-access"],
+                                       env={"SIMCUDA_DEVICES": "3", "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                self.assertSucceeded(run)
+                self.assertEqual(json.loads(run.stdout)["lent_before_open"], lent_before_open)
+                zero = run.report()["devices"]["0"]["stats"]
+                self.assertEqual(zero["allocation.all.allocated"], 1 if to_runtime else 4)
+                self.assertEqual(run.counters()["malloc_async_calls"], to_runtime)
+                for device in (0, 1):
+                    self.assertEqual(run.stderr.count(opened.format(device)), 1 - lent_before_open, run.stderr)
+                self.assertEqual(run.stderr.count("gpupool lent before stay closed"), 1 - lent_before_open)
+                if not lent_before_open:
+                    self.assertIn("the 12.00 MiB of stream-ordered blocks gpupool lent before stay closed", run.stderr)
+                    self.assertEqual(run.stderr.count(
+                        "4 cudaMallocAsync calls drew from default memory pools this program opened to other "
+                        "devices"), 1, run.stderr)
+        alone = self.run_program(["test-devices", "pool-access"], env={"SIMCUDA_DEVICES": "3"}, preload=False)
+        self.assertSucceeded(alone)
+        self.assertTrue(json.loads(alone.stdout)["lent_before_open"])
+
     def test_a_handle_given_again_to_another_devices_stream_serves_that_device(self):
         # A thread's last stream is remembered with its device; the stream
         # destroyed and its handle given to a stream of device 1, the memory
@@ -975,12 +1008,29 @@ class StaticRuntime(ShimTest):
                 os.remove(path)
 
     def test_a_pool_of_its_own_made_current_serves_its_stream_ordered_calls(self):
-        # The static runtime's cudaDeviceSetMemPool reaches the driver's cuDeviceSetMemPool.
-        run = self.run_program(["test-static-runtime", "own-pool"], env=self.ON)
-        self.assertSucceeded(run)
-        self.assertGreaterEqual(run.output_json()["own_pool_used"], 16 << 20)
-        self.assertEqual(run.counters()["malloc_async_calls"], 5)  # the program's pool's blocks
-        self.assertEqual(run.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 3)
+        # The static runtime's cudaDeviceSetMemPool reaches the driver's
+        # cuDeviceSetMemPool; CUDA 13's cudaMemSetMemPool its cuMemSetMemPool.
+        for how in ([], ["by-location"]):
+            with self.subTest(how=how):
+                self.remove_reports()
+                run = self.run_program(["test-static-runtime", "own-pool"] + how, env=self.ON)
+                self.assertSucceeded(run)
+                self.assertGreaterEqual(run.output_json()["own_pool_used"], 16 << 20)
+                self.assertEqual(run.counters()["malloc_async_calls"], 5)  # the program's pool's blocks
+                self.assertEqual(run.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 3)
+
+    def test_its_default_pool_opened_to_another_device_opens_gpupools_memory(self):
+        # The static runtime's cudaMemPoolSetAccess reaches the driver's
+        # cuMemPoolSetAccess: expandable pages open, those of the block made
+        # before it too; with fixed segments the block after it is the runtime's.
+        for expandable, before, to_runtime in (("1", 1, 0), ("0", 0, 1)):
+            with self.subTest(expandable_segments=expandable):
+                self.remove_reports()
+                env = {**self.ON, "SIMCUDA_DEVICES": "2", "GPUPOOL_EXPANDABLE_SEGMENTS": expandable}
+                run = self.run_program(["test-static-runtime", "pool-access"], env=env)
+                self.assertSucceeded(run)
+                self.assertEqual(run.output_json(), {"hidden_before": 1, "before": before, "after": 1})
+                self.assertEqual(run.counters()["malloc_async_calls"], to_runtime)
 
     def test_stream_ordered_and_per_thread_stream_calls_are_pooled(self):
         run = self.run_program(["test-static-runtime", "async", "20"], env=self.ON)
@@ -1359,14 +1409,16 @@ class OwnMemoryPool(ShimTest):
     # again, and one after another pool was made current and destroyed.
     def test_its_blocks_come_from_its_pool_and_the_default_pools_from_gpupool(self):
         # Through the legacy entry points, and the per-thread default stream's
-        # (cudaMallocAsync_ptsz, cudaMallocFromPoolAsync_ptsz, ...).
-        for program in ("test-meminfo", "test-meminfo-ptds"):
-            with self.subTest(program=program):
+        # (cudaMallocAsync_ptsz, cudaMallocFromPoolAsync_ptsz, ...); each pool
+        # made current with cudaDeviceSetMemPool, or with CUDA 13's
+        # cudaMemSetMemPool naming the device's pinned memory.
+        for program, how in itertools.product(("test-meminfo", "test-meminfo-ptds"), ([], ["by-location"])):
+            with self.subTest(program=program, how=how):
                 self.remove_reports()
-                alone = self.run_program([program, "own-pool"], preload=False)
+                alone = self.run_program([program, "own-pool"] + how, preload=False)
                 self.assertSucceeded(alone)
                 self.assertEqual(alone.counters()["malloc_async_calls"], 8)
-                run = self.run_program([program, "own-pool"])
+                run = self.run_program([program, "own-pool"] + how)
                 self.assertSucceeded(run)
                 self.assertEqual(run.counters()["malloc_async_calls"], 5)
                 self.assertEqual(run.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 3)

@@ -625,13 +625,19 @@ int reset() {
   return 0;
 }
 
-int peer() {
+// Whether `device` may use p, as the simulated driver says (its own check:
+// exits where the driver cannot say).
+bool reachable(CUdeviceptr p, int device) {
   using Accessible = int (*)(const void*, int);
-  auto accessible = reinterpret_cast<Accessible>(dlsym(driver_library, "simcuda_accessible"));
-  if (accessible == nullptr) return 1;  // the simulated driver's own check
-  auto reachable = [&](CUdeviceptr p, int device) {
-    return accessible(reinterpret_cast<void*>(static_cast<uintptr_t>(p)), device) != 0;
-  };
+  const auto accessible = reinterpret_cast<Accessible>(dlsym(driver_library, "simcuda_accessible"));
+  if (accessible == nullptr) {
+    std::fprintf(stderr, "static_runtime: this driver cannot say which device may use memory\n");
+    std::exit(1);
+  }
+  return accessible(reinterpret_cast<void*>(static_cast<uintptr_t>(p)), device) != 0;
+}
+
+int peer() {
   constexpr size_t kBytes = 4 << 20;
   const CUcontext one = use_device(1);
   CUdeviceptr before = 0;
@@ -652,12 +658,6 @@ int peer() {
 }
 
 int pool_access() {
-  using Accessible = int (*)(const void*, int);
-  auto accessible = reinterpret_cast<Accessible>(dlsym(driver_library, "simcuda_accessible"));
-  if (accessible == nullptr) return 1;  // the simulated driver's own check
-  auto reachable = [&](CUdeviceptr p, int device) {
-    return accessible(reinterpret_cast<void*>(static_cast<uintptr_t>(p)), device) != 0;
-  };
   constexpr size_t kBytes = 4 << 20;
   use_device(0);
   CUstream s = new_stream(CU_STREAM_NON_BLOCKING);
