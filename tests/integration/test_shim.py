@@ -927,14 +927,15 @@ class StaticRuntime(ShimTest):
         for env in (self.ON, {}):
             alone = self.run_program(args, env=env)
             self.assertSucceeded(alone)
-            self.assertEqual(alone.counters()["malloc_async_calls"], 43)
+            self.assertEqual(alone.counters()["malloc_async_calls"], 44)
             self.assertEqual(alone.stderr.count(advice), 1, alone.stderr)  # the library named at exit
         run = self.run_program(args, env={**self.ON, "GPUPOOL_STATIC_RUNTIME_LIBRARIES": "libtest-driver-lookup.so"})
         self.assertSucceeded(run)
         counters = run.counters()
-        # Only the block of the library's own pool is the runtime's.
-        self.assertEqual(counters["malloc_calls"], 1)
-        self.assertEqual(counters["malloc_async_calls"], 1)
+        # Only the blocks of the library's own pools are the runtime's (one made
+        # current with cuDeviceSetMemPool, one with cuMemSetMemPool).
+        self.assertEqual(counters["malloc_calls"], 2)
+        self.assertEqual(counters["malloc_async_calls"], 2)
         device = run.report()["devices"]["0"]
         self.assertEqual(device["stats"]["allocation.all.allocated"], 82)
         # The library's stream, made with cuStreamCreate, is one the pool orders on.
@@ -961,6 +962,23 @@ class StaticRuntime(ShimTest):
         self.assertSucceeded(named)
         self.assertEqual(named.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 23)
         self.assertNotIn(advice, named.stderr)
+
+    def test_a_default_pool_opened_by_a_library_fetching_by_name_opens_gpupools_memory(self):
+        # As XLA's async allocator opens each device's default pool to its
+        # peers: cuMemPoolSetAccess fetched with dlsym, between two blocks
+        # from the pool named. Expandable pages open, the earlier block's
+        # too; with fixed segments the later block is the runtime's.
+        module = os.path.join(BUILD, "tests", "libtest-driver-lookup.so")
+        for expandable, before, to_runtime in (("1", 1, 0), ("0", 0, 1)):
+            with self.subTest(expandable_segments=expandable):
+                self.remove_reports()
+                env = {**self.ON, "GPUPOOL_STATIC_RUNTIME_LIBRARIES": "libtest-driver-lookup.so",
+                       "SIMCUDA_DEVICES": "2", "GPUPOOL_EXPANDABLE_SEGMENTS": expandable}
+                run = self.run_program(["test-static-runtime", "library-pool-access", module], env=env)
+                self.assertSucceeded(run)
+                self.assertEqual(run.output_json(), {"before": before, "after": 1})
+                self.assertEqual(run.counters()["malloc_async_calls"], to_runtime)
+                self.assertEqual(run.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 2 - to_runtime)
 
     def test_a_reset_fetched_by_name_leaves_nothing_from_before_it(self):
         # Both versions of cuDevicePrimaryCtxReset: a block cached before the

@@ -68,8 +68,10 @@ static int use_primary_context(void* driver) {
 /* n pairs of each: cuMemAlloc/cuMemFree, stream-ordered on a stream of its
    own, stream-ordered on the per-thread default stream, and pitched rows,
    and one block from the default memory pool named; one from a pool of its
-   own made current, one after that pool is destroyed, and a reset of the
-   default pool's high watermark with nothing held;
+   own made current, one after that pool is destroyed, one from another pool
+   made current with CUDA 13's cuMemSetMemPool (set back before it is
+   destroyed; skipped by a driver older than 13.0), and a reset of the default pool's high watermark with nothing
+   held;
    every function fetched with dlsym under the name the driver exports it by
    (cuMemAlloc_v2, ...), each block written and read back; the default memory
    pool's figure of bytes in use read while the first stream-ordered block is
@@ -98,6 +100,7 @@ int library_by_name(int n) {
   CUresult (*mem_pool_create)(CUmemoryPool*, const CUmemPoolProps*);
   CUresult (*mem_pool_destroy)(CUmemoryPool);
   CUresult (*device_set_mem_pool)(CUdevice, CUmemoryPool);
+  CUresult (*mem_set_mem_pool)(CUmemLocation*, CUmemAllocationType, CUmemoryPool) = NULL;
   FETCH(mem_alloc, "cuMemAlloc_v2");
   FETCH(mem_free, "cuMemFree_v2");
   FETCH(mem_alloc_async, "cuMemAllocAsync");
@@ -118,6 +121,8 @@ int library_by_name(int n) {
   FETCH(mem_pool_create, "cuMemPoolCreate");
   FETCH(mem_pool_destroy, "cuMemPoolDestroy");
   FETCH(device_set_mem_pool, "cuDeviceSetMemPool");
+  void* set_by_location = dlsym(driver, "cuMemSetMemPool");
+  if (set_by_location != NULL) memcpy(&mem_set_mem_pool, &set_by_location, sizeof set_by_location);
   if (use_primary_context(driver) != 0) return 1;
   CUstream s = NULL;
   if (stream_create(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 1;
@@ -170,6 +175,23 @@ int library_by_name(int n) {
     if (mem_free_async(p, s) != CUDA_SUCCESS || stream_synchronize(s) != CUDA_SUCCESS) return 1;
     if (i == 0 && mem_pool_destroy(own) != CUDA_SUCCESS) return 1;
   }
+  /* The same made current by location: that block is the pool's too. */
+  if (mem_set_mem_pool != NULL) {
+    CUmemLocation zero_location;
+    memset(&zero_location, 0, sizeof zero_location);
+    zero_location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    zero_location.id = 0;
+    CUdeviceptr p = 0;
+    if (mem_pool_create(&own, &props) != CUDA_SUCCESS ||
+        mem_set_mem_pool(&zero_location, CU_MEM_ALLOCATION_TYPE_PINNED, own) != CUDA_SUCCESS ||
+        mem_alloc_async(&p, 1 << 19, s) != CUDA_SUCCESS || stream_synchronize(s) != CUDA_SUCCESS ||
+        mem_pool_get_attribute(own, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &own_used) != CUDA_SUCCESS ||
+        own_used < (1 << 19) || mem_free_async(p, s) != CUDA_SUCCESS || stream_synchronize(s) != CUDA_SUCCESS ||
+        mem_set_mem_pool(&zero_location, CU_MEM_ALLOCATION_TYPE_PINNED, pool) != CUDA_SUCCESS ||
+        mem_pool_destroy(own) != CUDA_SUCCESS) {
+      return 1;
+    }
+  }
   /* With nothing held, a reset high watermark reads 0. */
   cuuint64_t zero = 0, high = 1;
   if (mem_pool_set_attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero) != CUDA_SUCCESS ||
@@ -206,6 +228,57 @@ int library_reset_by_name(const char* reset_name) {
   if (reset(0) != CUDA_SUCCESS || use_primary_context(driver) != 0) return 1;
   if (mem_alloc(&p, size) != CUDA_SUCCESS || write_and_check(htod, dtoh, p, size, 2) != 0) return 1;
   return mem_free(p) != CUDA_SUCCESS;
+}
+
+/* As XLA's async allocator on two devices: a block from device 0's default
+   memory pool named, then the pool opened to device 1 (cuMemPoolSetAccess),
+   then a larger block from it, every function fetched by name. Which blocks
+   device 1 may use, as the simulated driver says: bit 0 the first, bit 1 the
+   second; -1 where a call failed or the driver cannot say. */
+int library_pool_access_by_name(void) {
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW);
+  if (driver == NULL) return -1;
+  int (*accessible)(const void*, int) = NULL;
+  void* query = dlsym(driver, "simcuda_accessible");
+  if (query == NULL) return -1;
+  memcpy(&accessible, &query, sizeof query);
+  CUresult (*stream_create)(CUstream*, unsigned int);
+  CUresult (*stream_destroy)(CUstream);
+  CUresult (*stream_synchronize)(CUstream);
+  CUresult (*device_get_default_mem_pool)(CUmemoryPool*, CUdevice);
+  CUresult (*mem_alloc_from_pool_async)(CUdeviceptr*, size_t, CUmemoryPool, CUstream);
+  CUresult (*mem_free_async)(CUdeviceptr, CUstream);
+  CUresult (*mem_pool_set_access)(CUmemoryPool, const CUmemAccessDesc*, size_t);
+  FETCH(stream_create, "cuStreamCreate");
+  FETCH(stream_destroy, "cuStreamDestroy_v2");
+  FETCH(stream_synchronize, "cuStreamSynchronize");
+  FETCH(device_get_default_mem_pool, "cuDeviceGetDefaultMemPool");
+  FETCH(mem_alloc_from_pool_async, "cuMemAllocFromPoolAsync");
+  FETCH(mem_free_async, "cuMemFreeAsync");
+  FETCH(mem_pool_set_access, "cuMemPoolSetAccess");
+  if (use_primary_context(driver) != 0) return -1;
+  CUstream s = NULL;
+  CUmemoryPool pool = NULL;
+  if (stream_create(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
+      device_get_default_mem_pool(&pool, 0) != CUDA_SUCCESS) {
+    return -1;
+  }
+  CUdeviceptr blocks[2] = {0, 0};
+  if (mem_alloc_from_pool_async(&blocks[0], (size_t)1 << 20, pool, s) != CUDA_SUCCESS) return -1;
+  CUmemAccessDesc desc;
+  memset(&desc, 0, sizeof desc);
+  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  desc.location.id = 1;
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (mem_pool_set_access(pool, &desc, 1) != CUDA_SUCCESS) return -1;
+  if (mem_alloc_from_pool_async(&blocks[1], (size_t)8 << 20, pool, s) != CUDA_SUCCESS) return -1;
+  int open = 0;
+  for (int i = 0; i < 2; ++i) {
+    if (accessible((const void*)(uintptr_t)blocks[i], 1)) open |= 1 << i;
+    if (mem_free_async(blocks[i], s) != CUDA_SUCCESS) return -1;
+  }
+  if (stream_synchronize(s) != CUDA_SUCCESS || stream_destroy(s) != CUDA_SUCCESS) return -1;
+  return open;
 }
 
 /* Destroys `stream` through cuStreamDestroy_v2 fetched by name, as a library

@@ -56,6 +56,11 @@
 //   static_runtime library-by-name LIB N
 //                                 LIB fetches each driver function with dlsym by its exported name and
 //                                 makes N plain, 2N stream-ordered and N pitched pairs
+//   static_runtime library-pool-access LIB
+//                                 LIB, on two devices, takes a block from device 0's default pool named,
+//                                 opens that pool to device 1, takes another; prints whether device 1
+//                                 may use each (every driver function fetched by name, as XLA's async
+//                                 allocator does)
 //   static_runtime library-reset LIB NAME
 //                                 LIB resets the device through NAME fetched by name between two
 //                                 allocations; the second must be usable
@@ -743,6 +748,15 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "lookups" && argc > 2) return lookups(argv[2]);
   if (mode == "threads" && argc > 3) return threads(std::atoi(argv[2]), std::atoi(argv[3]));
+  if (mode == "library-pool-access" && argc > 2) {
+    void* module = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
+    auto open_in = module != nullptr ? reinterpret_cast<int (*)()>(dlsym(module, "library_pool_access_by_name"))
+                                     : nullptr;
+    const int open = open_in != nullptr ? open_in() : -1;
+    if (open < 0) return 1;
+    std::printf("{\"before\": %d, \"after\": %d}\n", open & 1, open >> 1 & 1);
+    return 0;
+  }
   if (mode == "library-reset" && argc > 3) {
     void* module = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
     auto reset_in =
@@ -790,6 +804,6 @@ int main(int argc, char** argv) {
                "foreign-capture-reset [N] | "
                "lookups LIBRARY | "
                "threads T N | "
-               "library|library-by-name LIBRARY N | library-reset LIBRARY NAME\n");
+               "library|library-by-name LIBRARY N | library-pool-access LIBRARY | library-reset LIBRARY NAME\n");
   return 2;
 }
