@@ -550,6 +550,22 @@ class Devices(ShimTest):
         self.assertSucceeded(alone)
         self.assertTrue(json.loads(alone.stdout)["lent_before_open"])
 
+    def test_a_device_reset_closes_its_default_pool_again(self):
+        # With fixed segments only the block made while device 0's default
+        # pool was open is the runtime's: not the one after a pool of the
+        # program's own was opened, nor those after each device's reset
+        # (device 1's pool opened before device 1 had a pool of gpupool's).
+        for expandable, to_runtime in (("1", 0), ("0", 1)):
+            with self.subTest(expandable_segments=expandable):
+                run = self.run_program(["test-devices", "pool-access-reset"],
+                                       env={"SIMCUDA_DEVICES": "2", "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                self.assertSucceeded(run)
+                self.assertEqual(run.counters()["malloc_async_calls"], to_runtime)
+                self.assertEqual(run.stderr.count("drew from default memory pools this program opened"), to_runtime,
+                                 run.stderr)
+                for path in run.reports():
+                    os.remove(path)
+
     def test_a_handle_given_again_to_another_devices_stream_serves_that_device(self):
         # A thread's last stream is remembered with its device; the stream
         # destroyed and its handle given to a stream of device 1, the memory
@@ -558,7 +574,7 @@ class Devices(ShimTest):
 
     def test_the_devices_program_passes_without_gpupool_too(self):
         for mode in ("cross", "peer", "foreign", "foreign-capture", "foreign-capture-reset", "foreign-reset",
-                     "owner-reset", "handle-again", "pool-access"):
+                     "owner-reset", "handle-again", "pool-access", "pool-access-reset"):
             env = dict(self.HANDLES_AGAIN if mode == "handle-again" else {},
                        SIMCUDA_DEVICES="3" if mode == "pool-access" else "2")
             run = self.run_program(["test-devices", mode, "5"], env=env, preload=False)

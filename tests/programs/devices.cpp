@@ -63,6 +63,15 @@
 //                              is checked on the simulated runtime); prints
 //                              whether a block made before the grant opened
 //                              too: {"lent_before_open": true|false}
+//   devices pool-access-reset  a pool of the program's own of device 0 opened to
+//                              device 1, then a stream-ordered block of device
+//                              0; device 0's default pool opened to device 1,
+//                              a block; device 0 reset, a block; device 1's
+//                              default pool opened to device 0 before device 1
+//                              was used, device 1 reset, a block of device 1
+//                              (under gpupool with fixed segments, only the
+//                              second block is the runtime's: a reset starts
+//                              the default pool closed again)
 #include <thread>
 
 #include "common.hpp"
@@ -247,6 +256,51 @@ int pool_access() {
     CHECK_CUDA(cudaStreamDestroy(streams[d]));
   }
   std::printf("{\"lent_before_open\": %s}\n", lent_before_open ? "true" : "false");
+  return 0;
+}
+
+// A stream-ordered block of `device`'s on a new stream, written and freed.
+void stream_ordered_block(int device) {
+  CHECK_CUDA(cudaSetDevice(device));
+  cudaStream_t s = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  void* p = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&p, kBytes, s));
+  expect_on(p, device);
+  fill(p, 7, s);
+  CHECK_CUDA(cudaFreeAsync(p, s));
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  CHECK_CUDA(cudaStreamDestroy(s));
+}
+
+int pool_access_reset() {
+  int can = 0;
+  CHECK_CUDA(cudaDeviceCanAccessPeer(&can, 1, 0));
+  if (can == 0) {
+    std::printf("devices: device 1 cannot access device 0 here; nothing checked\n");
+    return 0;
+  }
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = 0;
+  cudaMemPool_t own = nullptr;
+  CHECK_CUDA(cudaMemPoolCreate(&own, &props));
+  cudaMemAccessDesc desc{};
+  desc.location.type = cudaMemLocationTypeDevice;
+  desc.location.id = 1;
+  desc.flags = cudaMemAccessFlagsProtReadWrite;
+  CHECK_CUDA(cudaMemPoolSetAccess(own, &desc, 1));  // not the default pool: nothing of gpupool's
+  stream_ordered_block(0);
+  open_default_pool(0, 1);
+  stream_ordered_block(0);
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaDeviceReset());  // destroys `own` too
+  stream_ordered_block(0);
+  open_default_pool(1, 0);
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaDeviceReset());
+  stream_ordered_block(1);
   return 0;
 }
 
@@ -468,6 +522,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "unseen-stream") == 0) return unseen_stream(argc > 2 ? std::atoi(argv[2]) : 5);
   if (argc > 1 && std::strcmp(argv[1], "peer") == 0) return peer();
   if (argc > 1 && std::strcmp(argv[1], "pool-access") == 0) return pool_access();
+  if (argc > 1 && std::strcmp(argv[1], "pool-access-reset") == 0) return pool_access_reset();
   if (argc > 1 && std::strcmp(argv[1], "foreign-capture") == 0) return foreign_capture();
   if (argc > 1 && std::strcmp(argv[1], "foreign-reset") == 0) return foreign_reset();
   if (argc > 1 && std::strcmp(argv[1], "foreign-capture-reset") == 0) return foreign_capture_reset();
