@@ -61,6 +61,18 @@ inline void turn_thread_caches_on() {
   }).join();
 }
 
+// A memory pool of the program's own on `device` (its pinned memory): one
+// gpupool leaves to the runtime.
+inline cudaMemPool_t new_device_pool(int device) {
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
+  cudaMemPool_t pool = nullptr;
+  CHECK_CUDA(cudaMemPoolCreate(&pool, &props));
+  return pool;
+}
+
 // Raises SIGUSR1, makes an intercepted call (under gpupool, the report it
 // asks for is written then, to `report`) and prints that report; 1 when
 // there is none.

@@ -280,12 +280,7 @@ int pool_access_reset() {
     std::printf("devices: device 1 cannot access device 0 here; nothing checked\n");
     return 0;
   }
-  cudaMemPoolProps props{};
-  props.allocType = cudaMemAllocationTypePinned;
-  props.location.type = cudaMemLocationTypeDevice;
-  props.location.id = 0;
-  cudaMemPool_t own = nullptr;
-  CHECK_CUDA(cudaMemPoolCreate(&own, &props));
+  cudaMemPool_t own = testprog::new_device_pool(0);
   cudaMemAccessDesc desc{};
   desc.location.type = cudaMemLocationTypeDevice;
   desc.location.id = 1;

@@ -38,11 +38,7 @@ int main() {
   // A pointer the pool never handed out goes to the runtime untouched: here one
   // from a memory pool the program made, which gpupool leaves to the runtime.
   void* foreign = nullptr;
-  cudaMemPoolProps props{};
-  props.allocType = cudaMemAllocationTypePinned;
-  props.location = {cudaMemLocationTypeDevice, 0};
-  cudaMemPool_t own_pool;
-  CHECK_CUDA(cudaMemPoolCreate(&own_pool, &props));
+  cudaMemPool_t own_pool = testprog::new_device_pool(0);
   CHECK_CUDA(cudaMallocFromPoolAsync(&foreign, 1 << 20, own_pool, nullptr));
   CHECK_CUDA(cudaStreamSynchronize(nullptr));
   EXPECT(cudaFree(foreign) == cudaSuccess);

@@ -441,11 +441,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "ipc-foreign") {
-    cudaMemPoolProps props{};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.location = {cudaMemLocationTypeDevice, 0};
-    cudaMemPool_t own_pool;
-    CHECK_CUDA(cudaMemPoolCreate(&own_pool, &props));
+    cudaMemPool_t own_pool = testprog::new_device_pool(0);
     void* foreign = nullptr;
     CHECK_CUDA(cudaMallocFromPoolAsync(&foreign, 1 << 20, own_pool, nullptr));
     CHECK_CUDA(cudaStreamSynchronize(nullptr));
@@ -460,12 +456,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "remap") {
-    cudaMemPoolProps props{};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = 0;
-    cudaMemPool_t own = nullptr;
-    CHECK_CUDA(cudaMemPoolCreate(&own, &props));
+    cudaMemPool_t own = testprog::new_device_pool(0);
     void* held = nullptr;
     CHECK_CUDA(cudaMallocFromPoolAsync(&held, 4 << 20, own, nullptr));
     CHECK_CUDA(cudaStreamSynchronize(nullptr));

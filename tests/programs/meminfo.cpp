@@ -174,13 +174,8 @@ void make_current(cudaMemPool_t pool, bool by_location) {
 
 int own_pool(bool by_location) {
   constexpr size_t kBlock = size_t{4} << 20;
-  cudaMemPoolProps props{};
-  props.allocType = cudaMemAllocationTypePinned;
-  props.location.type = cudaMemLocationTypeDevice;
-  props.location.id = 0;
-  cudaMemPool_t own = nullptr;
+  cudaMemPool_t own = testprog::new_device_pool(0);
   cudaMemPool_t default_pool = nullptr;
-  CHECK_CUDA(cudaMemPoolCreate(&own, &props));
   CHECK_CUDA(cudaDeviceGetDefaultMemPool(&default_pool, 0));
   make_current(own, by_location);
   cudaStream_t stream = nullptr;
@@ -231,7 +226,7 @@ int own_pool(bool by_location) {
   CHECK_CUDA(cudaMemPoolDestroy(own));
 
   // Destroying a device's current pool makes its default pool current.
-  CHECK_CUDA(cudaMemPoolCreate(&own, &props));
+  own = testprog::new_device_pool(0);
   make_current(own, by_location);
   CHECK_CUDA(cudaMemPoolDestroy(own));
   cudaMemPool_t current = nullptr;
