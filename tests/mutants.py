@@ -5,10 +5,12 @@
 # scripts/mutants. Each entry breaks one rule in a copy of the source: its
 # suite must then fail. A rule whose mutation no test notices has no test.
 #   (rule, file, text, replaced by, suite)
-# Suites: "unit" (the unit tests and the saved fuzz inputs), "shim" and
-# "streams" (those integration tests), "tools" (the trace and replay tests
-# with the saved trace inputs), "report" (the unit tests and the report's
-# integration tests), "host_oom" (gpupool's own host allocations failing).
+# Suites: "unit" (the unit tests and the saved fuzz inputs), "shim" (the
+# shim's integration tests: shim, devices, memory_pools, runtimes and
+# lifecycle), "streams" (that integration test), "tools" (the trace and
+# replay tests with the saved trace inputs), "report" (the unit tests and the
+# report's integration tests), "host_oom" (gpupool's own host allocations
+# failing).
 # Mutations that change nothing a program could see are left out (for
 # instance a barrier check made twice).
 
