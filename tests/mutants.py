@@ -7,10 +7,11 @@
 #   (rule, file, text, replaced by, suite)
 # Suites: "unit" (the unit tests and the saved fuzz inputs), "shim" (the
 # shim's integration tests: shim, devices, memory_pools, runtimes and
-# lifecycle), "streams" (that integration test), "tools" (the trace and
-# replay tests with the saved trace inputs), "report" (the unit tests and the
-# report's integration tests), "host_oom" (gpupool's own host allocations
-# failing).
+# lifecycle), "streams" (the streams and capture integration tests),
+# "tools" (the trace, replay and project_scripts integration tests, with the
+# saved trace inputs), "report" (the unit tests and the report, report_paths
+# and command integration tests), "host_oom" (gpupool's own host
+# allocations failing).
 # Mutations that change nothing a program could see are left out (for
 # instance a barrier check made twice).
 

@@ -14,6 +14,9 @@ SOURCE = os.environ.get("POOLTEST_SOURCE_DIR", os.path.join(os.path.dirname(__fi
 LIBRARY = os.path.join(BUILD, "lib", "libgpupool.so")
 CORE = os.path.join(BUILD, "lib", "libgpupool-core.so")
 SIM = os.path.join(BUILD, "sim")
+GPUPOOL = os.path.join(SOURCE, "scripts", "gpupool")  # the user's command
+REPLAY = os.path.join(BUILD, "bin", "gpupool-replay")
+SMALL_DEVICE = {"SIMCUDA_MEMORY": "64M"}  # a simulated device the tests fill
 
 
 def program(name):
@@ -72,6 +75,17 @@ class Run:
 
     def output_json(self):
         return json.loads(self.stdout.strip().splitlines()[-1])
+
+
+def human_bytes(b):
+    """The report's byte figures, as report/diagnosis.cpp writes them."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+    unit, value = 0, abs(float(b))
+    while value >= 1024.0 and unit < 5:
+        value /= 1024.0
+        unit += 1
+    sign = "-" if b < 0 else ""
+    return f"{sign}{value:.0f} B" if unit == 0 else f"{sign}{value:.2f} {units[unit]}"
 
 
 def check_books(report):
