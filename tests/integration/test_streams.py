@@ -105,24 +105,23 @@ class Hazards(ShimTest):
         # is served (exit 0, or 2 when it got memory given back and mapped
         # again elsewhere), never early (1) and never refused for want of
         # memory (3).
+        cases = [(rate, seed, case, expandable)
+                 for rate, seeds in (("1", ["1"]), ("0.5", ["1", "2", "3", "4", "5"]))
+                 for expandable in ("1", "0")
+                 for case, has_step in CASES.items() if has_step
+                 for seed in seeds]
+        runs = self.run_programs([(["test-hazards", case],
+                                   dict(PRESSURE, GPUPOOL_EXPANDABLE_SEGMENTS=expandable,
+                                        SIMCUDA_EVENT_FAIL_RATE=rate, SIMCUDA_FAIL_SEED=seed))
+                                  for rate, seed, case, expandable in cases])
         failed = {}
-        for rate, seeds in (("1", ["1"]), ("0.5", ["1", "2", "3", "4", "5"])):
-            for expandable in ("1", "0"):
-                for case, has_step in CASES.items():
-                    if not has_step:
-                        continue
-                    for seed in seeds:
-                        with self.subTest(rate=rate, seed=seed, case=case, expandable_segments=expandable):
-                            run = self.run_program(["test-hazards", case],
-                                                   env=dict(PRESSURE, GPUPOOL_EXPANDABLE_SEGMENTS=expandable,
-                                                            SIMCUDA_EVENT_FAIL_RATE=rate, SIMCUDA_FAIL_SEED=seed))
-                            self.assertIn(run.code, (0, 2), run.stdout + run.stderr)
-                            failures = run.counters()["event_failures"]
-                            if rate == "1":
-                                self.assertGreater(failures, 0)
-                            failed[rate] = failed.get(rate, 0) + failures
-                            for path in run.reports():
-                                os.remove(path)
+        for (rate, seed, case, expandable), run in zip(cases, runs):
+            with self.subTest(rate=rate, seed=seed, case=case, expandable_segments=expandable):
+                self.assertIn(run.code, (0, 2), run.stdout + run.stderr)
+                failures = run.counters()["event_failures"]
+                if rate == "1":
+                    self.assertGreater(failures, 0)
+                failed[rate] = failed.get(rate, 0) + failures
         self.assertGreater(failed["0.5"], 0)
 
     def test_a_new_stream_whose_wait_is_refused_is_ordered_by_a_host_wait(self):
@@ -157,26 +156,26 @@ class Hazards(ShimTest):
         # failed was covered by no barrier, and a block freed on another
         # device's stream went to the pool when its host wait failed.
         cases = [case for case, has_step in CASES.items() if has_step] + ["cross-device-free"]
+        runs_made = [(rate, seed, case, expandable)
+                     for rate, seeds in (("0.3", ["3", "12"]), ("0.05", ["5"]))
+                     for expandable in ("1", "0")
+                     for case in cases
+                     for seed in seeds]
+        runs = self.run_programs([(["test-hazards", case], dict(
+                                      PRESSURE, GPUPOOL_EXPANDABLE_SEGMENTS=expandable, SIMCUDA_DEVICES="2",
+                                      SIMCUDA_EVENT_FAIL_RATE=rate, SIMCUDA_HOST_WAIT_FAIL_RATE="1",
+                                      SIMCUDA_FAIL_SEED=seed))
+                                  for rate, seed, case, expandable in runs_made])
         host_wait_failures = 0
-        for rate, seeds in (("0.3", ["3", "12"]), ("0.05", ["5"])):
-            for expandable in ("1", "0"):
-                for case in cases:
-                    for seed in seeds:
-                        with self.subTest(rate=rate, seed=seed, case=case, expandable_segments=expandable):
-                            run = self.run_program(["test-hazards", case], env=dict(
-                                PRESSURE, GPUPOOL_EXPANDABLE_SEGMENTS=expandable, SIMCUDA_DEVICES="2",
-                                SIMCUDA_EVENT_FAIL_RATE=rate, SIMCUDA_HOST_WAIT_FAIL_RATE="1",
-                                SIMCUDA_FAIL_SEED=seed))
-                            # Early only where the new stream could be ordered neither way,
-                            # which gpupool says.
-                            if run.code == 1 and case == "new-stream-after-barrier":
-                                self.assertIn("refused both cudaStreamWaitEvent and cudaEventSynchronize",
-                                              run.stderr)
-                            else:
-                                self.assertIn(run.code, (0, 2, 3), run.stdout + run.stderr)
-                            host_wait_failures += run.counters()["host_wait_failures"]
-                            for path in run.reports():
-                                os.remove(path)
+        for (rate, seed, case, expandable), run in zip(runs_made, runs):
+            with self.subTest(rate=rate, seed=seed, case=case, expandable_segments=expandable):
+                # Early only where the new stream could be ordered neither way,
+                # which gpupool says.
+                if run.code == 1 and case == "new-stream-after-barrier":
+                    self.assertIn("refused both cudaStreamWaitEvent and cudaEventSynchronize", run.stderr)
+                else:
+                    self.assertIn(run.code, (0, 2, 3), run.stdout + run.stderr)
+                host_wait_failures += run.counters()["host_wait_failures"]
         self.assertGreater(host_wait_failures, 0)
 
     def test_a_block_freed_on_another_devices_stream_is_reused_after_that_work(self):
@@ -365,19 +364,19 @@ class Hazards(ShimTest):
         # took memory, exit 0 either way) leave a fence pending on the stream
         # at its destroy: waiting for it made completion fences barriers too,
         # under completed.
-        for case, per_policy in (("stream-per-task-beside-busy",
-                                  (("auto", (0,)), ("completed", (0, 2)), ("never", (2,)))),
-                                 ("overlapping-tasks-beside-busy",
-                                  (("auto", (0,)), ("completed", (0,)), ("never", (0,))))):
-            for policy, codes in per_policy:
-                for expandable in ("1", "0"):
-                    with self.subTest(case=case, policy=policy, expandable_segments=expandable):
-                        run = self.run_program(["test-hazards", case],
-                                               env={"GPUPOOL_CROSS_STREAM_REUSE": policy,
-                                                    "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
-                        self.assertIn(run.code, codes, run.stdout + run.stderr)
-                        for path in run.reports():
-                            os.remove(path)
+        cases = [(case, policy, codes, expandable)
+                 for case, per_policy in (("stream-per-task-beside-busy",
+                                           (("auto", (0,)), ("completed", (0, 2)), ("never", (2,)))),
+                                          ("overlapping-tasks-beside-busy",
+                                           (("auto", (0,)), ("completed", (0,)), ("never", (0,)))))
+                 for policy, codes in per_policy
+                 for expandable in ("1", "0")]
+        runs = self.run_programs([(["test-hazards", case], {"GPUPOOL_CROSS_STREAM_REUSE": policy,
+                                                             "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                                  for case, policy, _, expandable in cases])
+        for (case, policy, codes, expandable), run in zip(cases, runs):
+            with self.subTest(case=case, policy=policy, expandable_segments=expandable):
+                self.assertIn(run.code, codes, run.stdout + run.stderr)
 
     def test_completed_work_is_reused_without_a_device_wait(self):
         run = self.check("test-hazards", "cross-stream-completed", False)
