@@ -10,11 +10,11 @@ void* driver_entry_point(const char* symbol);
 
 // The sticky fault of the calling thread's current device (simcuda_fault_stream),
 // or cudaSuccess: the driver's calls of a faulted context fail with it too.
-// In runtime_api.cpp.
+// In runtime_state.cpp.
 cudaError_t current_device_fault();
 
 // Whether to refuse this cuMemUnmap of gpupool's core (SIMCUDA_UNMAP_FAIL_RATE),
-// counting it. In runtime_api.cpp.
+// counting it. In runtime_state.cpp.
 bool injected_unmap_failure(const void* caller);
 
 }  // namespace simcuda
