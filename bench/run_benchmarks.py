@@ -127,8 +127,8 @@ INSTRUCTION_PAIRS = (("plain", {}, "plain pair"), ("async", {}, "stream-ordered 
 
 def own_instructions_per_pair(mode, extra_env=None):
     """gpupool's own instructions per API pair, counted by callgrind: those of
-    its two libraries (the simulated runtime, libc and the benchmark not
-    counted), per pair made, from the difference of two runs, so that
+    its two libraries (the simulated runtime, libc, libstdc++ and the
+    benchmark not counted), per pair made, from the difference of two runs, so that
     start-up and warm-up cancel; the median of three such differences (how
     often a plain pair records a barrier moves a little with the simulated
     device's timing). Unlike a time, the same for a build on any machine, and
@@ -143,13 +143,40 @@ def own_instructions_difference(mode, extra_env):
             out = os.path.join(tmp, "callgrind.out")
             result = bench_api(mode, 1, pairs, True, extra_env=extra_env,
                                runner=("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"))
-            # One line per function, its own instructions first, its object last.
-            own = sum(int(line.split()[0].replace(",", ""))
-                      for line in sh(["callgrind_annotate", "--inclusive=no", "--threshold=100", out]).splitlines()
-                      if line.rstrip().endswith(("/libgpupool.so]", "/libgpupool-core.so]")))
+            own = instructions_of_objects(out, ("/libgpupool.so", "/libgpupool-core.so"))
         runs.append((result["pairs_made"], own))
     (pairs_a, own_a), (pairs_b, own_b) = runs
     return (own_b - own_a) / (pairs_b - pairs_a)
+
+
+def instructions_of_objects(path, suffixes):
+    """The instructions callgrind counted in the objects whose paths end with
+    `suffixes`, read from its own file. (callgrind_annotate adds up functions
+    of one name across objects and names one of them: the benchmark's clock
+    reads, libstdc++'s steady_clock::now, came out as the core's, which
+    carries a copy of that function of its own.) Each cost line belongs to
+    the last object an `ob=` named; the line after a `calls=` is the call's
+    inclusive cost, counted where the callee is."""
+    names, current, total, after_call = {}, None, 0, False
+    with open(path) as f:
+        for line in f:
+            if after_call:
+                after_call = False
+            elif line.startswith(("ob=", "cob=")):
+                key, _, spec = line.rstrip("\n").partition("=")
+                # Compressed: "(id) name" the first time, "(id)" after.
+                number, _, name = spec.partition(" ") if spec.startswith("(") else ("", "", spec)
+                if number and name:
+                    names[number] = name
+                if key == "ob":
+                    current = names.get(number, name)
+            elif line.startswith("calls="):
+                after_call = True
+            elif line[:1].isdigit() or line[:1] in "+-*":
+                fields = line.split()
+                if len(fields) > 1 and current is not None and current.endswith(suffixes):
+                    total += int(fields[1])
+    return total
 
 
 def held_memory_rows(mode, threads_or_tasks, pauses_us, per_key, last_cell=None, busy=0, extra_env=None, zero_pause=True):
