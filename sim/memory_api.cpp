@@ -12,10 +12,8 @@
 #include "sim/ptsz.h"
 #include "sim/runtime_state.hpp"
 
-using simcuda::Engine;
-using simcuda::Memory;
-using simcuda::Stream;
-using simcuda::counters;
+// The runtime's own names, and what its entry points share (runtime_state.hpp).
+using namespace simcuda;
 using namespace simcuda::rt;
 
 namespace {
