@@ -1,5 +1,6 @@
 """The project's own tools: an installed prefix, the GPU pack, the shell
 scripts, and the two benchmark scripts run whole on the simulated runtime."""
+import importlib.util
 import os
 import re
 import subprocess
@@ -110,6 +111,24 @@ class Scripts(ShimTest):
 class BenchScript(ShimTest):
     """bench/run_benchmarks.py writes BENCHMARKS.md, by hand, a few times a month: run it whole here (--quick) on a
     small trace, so that a change to a program it runs, or to the report keys it reads, shows at once."""
+
+    def test_the_instruction_count_takes_only_the_named_objects_own_costs(self):
+        # A function of one name in two objects (libstdc++'s clock and the
+        # core's copy of it), and a call whose inclusive cost line must not
+        # count as the caller's own.
+        path = os.path.join(self.workdir, "callgrind.out")
+        with open(path, "w") as f:
+            f.write("version: 1\ncreator: callgrind-3.19.0\nevents: Ir\n"
+                    "ob=(1) /lib/libstdc++.so.6\nfl=(1) ???\nfn=(1) std::chrono::steady_clock::now()\n0 10\n"
+                    "ob=(2) /build/lib/libgpupool-core.so\nfn=(2) gpupool::allocate()\n0 100\n"
+                    "cob=(1)\ncfi=(1)\ncfn=(1)\ncalls=2 0\n0 20\n+1 5\n"
+                    "fn=(3) std::chrono::steady_clock::now()\n0 7\n"
+                    "ob=(1)\nfn=(1)\n0 10\n")
+        spec = importlib.util.spec_from_file_location("run_benchmarks", os.path.join(SOURCE, "bench", "run_benchmarks.py"))
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+        self.assertEqual(bench.instructions_of_objects(path, ("/libgpupool-core.so",)), 112)
+        self.assertEqual(bench.instructions_of_objects(path, ("/libstdc++.so.6",)), 20)
 
     def test_the_bench_script_runs_whole_and_judges_every_target(self):
         if sanitizer_runtime():
