@@ -7,7 +7,6 @@ import os
 from harness import ShimTest, main
 
 
-
 class Devices(ShimTest):
     # Two simulated devices, and room in each device's pool for one 12 MiB
     # block: a block freed with cudaFree can only be reused, on its device.

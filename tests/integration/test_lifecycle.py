@@ -12,9 +12,6 @@ import subprocess
 from harness import BUILD, ShimTest, check_books, main, sanitizer_runtime
 
 
-
-
-
 # A forked child of a process whose simulated device runs a thread: under
 # AddressSanitizer (GCC 12's), the child's leak check at exit can wait forever
 # for an allocator lock that thread held at the fork (seen once in five runs).

@@ -7,7 +7,6 @@ import os
 from harness import ShimTest, main
 
 
-
 class Trim(ShimTest):
     def test_trimming_the_default_pool_gives_back_gpupools_idle_memory(self):
         # 64 MiB freed into a thread's cache, then cudaMemPoolTrimTo(default pool, KEEP).

@@ -9,7 +9,6 @@ import unittest
 from harness import BUILD, LIBRARY, ShimTest, main, sanitizer_runtime
 
 
-
 class TwoRuntimes(ShimTest):
     """test-two-runtimes: the program's runtime (the simulated one, as CUDA
     13's) and a library's (tests/programs/second_runtime.c, as CUDA 12's)."""

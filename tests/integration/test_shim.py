@@ -10,7 +10,6 @@ import subprocess
 from harness import BUILD, CORE, LIBRARY, ShimTest, check_books, main, sanitizer_runtime
 
 
-
 class Integrity(ShimTest):
     def test_patterns_stay_intact_across_seeds(self):
         for seed, expandable in ((1, "1"), (2, "1"), (3, "0"), (4, "0")):
