@@ -75,6 +75,10 @@ CUresult ctx_enable_peer_access(CUcontext peer, unsigned int flags) {
   if (peer == nullptr) return CUDA_ERROR_INVALID_VALUE;
   return cu(cudaDeviceEnablePeerAccess(static_cast<int>(reinterpret_cast<uintptr_t>(peer) - 1), flags));
 }
+CUresult ctx_disable_peer_access(CUcontext peer) {
+  if (peer == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return cu(cudaDeviceDisablePeerAccess(static_cast<int>(reinterpret_cast<uintptr_t>(peer) - 1)));
+}
 CUresult primary_ctx_reset(CUdevice d) {
   int current = 0;
   cudaGetDevice(&current);
@@ -293,6 +297,7 @@ const Entry kEntries[] = {
     {"cuCtxPushCurrent", 4000, fn(ctx_push_current), fn(ctx_push_current)},
     {"cuCtxPopCurrent", 4000, fn(ctx_pop_current), fn(ctx_pop_current)},
     {"cuCtxEnablePeerAccess", 4000, fn(ctx_enable_peer_access), fn(ctx_enable_peer_access)},
+    {"cuCtxDisablePeerAccess", 4000, fn(ctx_disable_peer_access), fn(ctx_disable_peer_access)},
     {"cuDevicePrimaryCtxRetain", 7000, fn(primary_ctx_retain), fn(primary_ctx_retain)},
     {"cuDevicePrimaryCtxReset", 7000, fn(primary_ctx_reset), fn(primary_ctx_reset)},
     {"cuMemAlloc", 3020, fn(mem_alloc), fn(mem_alloc)},

@@ -182,7 +182,7 @@ bool Memory::map(void* ptr, std::size_t size, std::uint64_t handle) {
   return true;
 }
 
-bool Memory::set_access(void* ptr, std::size_t size, std::uint64_t devices) {
+bool Memory::set_access(void* ptr, std::size_t size, std::uint64_t granted, std::uint64_t revoked) {
   std::lock_guard<std::mutex> lock(mu_);
   const auto p = reinterpret_cast<std::uintptr_t>(ptr);
   // Every byte of the range must be mapped.
@@ -194,7 +194,7 @@ bool Memory::set_access(void* ptr, std::size_t size, std::uint64_t devices) {
   for (std::uintptr_t at = p; at < p + size;) {
     Mapping& m = mappings_.at(at);
     m.accessible = true;
-    m.devices |= devices;
+    m.devices = (m.devices | granted) & ~revoked;
     at += m.size;
   }
   return mprotect(ptr, size, PROT_READ | PROT_WRITE) == 0;
@@ -206,6 +206,15 @@ cudaError_t Memory::enable_peer_access(int accessor, int owner) {
   std::uint64_t& peers = peers_[static_cast<std::size_t>(accessor)];
   if ((peers >> owner & 1u) != 0) return cudaErrorPeerAccessAlreadyEnabled;
   peers |= std::uint64_t{1} << owner;
+  return cudaSuccess;
+}
+
+cudaError_t Memory::disable_peer_access(int accessor, int owner) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (owner < 0 || owner >= devices_ || owner == accessor) return cudaErrorInvalidDevice;
+  std::uint64_t& peers = peers_[static_cast<std::size_t>(accessor)];
+  if ((peers >> owner & 1u) == 0) return cudaErrorPeerAccessNotEnabled;
+  peers &= ~(std::uint64_t{1} << owner);
   return cudaSuccess;
 }
 

@@ -39,11 +39,13 @@ class Memory {
   cudaError_t create_physical(int device, std::size_t size, std::uint64_t* handle);
   bool release_physical(std::uint64_t handle);
   bool map(void* ptr, std::size_t size, std::uint64_t handle);
-  // Grants the devices in `devices` (a bit each) access to the mapped range.
-  bool set_access(void* ptr, std::size_t size, std::uint64_t devices);
+  // Grants the devices in `granted` (a bit each) access to the mapped range
+  // and takes it from those in `revoked`; the others keep what they had.
+  bool set_access(void* ptr, std::size_t size, std::uint64_t granted, std::uint64_t revoked);
   // Peer access (cudaDeviceEnablePeerAccess): `accessor` may use `owner`'s
   // cudaMalloc memory. Mapped pages need set_access for it, as on a GPU.
   cudaError_t enable_peer_access(int accessor, int owner);
+  cudaError_t disable_peer_access(int accessor, int owner);
   // Whether `device` may access the device memory at ptr.
   bool accessible_from(const void* ptr, int device) const;
   bool unmap(void* ptr, std::size_t size);

@@ -170,6 +170,8 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
   return result(Memory::instance().enable_peer_access(t_device, peer));
 }
 
+cudaError_t cudaDeviceDisablePeerAccess(int peer) { return result(Memory::instance().disable_peer_access(t_device, peer)); }
+
 // Waits for all work, then frees all of the current device's memory and
 // destroys its events (a later use of one fails and is counted). Streams are
 // not destroyed here (a program must not use them afterwards).

@@ -57,18 +57,34 @@ CUresult map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocation
   return Memory::instance().map(reinterpret_cast<void*>(ptr), size, handle) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+// SIMCUDA_REFUSE_ACCESS=N: the device whose access cuMemSetAccess refuses to
+// change (-1: none).
+int refused_accessor() {
+  static const int device = [] {
+    const char* v = std::getenv("SIMCUDA_REFUSE_ACCESS");
+    return v != nullptr ? std::atoi(v) : -1;
+  }();
+  return device;
+}
+
 CUresult set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
   if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
-  std::uint64_t devices = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (desc[i].location.id == refused_accessor()) return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  std::uint64_t granted = 0;
+  std::uint64_t revoked = 0;
   for (size_t i = 0; i < count; ++i) {
     if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0 ||
         desc[i].location.id >= Memory::instance().devices()) {
       return CUDA_ERROR_INVALID_DEVICE;
     }
-    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) devices |= std::uint64_t{1} << desc[i].location.id;
+    const std::uint64_t bit = std::uint64_t{1} << desc[i].location.id;
+    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) granted |= bit;
+    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_NONE) revoked |= bit;
   }
-  return Memory::instance().set_access(reinterpret_cast<void*>(ptr), size, devices) ? CUDA_SUCCESS
-                                                                                     : CUDA_ERROR_INVALID_VALUE;
+  return Memory::instance().set_access(reinterpret_cast<void*>(ptr), size, granted, revoked) ? CUDA_SUCCESS
+                                                                                              : CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult unmap(CUdeviceptr ptr, size_t size) {
