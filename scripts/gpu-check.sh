@@ -486,13 +486,13 @@ done
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   run "two devices, switching between calls" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=20M -- build/bin/test-devices cross 20
   run "two devices, a thread each" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=20M -- build/bin/test-devices threads 50
-  run "two devices, peer access" 0 "${pool[@]}" -- build/bin/test-devices peer
+  run "two devices, peer access" 0 "${pool[@]}" -- build/bin/test-device-access peer
   # A stream of device 1 writes device 0's stream-ordered blocks after the
   # grant: a fault where gpupool left them closed (a third device adds a pool
   # opened before its device was used).
   for expandable in 1 0; do
     run "default pools opened with cudaMemPoolSetAccess (expandable=$expandable)" 0 "${pool[@]}" \
-      GPUPOOL_EXPANDABLE_SEGMENTS=$expandable -- build/bin/test-devices pool-access
+      GPUPOOL_EXPANDABLE_SEGMENTS=$expandable -- build/bin/test-device-access pool-access
   done
   run "two devices, a block freed on the other's stream" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=20M -- build/bin/test-devices foreign 20
   run "two devices, such a free inside a capture" 0 "${pool[@]}" -- build/bin/test-devices foreign-capture

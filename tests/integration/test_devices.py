@@ -16,12 +16,14 @@ class Devices(ShimTest):
     # stream made, as CUDA may.
     HANDLES_AGAIN = {"SIMCUDA_REUSE_STREAM_HANDLES": "1"}
 
+    PROGRAM = "test-devices"
+
     def in_both_segment_modes(self, args, env, check):
-        """Runs test-devices ARGS with expandable segments on, then off, and
-        calls check(report) on each run's JSON report."""
+        """Runs the class's PROGRAM with ARGS, expandable segments on, then
+        off, and calls check(report) on each run's JSON report."""
         for expandable in ("1", "0"):
             with self.subTest(expandable_segments=expandable):
-                run = self.run_program(["test-devices"] + args, env=dict(env, GPUPOOL_EXPANDABLE_SEGMENTS=expandable))
+                run = self.run_program([self.PROGRAM] + args, env=dict(env, GPUPOOL_EXPANDABLE_SEGMENTS=expandable))
                 self.assertSucceeded(run)
                 self.assertEqual(run.counters()["captures_invalidated"], 0)
                 self.assertEqual(run.counters()["stale_event_uses"], 0)  # none after a reset destroyed it
@@ -171,6 +173,26 @@ class Devices(ShimTest):
             self.assertEqual(zero["stats"]["allocation.all.freed"], zero["stats"]["allocation.all.allocated"])
         self.in_both_segment_modes(["owner-reset"], {"SIMCUDA_DEVICES": "2"}, check)
 
+    def test_a_handle_given_again_to_another_devices_stream_serves_that_device(self):
+        # A thread's last stream is remembered with its device; the stream
+        # destroyed and its handle given to a stream of device 1, the memory
+        # must be device 1's (the program checks where each block lies).
+        self.in_both_segment_modes(["handle-again"], dict(self.HANDLES_AGAIN, SIMCUDA_DEVICES="2"), lambda report: None)
+
+    def test_the_devices_program_passes_without_gpupool_too(self):
+        for mode in ("cross", "foreign", "foreign-capture", "foreign-capture-reset", "foreign-reset", "owner-reset",
+                     "handle-again"):
+            env = dict(self.HANDLES_AGAIN if mode == "handle-again" else {}, SIMCUDA_DEVICES="2")
+            run = self.run_program(["test-devices", mode, "5"], env=env, preload=False)
+            self.assertSucceeded(run)
+
+
+class Access(ShimTest):
+    """Who may use whose memory, gpupool's pages included, as the program
+    grants access between devices and takes it away."""
+    PROGRAM = "test-device-access"
+    in_both_segment_modes = Devices.in_both_segment_modes
+
     def test_peer_access_reaches_pooled_pages(self):
         # cudaDeviceEnablePeerAccess opens a peer's cudaMalloc memory, not
         # pages mapped with cuMemMap: gpupool grants those itself, for pages
@@ -190,7 +212,7 @@ class Devices(ShimTest):
         for expandable, lent_before_open, to_runtime in (("1", True, 0), ("0", False, 4)):
             with self.subTest(expandable_segments=expandable):
                 self.remove_reports()
-                run = self.run_program(["test-devices", "pool-access"],
+                run = self.run_program(["test-device-access", "pool-access"],
                                        env={"SIMCUDA_DEVICES": "3", "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
                 self.assertSucceeded(run)
                 self.assertEqual(json.loads(run.stdout)["lent_before_open"], lent_before_open)
@@ -205,7 +227,7 @@ class Devices(ShimTest):
                     self.assertEqual(run.stderr.count(
                         "4 cudaMallocAsync calls drew from default memory pools this program opened to other "
                         "devices"), 1, run.stderr)
-        alone = self.run_program(["test-devices", "pool-access"], env={"SIMCUDA_DEVICES": "3"}, preload=False)
+        alone = self.run_program(["test-device-access", "pool-access"], env={"SIMCUDA_DEVICES": "3"}, preload=False)
         self.assertSucceeded(alone)
         self.assertTrue(json.loads(alone.stdout)["lent_before_open"])
 
@@ -216,7 +238,7 @@ class Devices(ShimTest):
         # (device 1's pool opened before device 1 had a pool of gpupool's).
         for expandable, to_runtime in (("1", 0), ("0", 1)):
             with self.subTest(expandable_segments=expandable):
-                run = self.run_program(["test-devices", "pool-access-reset"],
+                run = self.run_program(["test-device-access", "pool-access-reset"],
                                        env={"SIMCUDA_DEVICES": "2", "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
                 self.assertSucceeded(run)
                 self.assertEqual(run.counters()["malloc_async_calls"], to_runtime)
@@ -225,18 +247,10 @@ class Devices(ShimTest):
                 for path in run.reports():
                     os.remove(path)
 
-    def test_a_handle_given_again_to_another_devices_stream_serves_that_device(self):
-        # A thread's last stream is remembered with its device; the stream
-        # destroyed and its handle given to a stream of device 1, the memory
-        # must be device 1's (the program checks where each block lies).
-        self.in_both_segment_modes(["handle-again"], dict(self.HANDLES_AGAIN, SIMCUDA_DEVICES="2"), lambda report: None)
-
-    def test_the_devices_program_passes_without_gpupool_too(self):
-        for mode in ("cross", "peer", "foreign", "foreign-capture", "foreign-capture-reset", "foreign-reset",
-                     "owner-reset", "handle-again", "pool-access", "pool-access-reset"):
-            env = dict(self.HANDLES_AGAIN if mode == "handle-again" else {},
-                       SIMCUDA_DEVICES="3" if mode == "pool-access" else "2")
-            run = self.run_program(["test-devices", mode, "5"], env=env, preload=False)
+    def test_the_access_program_passes_without_gpupool_too(self):
+        for mode in ("peer", "pool-access", "pool-access-reset"):
+            run = self.run_program(["test-device-access", mode],
+                                   env={"SIMCUDA_DEVICES": "3" if mode == "pool-access" else "2"}, preload=False)
             self.assertSucceeded(run)
 
 

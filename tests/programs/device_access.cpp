@@ -1,0 +1,200 @@
+// Access between devices: who may use whose memory, pooled pages included,
+// as the program grants it and takes it away (peer access, a default memory
+// pool's access, a device reset). Run with SIMCUDA_DEVICES=2 (3 for
+// pool-access); where the runtime can say (the simulated one), each block's
+// access is checked. The first argument names what it checks:
+//   peer                       access granted with cudaDeviceEnablePeerAccess
+//                              reaches pooled memory: pages mapped before the
+//                              grant and after it, and pages of a device whose
+//                              pool did not exist yet (checked on the
+//                              simulated runtime, which can say)
+//   pool-access                device 0's default memory pool opened to device 1
+//                              with cudaMemPoolSetAccess (as PyTorch's
+//                              cudaMallocAsync backend enables peer copies):
+//                              device 0's stream-ordered blocks made after it,
+//                              new memory or not, and one from the pool named,
+//                              are device 1's to use (a stream of device 1
+//                              writes each), not device 2's; with a third
+//                              device, device 1's pool, opened to device 2
+//                              before device 1 was used, serves blocks device 2
+//                              may use and device 0 may not (who may use what
+//                              is checked on the simulated runtime); prints
+//                              whether a block made before the grant opened
+//                              too: {"lent_before_open": true|false}
+//   pool-access-reset          a pool of the program's own of device 0 opened to
+//                              device 1, then a stream-ordered block of device
+//                              0; device 0's default pool opened to device 1,
+//                              a block; device 0 reset, a block; device 1's
+//                              default pool opened to device 0 before device 1
+//                              was used, device 1 reset, a block of device 1
+//                              (under gpupool with fixed segments, only the
+//                              second block is the runtime's: a reset starts
+//                              the default pool closed again)
+#include "common.hpp"
+#include "device_blocks.hpp"
+
+namespace {
+
+using namespace device_blocks;
+
+// Whether `device` may access ptr; true where the runtime cannot say (a GPU).
+bool accessible(const void* ptr, int device) {
+  static const auto query = reinterpret_cast<int (*)(const void*, int)>(dlsym(RTLD_DEFAULT, "simcuda_accessible"));
+  return query == nullptr || query(ptr, device) != 0;
+}
+
+int peer() {
+  const bool simulated = dlsym(RTLD_DEFAULT, "simcuda_accessible") != nullptr;
+  int can = 0;
+  CHECK_CUDA(cudaDeviceCanAccessPeer(&can, 0, 1));
+  if (can == 0) {
+    std::printf("devices: devices 0 and 1 cannot access each other here; nothing checked\n");
+    return 0;
+  }
+  void* before = nullptr;
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaMalloc(&before, kBytes));
+  if (simulated) EXPECT(!accessible(before, 0));
+  // Device 0 may now access device 1's memory, pooled pages included.
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaDeviceEnablePeerAccess(1, 0));
+  EXPECT(accessible(before, 0));
+  CHECK_CUDA(cudaSetDevice(1));
+  void* after = nullptr;
+  CHECK_CUDA(cudaMalloc(&after, 3 * kBytes));  // more pages, mapped after the grant
+  EXPECT(accessible(after, 0));
+  // Device 1 may access device 0's memory, granted before device 0 has a pool.
+  CHECK_CUDA(cudaDeviceEnablePeerAccess(0, 0));
+  CHECK_CUDA(cudaSetDevice(0));
+  void* zero = nullptr;
+  CHECK_CUDA(cudaMalloc(&zero, kBytes));
+  expect_on(zero, 0);
+  EXPECT(accessible(zero, 1));
+  for (void* p : {before, after, zero}) CHECK_CUDA(cudaFree(p));
+  return 0;
+}
+
+// Opens `owner`'s default memory pool to `accessor`.
+void open_default_pool(int owner, int accessor) {
+  cudaMemPool_t pool = nullptr;
+  CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, owner));
+  cudaMemAccessDesc desc{};
+  desc.location.type = cudaMemLocationTypeDevice;
+  desc.location.id = accessor;
+  desc.flags = cudaMemAccessFlagsProtReadWrite;
+  CHECK_CUDA(cudaMemPoolSetAccess(pool, &desc, 1));
+  cudaMemAccessFlags flags = cudaMemAccessFlagsProtNone;
+  CHECK_CUDA(cudaMemPoolGetAccess(&flags, pool, &desc.location));
+  EXPECT(flags == cudaMemAccessFlagsProtReadWrite);
+}
+
+int pool_access() {
+  const bool simulated = dlsym(RTLD_DEFAULT, "simcuda_accessible") != nullptr;
+  int count = 0;
+  CHECK_CUDA(cudaGetDeviceCount(&count));
+  int can = 0;
+  if (count >= 2) CHECK_CUDA(cudaDeviceCanAccessPeer(&can, 1, 0));
+  if (can == 0) {
+    std::printf("devices: device 1 cannot access device 0 here; nothing checked\n");
+    return 0;
+  }
+  int third = 0;
+  if (count >= 3) CHECK_CUDA(cudaDeviceCanAccessPeer(&third, 2, 1));
+  if (third != 0) open_default_pool(1, 2);  // before device 1 is used at all
+  cudaStream_t streams[2] = {};
+  for (int d = 0; d < 2; ++d) {
+    CHECK_CUDA(cudaSetDevice(d));
+    CHECK_CUDA(cudaStreamCreateWithFlags(&streams[d], cudaStreamNonBlocking));
+  }
+  CHECK_CUDA(cudaSetDevice(0));
+  void* before = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&before, kBytes, streams[0]));
+  if (simulated) EXPECT(!accessible(before, 1));
+  open_default_pool(0, 1);
+  cudaMemPool_t pool = nullptr;
+  CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, 0));
+  void* after[3] = {};
+  CHECK_CUDA(cudaMallocAsync(&after[0], kBytes / 2, streams[0]));
+  CHECK_CUDA(cudaMallocAsync(&after[1], 3 * kBytes, streams[0]));  // more memory than the device had
+  CHECK_CUDA(cudaMallocFromPoolAsync(&after[2], kBytes, pool, streams[0]));
+  const size_t sizes[3] = {kBytes / 2, 3 * kBytes, kBytes};
+  CHECK_CUDA(cudaStreamSynchronize(streams[0]));
+  CHECK_CUDA(cudaSetDevice(1));
+  for (int i = 0; i < 3; ++i) {
+    expect_on(after[i], 0);
+    EXPECT(accessible(after[i], 1));
+    if (simulated && third != 0) EXPECT(!accessible(after[i], 2));
+    // Device 1 writes it: on a GPU, a fault where it may not.
+    const auto tag = static_cast<unsigned char>(0x40 + i);
+    CHECK_CUDA(cudaMemsetAsync(after[i], tag, sizes[i], streams[1]));
+    CHECK_CUDA(cudaStreamSynchronize(streams[1]));
+    EXPECT(testprog::holds_sampled(after[i], sizes[i], tag));
+  }
+  void* theirs = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&theirs, kBytes, streams[1]));
+  expect_on(theirs, 1);
+  if (third != 0) EXPECT(accessible(theirs, 2));
+  if (simulated) EXPECT(!accessible(theirs, 0));
+  const bool lent_before_open = accessible(before, 1);
+  CHECK_CUDA(cudaFreeAsync(theirs, streams[1]));
+  CHECK_CUDA(cudaSetDevice(0));
+  for (void* p : after) CHECK_CUDA(cudaFreeAsync(p, streams[0]));
+  CHECK_CUDA(cudaFreeAsync(before, streams[0]));
+  for (int d = 0; d < 2; ++d) {
+    CHECK_CUDA(cudaSetDevice(d));
+    CHECK_CUDA(cudaStreamSynchronize(streams[d]));
+    CHECK_CUDA(cudaStreamDestroy(streams[d]));
+  }
+  std::printf("{\"lent_before_open\": %s}\n", lent_before_open ? "true" : "false");
+  return 0;
+}
+
+// A stream-ordered block of `device`'s on a new stream, written and freed.
+void stream_ordered_block(int device) {
+  CHECK_CUDA(cudaSetDevice(device));
+  cudaStream_t s = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  void* p = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&p, kBytes, s));
+  expect_on(p, device);
+  fill(p, 7, s);
+  CHECK_CUDA(cudaFreeAsync(p, s));
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  CHECK_CUDA(cudaStreamDestroy(s));
+}
+
+int pool_access_reset() {
+  int can = 0;
+  CHECK_CUDA(cudaDeviceCanAccessPeer(&can, 1, 0));
+  if (can == 0) {
+    std::printf("devices: device 1 cannot access device 0 here; nothing checked\n");
+    return 0;
+  }
+  cudaMemPool_t own = testprog::new_device_pool(0);
+  cudaMemAccessDesc desc{};
+  desc.location.type = cudaMemLocationTypeDevice;
+  desc.location.id = 1;
+  desc.flags = cudaMemAccessFlagsProtReadWrite;
+  CHECK_CUDA(cudaMemPoolSetAccess(own, &desc, 1));  // not the default pool: nothing of gpupool's
+  stream_ordered_block(0);
+  open_default_pool(0, 1);
+  stream_ordered_block(0);
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaDeviceReset());  // destroys `own` too
+  stream_ordered_block(0);
+  open_default_pool(1, 0);
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaDeviceReset());
+  stream_ordered_block(1);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "peer") == 0) return peer();
+  if (argc > 1 && std::strcmp(argv[1], "pool-access") == 0) return pool_access();
+  if (argc > 1 && std::strcmp(argv[1], "pool-access-reset") == 0) return pool_access_reset();
+  std::fprintf(stderr, "usage: device_access peer|pool-access|pool-access-reset\n");
+  return 2;
+}
