@@ -493,6 +493,10 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   for expandable in 1 0; do
     run "default pools opened with cudaMemPoolSetAccess (expandable=$expandable)" 0 "${pool[@]}" \
       GPUPOOL_EXPANDABLE_SEGMENTS=$expandable -- build/bin/test-device-access pool-access
+    # Peer and pool access taken away again: the driver closes pooled pages
+    # (a line in the log where it refuses), and every call still succeeds.
+    run "access taken away closes pooled pages (expandable=$expandable)" 0 "${pool[@]}" \
+      GPUPOOL_EXPANDABLE_SEGMENTS=$expandable -- build/bin/test-device-access access-revoked
   done
   run "two devices, a block freed on the other's stream" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=20M -- build/bin/test-devices foreign 20
   run "two devices, such a free inside a capture" 0 "${pool[@]}" -- build/bin/test-devices foreign-capture

@@ -3,8 +3,11 @@
 #include <cuda.h>
 #include <time.h>
 
+#include <algorithm>
 #include <mutex>
+#include <string>
 
+#include "shim/messages.hpp"
 #include "shim/real_cuda.hpp"
 #include "shim/thread_state.hpp"
 
@@ -270,13 +273,14 @@ DevicePtr CudaUpstream::reserve_address_space(std::size_t bytes) {
   return err == CUDA_SUCCESS ? static_cast<DevicePtr>(base) : 0;
 }
 
-CUresult CudaUpstream::set_access(DevicePtr addr, std::size_t bytes, const std::vector<int>& devices) {
+CUresult CudaUpstream::set_access(DevicePtr addr, std::size_t bytes, const std::vector<int>& devices,
+                                  CUmemAccess_flags flags) {
   std::vector<CUmemAccessDesc> access;
   for (int d : devices) {
     CUmemAccessDesc a{};
     a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     a.location.id = d;
-    a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    a.flags = flags;
     access.push_back(a);
   }
   return driver_vmm().set_access(static_cast<CUdeviceptr>(addr), bytes, access.data(), access.size());
@@ -304,6 +308,9 @@ bool CudaUpstream::map_pages(DevicePtr addr, std::size_t bytes) {
     std::vector<int> devices{device_};
     devices.insert(devices.end(), accessors_.begin(), accessors_.end());
     if (err == CUDA_SUCCESS) err = set_access(addr, bytes, devices);
+    if (err != CUDA_SUCCESS && done == bytes && !accessors_.empty() && open_to_accessors_alone(addr, bytes)) {
+      err = CUDA_SUCCESS;
+    }
     // Undo what was mapped: new pages, no work on them. Pages the driver
     // refuses stay mapped here, out of the pool's count, until it maps them.
     if (err != CUDA_SUCCESS) unmap_pages(addr, done);
@@ -332,14 +339,57 @@ std::size_t CudaUpstream::unmap_pages(DevicePtr addr, std::size_t bytes) {
   });
 }
 
-void CudaUpstream::add_accessor(int accessor) {
-  if (accessor == device_) return;
+bool CudaUpstream::open_to_accessors_alone(DevicePtr addr, std::size_t bytes) {
+  if (set_access(addr, bytes, {device_}) != CUDA_SUCCESS) return false;
+  std::vector<int> refused;
   for (int a : accessors_) {
-    if (a == accessor) return;
+    if (const CUresult err = set_access(addr, bytes, {a}); err != CUDA_SUCCESS) {
+      tell_refused(a, err, true);
+      refused.push_back(a);
+    }
+  }
+  std::erase_if(accessors_, [&](int a) { return std::find(refused.begin(), refused.end(), a) != refused.end(); });
+  return true;
+}
+
+void CudaUpstream::add_accessor(int accessor) {
+  if (accessor == device_ || std::find(accessors_.begin(), accessors_.end(), accessor) != accessors_.end()) return;
+  if (page_size() != 0) {
+    for (const auto& [page, handle] : pages_) {
+      if (const CUresult err = relaxed([&] { return set_access(page, page_, {accessor}); }); err != CUDA_SUCCESS) {
+        tell_refused(accessor, err, true);
+        return;
+      }
+    }
   }
   accessors_.push_back(accessor);
+}
+
+void CudaUpstream::remove_accessor(int accessor) {
+  const auto it = std::find(accessors_.begin(), accessors_.end(), accessor);
+  if (it == accessors_.end()) return;
+  accessors_.erase(it);
   if (page_size() == 0) return;
-  for (const auto& [page, handle] : pages_) set_access(page, page_, {accessor});
+  for (const auto& [page, handle] : pages_) {
+    const CUresult err =
+        relaxed([&] { return set_access(page, page_, {accessor}, CU_MEM_ACCESS_FLAGS_PROT_NONE); });
+    if (err != CUDA_SUCCESS) {
+      tell_refused(accessor, err, false);
+      return;
+    }
+  }
+}
+
+void CudaUpstream::tell_refused(int accessor, CUresult err, bool opening) const {
+  const std::string owner = std::to_string(device_);
+  const std::string other = std::to_string(accessor);
+  message(config::LogLevel::Warn,
+          opening ? "gpupool: the driver refused to open device " + owner + "'s pooled pages to device " + other +
+                        " (cuMemSetAccess: error " + std::to_string(err) + "): device " + other +
+                        " cannot reach all the memory gpupool serves on device " + owner +
+                        ". GPUPOOL_EXPANDABLE_SEGMENTS=0 serves cudaMalloc memory, which the runtime opens"
+                  : "gpupool: the driver refused to close device " + owner + "'s pooled pages to device " + other +
+                        " (cuMemSetAccess: error " + std::to_string(err) + "): they stay open to it");
 }
 
 namespace {

@@ -66,14 +66,24 @@ class CudaUpstream final : public Upstream {
   DevicePtr reserve_address_space(std::size_t bytes) override;
   bool map_pages(DevicePtr addr, std::size_t bytes) override;
   std::size_t unmap_pages(DevicePtr addr, std::size_t bytes) override;
-  // Device `accessor` was granted peer access to this device: mapped pages,
-  // now and later, are made accessible to it too (cudaMalloc memory is).
+  // Device `accessor` may now reach this device's memory (peer access, or the
+  // default pool opened to it): mapped pages, now and later, open to it too
+  // (cudaMalloc memory does). Where the driver refuses, a line says so and
+  // the device is left out, so that later pages still map.
   void add_accessor(int accessor);
+  // That access was taken away: mapped pages close to it, later ones stay
+  // closed (a line if the driver refuses: those pages stay open).
+  void remove_accessor(int accessor);
   // cudaDeviceReset released every page: forget them.
   void forget_pages() { pages_.clear(); }
 
  private:
-  CUresult set_access(DevicePtr addr, std::size_t bytes, const std::vector<int>& devices);
+  CUresult set_access(DevicePtr addr, std::size_t bytes, const std::vector<int>& devices,
+                      CUmemAccess_flags flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  // New pages the driver would not open to every accessor: opened to the
+  // device alone, then to each accessor it accepts. False if not even that.
+  bool open_to_accessors_alone(DevicePtr addr, std::size_t bytes);
+  void tell_refused(int accessor, CUresult err, bool opening) const;
 
   int device_;
   bool alone_;

@@ -116,6 +116,7 @@ CUresult end_capture_ptsz(CUstream s, CUgraph* g) {
 // at its version) after or instead of gpupool's part.
 std::atomic<void*> real_primary_ctx_reset{nullptr};
 std::atomic<void*> real_enable_peer_access{nullptr};
+std::atomic<void*> real_disable_peer_access{nullptr};
 std::atomic<void*> real_mem_alloc_pitch{nullptr};
 
 template <typename F>
@@ -160,7 +161,21 @@ CUresult ctx_enable_peer_access(CUcontext peer, unsigned int flags) {
     Runtime& runtime = Runtime::get();
     if (r == CUDA_SUCCESS && !runtime.bypass()) {
       if (const int owner = device_of_context(peer); owner >= 0) {
-        runtime.peer_access_enabled(runtime.current_device(), owner);
+        runtime.access_granted(runtime.current_device(), owner, Runtime::kPeerAccess);
+      }
+    }
+  });
+  return r;
+}
+
+// Its cudaDeviceDisablePeerAccess: the pooled pages close again.
+CUresult ctx_disable_peer_access(CUcontext peer) {
+  const CUresult r = real_of(real_disable_peer_access, &ctx_disable_peer_access)(peer);
+  keep_books("cuCtxDisablePeerAccess", [&] {
+    Runtime& runtime = Runtime::get();
+    if (r == CUDA_SUCCESS && !runtime.bypass()) {
+      if (const int owner = device_of_context(peer); owner >= 0) {
+        runtime.access_revoked(runtime.current_device(), owner, Runtime::kPeerAccess);
       }
     }
   });
@@ -207,6 +222,8 @@ const Substitute kSubstitutes[] = {
     {"cuDevicePrimaryCtxReset", 7000, 0, fn(primary_ctx_reset), fn(primary_ctx_reset), &real_primary_ctx_reset},
     {"cuCtxEnablePeerAccess", 4000, 0, fn(ctx_enable_peer_access), fn(ctx_enable_peer_access),
      &real_enable_peer_access},
+    {"cuCtxDisablePeerAccess", 4000, 0, fn(ctx_disable_peer_access), fn(ctx_disable_peer_access),
+     &real_disable_peer_access},
 };
 
 // Whether to take the program's driver calls over, decided at the first one.
@@ -275,6 +292,7 @@ const ExportedName kExportedNames[] = {
     {"cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset", 7000, false},
     {"cuDevicePrimaryCtxReset_v2", "cuDevicePrimaryCtxReset", 11000, false},
     {"cuCtxEnablePeerAccess", "cuCtxEnablePeerAccess", 4000, false},
+    {"cuCtxDisablePeerAccess", "cuCtxDisablePeerAccess", 4000, false},
 };
 
 // The first library seen taking memory from the driver itself without being

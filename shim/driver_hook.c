@@ -107,7 +107,7 @@ EARLY static int starts_with(const char* s, const char* prefix) {
 EARLY static int swappable(const char* name) {
   return starts_with(name, "cuMem") || starts_with(name, "cuStream") || starts_with(name, "cuIpc") ||
          starts_with(name, "cuDevicePrimaryCtx") || starts_with(name, "cuDeviceSetMemPool") ||
-         same(name, "cuCtxEnablePeerAccess");
+         same(name, "cuCtxEnablePeerAccess") || same(name, "cuCtxDisablePeerAccess");
 }
 
 /* Where no real dlsym can be found (no glibc symbol versions): nothing found. */

@@ -354,6 +354,7 @@ bool fill_from_driver(RealCuda& table, gpupool_driver_lookup_fn lookup) {
   table.cudaThreadExchangeStreamCaptureMode = d.exchange_capture_mode != nullptr ? exchange_capture_mode : nullptr;
   table.cudaIpcGetMemHandle = ipc_get_mem_handle;
   table.cudaDeviceEnablePeerAccess = nullptr;  // the program's own call reaches the driver
+  table.cudaDeviceDisablePeerAccess = nullptr;
   table.cudaMallocPitch = nullptr;             // so does its cuMemAllocPitch, when gpupool declines it
   table.cudaMalloc3D = nullptr;
   table.cudaDeviceGetDefaultMemPool = d.device_get_default_mem_pool != nullptr ? device_get_default_mem_pool : nullptr;

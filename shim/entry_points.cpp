@@ -414,7 +414,20 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
   const cudaError_t err = pass_on<&RealCuda::cudaDeviceEnablePeerAccess>(peer, flags);
   // The current device may now access the peer's memory: pooled pages too.
   if (err == cudaSuccess && !rt.bypass()) {
-    keep_books("cudaDeviceEnablePeerAccess", [&] { rt.peer_access_enabled(rt.current_device(), peer); });
+    keep_books("cudaDeviceEnablePeerAccess",
+               [&] { rt.access_granted(rt.current_device(), peer, Runtime::kPeerAccess); });
+  }
+  return err;
+}
+
+cudaError_t cudaDeviceDisablePeerAccess(int peer) {
+  Runtime& rt = enter();
+  const cudaError_t err = pass_on<&RealCuda::cudaDeviceDisablePeerAccess>(peer);
+  // Pooled pages close to the current device too, unless the peer's default
+  // pool is open to it.
+  if (err == cudaSuccess && !rt.bypass()) {
+    keep_books("cudaDeviceDisablePeerAccess",
+               [&] { rt.access_revoked(rt.current_device(), peer, Runtime::kPeerAccess); });
   }
   return err;
 }

@@ -70,6 +70,7 @@ namespace gpupool::shim {
   X(cudaThreadExchangeStreamCaptureMode, cudaError_t(cudaStreamCaptureMode*))          \
   X(cudaIpcGetMemHandle, cudaError_t(cudaIpcMemHandle_t*, void*))                    \
   X(cudaDeviceEnablePeerAccess, cudaError_t(int, unsigned int))                        \
+  X(cudaDeviceDisablePeerAccess, cudaError_t(int))                                     \
   X(cudaGetDriverEntryPointByVersion,                                                   \
     cudaError_t(const char*, void**, unsigned int, unsigned long long,                  \
                 cudaDriverEntryPointQueryResult*))                                       \

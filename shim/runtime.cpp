@@ -79,8 +79,8 @@ DeviceState& Runtime::make_device(int index) {
                       std::memory_order_relaxed);
   }
   auto* d = new DeviceState(index, unsafe_call_rules_, one_device_.load(std::memory_order_relaxed));
-  for (const auto& [accessor, owner] : peer_grants_) {
-    if (owner == index) d->upstream.add_accessor(accessor);
+  for (const AccessGrant& g : access_grants_) {
+    if (g.owner == index) d->upstream.add_accessor(g.accessor);
   }
   std::size_t total = 0;
   std::size_t free_bytes = 0;
@@ -475,8 +475,9 @@ void Runtime::device_reset_answered(int dev, cudaError_t err) {
   default_pool_opened_[dev].store(false, std::memory_order_relaxed);
   opened_pool_to_runtime_[dev].store(false, std::memory_order_relaxed);
   default_pools_[dev].store(nullptr, std::memory_order_release);
+  if (d != nullptr) forget_device_memory(*d);
+  close_default_pool(dev);  // its pages forgotten first: the reset released them
   if (d == nullptr) return;
-  forget_device_memory(*d);
   if (outcome == ResetOutcome::Unknown) {
     forget_ended_captures(*d);
     return;

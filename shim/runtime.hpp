@@ -187,8 +187,9 @@ class Runtime {
   // to them, now and later (peer access does not reach pool memory, so
   // nothing else would). A pool of fixed segments cannot follow (cudaMalloc
   // memory opens only to peer access), so its device's stream-ordered calls
-  // go to the runtime from then on. Access taken away again is not followed:
-  // the pages stay open to a device the program no longer uses them from.
+  // go to the runtime from then on. Access taken away again
+  // (cudaMemAccessFlagsProtNone) closes the pages to that device, unless it
+  // still has peer access; where the runtime serves, its pool follows.
   void pool_access_set(cudaMemPool_t pool, const cudaMemAccessDesc* descs, std::size_t count);
   // cudaMemPoolDestroy succeeded: a device whose current pool it was has its
   // default pool current again.
@@ -209,8 +210,15 @@ class Runtime {
   // lies in an expandable segment (not exportable) or not at its segment's
   // start (the handle names the segment).
   bool ipc_exportable(const void* ptr);
-  // `accessor` may now access `owner`'s memory (cudaDeviceEnablePeerAccess).
-  void peer_access_enabled(int accessor, int owner);
+  // Why one device may reach another's memory: gpupool's pages of `owner`
+  // are open to `accessor` while either holds (one page serves both kinds of
+  // blocks).
+  enum AccessReason : unsigned { kPeerAccess = 1, kPoolAccess = 2 };
+  // `accessor` may now reach `owner`'s memory (cudaDeviceEnablePeerAccess, or
+  // owner's default pool opened to it): so may it gpupool's pages there.
+  void access_granted(int accessor, int owner, AccessReason reason);
+  // Taken away again (cudaDeviceDisablePeerAccess, or the pool closed).
+  void access_revoked(int accessor, int owner, AccessReason reason);
 
   // A report requested by signal is written by the next intercepted call.
   void poll_report_request() {
@@ -285,6 +293,9 @@ class Runtime {
   // segments, its stream-ordered calls go to the runtime from now on (see
   // pool_access_set), said once. d.mu not held.
   void follow_opened_pool(DeviceState& d);
+  // `owner` was reset: its default pool starts closed again, so the devices
+  // it was opened to keep gpupool's pages only where they have peer access.
+  void close_default_pool(int owner);
   // A store only the first time: every call writing the flag would bounce its
   // cache line between the cores of a multi-threaded program.
   void mark_used() {
@@ -341,7 +352,14 @@ class Runtime {
   // Room for one more fork's is made before it: the child's handler must not
   // allocate (another thread may have held an allocator's lock at the fork).
   std::vector<DeviceState*> inherited_;
-  std::vector<std::pair<int, int>> peer_grants_;  // (accessor, owner), also for pools made later
+  // The access granted between devices (guarded by devices_mu_), also for
+  // pools made later: reasons is a bit of AccessReason each.
+  struct AccessGrant {
+    int accessor;
+    int owner;
+    unsigned reasons;
+  };
+  std::vector<AccessGrant> access_grants_;
   // stream_devices_ with streams_mu_ held: in a forked child, the parent's
   // streams are dropped at the child's first use, not in its fork handler.
   std::unordered_map<StreamId, int>& streams_locked();

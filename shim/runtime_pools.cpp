@@ -2,6 +2,7 @@
 // current, trimming, the pool's figures, peer access and IPC.
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "report/diagnosis.hpp"
 #include "shim/messages.hpp"
@@ -60,12 +61,13 @@ void Runtime::pool_access_set(cudaMemPool_t pool, const cudaMemAccessDesc* descs
   bool opened = false;
   for (std::size_t i = 0; i < count; ++i) {
     const cudaMemAccessDesc& desc = descs[i];
-    if (desc.location.type != cudaMemLocationTypeDevice || desc.location.id == owner ||
-        desc.flags == cudaMemAccessFlagsProtNone) {
-      continue;
+    if (desc.location.type != cudaMemLocationTypeDevice || desc.location.id == owner) continue;
+    if (desc.flags == cudaMemAccessFlagsProtNone) {
+      access_revoked(desc.location.id, owner, kPoolAccess);
+    } else {
+      access_granted(desc.location.id, owner, kPoolAccess);  // read-write, where it asked to read: more, never less
+      opened = true;
     }
-    peer_access_enabled(desc.location.id, owner);
-    opened = true;
   }
   if (!opened) return;
   DeviceState* d = nullptr;
@@ -82,7 +84,7 @@ void Runtime::follow_opened_pool(DeviceState& d) {
   std::int64_t lent = 0;
   {
     std::lock_guard<AdaptiveMutex> lock(d.mu);
-    if (d.pool->options().expandable_segments) return;  // its pages were opened (peer_access_enabled)
+    if (d.pool->options().expandable_segments) return;  // its pages were opened (access_granted)
     lent = d.pool->stats().stream_ordered_bytes.current;
   }
   if (opened_pool_to_runtime_[d.device].exchange(true, std::memory_order_relaxed)) return;
@@ -96,6 +98,17 @@ void Runtime::follow_opened_pool(DeviceState& d) {
                               " of stream-ordered blocks gpupool lent before stay closed to them"
                         : "") +
               ". GPUPOOL_EXPANDABLE_SEGMENTS=1 keeps them pooled");
+}
+
+void Runtime::close_default_pool(int owner) {
+  std::vector<int> opened_to;
+  {
+    std::lock_guard<std::mutex> lock(devices_mu_);
+    for (const AccessGrant& g : access_grants_) {
+      if (g.owner == owner && (g.reasons & kPoolAccess) != 0) opened_to.push_back(g.accessor);
+    }
+  }
+  for (int accessor : opened_to) access_revoked(accessor, owner, kPoolAccess);
 }
 
 void Runtime::pool_destroyed() {
@@ -154,16 +167,38 @@ void Runtime::reset_pool_high(cudaMemPool_t pool, cudaMemPoolAttr attr) {
   });
 }
 
-void Runtime::peer_access_enabled(int accessor, int owner) {
-  if (owner < 0 || owner >= kMaxDevices) return;
+void Runtime::access_granted(int accessor, int owner, AccessReason reason) {
+  if (owner < 0 || owner >= kMaxDevices || accessor == owner) return;
   {
     std::lock_guard<std::mutex> lock(devices_mu_);
-    const std::pair<int, int> grant{accessor, owner};
-    if (std::find(peer_grants_.begin(), peer_grants_.end(), grant) == peer_grants_.end()) peer_grants_.push_back(grant);
+    const auto g = std::find_if(access_grants_.begin(), access_grants_.end(),
+                                [&](const AccessGrant& a) { return a.accessor == accessor && a.owner == owner; });
+    if (g != access_grants_.end()) {
+      g->reasons |= reason;
+    } else {
+      access_grants_.push_back({accessor, owner, reason});
+    }
   }
   if (DeviceState* d = existing(owner)) {
     std::lock_guard<AdaptiveMutex> lock(d->mu);
     d->upstream.add_accessor(accessor);
+  }
+}
+
+void Runtime::access_revoked(int accessor, int owner, AccessReason reason) {
+  if (owner < 0 || owner >= kMaxDevices) return;
+  {
+    std::lock_guard<std::mutex> lock(devices_mu_);
+    const auto g = std::find_if(access_grants_.begin(), access_grants_.end(),
+                                [&](const AccessGrant& a) { return a.accessor == accessor && a.owner == owner; });
+    if (g == access_grants_.end()) return;
+    g->reasons &= ~static_cast<unsigned>(reason);
+    if (g->reasons != 0) return;  // the other reason still opens the pages
+    access_grants_.erase(g);
+  }
+  if (DeviceState* d = existing(owner)) {
+    std::lock_guard<AdaptiveMutex> lock(d->mu);
+    d->upstream.remove_accessor(accessor);
   }
 }
 

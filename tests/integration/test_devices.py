@@ -247,8 +247,43 @@ class Access(ShimTest):
                 for path in run.reports():
                     os.remove(path)
 
+    def test_access_taken_away_closes_the_pooled_pages_unless_the_other_grant_holds(self):
+        # A page of gpupool's serves both kinds of block, so it stays open to
+        # a device while peer access or the default pool's access holds, and
+        # closes once neither does (cudaDeviceDisablePeerAccess,
+        # cudaMemAccessFlagsProtNone), to pages mapped before and after; a
+        # device reset closes the default pool.
+        self.in_both_segment_modes(["access-revoked"], {"SIMCUDA_DEVICES": "2"}, lambda report: None)
+
+    def test_pages_the_driver_will_not_open_are_said_and_later_pages_still_map(self):
+        # SIMCUDA_REFUSE_ACCESS=0: cuMemSetAccess refuses device 0. With
+        # expandable segments a line says so once and the pages, mapped before
+        # the grant and after it, serve device 1 alone: every allocation still
+        # succeeds. Fixed segments are cudaMalloc memory, which the runtime
+        # opens.
+        line = "the driver refused to open device 1's pooled pages to device 0"
+        for expandable, refused in (("1", True), ("0", False)):
+            for refuse in ("0", "-1"):
+                with self.subTest(expandable_segments=expandable, refuse=refuse):
+                    run = self.run_program(["test-device-access", "peer-after-pages"],
+                                           env={"SIMCUDA_DEVICES": "2", "SIMCUDA_REFUSE_ACCESS": refuse,
+                                                "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                    self.assertSucceeded(run)
+                    opened = not (refused and refuse == "0")
+                    self.assertEqual(json.loads(run.stdout), {"before": opened, "after": opened})
+                    self.assertEqual(run.stderr.count(line), 0 if opened else 1, run.stderr)
+                    self.remove_reports()
+        # Granted before device 0 had pages: its first pages map, for device 0
+        # alone, and its blocks serve device 1's writes as before.
+        run = self.run_program(["test-devices", "foreign", "5"],
+                               env={"SIMCUDA_DEVICES": "2", "SIMCUDA_REFUSE_ACCESS": "1",
+                                    "GPUPOOL_EXPANDABLE_SEGMENTS": "1"})
+        self.assertSucceeded(run)
+        self.assertEqual(run.stderr.count("the driver refused to open device 0's pooled pages to device 1"), 1,
+                         run.stderr)
+
     def test_the_access_program_passes_without_gpupool_too(self):
-        for mode in ("peer", "pool-access", "pool-access-reset"):
+        for mode in ("peer", "pool-access", "pool-access-reset", "access-revoked", "peer-after-pages"):
             run = self.run_program(["test-device-access", mode],
                                    env={"SIMCUDA_DEVICES": "3" if mode == "pool-access" else "2"}, preload=False)
             self.assertSucceeded(run)

@@ -30,6 +30,19 @@
 //                              (under gpupool with fixed segments, only the
 //                              second block is the runtime's: a reset starts
 //                              the default pool closed again)
+//   access-revoked             device 1's memory opened to device 0 by peer
+//                              access and by its default pool: with the pool
+//                              closed again (cudaMemAccessFlagsProtNone) peer
+//                              access still opens cudaMalloc memory; with both
+//                              taken away, no block of device 1's is open to
+//                              device 0, made before or after; each opens again
+//                              alone; a reset starts device 1's pool closed
+//   peer-after-pages           device 0 given peer access to device 1's memory
+//                              once device 1 has pooled pages, then more
+//                              pages: prints whether device 0 may use a block
+//                              of each, {"before": B, "after": B} (what a
+//                              driver that refuses to open pages leaves,
+//                              with SIMCUDA_REFUSE_ACCESS=0)
 #include "common.hpp"
 #include "device_blocks.hpp"
 
@@ -74,18 +87,24 @@ int peer() {
   return 0;
 }
 
-// Opens `owner`'s default memory pool to `accessor`.
-void open_default_pool(int owner, int accessor) {
+// Opens `owner`'s default memory pool to `accessor` (closes it, with
+// cudaMemAccessFlagsProtNone).
+void set_default_pool_access(int owner, int accessor, cudaMemAccessFlags flags) {
   cudaMemPool_t pool = nullptr;
   CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, owner));
   cudaMemAccessDesc desc{};
   desc.location.type = cudaMemLocationTypeDevice;
   desc.location.id = accessor;
-  desc.flags = cudaMemAccessFlagsProtReadWrite;
+  desc.flags = flags;
   CHECK_CUDA(cudaMemPoolSetAccess(pool, &desc, 1));
-  cudaMemAccessFlags flags = cudaMemAccessFlagsProtNone;
-  CHECK_CUDA(cudaMemPoolGetAccess(&flags, pool, &desc.location));
-  EXPECT(flags == cudaMemAccessFlagsProtReadWrite);
+  cudaMemAccessFlags now = flags == cudaMemAccessFlagsProtNone ? cudaMemAccessFlagsProtReadWrite
+                                                               : cudaMemAccessFlagsProtNone;
+  CHECK_CUDA(cudaMemPoolGetAccess(&now, pool, &desc.location));
+  EXPECT(now == flags);
+}
+
+void open_default_pool(int owner, int accessor) {
+  set_default_pool_access(owner, accessor, cudaMemAccessFlagsProtReadWrite);
 }
 
 int pool_access() {
@@ -149,6 +168,74 @@ int pool_access() {
   return 0;
 }
 
+// Device 1's memory, opened to device 0 by peer access and by its default
+// pool, then closed again reason by reason.
+int access_revoked() {
+  const bool simulated = dlsym(RTLD_DEFAULT, "simcuda_accessible") != nullptr;
+  int can = 0;
+  CHECK_CUDA(cudaDeviceCanAccessPeer(&can, 0, 1));
+  if (can == 0) {
+    std::printf("devices: device 0 cannot access device 1 here; nothing checked\n");
+    return 0;
+  }
+  auto peer_access = [](bool on) {
+    CHECK_CUDA(cudaSetDevice(0));
+    CHECK_CUDA(on ? cudaDeviceEnablePeerAccess(1, 0) : cudaDeviceDisablePeerAccess(1));
+    CHECK_CUDA(cudaSetDevice(1));
+  };
+  peer_access(true);
+  open_default_pool(1, 0);
+  cudaStream_t s = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  void* plain = nullptr;
+  void* ordered = nullptr;
+  CHECK_CUDA(cudaMalloc(&plain, kBytes));
+  CHECK_CUDA(cudaMallocAsync(&ordered, kBytes, s));
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  EXPECT(accessible(plain, 0));
+  EXPECT(accessible(ordered, 0));
+  // The pool closed: peer access still opens cudaMalloc memory.
+  set_default_pool_access(1, 0, cudaMemAccessFlagsProtNone);
+  EXPECT(accessible(plain, 0));
+  // Peer access gone too: nothing of device 1's is open to device 0, pages
+  // mapped before or after.
+  peer_access(false);
+  void* later = nullptr;
+  void* later_ordered = nullptr;
+  CHECK_CUDA(cudaMalloc(&later, 3 * kBytes));
+  CHECK_CUDA(cudaMallocAsync(&later_ordered, 3 * kBytes, s));
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  if (simulated) {
+    for (void* p : {plain, ordered, later, later_ordered}) EXPECT(!accessible(p, 0));
+  }
+  // Peer access again opens cudaMalloc memory.
+  peer_access(true);
+  EXPECT(accessible(plain, 0));
+  EXPECT(accessible(later, 0));
+  // The pool alone opens stream-ordered memory, and its closing closes it.
+  peer_access(false);
+  open_default_pool(1, 0);
+  EXPECT(accessible(later_ordered, 0));
+  set_default_pool_access(1, 0, cudaMemAccessFlagsProtNone);
+  if (simulated) EXPECT(!accessible(later_ordered, 0));
+  for (void* p : {ordered, later_ordered}) CHECK_CUDA(cudaFreeAsync(p, s));
+  for (void* p : {plain, later}) CHECK_CUDA(cudaFree(p));
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  CHECK_CUDA(cudaStreamDestroy(s));
+  // A reset starts device 1's default pool closed.
+  open_default_pool(1, 0);
+  CHECK_CUDA(cudaDeviceReset());
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  void* after_reset = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&after_reset, kBytes, s));
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  if (simulated) EXPECT(!accessible(after_reset, 0));
+  CHECK_CUDA(cudaFreeAsync(after_reset, s));
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  CHECK_CUDA(cudaStreamDestroy(s));
+  return 0;
+}
+
 // A stream-ordered block of `device`'s on a new stream, written and freed.
 void stream_ordered_block(int device) {
   CHECK_CUDA(cudaSetDevice(device));
@@ -189,12 +276,40 @@ int pool_access_reset() {
   return 0;
 }
 
+// Device 0 given peer access to device 1's memory once device 1 has pooled
+// pages, then more pages mapped.
+int peer_after_pages() {
+  int can = 0;
+  CHECK_CUDA(cudaDeviceCanAccessPeer(&can, 0, 1));
+  if (can == 0) {
+    std::printf("devices: device 0 cannot access device 1 here; nothing checked\n");
+    return 0;
+  }
+  CHECK_CUDA(cudaSetDevice(1));
+  void* before = nullptr;
+  CHECK_CUDA(cudaMalloc(&before, kBytes));
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaDeviceEnablePeerAccess(1, 0));
+  CHECK_CUDA(cudaSetDevice(1));
+  void* after = nullptr;
+  CHECK_CUDA(cudaMalloc(&after, 3 * kBytes));
+  expect_on(after, 1);
+  fill(before, 0x21, nullptr);
+  fill(after, 0x22, nullptr);
+  std::printf("{\"before\": %s, \"after\": %s}\n", accessible(before, 0) ? "true" : "false",
+              accessible(after, 0) ? "true" : "false");
+  for (void* p : {before, after}) CHECK_CUDA(cudaFree(p));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "peer") == 0) return peer();
   if (argc > 1 && std::strcmp(argv[1], "pool-access") == 0) return pool_access();
   if (argc > 1 && std::strcmp(argv[1], "pool-access-reset") == 0) return pool_access_reset();
-  std::fprintf(stderr, "usage: device_access peer|pool-access|pool-access-reset\n");
+  if (argc > 1 && std::strcmp(argv[1], "access-revoked") == 0) return access_revoked();
+  if (argc > 1 && std::strcmp(argv[1], "peer-after-pages") == 0) return peer_after_pages();
+  std::fprintf(stderr, "usage: device_access peer|pool-access|pool-access-reset|access-revoked|peer-after-pages\n");
   return 2;
 }

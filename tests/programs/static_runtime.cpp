@@ -37,7 +37,8 @@
 //   static_runtime reset          allocations across cuDevicePrimaryCtxReset
 //   static_runtime lookups        where dlsym's answers come from (program, library, RTLD_NEXT)
 //   static_runtime threads T N    T threads at once, each opening the driver and making N pairs
-//   static_runtime peer           two devices: pooled memory reachable once peer access is enabled
+//   static_runtime peer           two devices: pooled memory reachable once peer access is enabled,
+//                                 and not once it is disabled
 //   static_runtime pool-access    two devices: device 0's default memory pool opened to device 1
 //                                 (cuMemPoolSetAccess) between two stream-ordered blocks; prints
 //                                 whether device 1 may reach each
@@ -138,6 +139,7 @@ struct Driver {
   decltype(&cuDevicePrimaryCtxRetain) primary_ctx_retain;
   decltype(&cuCtxSetCurrent) ctx_set_current;
   decltype(&cuCtxEnablePeerAccess) ctx_enable_peer_access;
+  decltype(&cuCtxDisablePeerAccess) ctx_disable_peer_access;
 };
 thread_local Driver d;
 thread_local void* driver_library = nullptr;
@@ -199,6 +201,7 @@ void open_driver() {
   d.primary_ctx_retain = fetch<decltype(d.primary_ctx_retain)>("cuDevicePrimaryCtxRetain", 7000);
   d.ctx_set_current = fetch<decltype(d.ctx_set_current)>("cuCtxSetCurrent", 4000);
   d.ctx_enable_peer_access = fetch<decltype(d.ctx_enable_peer_access)>("cuCtxEnablePeerAccess", 4000);
+  d.ctx_disable_peer_access = fetch<decltype(d.ctx_disable_peer_access)>("cuCtxDisablePeerAccess", 4000);
   if (d.init(0) != CUDA_SUCCESS) std::exit(1);
 }
 
@@ -655,10 +658,19 @@ int peer() {
   use_device(1);
   CUdeviceptr after = 0;
   check(d.mem_alloc(&after, 3 * kBytes), "cuMemAlloc");
-  std::printf("{\"hidden_before\": %d, \"before\": %d, \"after\": %d}\n", hidden_before ? 1 : 0,
-              reachable(before, 0) ? 1 : 0, reachable(after, 0) ? 1 : 0);
-  check(d.mem_free(before), "cuMemFree");
-  check(d.mem_free(after), "cuMemFree");
+  const bool before_open = reachable(before, 0);
+  const bool after_open = reachable(after, 0);
+  // Taken away again: no page of device 1's is device 0's, then or later.
+  use_device(0);
+  check(d.ctx_disable_peer_access(one), "cuCtxDisablePeerAccess");
+  use_device(1);
+  CUdeviceptr later = 0;
+  check(d.mem_alloc(&later, 3 * kBytes), "cuMemAlloc");
+  int open_after_disable = 0;
+  for (CUdeviceptr p : {before, after, later}) open_after_disable += reachable(p, 0) ? 1 : 0;
+  std::printf("{\"hidden_before\": %d, \"before\": %d, \"after\": %d, \"open_after_disable\": %d}\n",
+              hidden_before ? 1 : 0, before_open ? 1 : 0, after_open ? 1 : 0, open_after_disable);
+  for (CUdeviceptr p : {before, after, later}) check(d.mem_free(p), "cuMemFree");
   return 0;
 }
 
