@@ -1,7 +1,6 @@
 #include "pool/device_pool.hpp"
 
 #include <algorithm>
-#include <memory>
 #include <new>
 
 #include "pool/size_rules.hpp"
@@ -12,8 +11,6 @@ namespace {
 // One operation in this many is timed, so the pool's own cost can be reported
 // without two clock reads on every call.
 constexpr std::uint64_t kTimingSample = 64;
-// Out-of-memory records kept (the count is exact; details of the first ones).
-constexpr std::size_t kOomRecordsKept = 32;
 }  // namespace
 
 DevicePool::DevicePool(Upstream& upstream, const PoolOptions& options,
@@ -288,108 +285,6 @@ DevicePool::Taken DevicePool::take_cached(PoolKind kind, std::size_t rounded, St
   return Taken{};
 }
 
-Block* DevicePool::grow(PoolKind kind, std::size_t rounded, StreamId consumer, bool last_try,
-                        bool* limit_reached, Fragmentation* before) {
-  if (options_.garbage_collection_threshold > 0.0) garbage_collect();
-  const std::size_t bytes = segment_size(rounded, options_);
-  auto new_memory = [&]() -> Block* {
-    Block* b = expandable() ? grow_expandable(kind, rounded, consumer, limit_reached)
-                            : new_segment(kind, bytes, consumer, limit_reached);
-    if (b != nullptr) ++stats_.cache_misses;
-    return b;
-  };
-  auto cached = [&](bool allow_wait) -> Block* {
-    const Taken t = take_cached(kind, rounded, consumer, allow_wait);
-    if (t.block == nullptr) return nullptr;
-    if (t.listed) remove_free(t.block);
-    ++stats_.cache_hits;
-    return t.block;
-  };
-  Block* b = new_memory();
-  if (b != nullptr || (!*limit_reached && !upstream_.failed_for_memory())) return b;
-  // The caller first takes back the blocks it keeps elsewhere (no device
-  // call); making a stream wait, or releasing the cache after a host wait,
-  // is for the last try.
-  if (!last_try) return nullptr;
-  // A walk over the free blocks: only here, on the way to a failure, never
-  // on an ordinary miss (a growing pool with many free blocks would pay it
-  // on every new segment).
-  *before = fragmentation();
-  // Another stream's block after a device-side wait: allowed during a capture
-  // too, between streams that are not capturing (the ordering checks each).
-  if (options_.cross_stream_reuse == CrossStreamReuse::Auto) {
-    if (Block* taken = cached(true); taken != nullptr) return taken;
-  }
-  if (!ordering_.unsafe_calls_allowed()) return b;  // cudaFree would break a capture
-  // Like PyTorch: release oversize blocks that could make room, then all cache.
-  if (!expandable() && release_oversize_for(rounded)) {
-    b = new_memory();
-    if (b != nullptr) return b;
-  }
-  ++stats_.num_alloc_retries;
-  if (release_cached() > 0) b = new_memory();
-  // The host waited for every free: a block that could not be ordered before
-  // (pending under the "completed" policy, or with no barrier to be had) may
-  // be taken now, though no segment was free to give back.
-  if (b == nullptr) b = cached(false);
-  if (b != nullptr) ++stats_.num_retries_served;
-  return b;
-}
-
-Block* DevicePool::add_segment(PoolKind kind, DevicePtr base, std::size_t bytes, bool expandable) {
-  auto seg = std::make_unique<Segment>();
-  seg->base = base;
-  seg->size = bytes;
-  seg->kind = kind;
-  seg->expandable = expandable;
-  Block* b = new_block();
-  b->addr = base;
-  b->size = bytes;
-  b->segment = seg.get();
-  seg->head = b;
-  try {
-    segments_.emplace(base, seg.get());
-  } catch (...) {
-    delete_block(b);
-    throw;
-  }
-  seg.release();  // owned by segments_ (see ~DevicePool)
-  increase(stats_.segment, kind, 1);
-  return b;
-}
-
-bool DevicePool::within_limit(std::size_t bytes) const {
-  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
-  return options_.memory_limit == kUnlimited ||
-         (bytes <= options_.memory_limit && reserved <= options_.memory_limit - bytes);
-}
-
-Block* DevicePool::new_segment(PoolKind kind, std::size_t bytes, StreamId consumer,
-                               bool* limit_reached) {
-  *limit_reached = !within_limit(bytes);
-  if (*limit_reached) return nullptr;
-  const std::uint64_t start = now();
-  const DevicePtr base = upstream_.allocate_segment(bytes);
-  stats_.upstream_alloc_ns += now() - start;
-  if (base == 0) {
-    ++stats_.num_device_alloc_failures;
-    return nullptr;
-  }
-  Block* b = nullptr;
-  try {
-    b = add_segment(kind, base, bytes, false);
-  } catch (...) {
-    upstream_.release_segment(base, bytes);  // no room to keep track of it
-    throw;
-  }
-  ++stats_.num_device_alloc;
-  b->stream = consumer;  // a fresh block carries no history: epochs stay 0
-  increase(stats_.reserved_bytes, kind, static_cast<std::int64_t>(bytes));
-  raise_high(stats_.reserved_high, stats_.reserved_bytes);
-  if (bytes >= options_.max_split_size) stats_.oversize_segments.increase(1);
-  return b;
-}
-
 void DevicePool::carve(Taken t, std::size_t rounded, StreamId consumer) {
   Block* b = t.block;
   const PoolKind kind = b->segment->kind;
@@ -604,91 +499,6 @@ void DevicePool::absorb_next(Block* low) {
   low->next = high->next;
   if (high->next != nullptr) high->next->prev = low;
   delete_block(high);
-}
-
-bool DevicePool::stream_created(StreamId id, StreamKind kind) {
-  // A handle already known names a new stream (see StreamOrdering::
-  // stream_created): what the old stream left cached is a destroyed stream's.
-  if (kind != StreamKind::PerThread && ordering_.knows(id)) rekey(id, kAnyStream);
-  return ordering_.stream_created(id, kind);
-}
-
-void DevicePool::stream_destroy_begin(StreamId id) {
-  const StreamId key = ordering_.stream_destroy_begin(id);
-  try {
-    rekey(id, key);
-  } catch (...) {
-    // Out of host memory partway: some blocks may stay keyed to the stream,
-    // whose row must then be among the report's gone streams to count them.
-    ordering_.stream_destroy_end(id, true);
-    ordering_.destroyed_stream_keys_left();
-    throw;
-  }
-}
-
-void DevicePool::rekey(StreamId id, StreamId key) {
-  // Blocks keyed to the stream: from now on the device barrier (which the
-  // retired fence feeds), or the destroyed stream's own event (`key`), orders
-  // their reuse. A new stream may get the same handle, so none may stay keyed
-  // to it.
-  for (BlockPool& pool : pools_) {
-    // Found before any is taken out (the lists may allocate).
-    std::vector<Block*> keyed;
-    for (Block* b = pool.best_fit(id, 0); b != nullptr && b->stream == id; b = pool.next(b)) keyed.push_back(b);
-    // Re-keyed, a block may now merge with a neighbour it was kept apart from
-    // (see mergeable): in address order, each joins the block before it.
-    std::sort(keyed.begin(), keyed.end(), [](const Block* a, const Block* b) { return a->addr < b->addr; });
-    std::unordered_set<const Block*> waiting(keyed.begin(), keyed.end());
-    for (Block* b : keyed) remove_free(b);
-    for (Block* b : keyed) {
-      waiting.erase(b);
-      b->stream = key;
-      b->stream_epoch = 0;
-      merge_and_list(b, &waiting);
-    }
-  }
-}
-
-void DevicePool::forget_gone_streams() {
-  const std::vector<StreamId> gone = ordering_.gone_streams();
-  for (StreamId id : gone) rekey(id, kAnyStream);
-  forgotten_streams_.reserve(forgotten_streams_.size() + gone.size());  // room first: nothing fails after
-  const std::vector<StreamId> dropped = ordering_.forget_gone_streams();
-  forgotten_streams_.insert(forgotten_streams_.end(), dropped.begin(), dropped.end());
-}
-
-void DevicePool::record_oom(std::size_t size, std::size_t rounded, PoolKind kind,
-                            StreamId stream, std::size_t segment_asked, bool limit_reached,
-                            const Fragmentation& before) {
-  ++stats_.num_ooms;
-  if (ooms_.size() >= kOomRecordsKept) return;
-  const Fragmentation now_frag = fragmentation();
-  OomRecord r;
-  r.time_ns = now();
-  r.requested = size;
-  r.rounded = rounded;
-  r.segment_asked = segment_asked;
-  r.kind = kind;
-  r.stream = stream;
-  r.reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
-  r.allocated = static_cast<std::size_t>(stats_.allocated_bytes[kAll].current);
-  r.free_in_pool = now_frag.free_bytes;
-  r.largest_free_block = now_frag.largest_free_block;
-  // A walk over the free blocks, on the way to a failure only.
-  for (const Block* b : pool_of(kind).blocks()) {
-    if (b->size >= rounded && b->size > r.largest_fitting_block && fits_size_rules(b, rounded)) {
-      r.largest_fitting_block = b->size;
-    }
-  }
-  r.during_capture = ordering_.capture_active();
-  r.cache_kept_for_capture = !ordering_.unsafe_calls_allowed();
-  r.free_before_release = before.free_bytes;
-  r.largest_free_before_release = before.largest_free_block;
-  r.limit_reached = limit_reached;
-  r.memory_limit = options_.memory_limit;
-  r.max_split_size = options_.max_split_size;
-  upstream_.memory_info(&r.device_free, &r.device_total);
-  ooms_.push_back(r);
 }
 
 void DevicePool::record_sample() { timeline_.record(stats_.pool_ops, now(), stats_); }

@@ -308,6 +308,8 @@ class DevicePool {
   SizeHistogram request_histogram_;
   SizeHistogram free_blocks_at_peak_;
   Fragmentation fragmentation_at_peak_;
+  // Out-of-memory records kept (the count is exact; details of the first ones).
+  static constexpr std::size_t kOomRecordsKept = 32;
   std::vector<OomRecord> ooms_;
   Timeline timeline_;
   std::uint64_t reuse_attempts_ = 0;  // garbage-collection clock
