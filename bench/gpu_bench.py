@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 
-from run_benchmarks import machine  # the CPU benchmark's own line: OS, cores, CPU model
+from bench_runs import machine  # the CPU benchmark's own line: OS, cores, CPU model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.environ.get("BUILD_DIR") or os.path.join(ROOT, "build")
@@ -261,7 +261,7 @@ def main():
                 lines.append("| `cudaMalloc`+`cudaFree`, static runtime, `GPUPOOL_STATIC_RUNTIME=1` | 1 | 64 | "
                              "failed (see the log) | | |")
         else:
-            lines.append(f"| `cudaMalloc`+`cudaFree`, static runtime | 1 | 64 | nvcc failed | | |")
+            lines.append("| `cudaMalloc`+`cudaFree`, static runtime | 1 | 64 | nvcc failed | | |")
         print(lines[-1], flush=True)
     lines.append("")
     def single(mode, pooled):

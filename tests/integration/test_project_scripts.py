@@ -124,7 +124,7 @@ class BenchScript(ShimTest):
                     "cob=(1)\ncfi=(1)\ncfn=(1)\ncalls=2 0\n0 20\n+1 5\n"
                     "fn=(3) std::chrono::steady_clock::now()\n0 7\n"
                     "ob=(1)\nfn=(1)\n0 10\n")
-        spec = importlib.util.spec_from_file_location("run_benchmarks", os.path.join(SOURCE, "bench", "run_benchmarks.py"))
+        spec = importlib.util.spec_from_file_location("bench_runs", os.path.join(SOURCE, "bench", "bench_runs.py"))
         bench = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(bench)
         self.assertEqual(bench.instructions_of_objects(path, ("/libgpupool-core.so",)), 112)
