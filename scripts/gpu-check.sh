@@ -126,13 +126,13 @@ pressure=(GPUPOOL_MEMORY_LIMIT=32M)
 echo "== the CUDA rule the device barrier rests on (no gpupool)"
 run "legacy stream event orders blocking streams" 0 -- "$out/hazards_gpu" legacy-barrier-rule
 echo "== the capture modes the simulated runtime keeps: a cudaMalloc during a capture (no gpupool)"
-run "capture modes: which captures an unsafe call invalidates" 0 -- build/bin/test-capture rules
+run "capture modes: which captures an unsafe call invalidates" 0 -- build/bin/test-capture-rules rules
 echo "== a capture ends with its stream, its thread and its device's reset (no gpupool; gpupool's books assume it)"
-run "capture gone: an unsafe call after it is not refused" 0 -- build/bin/test-capture gone-rules
+run "capture gone: an unsafe call after it is not refused" 0 -- build/bin/test-capture-rules gone-rules
 echo "== a thread-local capture's device reset by another thread: the beginning thread's host waits after it (no gpupool; gpupool's waits are relaxed)"
-run "capture reset elsewhere: host waits after it" 0 -- build/bin/test-capture reset-elsewhere-rules
+run "capture reset elsewhere: host waits after it" 0 -- build/bin/test-capture-rules reset-elsewhere-rules
 echo "== a thread-local capture's end on another thread: refused, and the capture ended (no gpupool; the simulated runtime's default)"
-run "capture end elsewhere: its answer and the capture's status after it" 0 -- build/bin/test-capture wrong-thread-rules
+run "capture end elsewhere: its answer and the capture's status after it" 0 -- build/bin/test-capture-rules wrong-thread-rules
 echo "== cudaFree(NULL) as the first call, under gpupool: a current context, as without it"
 run "cudaFree(NULL) creates the context" 0 "${pool[@]}" -- "$out/hazards_gpu" null-free-creates-context
 

@@ -123,14 +123,14 @@ class Capture(ShimTest):
 
     def test_the_simulated_runtime_ends_a_capture_whose_end_it_refuses_on_another_thread(self):
         # CUDA 13's answer, as scripts/gpu-check.sh checks it on CUDA.
-        run = self.run_program(["test-capture", "wrong-thread-rules"], preload=False)
+        run = self.run_program(["test-capture-rules", "wrong-thread-rules"], preload=False)
         self.assertSucceeded(run)
         self.assertEqual(run.output_json(), {"end elsewhere": "cudaErrorStreamCaptureWrongThread",
                                              "status after": "none", "end": "cudaErrorIllegalState"})
 
     def test_the_simulated_runtime_keeps_a_thread_local_capture_reset_elsewhere_counted_on_its_thread(self):
         # CUDA 13's answers, as scripts/gpu-check.sh checks them on CUDA.
-        run = self.run_program(["test-capture", "reset-elsewhere-rules"], preload=False)
+        run = self.run_program(["test-capture-rules", "reset-elsewhere-rules"], preload=False)
         self.assertSucceeded(run)
         refused = "cudaErrorStreamCaptureUnsupported"
         self.assertEqual(run.output_json(), {
@@ -142,7 +142,7 @@ class Capture(ShimTest):
     def test_the_simulated_runtime_ends_a_capture_with_its_stream_thread_or_device(self):
         # The rule the books follow above, kept by the simulated runtime as
         # scripts/gpu-check.sh checks it on CUDA.
-        run = self.run_program(["test-capture", "gone-rules"], preload=False)
+        run = self.run_program(["test-capture-rules", "gone-rules"], preload=False)
         self.assertSucceeded(run)
         self.assertEqual(run.output_json(), {how: {"end": "cudaSuccess", "cudaMalloc after": "cudaSuccess"}
                                              for how in ("stream", "thread", "reset")})
@@ -179,7 +179,7 @@ class Capture(ShimTest):
     def test_the_simulated_runtime_follows_cudas_capture_modes(self):
         # What the tests above rely on: an unsafe call is refused when CUDA
         # refuses it, and not otherwise.
-        run = self.run_program(["test-capture", "rules"], preload=False)
+        run = self.run_program(["test-capture-rules", "rules"], preload=False)
         self.assertSucceeded(run)
         self.assertEqual(run.counters()["captures_invalidated"], 3)
 

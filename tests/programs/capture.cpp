@@ -1,6 +1,8 @@
 // Stream capture with gpupool underneath: stream-ordered allocations inside the
 // capture go to the runtime (they become graph nodes), nothing gpupool does
 // invalidates the capture, and the pool serves the stream again afterwards.
+// What the runtime itself does with captures, without gpupool, is
+// capture_rules.cpp's.
 //   capture            allocations on the capturing stream
 //   capture to-graph   the same, captured into a graph the program made
 //                      (cudaStreamBeginCaptureToGraph)
@@ -41,15 +43,6 @@
 //                      (validly). Prints the refused end's error, the
 //                      capture's status after it and the requests' results
 //                      as JSON
-//   capture wrong-thread-rules  without gpupool: what the runtime does with a
-//                      thread-local capture's end on another thread: its
-//                      answer, the capture's status after it, and the
-//                      beginning thread's end then (JSON); exits 1 unless
-//                      they are CUDA 13's, the simulated runtime's by
-//                      default (refused, none, cudaErrorIllegalState)
-//   capture rules      without gpupool: the simulated runtime refuses an
-//                      unsafe call (cudaMalloc) during a capture, and
-//                      invalidates it, as CUDA's capture modes say
 //   capture plain      a plain cudaMalloc/cudaFree pair while a stream captures
 //                      in global mode: gpupool serves it from memory it maps
 //                      and calls nothing the capture forbids (so, with
@@ -68,20 +61,6 @@
 //                      request that only the cache can serve: gpupool may
 //                      give the cache back only if it knows the capture gone.
 //                      Prints that request's result as JSON
-//   capture reset-elsewhere-rules  without gpupool: a thread-local capture
-//                      begun on this thread, whose device another thread
-//                      resets; then this thread's host waits (an event on
-//                      the legacy stream, the device), in its own capture
-//                      mode and relaxed, and a cudaMalloc (JSON); exits 1
-//                      unless they are CUDA 13's (the capture stays counted
-//                      on this thread: all refused but a relaxed event wait)
-//   capture gone-rules without gpupool: a capture ends with its stream, with
-//                      the thread whose per-thread stream it captures, and
-//                      with its device's reset (unless the runtime refuses
-//                      the destroy or the reset): a cudaMalloc then, which a
-//                      global-mode capture forbids, is not refused. Prints
-//                      each way's results as JSON; exits 1 if a capture
-//                      outlived its end
 //   capture refused-destroy  (run with SIMCUDA_REFUSE_CAPTURING_DESTROY=1) a
 //                      blocking stream makes two stream-ordered pairs (a reuse
 //                      on it), captures, and the runtime refuses to destroy it;
@@ -94,24 +73,12 @@
 //                      requests from memory freed on them again
 #include <string>
 
+#include "capture_common.hpp"
 #include "common.hpp"
 
 namespace {
-void noop(void*) {}
 
-// Ends the capture on `stream`; false (said on stderr) when it was invalidated.
-// A capture into a graph the program made ends with that graph.
-bool ended_valid(cudaStream_t stream, cudaGraph_t into = nullptr) {
-  cudaGraph_t graph = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
-  if (end != cudaSuccess || graph == nullptr) {
-    std::fprintf(stderr, "capture: the capture was invalidated (%s)\n", cudaGetErrorName(end));
-    return false;
-  }
-  if (into != nullptr) EXPECT(graph == into);
-  CHECK_CUDA(cudaGraphDestroy(graph));
-  return true;
-}
+using namespace capture_test;
 
 int others() {
   cudaStream_t capturing = nullptr, asking = nullptr, freed_on = nullptr;
@@ -208,16 +175,6 @@ int other_device(cudaStreamCaptureMode mode, bool other_thread) {
   return 0;
 }
 
-// A capture in `mode` (global: CUDA's default) on a new non-blocking stream,
-// with one node in it.
-cudaStream_t capturing_stream(cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal) {
-  cudaStream_t s = nullptr;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  CHECK_CUDA(cudaStreamBeginCapture(s, mode));
-  CHECK_CUDA(cudaLaunchHostFunc(s, noop, nullptr));
-  return s;
-}
-
 // A stream-ordered pair on `s`: the runtime's (the graph's, on a capturing
 // stream) or the pool's, as the simulated runtime's count shows.
 void stream_ordered_pair(cudaStream_t s, bool the_graphs) {
@@ -231,25 +188,6 @@ void stream_ordered_pair(cudaStream_t s, bool the_graphs) {
     testprog::sim_counters(&c1);
     EXPECT(c1.malloc_async_calls - c0.malloc_async_calls == (the_graphs ? 1u : 0u));
   }
-}
-
-// A thread-local capture this thread began, ended by another thread, which
-// CUDA refuses. Returns the refused end's error.
-cudaError_t end_elsewhere(cudaStream_t capturing) {
-  cudaError_t refused = cudaSuccess;
-  std::thread([&] {
-    cudaGraph_t graph = nullptr;
-    refused = cudaStreamEndCapture(capturing, &graph);
-    if (refused == cudaSuccess && graph != nullptr) CHECK_CUDA(cudaGraphDestroy(graph));
-    (void)cudaGetLastError();
-  }).join();
-  return refused;
-}
-
-const char* capture_status_name(cudaStream_t s) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(s, &status) != cudaSuccess) return "unknown";
-  return status == cudaStreamCaptureStatusNone ? "none" : status == cudaStreamCaptureStatusActive ? "active" : "invalidated";
 }
 
 int wrong_thread_end() {
@@ -284,69 +222,6 @@ int wrong_thread_end() {
   CHECK_CUDA(cudaStreamDestroy(t));
   std::printf("{\"end elsewhere\": \"%s\", \"status after\": \"%s\", \"during\": \"%s\", \"after\": \"%s\"}\n",
               cudaGetErrorName(refused), status, cudaGetErrorName(err_during), cudaGetErrorName(err_after));
-  return 0;
-}
-
-int wrong_thread_rules() {
-  cudaStream_t t = capturing_stream(cudaStreamCaptureModeThreadLocal);
-  const cudaError_t refused = end_elsewhere(t);
-  const char* status = capture_status_name(t);
-  cudaGraph_t graph = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(t, &graph);
-  if (end == cudaSuccess && graph != nullptr) CHECK_CUDA(cudaGraphDestroy(graph));
-  (void)cudaGetLastError();
-  CHECK_CUDA(cudaStreamDestroy(t));
-  std::printf("{\"end elsewhere\": \"%s\", \"status after\": \"%s\", \"end\": \"%s\"}\n",
-              cudaGetErrorName(refused), status, cudaGetErrorName(end));
-  // What CUDA 13 did on an H200, and the simulated runtime does by default.
-  return refused == cudaErrorStreamCaptureWrongThread && std::strcmp(status, "none") == 0 &&
-                 end == cudaErrorIllegalState
-             ? 0
-             : 1;
-}
-
-// A capture begun in `capture_mode`, and one cudaMalloc during it from a
-// thread in `caller_mode`: this thread or another. Whether the capture survives.
-bool survives(cudaStreamCaptureMode capture_mode, bool same_thread, cudaStreamCaptureMode caller_mode) {
-  cudaStream_t s = nullptr;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  CHECK_CUDA(cudaStreamBeginCapture(s, capture_mode));
-  CHECK_CUDA(cudaLaunchHostFunc(s, noop, nullptr));
-  auto call = [caller_mode] {
-    cudaStreamCaptureMode mode = caller_mode;
-    CHECK_CUDA(cudaThreadExchangeStreamCaptureMode(&mode));
-    void* p = nullptr;
-    if (cudaMalloc(&p, 1 << 20) == cudaSuccess) {
-      CHECK_CUDA(cudaFree(p));
-    } else {
-      cudaGetLastError();
-    }
-    CHECK_CUDA(cudaThreadExchangeStreamCaptureMode(&mode));
-  };
-  if (same_thread) {
-    call();
-  } else {
-    std::thread(call).join();
-  }
-  cudaGraph_t graph = nullptr;
-  const bool valid = cudaStreamEndCapture(s, &graph) == cudaSuccess && graph != nullptr;
-  if (valid) CHECK_CUDA(cudaGraphDestroy(graph));
-  cudaGetLastError();
-  CHECK_CUDA(cudaStreamDestroy(s));
-  return valid;
-}
-
-int rules() {
-  const cudaStreamCaptureMode global = cudaStreamCaptureModeGlobal, local = cudaStreamCaptureModeThreadLocal,
-                              relaxed = cudaStreamCaptureModeRelaxed;
-  EXPECT(!survives(global, false, global));  // a global capture forbids every thread...
-  EXPECT(survives(global, false, relaxed));   // ...but one in the relaxed mode
-  EXPECT(survives(global, true, relaxed));
-  EXPECT(!survives(global, true, global));
-  EXPECT(survives(local, false, global));  // a thread-local capture forbids its own thread only
-  EXPECT(!survives(local, true, global));
-  EXPECT(survives(relaxed, true, global));  // a relaxed capture forbids nothing
-  std::printf("capture: the simulated runtime follows CUDA's capture modes\n");
   return 0;
 }
 
@@ -388,14 +263,6 @@ int new_thread() {
   }
   std::printf("capture: valid on a per-thread stream met first inside it\n");
   return 0;
-}
-
-// A thread that begins a global-mode capture of its per-thread stream, and ends.
-void thread_ending_in_capture() {
-  std::thread([] {
-    CHECK_CUDA(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeGlobal));
-    CHECK_CUDA(cudaLaunchHostFunc(cudaStreamPerThread, noop, nullptr));
-  }).join();
 }
 
 int gone(const char* how) {
@@ -448,89 +315,6 @@ int gone(const char* how) {
   CHECK_CUDA(cudaFree(live));
   std::printf("{\"after\": \"%s\"}\n", cudaGetErrorName(err_after));
   return err_after == cudaSuccess ? 0 : 1;
-}
-
-int gone_rules() {
-  // A cudaMalloc, which a global-mode capture still under way would refuse.
-  auto unsafe_call = [] {
-    void* p = nullptr;
-    const cudaError_t err = cudaMalloc(&p, 1 << 20);
-    if (err == cudaSuccess) CHECK_CUDA(cudaFree(p));
-    (void)cudaGetLastError();
-    return err;
-  };
-  bool outlived = false;
-  std::printf("{");
-  for (const char* how : {"stream", "thread", "reset"}) {
-    cudaError_t end = cudaSuccess;  // the destroy's or the reset's answer
-    cudaStream_t s = nullptr;
-    if (std::strcmp(how, "thread") == 0) {
-      thread_ending_in_capture();
-    } else {
-      s = capturing_stream();
-      end = std::strcmp(how, "stream") == 0 ? cudaStreamDestroy(s) : cudaDeviceReset();
-      (void)cudaGetLastError();
-    }
-    const cudaError_t after = unsafe_call();
-    if (end == cudaSuccess && after != cudaSuccess) outlived = true;
-    if (end != cudaSuccess) {  // refused: the capture goes on, and is ended here
-      cudaGraph_t graph = nullptr;
-      if (cudaStreamEndCapture(s, &graph) == cudaSuccess && graph != nullptr) CHECK_CUDA(cudaGraphDestroy(graph));
-      (void)cudaGetLastError();
-    }
-    std::printf("%s\"%s\": {\"end\": \"%s\", \"cudaMalloc after\": \"%s\"}", how[0] == 's' ? "" : ", ", how,
-                cudaGetErrorName(end), cudaGetErrorName(after));
-  }
-  std::printf("}\n");
-  if (outlived) std::fprintf(stderr, "capture: a capture outlived its stream, thread or device reset\n");
-  return outlived ? 1 : 0;
-}
-
-std::string host_waits_answer(const std::string& event, const std::string& device) {
-  return "{\"cudaEventSynchronize\": \"" + event + "\", \"cudaDeviceSynchronize\": \"" + device + "\"}";
-}
-
-// A host wait's answer on this thread: an event recorded on the legacy
-// stream and waited for, and the whole device.
-std::string host_waits() {
-  cudaEvent_t e = nullptr;
-  cudaError_t event = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
-  if (event == cudaSuccess) event = cudaEventRecord(e, nullptr);
-  if (event == cudaSuccess) event = cudaEventSynchronize(e);
-  if (e != nullptr) (void)cudaEventDestroy(e);
-  (void)cudaGetLastError();
-  const cudaError_t device = cudaDeviceSynchronize();
-  (void)cudaGetLastError();
-  return host_waits_answer(cudaGetErrorName(event), cudaGetErrorName(device));
-}
-
-// A thread-local capture begun here, whose device another thread resets:
-// the host waits on this thread afterwards, in its own capture mode and
-// relaxed (gpupool's waits need them), and a cudaMalloc.
-int reset_elsewhere_rules() {
-  cudaStream_t s = capturing_stream(cudaStreamCaptureModeThreadLocal);
-  cudaError_t reset = cudaSuccess;
-  std::thread([&] { reset = cudaDeviceReset(); }).join();
-  const std::string own = host_waits();
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  CHECK_CUDA(cudaThreadExchangeStreamCaptureMode(&mode));
-  const std::string relaxed = host_waits();
-  CHECK_CUDA(cudaThreadExchangeStreamCaptureMode(&mode));
-  void* p = nullptr;
-  const cudaError_t malloc_after = cudaMalloc(&p, 1 << 20);
-  if (malloc_after == cudaSuccess) CHECK_CUDA(cudaFree(p));
-  (void)cudaGetLastError();
-  (void)s;  // destroyed by the reset
-  std::printf("{\"reset\": \"%s\", \"own mode\": %s, \"relaxed\": %s, \"cudaMalloc\": \"%s\"}\n",
-              cudaGetErrorName(reset), own.c_str(), relaxed.c_str(), cudaGetErrorName(malloc_after));
-  // What CUDA 13 did on an H200, and the simulated runtime does: the capture
-  // stays counted on this thread. Its own waits and cudaMalloc are refused;
-  // relaxed, an event's wait goes through, the device's not.
-  const std::string refused = "cudaErrorStreamCaptureUnsupported";
-  const bool cuda13 = reset == cudaSuccess && own == host_waits_answer(refused, refused) &&
-                      relaxed == host_waits_answer("cudaSuccess", refused) &&
-                      malloc_after == cudaErrorStreamCaptureUnsupported;
-  return cuda13 ? 0 : 1;
 }
 
 int refused_destroy() {
@@ -604,8 +388,6 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "refused") == 0) return refused();
   if (argc > 1 && std::strcmp(argv[1], "refused-destroy") == 0) return refused_destroy();
   if (argc > 2 && std::strcmp(argv[1], "gone") == 0) return gone(argv[2]);
-  if (argc > 1 && std::strcmp(argv[1], "gone-rules") == 0) return gone_rules();
-  if (argc > 1 && std::strcmp(argv[1], "reset-elsewhere-rules") == 0) return reset_elsewhere_rules();
   if (argc > 1 && std::strcmp(argv[1], "new-thread") == 0) return new_thread();
   if (argc > 1 && std::strcmp(argv[1], "plain") == 0) return plain();
   if (argc > 3 && std::strcmp(argv[1], "other-device") == 0) {
@@ -614,9 +396,7 @@ int main(int argc, char** argv) {
                                                                                    : cudaStreamCaptureModeRelaxed;
     return other_device(mode, std::strcmp(argv[3], "other-thread") == 0);
   }
-  if (argc > 1 && std::strcmp(argv[1], "rules") == 0) return rules();
   if (argc > 1 && std::strcmp(argv[1], "wrong-thread-end") == 0) return wrong_thread_end();
-  if (argc > 1 && std::strcmp(argv[1], "wrong-thread-rules") == 0) return wrong_thread_rules();
   const bool to_graph = argc > 1 && std::strcmp(argv[1], "to-graph") == 0;
   if (argc > 1 && std::strcmp(argv[1], "threads") == 0) {
     std::thread([] {
