@@ -56,14 +56,18 @@ bool accessible(const void* ptr, int device) {
   return query == nullptr || query(ptr, device) != 0;
 }
 
+// Whether `accessor` may access `owner`'s memory at all; false, said on
+// stdout, where it may not (nothing is checked then).
+bool can_access(int accessor, int owner) {
+  int can = 0;
+  CHECK_CUDA(cudaDeviceCanAccessPeer(&can, accessor, owner));
+  if (can == 0) std::printf("devices: device %d cannot access device %d here; nothing checked\n", accessor, owner);
+  return can != 0;
+}
+
 int peer() {
   const bool simulated = dlsym(RTLD_DEFAULT, "simcuda_accessible") != nullptr;
-  int can = 0;
-  CHECK_CUDA(cudaDeviceCanAccessPeer(&can, 0, 1));
-  if (can == 0) {
-    std::printf("devices: devices 0 and 1 cannot access each other here; nothing checked\n");
-    return 0;
-  }
+  if (!can_access(0, 1)) return 0;
   void* before = nullptr;
   CHECK_CUDA(cudaSetDevice(1));
   CHECK_CUDA(cudaMalloc(&before, kBytes));
@@ -172,12 +176,7 @@ int pool_access() {
 // pool, then closed again reason by reason.
 int access_revoked() {
   const bool simulated = dlsym(RTLD_DEFAULT, "simcuda_accessible") != nullptr;
-  int can = 0;
-  CHECK_CUDA(cudaDeviceCanAccessPeer(&can, 0, 1));
-  if (can == 0) {
-    std::printf("devices: device 0 cannot access device 1 here; nothing checked\n");
-    return 0;
-  }
+  if (!can_access(0, 1)) return 0;
   auto peer_access = [](bool on) {
     CHECK_CUDA(cudaSetDevice(0));
     CHECK_CUDA(on ? cudaDeviceEnablePeerAccess(1, 0) : cudaDeviceDisablePeerAccess(1));
@@ -251,12 +250,7 @@ void stream_ordered_block(int device) {
 }
 
 int pool_access_reset() {
-  int can = 0;
-  CHECK_CUDA(cudaDeviceCanAccessPeer(&can, 1, 0));
-  if (can == 0) {
-    std::printf("devices: device 1 cannot access device 0 here; nothing checked\n");
-    return 0;
-  }
+  if (!can_access(1, 0)) return 0;
   cudaMemPool_t own = testprog::new_device_pool(0);
   cudaMemAccessDesc desc{};
   desc.location.type = cudaMemLocationTypeDevice;
@@ -279,12 +273,7 @@ int pool_access_reset() {
 // Device 0 given peer access to device 1's memory once device 1 has pooled
 // pages, then more pages mapped.
 int peer_after_pages() {
-  int can = 0;
-  CHECK_CUDA(cudaDeviceCanAccessPeer(&can, 0, 1));
-  if (can == 0) {
-    std::printf("devices: device 0 cannot access device 1 here; nothing checked\n");
-    return 0;
-  }
+  if (!can_access(0, 1)) return 0;
   CHECK_CUDA(cudaSetDevice(1));
   void* before = nullptr;
   CHECK_CUDA(cudaMalloc(&before, kBytes));
