@@ -167,17 +167,18 @@ void Runtime::reset_pool_high(cudaMemPool_t pool, cudaMemPoolAttr attr) {
   });
 }
 
+// The books and the pages change under devices_mu_ together (it comes before
+// a device's lock, as in before_fork), so that a grant and a revoke of one
+// pair on two threads leave them agreeing.
 void Runtime::access_granted(int accessor, int owner, AccessReason reason) {
   if (owner < 0 || owner >= kMaxDevices || accessor == owner) return;
-  {
-    std::lock_guard<std::mutex> lock(devices_mu_);
-    const auto g = std::find_if(access_grants_.begin(), access_grants_.end(),
-                                [&](const AccessGrant& a) { return a.accessor == accessor && a.owner == owner; });
-    if (g != access_grants_.end()) {
-      g->reasons |= reason;
-    } else {
-      access_grants_.push_back({accessor, owner, reason});
-    }
+  std::lock_guard<std::mutex> books(devices_mu_);
+  const auto g = std::find_if(access_grants_.begin(), access_grants_.end(),
+                              [&](const AccessGrant& a) { return a.accessor == accessor && a.owner == owner; });
+  if (g != access_grants_.end()) {
+    g->reasons |= reason;
+  } else {
+    access_grants_.push_back({accessor, owner, reason});
   }
   if (DeviceState* d = existing(owner)) {
     std::lock_guard<AdaptiveMutex> lock(d->mu);
@@ -187,15 +188,13 @@ void Runtime::access_granted(int accessor, int owner, AccessReason reason) {
 
 void Runtime::access_revoked(int accessor, int owner, AccessReason reason) {
   if (owner < 0 || owner >= kMaxDevices) return;
-  {
-    std::lock_guard<std::mutex> lock(devices_mu_);
-    const auto g = std::find_if(access_grants_.begin(), access_grants_.end(),
-                                [&](const AccessGrant& a) { return a.accessor == accessor && a.owner == owner; });
-    if (g == access_grants_.end()) return;
-    g->reasons &= ~static_cast<unsigned>(reason);
-    if (g->reasons != 0) return;  // the other reason still opens the pages
-    access_grants_.erase(g);
-  }
+  std::lock_guard<std::mutex> books(devices_mu_);
+  const auto g = std::find_if(access_grants_.begin(), access_grants_.end(),
+                              [&](const AccessGrant& a) { return a.accessor == accessor && a.owner == owner; });
+  if (g == access_grants_.end()) return;
+  g->reasons &= ~static_cast<unsigned>(reason);
+  if (g->reasons != 0) return;  // the other reason still opens the pages
+  access_grants_.erase(g);
   if (DeviceState* d = existing(owner)) {
     std::lock_guard<AdaptiveMutex> lock(d->mu);
     d->upstream.remove_accessor(accessor);

@@ -337,7 +337,7 @@ MUTANTS = [
      'shim'),
     ("pooled pages stay open while the other grant holds",
      'shim/runtime_pools.cpp',
-     '    if (g->reasons != 0) return;  // the other reason still opens the pages\n',
+     '  if (g->reasons != 0) return;  // the other reason still opens the pages\n',
      '',
      'shim'),
     ("a device reset closes its default pool to the devices it was opened to",
