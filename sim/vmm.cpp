@@ -57,20 +57,33 @@ CUresult map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocation
   return Memory::instance().map(reinterpret_cast<void*>(ptr), size, handle) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-// SIMCUDA_REFUSE_ACCESS=N: the device whose access cuMemSetAccess refuses to
-// change (-1: none).
-int refused_accessor() {
-  static const int device = [] {
-    const char* v = std::getenv("SIMCUDA_REFUSE_ACCESS");
-    return v != nullptr ? std::atoi(v) : -1;
+// SIMCUDA_REFUSE_ACCESS=N[:close]: the device whose access cuMemSetAccess
+// refuses to change (all changes, or with ":close" only taking it away).
+struct RefusedAccess {
+  int device = -1;  // none
+  bool closing_only = false;
+};
+
+const RefusedAccess& refused_access() {
+  static const RefusedAccess refused = [] {
+    RefusedAccess r;
+    if (const char* v = std::getenv("SIMCUDA_REFUSE_ACCESS")) {
+      r.device = std::atoi(v);
+      r.closing_only = std::strstr(v, ":close") != nullptr;
+    }
+    return r;
   }();
-  return device;
+  return refused;
 }
 
 CUresult set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
   if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  const RefusedAccess& refused = refused_access();
   for (size_t i = 0; i < count; ++i) {
-    if (desc[i].location.id == refused_accessor()) return CUDA_ERROR_NOT_SUPPORTED;
+    if (desc[i].location.id == refused.device &&
+        (!refused.closing_only || desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_NONE)) {
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
   }
   std::uint64_t granted = 0;
   std::uint64_t revoked = 0;

@@ -255,23 +255,28 @@ class Access(ShimTest):
         # device reset closes the default pool.
         self.in_both_segment_modes(["access-revoked"], {"SIMCUDA_DEVICES": "2"}, lambda report: None)
 
-    def test_pages_the_driver_will_not_open_are_said_and_later_pages_still_map(self):
-        # SIMCUDA_REFUSE_ACCESS=0: cuMemSetAccess refuses device 0. With
-        # expandable segments a line says so once and the pages, mapped before
-        # the grant and after it, serve device 1 alone: every allocation still
-        # succeeds. Fixed segments are cudaMalloc memory, which the runtime
-        # opens.
-        line = "the driver refused to open device 1's pooled pages to device 0"
-        for expandable, refused in (("1", True), ("0", False)):
-            for refuse in ("0", "-1"):
+    def test_pages_the_driver_will_not_open_or_close_are_said_and_later_pages_still_map(self):
+        # SIMCUDA_REFUSE_ACCESS=0: cuMemSetAccess refuses any change of device
+        # 0's access; with ":close", only taking it away. With expandable
+        # segments a line says so once, and the pages, mapped before the grant
+        # and after it, serve device 1 alone (every allocation still
+        # succeeds), or stay open once peer access is disabled. Fixed segments
+        # are cudaMalloc memory, which the runtime opens and closes.
+        opened = "the driver refused to open device 1's pooled pages to device 0"
+        closed = "the driver refused to close device 1's pooled pages to device 0"
+        for expandable in ("1", "0"):
+            for refuse in ("0", "0:close", "-1"):
                 with self.subTest(expandable_segments=expandable, refuse=refuse):
                     run = self.run_program(["test-device-access", "peer-after-pages"],
                                            env={"SIMCUDA_DEVICES": "2", "SIMCUDA_REFUSE_ACCESS": refuse,
                                                 "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
                     self.assertSucceeded(run)
-                    opened = not (refused and refuse == "0")
-                    self.assertEqual(json.loads(run.stdout), {"before": opened, "after": opened})
-                    self.assertEqual(run.stderr.count(line), 0 if opened else 1, run.stderr)
+                    not_opened = expandable == "1" and refuse == "0"
+                    not_closed = expandable == "1" and refuse == "0:close"
+                    self.assertEqual(json.loads(run.stdout),
+                                     {"before": not not_opened, "after": not not_opened, "closed": not not_closed})
+                    self.assertEqual(run.stderr.count(opened), 1 if not_opened else 0, run.stderr)
+                    self.assertEqual(run.stderr.count(closed), 1 if not_closed else 0, run.stderr)
                     self.remove_reports()
         # Granted before device 0 had pages: its first pages map, for device 0
         # alone, and its blocks serve device 1's writes as before.

@@ -39,10 +39,14 @@
 //                              alone; a reset starts device 1's pool closed
 //   peer-after-pages           device 0 given peer access to device 1's memory
 //                              once device 1 has pooled pages, then more
-//                              pages: prints whether device 0 may use a block
-//                              of each, {"before": B, "after": B} (what a
-//                              driver that refuses to open pages leaves,
-//                              with SIMCUDA_REFUSE_ACCESS=0)
+//                              pages, then the access taken away: prints
+//                              whether device 0 may use a block of each, and
+//                              whether both are closed at the end,
+//                              {"before": B, "after": B, "closed": B} (what a
+//                              driver that refuses to open or to close pages
+//                              leaves, with SIMCUDA_REFUSE_ACCESS=0[:close];
+//                              where the runtime cannot say, as on a GPU,
+//                              every block reads open, and closed false)
 #include "common.hpp"
 #include "device_blocks.hpp"
 
@@ -285,8 +289,13 @@ int peer_after_pages() {
   expect_on(after, 1);
   fill(before, 0x21, nullptr);
   fill(after, 0x22, nullptr);
-  std::printf("{\"before\": %s, \"after\": %s}\n", accessible(before, 0) ? "true" : "false",
-              accessible(after, 0) ? "true" : "false");
+  const bool before_open = accessible(before, 0);
+  const bool after_open = accessible(after, 0);
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaDeviceDisablePeerAccess(1));
+  const bool closed = !accessible(before, 0) && !accessible(after, 0);
+  std::printf("{\"before\": %s, \"after\": %s, \"closed\": %s}\n", before_open ? "true" : "false",
+              after_open ? "true" : "false", closed ? "true" : "false");
   for (void* p : {before, after}) CHECK_CUDA(cudaFree(p));
   return 0;
 }
