@@ -360,6 +360,8 @@ class Runtime {
     unsigned reasons;
   };
   std::vector<AccessGrant> access_grants_;
+  // The grant of (accessor, owner), or access_grants_.end(); devices_mu_ held.
+  std::vector<AccessGrant>::iterator grant_of(int accessor, int owner);
   // stream_devices_ with streams_mu_ held: in a forked child, the parent's
   // streams are dropped at the child's first use, not in its fork handler.
   std::unordered_map<StreamId, int>& streams_locked();

@@ -167,14 +167,18 @@ void Runtime::reset_pool_high(cudaMemPool_t pool, cudaMemPoolAttr attr) {
   });
 }
 
+std::vector<Runtime::AccessGrant>::iterator Runtime::grant_of(int accessor, int owner) {
+  return std::find_if(access_grants_.begin(), access_grants_.end(),
+                      [&](const AccessGrant& a) { return a.accessor == accessor && a.owner == owner; });
+}
+
 // The books and the pages change under devices_mu_ together (it comes before
 // a device's lock, as in before_fork), so that a grant and a revoke of one
 // pair on two threads leave them agreeing.
 void Runtime::access_granted(int accessor, int owner, AccessReason reason) {
   if (owner < 0 || owner >= kMaxDevices || accessor == owner) return;
   std::lock_guard<std::mutex> books(devices_mu_);
-  const auto g = std::find_if(access_grants_.begin(), access_grants_.end(),
-                              [&](const AccessGrant& a) { return a.accessor == accessor && a.owner == owner; });
+  const auto g = grant_of(accessor, owner);
   if (g != access_grants_.end()) {
     g->reasons |= reason;
   } else {
@@ -189,8 +193,7 @@ void Runtime::access_granted(int accessor, int owner, AccessReason reason) {
 void Runtime::access_revoked(int accessor, int owner, AccessReason reason) {
   if (owner < 0 || owner >= kMaxDevices) return;
   std::lock_guard<std::mutex> books(devices_mu_);
-  const auto g = std::find_if(access_grants_.begin(), access_grants_.end(),
-                              [&](const AccessGrant& a) { return a.accessor == accessor && a.owner == owner; });
+  const auto g = grant_of(accessor, owner);
   if (g == access_grants_.end()) return;
   g->reasons &= ~static_cast<unsigned>(reason);
   if (g->reasons != 0) return;  // the other reason still opens the pages
