@@ -199,6 +199,10 @@ struct StreamCounters {
   std::uint64_t searched_reuses = 0;      // plain reuses of a larger block's covered memory: a barrier saved
   std::uint64_t fences_recorded = 0;      // events recorded on this stream
   std::uint64_t host_syncs = 0;           // host waits involving this stream
+  // Streams destroyed where gpupool could not see it (the driver's own call,
+  // a library not taken over), found when the runtime refused a call naming
+  // it or gave its handle to a new stream: 1 on such a stream's row.
+  std::uint64_t destroyed_unseen = 0;
 
   StreamCounters& operator+=(const StreamCounters& o) {
     same_stream_reuses += o.same_stream_reuses;
@@ -211,6 +215,7 @@ struct StreamCounters {
     searched_reuses += o.searched_reuses;
     fences_recorded += o.fences_recorded;
     host_syncs += o.host_syncs;
+    destroyed_unseen += o.destroyed_unseen;
     return *this;
   }
 };

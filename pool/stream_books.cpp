@@ -36,6 +36,7 @@ bool StreamOrdering::stream_created(StreamId id, StreamKind kind) {
     // the handle names the new stream now. As for a destroyed stream whose
     // fence could not be recorded, only a device wait covers it. (Found gone
     // already, it was left to one then.)
+    if (!s.gone) ++s.counters.destroyed_unseen;  // (found gone, it was counted then)
     if (addressable(s) && !s.gone && !options_.unsafe_skip_ordering) destroyed_work_unordered_ = true;
     report_destroyed(s);
   }
@@ -327,6 +328,7 @@ void StreamOrdering::found_gone(StreamState& s) {
   // The runtime's own streams never go.
   if (s.gone || s.kind == StreamKind::Legacy || s.kind == StreamKind::PerThread) return;
   s.gone = true;
+  ++s.counters.destroyed_unseen;
   gone_found_ = true;
   if (!options_.unsafe_skip_ordering) destroyed_work_unordered_ = true;
 }

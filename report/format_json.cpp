@@ -104,6 +104,7 @@ void device(JsonWriter& w, const DeviceReport& d) {
     w.field("searched_reuses", r.counters.searched_reuses);
     w.field("fences_recorded", r.counters.fences_recorded);
     w.field("host_syncs", r.counters.host_syncs);
+    w.field("destroyed_unseen", r.counters.destroyed_unseen);
     w.end_object();
   }
   w.end_array();

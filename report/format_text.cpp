@@ -83,10 +83,12 @@ void stream_rows(std::string& out, const std::vector<StreamReport>& streams) {
   std::uint64_t idle_queries = 0;
   std::uint64_t event_waits = 0;
   std::uint64_t destroyed_stream_waits = 0;
+  std::uint64_t destroyed_unseen = 0;
   for (const StreamReport& r : streams) {
     idle_queries += r.counters.idle_queries;
     event_waits += r.counters.event_waits;
     destroyed_stream_waits += r.counters.destroyed_stream_waits;
+    destroyed_unseen += r.counters.destroyed_unseen;
     if (r.id != kAnyStream) continue;
     if (r.counters.caught_up_barriers > 0) {
       appendf(out, "  %llu of the %llu device barriers found the device caught up: no stream waited for them\n",
@@ -109,6 +111,12 @@ void stream_rows(std::string& out, const std::vector<StreamReport>& streams) {
             "  %llu of the %llu event waits were for the last work of a stream destroyed with work queued, "
             "whose block the waiting stream took\n",
             static_cast<unsigned long long>(destroyed_stream_waits), static_cast<unsigned long long>(event_waits));
+  }
+  if (destroyed_unseen > 0) {
+    appendf(out,
+            "  %llu of the gone streams were destroyed where gpupool could not see it: the runtime refused a call "
+            "naming one, or gave its handle to a new stream\n",
+            static_cast<unsigned long long>(destroyed_unseen));
   }
 }
 

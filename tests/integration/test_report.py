@@ -408,6 +408,9 @@ class GoneStreams(ShimTest):
                       viewed.stdout)
         listed = [line for line in viewed.stdout.splitlines() if line.startswith("  stream ")]
         self.assertEqual(len(listed), len(streams) - len(gone), viewed.stdout)
+        # Every one of them ended where gpupool saw it.
+        self.assertEqual(sum(s["destroyed_unseen"] for s in streams), 0, streams)
+        self.assertNotIn("could not see", viewed.stdout)
 
 
 class RefusedFrees(ShimTest):

@@ -3,8 +3,10 @@ device: a slow write by the old owner must land before the new owner's. Each
 case that has an ordering step is also run with that step switched off
 (GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING=1) to show the test catches its absence."""
 import os
+import subprocess
+import sys
 
-from harness import BUILD, ShimTest, main, sanitizer_runtime
+from harness import BUILD, GPUPOOL, ShimTest, main, sanitizer_runtime
 
 
 UNSAFE = {"GPUPOOL_DEBUG_UNSAFE_SKIP_ORDERING": "1"}
@@ -238,6 +240,13 @@ class Hazards(ShimTest):
                 self.assertEqual(counters["device_syncs"], 2)  # gpupool's one, and the program's own
                 device = run.report()["devices"]["0"]
                 self.assertLessEqual(device["stats"]["reserved_bytes.all.peak"], 4 << 20)  # two 2 MiB segments
+                # The report says so, and what to do.
+                self.assertEqual(sum(r["destroyed_unseen"] for r in device["streams"]), 1, device["streams"])
+                self.assertTrue(any(a.startswith("1 streams were destroyed where gpupool could not see it")
+                                    for a in device["advice"]), device["advice"])
+                viewed = subprocess.run([sys.executable, GPUPOOL, "report", run.reports()[0]], capture_output=True,
+                                        text=True, timeout=120)
+                self.assertIn("1 of the gone streams were destroyed where gpupool could not see it", viewed.stdout)
                 os.remove(run.reports()[0])
         unsafe = self.run_program(["test-hazards", "gone-stream"], env=dict(PRESSURE, **UNSAFE))
         expected = (1, 66) if "tsan" in (sanitizer_runtime() or "") else (1,)
@@ -260,6 +269,7 @@ class Hazards(ShimTest):
                 self.assertEqual(run.counters()["destroyed_stream_calls"], 1)
                 rows = [r for r in run.report()["devices"]["0"]["streams"] if r["stream"].startswith("0x")]
                 self.assertEqual(sorted(r["alive"] for r in rows), [False, True], rows)
+                self.assertEqual([r["destroyed_unseen"] for r in rows if not r["alive"]], [1], rows)
                 os.remove(run.reports()[0])
                 unsafe = self.run_program(["test-hazards", case], env=dict(env, **UNSAFE))
                 expected = (1, 66) if "tsan" in (sanitizer_runtime() or "") else (1,)

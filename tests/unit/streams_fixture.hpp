@@ -85,6 +85,13 @@ inline std::vector<StreamReport> rows_of(const DevicePool& pool, StreamId id) {
 }
 
 // The gone streams the pool reports, and the rows they take.
+// Streams the pool's rows say were destroyed where it could not see it.
+inline std::uint64_t destroyed_unseen(const DevicePool& pool) {
+  std::uint64_t n = 0;
+  for (const StreamReport& r : pool.streams()) n += r.counters.destroyed_unseen;
+  return n;
+}
+
 inline std::pair<std::uint64_t, int> gone_streams(const DevicePool& pool) {
   std::uint64_t streams = 0;
   int rows = 0;

@@ -273,3 +273,22 @@ TEST_CASE("memory freed inside a capture is advised to be freed outside it") {
   CHECK(advice_with(d, "inside a stream capture").find("3.00 MiB freed with cudaFreeAsync inside a stream capture") ==
         0);
 }
+
+TEST_CASE("streams destroyed where gpupool could not see it are advised the calls it sees") {
+  report::DeviceReport d;
+  StreamReport seen;
+  seen.id = 0x7000;
+  seen.alive = false;
+  d.streams = {seen};
+  CHECK(advice_with(d, "could not see").empty());  // destroyed with cudaStreamDestroy
+  StreamReport unseen = seen;
+  unseen.counters.destroyed_unseen = 1;
+  StreamReport later_ones = unseen;  // the row of later gone streams adds theirs up
+  later_ones.id = 0;
+  later_ones.streams = 5;
+  later_ones.counters.destroyed_unseen = 4;
+  d.streams = {seen, unseen, later_ones};
+  const std::string line = advice_with(d, "could not see");
+  CHECK(line.find("5 streams were destroyed where gpupool could not see it") == 0);
+  CHECK(line.find("cudaStreamDestroy") != std::string::npos);
+}

@@ -128,8 +128,10 @@ TEST_CASE_METHOD(PoolFixture, "a destroyed stream's work that nothing covers blo
     // (By the driver's own call.) No event can be recorded on the old stream:
     // the handle names the new one now, which must not take the old one's
     // block as its own either.
+    CHECK(destroyed_unseen(*pool) == 0);
     pool->stream_created(kNB, StreamKind::NonBlocking);
     CHECK(gone_streams(*pool) == std::pair<std::uint64_t, int>{1, 1});  // the old stream's row
+    CHECK(destroyed_unseen(*pool) == 1);
     upstream.set_host_waits_fail(true);
     CHECK_FALSE(pool->allocate(1000, kNB).ok);
   }
@@ -288,6 +290,7 @@ TEST_CASE_METHOD(PoolFixture, "a stream the runtime no longer knows leaves the b
     CHECK(count(upstream.calls(), Call::Record, kLegacy) >= 1);  // barriers made again
     CHECK(rows_of_nb(false) == 1);
     CHECK(rows_of_nb(true) == 0);
+    CHECK(destroyed_unseen(*pool) == 1);
     // The caller learns of it, once, for its own books.
     CHECK(pool->take_forgotten_streams() == std::vector<StreamId>{kNB});
     CHECK(pool->take_forgotten_streams().empty());
@@ -323,6 +326,7 @@ TEST_CASE_METHOD(PoolFixture, "a stream the runtime no longer knows leaves the b
     CHECK(alloc(12 * kMiB, kNB) == again);  // the new stream's own, in stream order
     CHECK(rows_of_nb(false) == 1);  // the old stream's row
     CHECK(rows_of_nb(true) == 1);   // the new one's
+    CHECK(destroyed_unseen(*pool) == 1);  // found gone, then its handle given again: one stream
   }
   SECTION("found by a wait for the frees, before the books close") {
     pool->release_cached();  // a barrier finds it gone, then the host waits for the device
