@@ -435,5 +435,7 @@ CUresult cuDevicePrimaryCtxReset(CUdevice d) { return primary_ctx_reset(d); }  /
 CUresult primary_ctx_reset_v1(CUdevice d) __asm__("cuDevicePrimaryCtxReset");
 CUresult primary_ctx_reset_v1(CUdevice d) { return primary_ctx_reset(d); }
 CUresult cuCtxSetCurrent(CUcontext ctx) { return ctx_set_current(ctx); }
+CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) { return ctx_enable_peer_access(peer, flags); }
+CUresult cuCtxDisablePeerAccess(CUcontext peer) { return ctx_disable_peer_access(peer); }
 
 }  // extern "C"

@@ -191,6 +191,23 @@ class StaticRuntime(ShimTest):
                 self.assertEqual(run.counters()["malloc_async_calls"], to_runtime)
                 self.assertEqual(run.report()["devices"]["0"]["stats"]["allocation.all.allocated"], 2 - to_runtime)
 
+    def test_peer_access_given_and_taken_away_by_a_library_fetching_by_name_opens_and_closes_pooled_pages(self):
+        # cuCtxEnablePeerAccess and cuCtxDisablePeerAccess fetched with dlsym:
+        # gpupool's pages of device 1 (expandable segments) open to device 0
+        # with the access and close after. With fixed segments its memory is
+        # the driver's, which follows peer access itself.
+        module = os.path.join(BUILD, "tests", "libtest-driver-lookup.so")
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                self.remove_reports()
+                env = {**self.ON, "GPUPOOL_STATIC_RUNTIME_LIBRARIES": "libtest-driver-lookup.so",
+                       "SIMCUDA_DEVICES": "2", "GPUPOOL_EXPANDABLE_SEGMENTS": expandable}
+                run = self.run_program(["test-static-runtime", "library-peer", module], env=env)
+                self.assertSucceeded(run)
+                self.assertEqual(run.output_json(), {"with_access": 1, "taken_away": 0})
+                self.assertEqual(run.report()["devices"]["1"]["stats"]["allocation.all.allocated"], 1)
+                self.assertEqual(run.counters()["vmm_maps"] > 0, expandable == "1")
+
     def test_a_reset_fetched_by_name_leaves_nothing_from_before_it(self):
         # Both versions of cuDevicePrimaryCtxReset: a block cached before the
         # reset must not be handed out after it (the simulated reset frees it).

@@ -45,12 +45,13 @@ static int write_and_check(CUresult (*htod)(CUdeviceptr, const void*, size_t),
   return memcmp(in, back, size) != 0;
 }
 
-#define FETCH(var, name)                              \
+#define FETCH_OR(var, name, failed)                   \
   do {                                                \
     void* f_ = dlsym(driver, name);                   \
-    if (f_ == NULL) return 1;                         \
+    if (f_ == NULL) return failed;                    \
     memcpy(&var, &f_, sizeof f_);                     \
   } while (0)
+#define FETCH(var, name) FETCH_OR(var, name, 1)
 
 /* Makes device 0's primary context current, as XLA does (a real driver
    needs a current context): 0 when it is. */
@@ -249,13 +250,13 @@ int library_pool_access_by_name(void) {
   CUresult (*mem_alloc_from_pool_async)(CUdeviceptr*, size_t, CUmemoryPool, CUstream);
   CUresult (*mem_free_async)(CUdeviceptr, CUstream);
   CUresult (*mem_pool_set_access)(CUmemoryPool, const CUmemAccessDesc*, size_t);
-  FETCH(stream_create, "cuStreamCreate");
-  FETCH(stream_destroy, "cuStreamDestroy_v2");
-  FETCH(stream_synchronize, "cuStreamSynchronize");
-  FETCH(device_get_default_mem_pool, "cuDeviceGetDefaultMemPool");
-  FETCH(mem_alloc_from_pool_async, "cuMemAllocFromPoolAsync");
-  FETCH(mem_free_async, "cuMemFreeAsync");
-  FETCH(mem_pool_set_access, "cuMemPoolSetAccess");
+  FETCH_OR(stream_create, "cuStreamCreate", -1);
+  FETCH_OR(stream_destroy, "cuStreamDestroy_v2", -1);
+  FETCH_OR(stream_synchronize, "cuStreamSynchronize", -1);
+  FETCH_OR(device_get_default_mem_pool, "cuDeviceGetDefaultMemPool", -1);
+  FETCH_OR(mem_alloc_from_pool_async, "cuMemAllocFromPoolAsync", -1);
+  FETCH_OR(mem_free_async, "cuMemFreeAsync", -1);
+  FETCH_OR(mem_pool_set_access, "cuMemPoolSetAccess", -1);
   if (use_primary_context(driver) != 0) return -1;
   CUstream s = NULL;
   CUmemoryPool pool = NULL;
@@ -278,6 +279,44 @@ int library_pool_access_by_name(void) {
     if (mem_free_async(blocks[i], s) != CUDA_SUCCESS) return -1;
   }
   if (stream_synchronize(s) != CUDA_SUCCESS || stream_destroy(s) != CUDA_SUCCESS) return -1;
+  return open;
+}
+
+/* Peer access between two devices' primary contexts, cuCtxEnablePeerAccess
+   and cuCtxDisablePeerAccess fetched by name: a block of device 1's, device 0
+   given access, then the access taken away. Whether device 0 may use the
+   block, as the simulated driver says: bit 0 with access, bit 1 after it was
+   taken away; -1 where a call failed or the driver cannot say. */
+int library_peer_by_name(void) {
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW);
+  if (driver == NULL) return -1;
+  int (*accessible)(const void*, int) = NULL;
+  void* query = dlsym(driver, "simcuda_accessible");
+  if (query == NULL) return -1;
+  memcpy(&accessible, &query, sizeof query);
+  CUresult (*primary_ctx_retain)(CUcontext*, CUdevice);
+  CUresult (*ctx_set_current)(CUcontext);
+  CUresult (*ctx_enable_peer_access)(CUcontext, unsigned int);
+  CUresult (*ctx_disable_peer_access)(CUcontext);
+  CUresult (*mem_alloc)(CUdeviceptr*, size_t);
+  CUresult (*mem_free)(CUdeviceptr);
+  FETCH_OR(primary_ctx_retain, "cuDevicePrimaryCtxRetain", -1);
+  FETCH_OR(ctx_set_current, "cuCtxSetCurrent", -1);
+  FETCH_OR(ctx_enable_peer_access, "cuCtxEnablePeerAccess", -1);
+  FETCH_OR(ctx_disable_peer_access, "cuCtxDisablePeerAccess", -1);
+  FETCH_OR(mem_alloc, "cuMemAlloc_v2", -1);
+  FETCH_OR(mem_free, "cuMemFree_v2", -1);
+  if (use_primary_context(driver) != 0) return -1;  /* device 0's, and cuInit */
+  CUcontext zero = NULL;
+  CUcontext one = NULL;
+  if (primary_ctx_retain(&zero, 0) != CUDA_SUCCESS || primary_ctx_retain(&one, 1) != CUDA_SUCCESS) return -1;
+  if (ctx_enable_peer_access(one, 0) != CUDA_SUCCESS || ctx_set_current(one) != CUDA_SUCCESS) return -1;
+  CUdeviceptr p = 0;
+  if (mem_alloc(&p, (size_t)4 << 20) != CUDA_SUCCESS) return -1;
+  int open = accessible((const void*)(uintptr_t)p, 0) ? 1 : 0;
+  if (ctx_set_current(zero) != CUDA_SUCCESS || ctx_disable_peer_access(one) != CUDA_SUCCESS) return -1;
+  open |= accessible((const void*)(uintptr_t)p, 0) ? 2 : 0;
+  if (ctx_set_current(one) != CUDA_SUCCESS || mem_free(p) != CUDA_SUCCESS) return -1;
   return open;
 }
 

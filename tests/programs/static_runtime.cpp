@@ -62,6 +62,11 @@
 //                                 opens that pool to device 1, takes another; prints whether device 1
 //                                 may use each (every driver function fetched by name, as XLA's async
 //                                 allocator does)
+//   static_runtime library-peer LIB
+//                                 LIB, on two devices, gives device 0 peer access to device 1's memory
+//                                 and takes it away (cuCtxEnablePeerAccess, cuCtxDisablePeerAccess
+//                                 fetched by name); prints whether device 0 may use a block of device 1
+//                                 with the access and after: {"with_access": B, "taken_away": B}
 //   static_runtime library-reset LIB NAME
 //                                 LIB resets the device through NAME fetched by name between two
 //                                 allocations; the second must be usable
@@ -469,6 +474,14 @@ int main(int argc, char** argv) {
     std::printf("{\"before\": %d, \"after\": %d}\n", open & 1, open >> 1 & 1);
     return 0;
   }
+  if (mode == "library-peer" && argc > 2) {
+    void* module = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
+    auto peer_in = module != nullptr ? reinterpret_cast<int (*)()>(dlsym(module, "library_peer_by_name")) : nullptr;
+    const int open = peer_in != nullptr ? peer_in() : -1;
+    if (open < 0) return 1;
+    std::printf("{\"with_access\": %d, \"taken_away\": %d}\n", open & 1, open >> 1 & 1);
+    return 0;
+  }
   if (mode == "library-reset" && argc > 3) {
     void* module = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
     auto reset_in =
@@ -516,6 +529,6 @@ int main(int argc, char** argv) {
                "foreign-capture-reset [N] | "
                "lookups LIBRARY | "
                "threads T N | "
-               "library|library-by-name LIBRARY N | library-pool-access LIBRARY | library-reset LIBRARY NAME\n");
+               "library|library-by-name LIBRARY N | library-pool-access|library-peer LIBRARY | library-reset LIBRARY NAME\n");
   return 2;
 }
