@@ -365,4 +365,9 @@ MUTANTS = [
      'if (err != CUDA_SUCCESS && done == bytes && !accessors_.empty() && open_to_accessors_alone(addr, bytes)) {',
      'if (false) {',
      'shim'),
+    ("a reset closes the default pool's grant of a device gpupool has no memory of yet",
+     'shim/runtime.cpp',
+     '  close_default_pool(dev);  // its pages forgotten first: the reset released them\n  if (d == nullptr) return;\n',
+     '  if (d == nullptr) return;\n  close_default_pool(dev);\n',
+     'shim'),
 ]

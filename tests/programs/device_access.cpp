@@ -26,10 +26,12 @@
 //                              0; device 0's default pool opened to device 1,
 //                              a block; device 0 reset, a block; device 1's
 //                              default pool opened to device 0 before device 1
-//                              was used, device 1 reset, a block of device 1
-//                              (under gpupool with fixed segments, only the
-//                              second block is the runtime's: a reset starts
-//                              the default pool closed again)
+//                              was used, device 1 reset, a block of device 1;
+//                              a reset starts the default pool closed again:
+//                              each block after one is closed to the other
+//                              device (checked where the runtime can say), and
+//                              under gpupool with fixed segments only the
+//                              second block is the runtime's
 //   access-revoked             device 1's memory opened to device 0 by peer
 //                              access and by its default pool: with the pool
 //                              closed again (cudaMemAccessFlagsProtNone) peer
@@ -239,14 +241,16 @@ int access_revoked() {
   return 0;
 }
 
-// A stream-ordered block of `device`'s on a new stream, written and freed.
-void stream_ordered_block(int device) {
+// A stream-ordered block of `device`'s on a new stream, written and freed;
+// where the runtime can say, closed to device `closed_to` (-1: not checked).
+void stream_ordered_block(int device, int closed_to = -1) {
   CHECK_CUDA(cudaSetDevice(device));
   cudaStream_t s = nullptr;
   CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   void* p = nullptr;
   CHECK_CUDA(cudaMallocAsync(&p, kBytes, s));
   expect_on(p, device);
+  if (closed_to >= 0 && dlsym(RTLD_DEFAULT, "simcuda_accessible") != nullptr) EXPECT(!accessible(p, closed_to));
   fill(p, 7, s);
   CHECK_CUDA(cudaFreeAsync(p, s));
   CHECK_CUDA(cudaStreamSynchronize(s));
@@ -266,11 +270,11 @@ int pool_access_reset() {
   stream_ordered_block(0);
   CHECK_CUDA(cudaSetDevice(0));
   CHECK_CUDA(cudaDeviceReset());  // destroys `own` too
-  stream_ordered_block(0);
+  stream_ordered_block(0, 1);
   open_default_pool(1, 0);
   CHECK_CUDA(cudaSetDevice(1));
   CHECK_CUDA(cudaDeviceReset());
-  stream_ordered_block(1);
+  stream_ordered_block(1, 0);  // its pool's grant was forgotten with the reset, though it had no pool of gpupool's
   return 0;
 }
 
