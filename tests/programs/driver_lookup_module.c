@@ -231,18 +231,26 @@ int library_reset_by_name(const char* reset_name) {
   return mem_free(p) != CUDA_SUCCESS;
 }
 
+/* The driver, and the simulated driver's query of who may use a block: 0
+   when both were found. */
+static int driver_and_access_query(void** driver, int (**accessible)(const void*, int)) {
+  *driver = dlopen("libcuda.so.1", RTLD_NOW);
+  if (*driver == NULL) return 1;
+  void* query = dlsym(*driver, "simcuda_accessible");
+  if (query == NULL) return 1;
+  memcpy(accessible, &query, sizeof query);
+  return 0;
+}
+
 /* As XLA's async allocator on two devices: a block from device 0's default
    memory pool named, then the pool opened to device 1 (cuMemPoolSetAccess),
    then a larger block from it, every function fetched by name. Which blocks
    device 1 may use, as the simulated driver says: bit 0 the first, bit 1 the
    second; -1 where a call failed or the driver cannot say. */
 int library_pool_access_by_name(void) {
-  void* driver = dlopen("libcuda.so.1", RTLD_NOW);
-  if (driver == NULL) return -1;
+  void* driver = NULL;
   int (*accessible)(const void*, int) = NULL;
-  void* query = dlsym(driver, "simcuda_accessible");
-  if (query == NULL) return -1;
-  memcpy(&accessible, &query, sizeof query);
+  if (driver_and_access_query(&driver, &accessible) != 0) return -1;
   CUresult (*stream_create)(CUstream*, unsigned int);
   CUresult (*stream_destroy)(CUstream);
   CUresult (*stream_synchronize)(CUstream);
@@ -288,12 +296,9 @@ int library_pool_access_by_name(void) {
    block, as the simulated driver says: bit 0 with access, bit 1 after it was
    taken away; -1 where a call failed or the driver cannot say. */
 int library_peer_by_name(void) {
-  void* driver = dlopen("libcuda.so.1", RTLD_NOW);
-  if (driver == NULL) return -1;
+  void* driver = NULL;
   int (*accessible)(const void*, int) = NULL;
-  void* query = dlsym(driver, "simcuda_accessible");
-  if (query == NULL) return -1;
-  memcpy(&accessible, &query, sizeof query);
+  if (driver_and_access_query(&driver, &accessible) != 0) return -1;
   CUresult (*primary_ctx_retain)(CUcontext*, CUdevice);
   CUresult (*ctx_set_current)(CUcontext);
   CUresult (*ctx_enable_peer_access)(CUcontext, unsigned int);
