@@ -355,9 +355,13 @@ bool CudaUpstream::open_to_accessors_alone(DevicePtr addr, std::size_t bytes) {
 void CudaUpstream::add_accessor(int accessor) {
   if (accessor == device_ || std::find(accessors_.begin(), accessors_.end(), accessor) != accessors_.end()) return;
   if (page_size() != 0) {
-    for (const auto& [page, handle] : pages_) {
+    for (auto it = pages_.begin(); it != pages_.end(); ++it) {
+      const DevicePtr page = it->first;
       if (const CUresult err = relaxed([&] { return set_access(page, page_, {accessor}); }); err != CUDA_SUCCESS) {
         tell_refused(accessor, err, true);
+        // Left out, the device is never closed again: the pages opened so
+        // far close now, so that none is open where the books say none is.
+        close_to(accessor, pages_.begin(), it);
         return;
       }
     }
@@ -369,8 +373,12 @@ void CudaUpstream::remove_accessor(int accessor) {
   const auto it = std::find(accessors_.begin(), accessors_.end(), accessor);
   if (it == accessors_.end()) return;
   accessors_.erase(it);
-  if (page_size() == 0) return;
-  for (const auto& [page, handle] : pages_) {
+  if (page_size() != 0) close_to(accessor, pages_.begin(), pages_.end());
+}
+
+void CudaUpstream::close_to(int accessor, Pages::const_iterator first, Pages::const_iterator last) {
+  for (auto it = first; it != last; ++it) {
+    const DevicePtr page = it->first;
     const CUresult err =
         relaxed([&] { return set_access(page, page_, {accessor}, CU_MEM_ACCESS_FLAGS_PROT_NONE); });
     if (err != CUDA_SUCCESS) {

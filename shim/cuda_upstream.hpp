@@ -68,8 +68,9 @@ class CudaUpstream final : public Upstream {
   std::size_t unmap_pages(DevicePtr addr, std::size_t bytes) override;
   // Device `accessor` may now reach this device's memory (peer access, or the
   // default pool opened to it): mapped pages, now and later, open to it too
-  // (cudaMalloc memory does). Where the driver refuses, a line says so and
-  // the device is left out, so that later pages still map.
+  // (cudaMalloc memory does). Where the driver refuses a page, a line says
+  // so, the pages opened before it close again, and the device is left out,
+  // so that later pages still map.
   void add_accessor(int accessor);
   // That access was taken away: mapped pages close to it, later ones stay
   // closed (a line if the driver refuses: those pages stay open).
@@ -84,13 +85,17 @@ class CudaUpstream final : public Upstream {
   // device alone, then to each accessor it accepts. False if not even that.
   bool open_to_accessors_alone(DevicePtr addr, std::size_t bytes);
   void tell_refused(int accessor, CUresult err, bool opening) const;
+  using Pages = std::unordered_map<DevicePtr, unsigned long long>;  // mapped page -> physical handle
+  // Closes the pages [first, last) to the device; stops, with a line, at one
+  // the driver refuses to close.
+  void close_to(int accessor, Pages::const_iterator first, Pages::const_iterator last);
 
   int device_;
   bool alone_;
   const UnsafeCallRules& unsafe_call_rules_;
   cudaError_t last_error_ = cudaSuccess;
   mutable std::size_t page_ = 1;  // 1: not asked yet
-  std::unordered_map<DevicePtr, unsigned long long> pages_;  // mapped page -> physical handle
+  Pages pages_;
   std::vector<int> accessors_;  // peers that may access this device's memory
 };
 

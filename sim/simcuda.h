@@ -24,9 +24,11 @@
  *   SIMCUDA_FAIL_SEED=N         seeds the five kinds of injected failure (1)
  *   SIMCUDA_NO_VMM=1            no virtual memory calls (a driver without them)
  *   SIMCUDA_POOLLESS_DEVICE=N   device N has no stream-ordered allocator
- *   SIMCUDA_REFUSE_ACCESS=N[:close]  cuMemSetAccess refuses to change device
- *                               N's access to mapped pages, or with ":close"
- *                               only to take it away (CUDA_ERROR_NOT_SUPPORTED)
+ *   SIMCUDA_REFUSE_ACCESS=N[:close|:open-after=K]  cuMemSetAccess refuses
+ *                               to change device N's access to mapped pages
+ *                               (CUDA_ERROR_NOT_SUPPORTED); with ":close" only
+ *                               to take it away; with ":open-after=K" to open
+ *                               it, once K calls have
  *   SIMCUDA_REFUSE_CAPTURING_DESTROY=1  cudaStreamDestroy refuses a stream
  *                               that captures (cudaErrorStreamCaptureUnsupported);
  *                               by default the capture ends with the stream

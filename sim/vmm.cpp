@@ -5,6 +5,7 @@
 // them (some virtualized GPUs): none is found.
 #include "sim/vmm.hpp"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -57,11 +58,13 @@ CUresult map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocation
   return Memory::instance().map(reinterpret_cast<void*>(ptr), size, handle) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-// SIMCUDA_REFUSE_ACCESS=N[:close]: the device whose access cuMemSetAccess
-// refuses to change (all changes, or with ":close" only taking it away).
+// SIMCUDA_REFUSE_ACCESS=N[:close|:open-after=K]: the device whose access
+// cuMemSetAccess refuses to change (all changes; with ":close" only taking it
+// away; with ":open-after=K" opening, once K calls have opened it).
 struct RefusedAccess {
   int device = -1;  // none
   bool closing_only = false;
+  long opens_allowed = -1;  // -1: no count
 };
 
 const RefusedAccess& refused_access() {
@@ -70,20 +73,27 @@ const RefusedAccess& refused_access() {
     if (const char* v = std::getenv("SIMCUDA_REFUSE_ACCESS")) {
       r.device = std::atoi(v);
       r.closing_only = std::strstr(v, ":close") != nullptr;
+      if (const char* after = std::strstr(v, ":open-after=")) r.opens_allowed = std::atol(after + 12);
     }
     return r;
   }();
   return refused;
 }
 
+bool refuses(const RefusedAccess& refused, const CUmemAccessDesc& desc) {
+  static std::atomic<long> opens{0};
+  if (desc.location.id != refused.device) return false;
+  const bool opening = desc.flags != CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  if (refused.closing_only) return !opening;
+  if (refused.opens_allowed >= 0) return opening && opens.fetch_add(1) >= refused.opens_allowed;
+  return true;
+}
+
 CUresult set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
   if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
   const RefusedAccess& refused = refused_access();
   for (size_t i = 0; i < count; ++i) {
-    if (desc[i].location.id == refused.device &&
-        (!refused.closing_only || desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_NONE)) {
-      return CUDA_ERROR_NOT_SUPPORTED;
-    }
+    if (refuses(refused, desc[i])) return CUDA_ERROR_NOT_SUPPORTED;
   }
   std::uint64_t granted = 0;
   std::uint64_t revoked = 0;

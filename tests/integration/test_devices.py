@@ -257,21 +257,24 @@ class Access(ShimTest):
 
     def test_pages_the_driver_will_not_open_or_close_are_said_and_later_pages_still_map(self):
         # SIMCUDA_REFUSE_ACCESS=0: cuMemSetAccess refuses any change of device
-        # 0's access; with ":close", only taking it away. With expandable
-        # segments a line says so once, and the pages, mapped before the grant
-        # and after it, serve device 1 alone (every allocation still
-        # succeeds), or stay open once peer access is disabled. Fixed segments
-        # are cudaMalloc memory, which the runtime opens and closes.
+        # 0's access; with ":close", only taking it away; with
+        # ":open-after=1", opening it past the first page (the page opened
+        # closes again: the device, left out, would never be closed). With
+        # expandable segments a line says so once, and the pages, mapped
+        # before the grant and after it, serve device 1 alone (every
+        # allocation still succeeds), or stay open once peer access is
+        # disabled. Fixed segments are cudaMalloc memory, which the runtime
+        # opens and closes.
         opened = "the driver refused to open device 1's pooled pages to device 0"
         closed = "the driver refused to close device 1's pooled pages to device 0"
         for expandable in ("1", "0"):
-            for refuse in ("0", "0:close", "-1"):
+            for refuse in ("0", "0:close", "0:open-after=1", "-1"):
                 with self.subTest(expandable_segments=expandable, refuse=refuse):
                     run = self.run_program(["test-device-access", "peer-after-pages"],
                                            env={"SIMCUDA_DEVICES": "2", "SIMCUDA_REFUSE_ACCESS": refuse,
                                                 "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
                     self.assertSucceeded(run)
-                    not_opened = expandable == "1" and refuse == "0"
+                    not_opened = expandable == "1" and refuse in ("0", "0:open-after=1")
                     not_closed = expandable == "1" and refuse == "0:close"
                     self.assertEqual(json.loads(run.stdout),
                                      {"before": not not_opened, "after": not not_opened, "closed": not not_closed})

@@ -46,7 +46,8 @@
 //                              whether both are closed at the end,
 //                              {"before": B, "after": B, "closed": B} (what a
 //                              driver that refuses to open or to close pages
-//                              leaves, with SIMCUDA_REFUSE_ACCESS=0[:close];
+//                              leaves, with SIMCUDA_REFUSE_ACCESS=0[:close] or
+//                              0:open-after=K;
 //                              where the runtime cannot say, as on a GPU,
 //                              every block reads open, and closed false)
 #include "common.hpp"
@@ -297,7 +298,15 @@ int peer_after_pages() {
   const bool after_open = accessible(after, 0);
   CHECK_CUDA(cudaSetDevice(0));
   CHECK_CUDA(cudaDeviceDisablePeerAccess(1));
-  const bool closed = !accessible(before, 0) && !accessible(after, 0);
+  // Every page of both, since a driver may have opened some pages and not
+  // others.
+  auto closed_whole = [](const void* p, size_t bytes) {
+    for (size_t at = 0; at < bytes; at += 1 << 20) {
+      if (accessible(static_cast<const char*>(p) + at, 0)) return false;
+    }
+    return true;
+  };
+  const bool closed = closed_whole(before, kBytes) && closed_whole(after, 3 * kBytes);
   std::printf("{\"before\": %s, \"after\": %s, \"closed\": %s}\n", before_open ? "true" : "false",
               after_open ? "true" : "false", closed ? "true" : "false");
   for (void* p : {before, after}) CHECK_CUDA(cudaFree(p));
