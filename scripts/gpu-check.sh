@@ -497,6 +497,10 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
     # (a line in the log where it refuses), and every call still succeeds.
     run "access taken away closes pooled pages (expandable=$expandable)" 0 "${pool[@]}" \
       GPUPOOL_EXPANDABLE_SEGMENTS=$expandable -- build/bin/test-device-access access-revoked
+    # Either device's reset ends peer access; enabling it again must not
+    # answer "already enabled" (what the real driver does is checked here).
+    run "a reset ends peer access (expandable=$expandable)" 0 "${pool[@]}" \
+      GPUPOOL_EXPANDABLE_SEGMENTS=$expandable -- build/bin/test-device-access peer-reset
   done
   run "two devices, a block freed on the other's stream" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=20M -- build/bin/test-devices foreign 20
   run "two devices, such a free inside a capture" 0 "${pool[@]}" -- build/bin/test-devices foreign-capture

@@ -293,9 +293,11 @@ class Runtime {
   // segments, its stream-ordered calls go to the runtime from now on (see
   // pool_access_set), said once. d.mu not held.
   void follow_opened_pool(DeviceState& d);
-  // `owner` was reset: its default pool starts closed again, so the devices
-  // it was opened to keep gpupool's pages only where they have peer access.
-  void close_default_pool(int owner);
+  // `dev` was reset: its default pool starts closed again, and peer access
+  // to its memory and from it ends (as CUDA documents for
+  // cudaDeviceEnablePeerAccess), so gpupool's pages close where no grant is
+  // left.
+  void end_grants_at_reset(int dev);
   // A store only the first time: every call writing the flag would bounce its
   // cache line between the cores of a multi-threaded program.
   void mark_used() {

@@ -100,15 +100,22 @@ void Runtime::follow_opened_pool(DeviceState& d) {
               ". GPUPOOL_EXPANDABLE_SEGMENTS=1 keeps them pooled");
 }
 
-void Runtime::close_default_pool(int owner) {
-  std::vector<int> opened_to;
+void Runtime::end_grants_at_reset(int dev) {
+  std::vector<AccessGrant> ending;  // each with the reasons that end
   {
     std::lock_guard<std::mutex> lock(devices_mu_);
     for (const AccessGrant& g : access_grants_) {
-      if (g.owner == owner && (g.reasons & kPoolAccess) != 0) opened_to.push_back(g.accessor);
+      unsigned reasons = 0;
+      if (g.owner == dev) reasons |= g.reasons & kPoolAccess;
+      if (g.owner == dev || g.accessor == dev) reasons |= g.reasons & kPeerAccess;
+      if (reasons != 0) ending.push_back({g.accessor, g.owner, reasons});
     }
   }
-  for (int accessor : opened_to) access_revoked(accessor, owner, kPoolAccess);
+  for (const AccessGrant& g : ending) {
+    for (AccessReason reason : {kPeerAccess, kPoolAccess}) {
+      if ((g.reasons & reason) != 0) access_revoked(g.accessor, g.owner, reason);
+    }
+  }
 }
 
 void Runtime::pool_destroyed() {

@@ -247,6 +247,10 @@ bool Memory::unmap(void* ptr, std::size_t size) {
 
 void Memory::reset(int device) {
   std::lock_guard<std::mutex> lock(mu_);
+  // Peer access ends with either device's reset, as CUDA documents for
+  // cudaDeviceEnablePeerAccess.
+  peers_[static_cast<std::size_t>(device)] = 0;
+  for (std::uint64_t& peers : peers_) peers &= ~(std::uint64_t{1} << device);
   for (auto it = live_.begin(); it != live_.end();) {
     if (it->second.device != device) {
       ++it;

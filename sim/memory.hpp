@@ -50,7 +50,8 @@ class Memory {
   bool accessible_from(const void* ptr, int device) const;
   bool unmap(void* ptr, std::size_t size);
   // cudaDeviceReset: every allocation and every physical page of the device
-  // goes, mapped or not (later access faults). Address reservations stay.
+  // goes, mapped or not (later access faults), and so does peer access to
+  // and from it. Address reservations stay.
   void reset(int device);
 
  private:

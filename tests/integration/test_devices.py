@@ -255,6 +255,12 @@ class Access(ShimTest):
         # device reset closes the default pool.
         self.in_both_segment_modes(["access-revoked"], {"SIMCUDA_DEVICES": "2"}, lambda report: None)
 
+    def test_a_reset_of_either_device_ends_peer_access_to_the_pooled_pages(self):
+        # CUDA ends peer access when either device is reset: gpupool's pages
+        # of the owner close to the accessor, mapped before or after, until
+        # access is enabled again.
+        self.in_both_segment_modes(["peer-reset"], {"SIMCUDA_DEVICES": "2"}, lambda report: None)
+
     def test_pages_the_driver_will_not_open_or_close_are_said_and_later_pages_still_map(self):
         # SIMCUDA_REFUSE_ACCESS=0: cuMemSetAccess refuses any change of device
         # 0's access; with ":close", only taking it away; with
@@ -291,7 +297,7 @@ class Access(ShimTest):
                          run.stderr)
 
     def test_the_access_program_passes_without_gpupool_too(self):
-        for mode in ("peer", "pool-access", "pool-access-reset", "access-revoked", "peer-after-pages"):
+        for mode in ("peer", "pool-access", "pool-access-reset", "access-revoked", "peer-after-pages", "peer-reset"):
             run = self.run_program(["test-device-access", mode],
                                    env={"SIMCUDA_DEVICES": "3" if mode == "pool-access" else "2"}, preload=False)
             self.assertSucceeded(run)

@@ -50,6 +50,14 @@
 //                              0:open-after=K;
 //                              where the runtime cannot say, as on a GPU,
 //                              every block reads open, and closed false)
+//   peer-reset                 device 0 given peer access to device 1's memory,
+//                              then device 1 reset: its later blocks are
+//                              closed to device 0; access enabled again (not
+//                              "already enabled"), then device 0 reset: no
+//                              block of device 1's is open to it, made before
+//                              or after (either device's reset ends peer
+//                              access, as CUDA documents; checked where the
+//                              runtime can say)
 #include "common.hpp"
 #include "device_blocks.hpp"
 
@@ -313,6 +321,41 @@ int peer_after_pages() {
   return 0;
 }
 
+int peer_reset() {
+  const bool simulated = dlsym(RTLD_DEFAULT, "simcuda_accessible") != nullptr;
+  if (!can_access(0, 1)) return 0;
+  auto block_of_device_one = [](size_t bytes) {
+    CHECK_CUDA(cudaSetDevice(1));
+    void* p = nullptr;
+    CHECK_CUDA(cudaMalloc(&p, bytes));
+    return p;
+  };
+  auto reset = [](int device) {
+    CHECK_CUDA(cudaSetDevice(device));
+    CHECK_CUDA(cudaDeviceReset());
+  };
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaDeviceEnablePeerAccess(1, 0));
+  void* before = block_of_device_one(kBytes);
+  EXPECT(accessible(before, 0));
+  // The owner's reset ends the access: its memory from then on is its own.
+  reset(1);
+  void* after_owner_reset = block_of_device_one(kBytes);
+  if (simulated) EXPECT(!accessible(after_owner_reset, 0));
+  // Enabled again (not "already enabled"), then the accessor's reset: no
+  // block of device 1's is device 0's, made before or after.
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaDeviceEnablePeerAccess(1, 0));
+  EXPECT(accessible(after_owner_reset, 0));
+  reset(0);
+  void* after_accessor_reset = block_of_device_one(3 * kBytes);
+  if (simulated) {
+    for (void* p : {after_owner_reset, after_accessor_reset}) EXPECT(!accessible(p, 0));
+  }
+  for (void* p : {after_owner_reset, after_accessor_reset}) CHECK_CUDA(cudaFree(p));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -321,6 +364,8 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "pool-access-reset") == 0) return pool_access_reset();
   if (argc > 1 && std::strcmp(argv[1], "access-revoked") == 0) return access_revoked();
   if (argc > 1 && std::strcmp(argv[1], "peer-after-pages") == 0) return peer_after_pages();
-  std::fprintf(stderr, "usage: device_access peer|pool-access|pool-access-reset|access-revoked|peer-after-pages\n");
+  if (argc > 1 && std::strcmp(argv[1], "peer-reset") == 0) return peer_reset();
+  std::fprintf(stderr,
+               "usage: device_access peer|pool-access|pool-access-reset|access-revoked|peer-after-pages|peer-reset\n");
   return 2;
 }
