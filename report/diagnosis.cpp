@@ -341,12 +341,14 @@ std::vector<std::string> advice(const DeviceReport& dev) {
   std::uint64_t destroyed_unseen = 0;
   for (const StreamReport& r : dev.streams) destroyed_unseen += r.counters.destroyed_unseen;
   if (destroyed_unseen > 0) {
-    add(format("%llu streams were destroyed where gpupool could not see it (such as the driver's cuStreamDestroy "
-               "reached through a pointer a library resolved itself): gpupool named them in calls until the runtime refused one or gave "
-               "the handle to a new stream, which CUDA leaves undefined, and then waited for the whole device. "
-               "Destroy streams with cudaStreamDestroy, or with cuStreamDestroy called directly or found with "
-               "dlsym, which gpupool sees",
-               static_cast<unsigned long long>(destroyed_unseen)));
+    const bool one = destroyed_unseen == 1;
+    add(format("%llu %s destroyed where gpupool could not see it (such as the driver's cuStreamDestroy reached "
+               "through a pointer a library resolved itself): gpupool named %s in calls until the runtime refused "
+               "one or gave the handle to a new stream, which CUDA leaves undefined, and then waited for the whole "
+               "device. Destroy streams with cudaStreamDestroy, or with cuStreamDestroy called directly or found "
+               "with dlsym, which gpupool sees",
+               static_cast<unsigned long long>(destroyed_unseen), one ? "stream was" : "streams were",
+               one ? "it" : "them"));
   }
   if (dev.quarantined_bytes > 0) {
     add(format("%s freed with cudaFreeAsync inside a stream capture is never reused: free such "

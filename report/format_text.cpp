@@ -114,9 +114,9 @@ void stream_rows(std::string& out, const std::vector<StreamReport>& streams) {
   }
   if (destroyed_unseen > 0) {
     appendf(out,
-            "  %llu of the gone streams were destroyed where gpupool could not see it: the runtime refused a call "
+            "  %llu of the gone streams %s destroyed where gpupool could not see it: the runtime refused a call "
             "naming one, or gave its handle to a new stream\n",
-            static_cast<unsigned long long>(destroyed_unseen));
+            static_cast<unsigned long long>(destroyed_unseen), destroyed_unseen == 1 ? "was" : "were");
   }
 }
 

@@ -242,11 +242,11 @@ class Hazards(ShimTest):
                 self.assertLessEqual(device["stats"]["reserved_bytes.all.peak"], 4 << 20)  # two 2 MiB segments
                 # The report says so, and what to do.
                 self.assertEqual(sum(r["destroyed_unseen"] for r in device["streams"]), 1, device["streams"])
-                self.assertTrue(any(a.startswith("1 streams were destroyed where gpupool could not see it")
+                self.assertTrue(any(a.startswith("1 stream was destroyed where gpupool could not see it")
                                     for a in device["advice"]), device["advice"])
                 viewed = subprocess.run([sys.executable, GPUPOOL, "report", run.reports()[0]], capture_output=True,
                                         text=True, timeout=120)
-                self.assertIn("1 of the gone streams were destroyed where gpupool could not see it", viewed.stdout)
+                self.assertIn("1 of the gone streams was destroyed where gpupool could not see it", viewed.stdout)
                 os.remove(run.reports()[0])
         unsafe = self.run_program(["test-hazards", "gone-stream"], env=dict(PRESSURE, **UNSAFE))
         expected = (1, 66) if "tsan" in (sanitizer_runtime() or "") else (1,)

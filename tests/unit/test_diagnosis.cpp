@@ -287,8 +287,11 @@ TEST_CASE("streams destroyed where gpupool could not see it are advised the call
   later_ones.id = 0;
   later_ones.streams = 5;
   later_ones.counters.destroyed_unseen = 4;
+  d.streams = {seen, unseen};
+  CHECK(advice_with(d, "could not see").find("1 stream was destroyed where gpupool could not see it") == 0);
   d.streams = {seen, unseen, later_ones};
   const std::string line = advice_with(d, "could not see");
   CHECK(line.find("5 streams were destroyed where gpupool could not see it") == 0);
+  CHECK(line.find("gpupool named them in calls") != std::string::npos);
   CHECK(line.find("cudaStreamDestroy") != std::string::npos);
 }
