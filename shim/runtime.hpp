@@ -217,8 +217,9 @@ class Runtime {
   // `accessor` may now reach `owner`'s memory (cudaDeviceEnablePeerAccess, or
   // owner's default pool opened to it): so may it gpupool's pages there.
   void access_granted(int accessor, int owner, AccessReason reason);
-  // Taken away again (cudaDeviceDisablePeerAccess, or the pool closed).
-  void access_revoked(int accessor, int owner, AccessReason reason);
+  // Taken away again (cudaDeviceDisablePeerAccess, the pool closed, or, for
+  // both reasons at once, a device reset): `reasons` is a set of them.
+  void access_revoked(int accessor, int owner, unsigned reasons);
 
   // A report requested by signal is written by the next intercepted call.
   void poll_report_request() {

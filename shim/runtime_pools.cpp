@@ -111,11 +111,7 @@ void Runtime::end_grants_at_reset(int dev) {
       if (reasons != 0) ending.push_back({g.accessor, g.owner, reasons});
     }
   }
-  for (const AccessGrant& g : ending) {
-    for (AccessReason reason : {kPeerAccess, kPoolAccess}) {
-      if ((g.reasons & reason) != 0) access_revoked(g.accessor, g.owner, reason);
-    }
-  }
+  for (const AccessGrant& g : ending) access_revoked(g.accessor, g.owner, g.reasons);
 }
 
 void Runtime::pool_destroyed() {
@@ -197,12 +193,12 @@ void Runtime::access_granted(int accessor, int owner, AccessReason reason) {
   }
 }
 
-void Runtime::access_revoked(int accessor, int owner, AccessReason reason) {
+void Runtime::access_revoked(int accessor, int owner, unsigned reasons) {
   if (owner < 0 || owner >= kMaxDevices) return;
   std::lock_guard<std::mutex> books(devices_mu_);
   const auto g = grant_of(accessor, owner);
   if (g == access_grants_.end()) return;
-  g->reasons &= ~static_cast<unsigned>(reason);
+  g->reasons &= ~reasons;
   if (g->reasons != 0) return;  // the other reason still opens the pages
   access_grants_.erase(g);
   if (DeviceState* d = existing(owner)) {
