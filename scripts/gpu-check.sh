@@ -501,6 +501,11 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
     # answer "already enabled" (what the real driver does is checked here).
     run "a reset ends peer access (expandable=$expandable)" 0 "${pool[@]}" \
       GPUPOOL_EXPANDABLE_SEGMENTS=$expandable -- build/bin/test-device-access peer-reset
+    # A default pool opened for reading alone (cudaMemAccessFlagsProtRead):
+    # whether CUDA takes it for a pool, and, in the log, whether the driver
+    # maps gpupool's pages for reading alone (a line where it refuses).
+    run "a pool opened for reading alone (expandable=$expandable)" 0 "${pool[@]}" \
+      GPUPOOL_EXPANDABLE_SEGMENTS=$expandable -- build/bin/test-device-access pool-read
   done
   run "two devices, a block freed on the other's stream" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=20M -- build/bin/test-devices foreign 20
   run "two devices, such a free inside a capture" 0 "${pool[@]}" -- build/bin/test-devices foreign-capture

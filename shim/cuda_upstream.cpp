@@ -273,17 +273,16 @@ DevicePtr CudaUpstream::reserve_address_space(std::size_t bytes) {
   return err == CUDA_SUCCESS ? static_cast<DevicePtr>(base) : 0;
 }
 
-CUresult CudaUpstream::set_access(DevicePtr addr, std::size_t bytes, const std::vector<int>& devices,
-                                  CUmemAccess_flags flags) {
-  std::vector<CUmemAccessDesc> access;
-  for (int d : devices) {
-    CUmemAccessDesc a{};
-    a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    a.location.id = d;
-    a.flags = flags;
-    access.push_back(a);
+CUresult CudaUpstream::set_access(DevicePtr addr, std::size_t bytes, const std::vector<Access>& access) {
+  std::vector<CUmemAccessDesc> descs;
+  for (const Access& a : access) {
+    CUmemAccessDesc desc{};
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = a.device;
+    desc.flags = a.flags;
+    descs.push_back(desc);
   }
-  return driver_vmm().set_access(static_cast<CUdeviceptr>(addr), bytes, access.data(), access.size());
+  return driver_vmm().set_access(static_cast<CUdeviceptr>(addr), bytes, descs.data(), descs.size());
 }
 
 bool CudaUpstream::map_pages(DevicePtr addr, std::size_t bytes) {
@@ -305,9 +304,9 @@ bool CudaUpstream::map_pages(DevicePtr addr, std::size_t bytes) {
       }
       pages_[addr + done] = handle;
     }
-    std::vector<int> devices{device_};
-    devices.insert(devices.end(), accessors_.begin(), accessors_.end());
-    if (err == CUDA_SUCCESS) err = set_access(addr, bytes, devices);
+    std::vector<Access> access{{device_, CU_MEM_ACCESS_FLAGS_PROT_READWRITE}};
+    access.insert(access.end(), accessors_.begin(), accessors_.end());
+    if (err == CUDA_SUCCESS) err = set_access(addr, bytes, access);
     if (err != CUDA_SUCCESS && done == bytes && !accessors_.empty() && open_to_accessors_alone(addr, bytes)) {
       err = CUDA_SUCCESS;
     }
@@ -340,64 +339,104 @@ std::size_t CudaUpstream::unmap_pages(DevicePtr addr, std::size_t bytes) {
 }
 
 bool CudaUpstream::open_to_accessors_alone(DevicePtr addr, std::size_t bytes) {
-  if (set_access(addr, bytes, {device_}) != CUDA_SUCCESS) return false;
+  if (set_access(addr, bytes, {{device_, CU_MEM_ACCESS_FLAGS_PROT_READWRITE}}) != CUDA_SUCCESS) return false;
   std::vector<int> refused;
-  for (int a : accessors_) {
+  for (Access& a : accessors_) {
     if (const CUresult err = set_access(addr, bytes, {a}); err != CUDA_SUCCESS) {
-      tell_refused(a, err, true);
-      refused.push_back(a);
+      tell_refused(a.device, err, a.flags, CU_MEM_ACCESS_FLAGS_PROT_NONE);
+      // Read and write where reading alone was refused, as set_accessor does.
+      const Access wider{a.device, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+      const CUresult wider_err =
+          a.flags == CU_MEM_ACCESS_FLAGS_PROT_READ ? set_access(addr, bytes, {wider}) : CUDA_ERROR_NOT_SUPPORTED;
+      if (wider_err == CUDA_SUCCESS) {
+        a = wider;
+      } else {
+        if (a.flags == CU_MEM_ACCESS_FLAGS_PROT_READ) {
+          tell_refused(a.device, wider_err, wider.flags, CU_MEM_ACCESS_FLAGS_PROT_NONE);  // the new pages: none
+        }
+        refused.push_back(a.device);
+      }
     }
   }
-  std::erase_if(accessors_, [&](int a) { return std::find(refused.begin(), refused.end(), a) != refused.end(); });
+  std::erase_if(accessors_, [&](const Access& a) {
+    return std::find(refused.begin(), refused.end(), a.device) != refused.end();
+  });
   return true;
 }
 
-void CudaUpstream::add_accessor(int accessor) {
-  if (accessor == device_ || std::find(accessors_.begin(), accessors_.end(), accessor) != accessors_.end()) return;
+void CudaUpstream::set_accessor(int accessor, CUmemAccess_flags flags) {
+  if (accessor == device_) return;
+  const auto known =
+      std::find_if(accessors_.begin(), accessors_.end(), [&](const Access& a) { return a.device == accessor; });
+  const CUmemAccess_flags before = known != accessors_.end() ? known->flags : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  if (flags == before) return;
   if (page_size() != 0) {
     for (auto it = pages_.begin(); it != pages_.end(); ++it) {
       const DevicePtr page = it->first;
-      if (const CUresult err = relaxed([&] { return set_access(page, page_, {accessor}); }); err != CUDA_SUCCESS) {
-        tell_refused(accessor, err, true);
-        // Left out, the device is never closed again: the pages opened so
-        // far close now, so that none is open where the books say none is.
-        close_to(accessor, pages_.begin(), it);
+      if (const CUresult err = relaxed([&] { return set_access(page, page_, {{accessor, flags}}); });
+          err != CUDA_SUCCESS) {
+        tell_refused(accessor, err, flags, before);
+        // As the books say, or the device would never be closed again: the
+        // pages changed so far go back.
+        set_pages(accessor, before, flags, pages_.begin(), it);
+        // A driver without read-only mappings: read and write, more than
+        // asked, where less would fault the program's reads.
+        if (flags == CU_MEM_ACCESS_FLAGS_PROT_READ && before == CU_MEM_ACCESS_FLAGS_PROT_NONE) {
+          set_accessor(accessor, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+        }
         return;
       }
     }
   }
-  accessors_.push_back(accessor);
+  if (known != accessors_.end()) {
+    known->flags = flags;
+  } else {
+    accessors_.push_back({accessor, flags});
+  }
 }
 
 void CudaUpstream::remove_accessor(int accessor) {
-  const auto it = std::find(accessors_.begin(), accessors_.end(), accessor);
+  const auto it =
+      std::find_if(accessors_.begin(), accessors_.end(), [&](const Access& a) { return a.device == accessor; });
   if (it == accessors_.end()) return;
+  const CUmemAccess_flags kept = it->flags;
   accessors_.erase(it);
-  if (page_size() != 0) close_to(accessor, pages_.begin(), pages_.end());
+  if (page_size() != 0) set_pages(accessor, CU_MEM_ACCESS_FLAGS_PROT_NONE, kept, pages_.begin(), pages_.end());
 }
 
-void CudaUpstream::close_to(int accessor, Pages::const_iterator first, Pages::const_iterator last) {
+void CudaUpstream::set_pages(int accessor, CUmemAccess_flags flags, CUmemAccess_flags kept,
+                             Pages::const_iterator first, Pages::const_iterator last) {
   for (auto it = first; it != last; ++it) {
     const DevicePtr page = it->first;
-    const CUresult err =
-        relaxed([&] { return set_access(page, page_, {accessor}, CU_MEM_ACCESS_FLAGS_PROT_NONE); });
-    if (err != CUDA_SUCCESS) {
-      tell_refused(accessor, err, false);
+    if (const CUresult err = relaxed([&] { return set_access(page, page_, {{accessor, flags}}); });
+        err != CUDA_SUCCESS) {
+      tell_refused(accessor, err, flags, kept);
       return;
     }
   }
 }
 
-void CudaUpstream::tell_refused(int accessor, CUresult err, bool opening) const {
+void CudaUpstream::tell_refused(int accessor, CUresult err, CUmemAccess_flags wanted, CUmemAccess_flags kept) const {
   const std::string owner = std::to_string(device_);
   const std::string other = std::to_string(accessor);
-  message(config::LogLevel::Warn,
-          opening ? "gpupool: the driver refused to open device " + owner + "'s pooled pages to device " + other +
-                        " (cuMemSetAccess: error " + std::to_string(err) + "): device " + other +
-                        " cannot reach all the memory gpupool serves on device " + owner +
-                        ". GPUPOOL_EXPANDABLE_SEGMENTS=0 serves cudaMalloc memory, which the runtime opens"
-                  : "gpupool: the driver refused to close device " + owner + "'s pooled pages to device " + other +
-                        " (cuMemSetAccess: error " + std::to_string(err) + "): they stay open to it");
+  const std::string call = " (cuMemSetAccess: error " + std::to_string(err) + ")";
+  std::string line;
+  if (wanted == CU_MEM_ACCESS_FLAGS_PROT_NONE) {
+    line = "gpupool: the driver refused to close device " + owner + "'s pooled pages to device " + other + call +
+           ": they stay open to it";
+  } else if (wanted == CU_MEM_ACCESS_FLAGS_PROT_READ && kept == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+    line = "gpupool: the driver refused to make device " + owner + "'s pooled pages read-only to device " + other +
+           call + ": device " + other + " may still write them";
+  } else if (wanted == CU_MEM_ACCESS_FLAGS_PROT_READ) {
+    line = "gpupool: the driver refused to open device " + owner + "'s pooled pages to device " + other +
+           " for reading alone" + call + ": gpupool opens them for writing too";
+  } else {
+    line = "gpupool: the driver refused to open device " + owner + "'s pooled pages to device " + other + call +
+           ": device " + other + " cannot " + (kept == CU_MEM_ACCESS_FLAGS_PROT_NONE ? "reach" : "write") +
+           " all the memory gpupool serves on device " + owner +
+           ". GPUPOOL_EXPANDABLE_SEGMENTS=0 serves cudaMalloc memory, which the runtime opens";
+  }
+  message(config::LogLevel::Warn, line);
 }
 
 namespace {

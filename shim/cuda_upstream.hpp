@@ -66,12 +66,13 @@ class CudaUpstream final : public Upstream {
   DevicePtr reserve_address_space(std::size_t bytes) override;
   bool map_pages(DevicePtr addr, std::size_t bytes) override;
   std::size_t unmap_pages(DevicePtr addr, std::size_t bytes) override;
-  // Device `accessor` may now reach this device's memory (peer access, or the
-  // default pool opened to it): mapped pages, now and later, open to it too
-  // (cudaMalloc memory does). Where the driver refuses a page, a line says
-  // so, the pages opened before it close again, and the device is left out,
-  // so that later pages still map.
-  void add_accessor(int accessor);
+  // Device `accessor` may now reach this device's memory as `flags` says:
+  // read, or read and write (peer access, or the default pool opened to it);
+  // called again, the flags change. Mapped pages, now and later, open to it
+  // so (cudaMalloc memory does). Where the driver refuses a page, a line says
+  // so, the pages changed before it go back as they were, and the device
+  // keeps what it had, so that later pages still map.
+  void set_accessor(int accessor, CUmemAccess_flags flags);
   // That access was taken away: mapped pages close to it, later ones stay
   // closed (a line if the driver refuses: those pages stay open).
   void remove_accessor(int accessor);
@@ -79,16 +80,21 @@ class CudaUpstream final : public Upstream {
   void forget_pages() { pages_.clear(); }
 
  private:
-  CUresult set_access(DevicePtr addr, std::size_t bytes, const std::vector<int>& devices,
-                      CUmemAccess_flags flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  struct Access {
+    int device;
+    CUmemAccess_flags flags;
+  };
+  CUresult set_access(DevicePtr addr, std::size_t bytes, const std::vector<Access>& access);
   // New pages the driver would not open to every accessor: opened to the
   // device alone, then to each accessor it accepts. False if not even that.
   bool open_to_accessors_alone(DevicePtr addr, std::size_t bytes);
-  void tell_refused(int accessor, CUresult err, bool opening) const;
+  // A line: the driver refused to give `accessor` `wanted`; it keeps `kept`.
+  void tell_refused(int accessor, CUresult err, CUmemAccess_flags wanted, CUmemAccess_flags kept) const;
   using Pages = std::unordered_map<DevicePtr, unsigned long long>;  // mapped page -> physical handle
-  // Closes the pages [first, last) to the device; stops, with a line, at one
-  // the driver refuses to close.
-  void close_to(int accessor, Pages::const_iterator first, Pages::const_iterator last);
+  // Sets the device's access to the pages [first, last) (from `kept`);
+  // stops, with a line, at one the driver refuses.
+  void set_pages(int accessor, CUmemAccess_flags flags, CUmemAccess_flags kept, Pages::const_iterator first,
+                 Pages::const_iterator last);
 
   int device_;
   bool alone_;
@@ -96,7 +102,7 @@ class CudaUpstream final : public Upstream {
   cudaError_t last_error_ = cudaSuccess;
   mutable std::size_t page_ = 1;  // 1: not asked yet
   Pages pages_;
-  std::vector<int> accessors_;  // peers that may access this device's memory
+  std::vector<Access> accessors_;  // peers that may access this device's memory, and how
 };
 
 // A monotonic clock for the pool's timings, counting from when it was made

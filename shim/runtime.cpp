@@ -80,7 +80,7 @@ DeviceState& Runtime::make_device(int index) {
   }
   auto* d = new DeviceState(index, unsafe_call_rules_, one_device_.load(std::memory_order_relaxed));
   for (const AccessGrant& g : access_grants_) {
-    if (g.owner == index) d->upstream.add_accessor(g.accessor);
+    if (g.owner == index) d->upstream.set_accessor(g.accessor, access_flags(g.reasons));
   }
   std::size_t total = 0;
   std::size_t free_bytes = 0;

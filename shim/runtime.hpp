@@ -211,14 +211,18 @@ class Runtime {
   // start (the handle names the segment).
   bool ipc_exportable(const void* ptr);
   // Why one device may reach another's memory: gpupool's pages of `owner`
-  // are open to `accessor` while either holds (one page serves both kinds of
-  // blocks).
-  enum AccessReason : unsigned { kPeerAccess = 1, kPoolAccess = 2 };
+  // are open to `accessor` while any holds (one page serves both kinds of
+  // blocks), for reads and writes unless the default pool's read-only grant
+  // (cudaMemAccessFlagsProtRead) is all that holds. The pool has one grant
+  // at a time: kPoolAccess or kPoolReadAccess.
+  enum AccessReason : unsigned { kPeerAccess = 1, kPoolAccess = 2, kPoolReadAccess = 4 };
+  static constexpr unsigned kAnyPoolAccess = kPoolAccess | kPoolReadAccess;
   // `accessor` may now reach `owner`'s memory (cudaDeviceEnablePeerAccess, or
-  // owner's default pool opened to it): so may it gpupool's pages there.
+  // owner's default pool opened to it, or opened again with other flags): so
+  // may it gpupool's pages there.
   void access_granted(int accessor, int owner, AccessReason reason);
   // Taken away again (cudaDeviceDisablePeerAccess, the pool closed, or, for
-  // both reasons at once, a device reset): `reasons` is a set of them.
+  // every reason at once, a device reset): `reasons` is a set of them.
   void access_revoked(int accessor, int owner, unsigned reasons);
 
   // A report requested by signal is written by the next intercepted call.
@@ -363,6 +367,8 @@ class Runtime {
     unsigned reasons;
   };
   std::vector<AccessGrant> access_grants_;
+  // How gpupool's pages open to a device for a grant's reasons.
+  static CUmemAccess_flags access_flags(unsigned reasons);
   // The grant of (accessor, owner), or access_grants_.end(); devices_mu_ held.
   std::vector<AccessGrant>::iterator grant_of(int accessor, int owner);
   // stream_devices_ with streams_mu_ held: in a forked child, the parent's

@@ -63,9 +63,10 @@ void Runtime::pool_access_set(cudaMemPool_t pool, const cudaMemAccessDesc* descs
     const cudaMemAccessDesc& desc = descs[i];
     if (desc.location.type != cudaMemLocationTypeDevice || desc.location.id == owner) continue;
     if (desc.flags == cudaMemAccessFlagsProtNone) {
-      access_revoked(desc.location.id, owner, kPoolAccess);
+      access_revoked(desc.location.id, owner, kAnyPoolAccess);
     } else {
-      access_granted(desc.location.id, owner, kPoolAccess);  // read-write, where it asked to read: more, never less
+      access_granted(desc.location.id, owner,
+                     desc.flags == cudaMemAccessFlagsProtRead ? kPoolReadAccess : kPoolAccess);
       opened = true;
     }
   }
@@ -106,7 +107,7 @@ void Runtime::end_grants_at_reset(int dev) {
     std::lock_guard<std::mutex> lock(devices_mu_);
     for (const AccessGrant& g : access_grants_) {
       unsigned reasons = 0;
-      if (g.owner == dev) reasons |= g.reasons & kPoolAccess;
+      if (g.owner == dev) reasons |= g.reasons & kAnyPoolAccess;
       if (g.owner == dev || g.accessor == dev) reasons |= g.reasons & kPeerAccess;
       if (reasons != 0) ending.push_back({g.accessor, g.owner, reasons});
     }
@@ -175,21 +176,25 @@ std::vector<Runtime::AccessGrant>::iterator Runtime::grant_of(int accessor, int 
                       [&](const AccessGrant& a) { return a.accessor == accessor && a.owner == owner; });
 }
 
+// How gpupool's pages are open to a device for a grant's reasons.
+CUmemAccess_flags Runtime::access_flags(unsigned reasons) {
+  if ((reasons & (kPeerAccess | kPoolAccess)) != 0) return CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return (reasons & kPoolReadAccess) != 0 ? CU_MEM_ACCESS_FLAGS_PROT_READ : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+}
+
 // The books and the pages change under devices_mu_ together (it comes before
 // a device's lock, as in before_fork), so that a grant and a revoke of one
 // pair on two threads leave them agreeing.
 void Runtime::access_granted(int accessor, int owner, AccessReason reason) {
   if (owner < 0 || owner >= kMaxDevices || accessor == owner) return;
   std::lock_guard<std::mutex> books(devices_mu_);
-  const auto g = grant_of(accessor, owner);
-  if (g != access_grants_.end()) {
-    g->reasons |= reason;
-  } else {
-    access_grants_.push_back({accessor, owner, reason});
-  }
+  auto g = grant_of(accessor, owner);
+  if (g == access_grants_.end()) g = access_grants_.insert(g, {accessor, owner, 0});
+  if ((reason & kAnyPoolAccess) != 0) g->reasons &= ~kAnyPoolAccess;  // the pool's new grant replaces its last
+  g->reasons |= reason;
   if (DeviceState* d = existing(owner)) {
     std::lock_guard<AdaptiveMutex> lock(d->mu);
-    d->upstream.add_accessor(accessor);
+    d->upstream.set_accessor(accessor, access_flags(g->reasons));
   }
 }
 
@@ -199,11 +204,15 @@ void Runtime::access_revoked(int accessor, int owner, unsigned reasons) {
   const auto g = grant_of(accessor, owner);
   if (g == access_grants_.end()) return;
   g->reasons &= ~reasons;
-  if (g->reasons != 0) return;  // the other reason still opens the pages
-  access_grants_.erase(g);
+  const unsigned left = g->reasons;
+  if (left == 0) access_grants_.erase(g);
   if (DeviceState* d = existing(owner)) {
     std::lock_guard<AdaptiveMutex> lock(d->mu);
-    d->upstream.remove_accessor(accessor);
+    if (left == 0) {
+      d->upstream.remove_accessor(accessor);
+    } else {
+      d->upstream.set_accessor(accessor, access_flags(left));  // peer access gone, a read-only pool left: read only
+    }
   }
 }
 

@@ -35,6 +35,13 @@ struct Pool {
   std::uint64_t reserved_high = 0;
   std::uint64_t release_threshold = 0;
   std::uint64_t accessors = 0;  // a bit per other device cudaMemPoolSetAccess granted
+  std::uint64_t readers_only = 0;  // those of them granted cudaMemAccessFlagsProtRead
+
+  cudaMemAccessFlags access_of(int accessor) const {
+    if (accessor == device) return cudaMemAccessFlagsProtReadWrite;
+    if ((accessors >> accessor & 1u) == 0) return cudaMemAccessFlagsProtNone;
+    return (readers_only >> accessor & 1u) != 0 ? cudaMemAccessFlagsProtRead : cudaMemAccessFlagsProtReadWrite;
+  }
   int reuse[3] = {1, 1, 1};  // follow event dependencies, opportunistic, internal dependencies
 };
 
@@ -158,6 +165,7 @@ cudaError_t set_mem_pool_access(cudaMemPool_t pool, const cudaMemAccessDesc* des
     if (device == p->device) continue;  // its own device keeps its access
     const std::uint64_t bit = std::uint64_t{1} << device;
     p->accessors = descs[i].flags == cudaMemAccessFlagsProtNone ? p->accessors & ~bit : p->accessors | bit;
+    p->readers_only = descs[i].flags == cudaMemAccessFlagsProtRead ? p->readers_only | bit : p->readers_only & ~bit;
   }
   return cudaSuccess;
 }
@@ -171,12 +179,11 @@ cudaError_t get_mem_pool_access(cudaMemAccessFlags* flags, cudaMemPool_t pool, c
   std::lock_guard<std::mutex> lock(all.mu);
   const Pool* p = all.find(pool);
   if (p == nullptr) return cudaErrorInvalidValue;
-  const bool granted = location->id == p->device || (p->accessors >> location->id & 1u) != 0;
-  *flags = granted ? cudaMemAccessFlagsProtReadWrite : cudaMemAccessFlagsProtNone;
+  *flags = p->access_of(location->id);
   return cudaSuccess;
 }
 
-int mem_pool_accessible(const void* ptr, int device) {
+int mem_pool_access(const void* ptr, int device) {
   Pools& all = pools();
   std::lock_guard<std::mutex> lock(all.mu);
   const auto at = reinterpret_cast<std::uintptr_t>(ptr);
@@ -184,8 +191,7 @@ int mem_pool_accessible(const void* ptr, int device) {
   if (it == all.allocations.begin()) return -1;
   --it;
   if (at >= it->first + it->second.size) return -1;
-  const Pool& p = *it->second.pool;
-  return device == p.device || (p.accessors >> device & 1u) != 0 ? 1 : 0;
+  return it->second.pool->access_of(device);
 }
 
 void mem_pool_allocated(void* p, std::size_t size, int device, cudaMemPool_t from) {
@@ -222,6 +228,7 @@ void mem_pool_device_reset(int device) {
   }
   all.current[device % kDevices] = nullptr;
   all.defaults[device % kDevices].accessors = 0;  // its default pool starts afresh
+  all.defaults[device % kDevices].readers_only = 0;
 }
 
 cudaError_t mem_pool_get(cudaMemPool_t handle, cudaMemPoolAttr attr, void* value) {

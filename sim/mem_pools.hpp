@@ -23,9 +23,9 @@ cudaError_t set_current_mem_pool(int device, cudaMemPool_t pool);
 // runtime has no host pools).
 cudaError_t set_mem_pool_access(cudaMemPool_t pool, const cudaMemAccessDesc* descs, std::size_t count);
 cudaError_t get_mem_pool_access(cudaMemAccessFlags* flags, cudaMemPool_t pool, const cudaMemLocation* location);
-// Whether `device` may access the stream-ordered allocation holding ptr: 1 or
-// 0, or -1 where ptr lies in none.
-int mem_pool_accessible(const void* ptr, int device);
+// How `device` may access the stream-ordered allocation holding ptr (a
+// cudaMemAccessFlags value), or -1 where ptr lies in none.
+int mem_pool_access(const void* ptr, int device);
 // Stream-ordered memory taken from `from` (null: the device's current pool),
 // and given back. A free of other memory is ignored.
 void mem_pool_allocated(void* p, std::size_t size, int device, cudaMemPool_t from);

@@ -177,12 +177,13 @@ bool Memory::map(void* ptr, std::size_t size, std::uint64_t handle) {
   if (next != mappings_.end() && next->first < p + size) return false;  // overlaps a mapping
   if (next != mappings_.begin() && std::prev(next)->first + std::prev(next)->second.size > p) return false;
   it->second.mapped = true;
-  mappings_.emplace(p, Mapping{size, handle, false, 0});
+  mappings_.emplace(p, Mapping{size, handle, false, 0, 0});
   counters().vmm_maps++;
   return true;
 }
 
-bool Memory::set_access(void* ptr, std::size_t size, std::uint64_t granted, std::uint64_t revoked) {
+bool Memory::set_access(void* ptr, std::size_t size, std::uint64_t changed, std::uint64_t readers,
+                        std::uint64_t writers) {
   std::lock_guard<std::mutex> lock(mu_);
   const auto p = reinterpret_cast<std::uintptr_t>(ptr);
   // Every byte of the range must be mapped.
@@ -194,7 +195,8 @@ bool Memory::set_access(void* ptr, std::size_t size, std::uint64_t granted, std:
   for (std::uintptr_t at = p; at < p + size;) {
     Mapping& m = mappings_.at(at);
     m.accessible = true;
-    m.devices = (m.devices | granted) & ~revoked;
+    m.readers = (m.readers & ~changed) | (readers & changed);
+    m.writers = (m.writers & ~changed) | (writers & changed);
     at += m.size;
   }
   return mprotect(ptr, size, PROT_READ | PROT_WRITE) == 0;
@@ -218,17 +220,20 @@ cudaError_t Memory::disable_peer_access(int accessor, int owner) {
   return cudaSuccess;
 }
 
-bool Memory::accessible_from(const void* ptr, int device) const {
+int Memory::access_from(const void* ptr, int device) const {
   std::lock_guard<std::mutex> lock(mu_);
   const auto p = reinterpret_cast<std::uintptr_t>(ptr);
   auto it = live_.upper_bound(p);
   if (it != live_.begin() && p < std::prev(it)->first + std::prev(it)->second.size) {
     const int owner = std::prev(it)->second.device;
-    return owner == device || (peers_[static_cast<std::size_t>(device)] >> owner & 1u) != 0;
+    const bool peer = (peers_[static_cast<std::size_t>(device)] >> owner & 1u) != 0;
+    return owner == device || peer ? cudaMemAccessFlagsProtReadWrite : cudaMemAccessFlagsProtNone;
   }
   auto m = mappings_.upper_bound(p);
-  if (m == mappings_.begin() || p >= std::prev(m)->first + std::prev(m)->second.size) return false;
-  return (std::prev(m)->second.devices >> device & 1u) != 0;
+  if (m == mappings_.begin() || p >= std::prev(m)->first + std::prev(m)->second.size) return cudaMemAccessFlagsProtNone;
+  const Mapping& mapping = std::prev(m)->second;
+  if ((mapping.writers >> device & 1u) != 0) return cudaMemAccessFlagsProtReadWrite;
+  return (mapping.readers >> device & 1u) != 0 ? cudaMemAccessFlagsProtRead : cudaMemAccessFlagsProtNone;
 }
 
 bool Memory::unmap(void* ptr, std::size_t size) {

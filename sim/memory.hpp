@@ -39,15 +39,17 @@ class Memory {
   cudaError_t create_physical(int device, std::size_t size, std::uint64_t* handle);
   bool release_physical(std::uint64_t handle);
   bool map(void* ptr, std::size_t size, std::uint64_t handle);
-  // Grants the devices in `granted` (a bit each) access to the mapped range
-  // and takes it from those in `revoked`; the others keep what they had.
-  bool set_access(void* ptr, std::size_t size, std::uint64_t granted, std::uint64_t revoked);
+  // Sets the access of the devices in `changed` (a bit each) to the mapped
+  // range: read for those in `readers`, write too for those in `writers`,
+  // none for the rest of them; the others keep what they had.
+  bool set_access(void* ptr, std::size_t size, std::uint64_t changed, std::uint64_t readers, std::uint64_t writers);
   // Peer access (cudaDeviceEnablePeerAccess): `accessor` may use `owner`'s
   // cudaMalloc memory. Mapped pages need set_access for it, as on a GPU.
   cudaError_t enable_peer_access(int accessor, int owner);
   cudaError_t disable_peer_access(int accessor, int owner);
-  // Whether `device` may access the device memory at ptr.
-  bool accessible_from(const void* ptr, int device) const;
+  // How `device` may access the device memory at ptr, as a
+  // cudaMemAccessFlags value: 0 not at all, 1 read, 3 read and write.
+  int access_from(const void* ptr, int device) const;
   bool unmap(void* ptr, std::size_t size);
   // cudaDeviceReset: every allocation and every physical page of the device
   // goes, mapped or not (later access faults), and so does peer access to
@@ -74,7 +76,8 @@ class Memory {
     std::size_t size;
     std::uint64_t handle;
     bool accessible;
-    std::uint64_t devices;  // a bit per device granted access
+    std::uint64_t readers;  // a bit per device granted access
+    std::uint64_t writers;  // those of them that may also write
   };
   std::map<std::uint64_t, Physical> physical_;
   std::map<std::uintptr_t, Mapping> mappings_;  // by start address

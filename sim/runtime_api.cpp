@@ -281,11 +281,12 @@ void simcuda_fault_stream(void* stream, int error) {
 }
 
 // A stream-ordered allocation is its pool's to open (cudaMemPoolSetAccess).
-int simcuda_accessible(const void* ptr, int device) {
-  const int pooled = simcuda::mem_pool_accessible(ptr, device);
-  if (pooled >= 0) return pooled;
-  return Memory::instance().accessible_from(ptr, device) ? 1 : 0;
+int simcuda_access(const void* ptr, int device) {
+  const int pooled = simcuda::mem_pool_access(ptr, device);
+  return pooled >= 0 ? pooled : Memory::instance().access_from(ptr, device);
 }
+
+int simcuda_accessible(const void* ptr, int device) { return simcuda_access(ptr, device) != 0 ? 1 : 0; }
 
 void simcuda_get_counters(struct simcuda_counters* out) {
   const simcuda::Counters& c = counters();

@@ -24,11 +24,14 @@
  *   SIMCUDA_FAIL_SEED=N         seeds the five kinds of injected failure (1)
  *   SIMCUDA_NO_VMM=1            no virtual memory calls (a driver without them)
  *   SIMCUDA_POOLLESS_DEVICE=N   device N has no stream-ordered allocator
- *   SIMCUDA_REFUSE_ACCESS=N[:close|:open-after=K]  cuMemSetAccess refuses
- *                               to change device N's access to mapped pages
- *                               (CUDA_ERROR_NOT_SUPPORTED); with ":close" only
- *                               to take it away; with ":open-after=K" to open
- *                               it, once K calls have
+ *   SIMCUDA_REFUSE_ACCESS=N[:close|:read|:open-after=K]  cuMemSetAccess
+ *                               refuses to change device N's access to mapped
+ *                               pages (CUDA_ERROR_NOT_SUPPORTED); with ":close"
+ *                               only to take it away; with ":read" only to
+ *                               give read access alone (a driver without
+ *                               read-only mappings; pools still take it);
+ *                               with ":open-after=K" to open it, once K calls
+ *                               have opened it
  *   SIMCUDA_REFUSE_CAPTURING_DESTROY=1  cudaStreamDestroy refuses a stream
  *                               that captures (cudaErrorStreamCaptureUnsupported);
  *                               by default the capture ends with the stream
@@ -106,6 +109,11 @@ void simcuda_get_counters(struct simcuda_counters* out);
  * cuMemSetAccess opened to it, a stream-ordered allocation whose pool
  * cudaMemPoolSetAccess opened to it; else 0. */
 int simcuda_accessible(const void* ptr, int device);
+
+/* How: 3 (cudaMemAccessFlagsProtReadWrite) where `device` may read and write
+ * the memory at ptr, 1 (cudaMemAccessFlagsProtRead) where it may only read
+ * (mapped pages or a pool opened read-only), 0 where it may not access it. */
+int simcuda_access(const void* ptr, int device);
 
 #ifdef __cplusplus
 }

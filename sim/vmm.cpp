@@ -58,12 +58,15 @@ CUresult map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocation
   return Memory::instance().map(reinterpret_cast<void*>(ptr), size, handle) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-// SIMCUDA_REFUSE_ACCESS=N[:close|:open-after=K]: the device whose access
-// cuMemSetAccess refuses to change (all changes; with ":close" only taking it
-// away; with ":open-after=K" opening, once K calls have opened it).
+// SIMCUDA_REFUSE_ACCESS=N[:close|:read|:open-after=K]: the device whose
+// access cuMemSetAccess refuses to change (all changes; with ":close" only
+// taking it away; with ":read" only giving read access alone, as a driver
+// without read-only mappings; with ":open-after=K" opening, once K calls
+// have opened it).
 struct RefusedAccess {
   int device = -1;  // none
   bool closing_only = false;
+  bool read_only = false;
   long opens_allowed = -1;  // -1: no count
 };
 
@@ -73,6 +76,7 @@ const RefusedAccess& refused_access() {
     if (const char* v = std::getenv("SIMCUDA_REFUSE_ACCESS")) {
       r.device = std::atoi(v);
       r.closing_only = std::strstr(v, ":close") != nullptr;
+      r.read_only = std::strstr(v, ":read") != nullptr;
       if (const char* after = std::strstr(v, ":open-after=")) r.opens_allowed = std::atol(after + 12);
     }
     return r;
@@ -85,6 +89,7 @@ bool refuses(const RefusedAccess& refused, const CUmemAccessDesc& desc) {
   if (desc.location.id != refused.device) return false;
   const bool opening = desc.flags != CU_MEM_ACCESS_FLAGS_PROT_NONE;
   if (refused.closing_only) return !opening;
+  if (refused.read_only) return desc.flags == CU_MEM_ACCESS_FLAGS_PROT_READ;
   if (refused.opens_allowed >= 0) return opening && opens.fetch_add(1) >= refused.opens_allowed;
   return true;
 }
@@ -95,19 +100,27 @@ CUresult set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, s
   for (size_t i = 0; i < count; ++i) {
     if (refuses(refused, desc[i])) return CUDA_ERROR_NOT_SUPPORTED;
   }
-  std::uint64_t granted = 0;
-  std::uint64_t revoked = 0;
+  std::uint64_t changed = 0;
+  std::uint64_t readers = 0;
+  std::uint64_t writers = 0;
   for (size_t i = 0; i < count; ++i) {
     if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0 ||
         desc[i].location.id >= Memory::instance().devices()) {
       return CUDA_ERROR_INVALID_DEVICE;
     }
+    const CUmemAccess_flags flags = desc[i].flags;
+    if (flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+        flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
     const std::uint64_t bit = std::uint64_t{1} << desc[i].location.id;
-    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) granted |= bit;
-    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_NONE) revoked |= bit;
+    changed |= bit;
+    if (flags != CU_MEM_ACCESS_FLAGS_PROT_NONE) readers |= bit;
+    if (flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) writers |= bit;
   }
-  return Memory::instance().set_access(reinterpret_cast<void*>(ptr), size, granted, revoked) ? CUDA_SUCCESS
-                                                                                              : CUDA_ERROR_INVALID_VALUE;
+  return Memory::instance().set_access(reinterpret_cast<void*>(ptr), size, changed, readers, writers)
+             ? CUDA_SUCCESS
+             : CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult unmap(CUdeviceptr ptr, size_t size) {

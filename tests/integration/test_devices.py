@@ -255,6 +255,30 @@ class Access(ShimTest):
         # device reset closes the default pool.
         self.in_both_segment_modes(["access-revoked"], {"SIMCUDA_DEVICES": "2"}, lambda report: None)
 
+    def test_a_pool_opened_for_reading_opens_the_pooled_pages_for_reading_alone(self):
+        # cudaMemAccessFlagsProtRead: gpupool's pages of device 0 open to
+        # device 1 for reading, mapped before the grant or after, and for
+        # writing too only while the pool's grant or peer access says so.
+        self.in_both_segment_modes(["pool-read"], {"SIMCUDA_DEVICES": "2"}, lambda report: None)
+
+    def test_pages_the_driver_will_not_map_for_reading_alone_open_for_writing_too(self):
+        # SIMCUDA_REFUSE_ACCESS=1:read: a driver that will not map pages for
+        # reading alone. Less access than the grant would fault the program's
+        # reads, so the pages open for writing too: the first pages, mapped
+        # after the grant, and pages already mapped at the next one (a line
+        # each); each step back from writing to reading alone is refused (a
+        # line each: device 1 may still write them).
+        run = self.run_program(["test-device-access", "pool-read", "read-gives-write"],
+                               env={"SIMCUDA_DEVICES": "2", "SIMCUDA_REFUSE_ACCESS": "1:read",
+                                    "GPUPOOL_EXPANDABLE_SEGMENTS": "1"})
+        self.assertSucceeded(run)
+        self.assertEqual(run.stderr.count("the driver refused to open device 0's pooled pages to device 1 for reading "
+                                          "alone (cuMemSetAccess: error 801): gpupool opens them for writing too"), 2,
+                         run.stderr)
+        self.assertEqual(run.stderr.count("the driver refused to make device 0's pooled pages read-only to device 1 "
+                                          "(cuMemSetAccess: error 801): device 1 may still write them"), 2, run.stderr)
+        self.assertEqual(run.stderr.count("gpupool: the driver refused"), 4, run.stderr)
+
     def test_a_reset_of_either_device_ends_peer_access_to_the_pooled_pages(self):
         # CUDA ends peer access when either device is reset: gpupool's pages
         # of the owner close to the accessor, mapped before or after, until
@@ -297,7 +321,8 @@ class Access(ShimTest):
                          run.stderr)
 
     def test_the_access_program_passes_without_gpupool_too(self):
-        for mode in ("peer", "pool-access", "pool-access-reset", "access-revoked", "peer-after-pages", "peer-reset"):
+        for mode in ("peer", "pool-access", "pool-access-reset", "access-revoked", "peer-after-pages", "pool-read",
+                     "peer-reset"):
             run = self.run_program(["test-device-access", mode],
                                    env={"SIMCUDA_DEVICES": "3" if mode == "pool-access" else "2"}, preload=False)
             self.assertSucceeded(run)

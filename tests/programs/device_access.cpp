@@ -50,6 +50,20 @@
 //                              0:open-after=K;
 //                              where the runtime cannot say, as on a GPU,
 //                              every block reads open, and closed false)
+//   pool-read [read-gives-write]  device 0's default memory pool opened to
+//                              device 1 for reading only before device 0 has
+//                              memory, closed, opened so again, then for
+//                              writing too, then for reading again, peer
+//                              access given to device 1 and taken away, the
+//                              pool closed: each block of device 0's,
+//                              stream-ordered or not, is open to device 1 no
+//                              further than the grants reach together, and as
+//                              far where CUDA opens it (gpupool's pages may be
+//                              open further: they serve both kinds of block;
+//                              checked where the runtime can say); with
+//                              read-gives-write, a grant to read opens
+//                              gpupool's pages for writing too (a driver
+//                              without read-only mappings)
 //   peer-reset                 device 0 given peer access to device 1's memory,
 //                              then device 1 reset: its later blocks are
 //                              closed to device 0; access enabled again (not
@@ -69,6 +83,13 @@ using namespace device_blocks;
 bool accessible(const void* ptr, int device) {
   static const auto query = reinterpret_cast<int (*)(const void*, int)>(dlsym(RTLD_DEFAULT, "simcuda_accessible"));
   return query == nullptr || query(ptr, device) != 0;
+}
+
+// How `device` may access ptr (a cudaMemAccessFlags value); -1 where the
+// runtime cannot say.
+int access(const void* ptr, int device) {
+  static const auto query = reinterpret_cast<int (*)(const void*, int)>(dlsym(RTLD_DEFAULT, "simcuda_access"));
+  return query == nullptr ? -1 : query(ptr, device);
 }
 
 // Whether `accessor` may access `owner`'s memory at all; false, said on
@@ -321,6 +342,67 @@ int peer_after_pages() {
   return 0;
 }
 
+int pool_read(bool read_gives_write) {
+  if (!can_access(1, 0)) return 0;
+  const int read_write = cudaMemAccessFlagsProtReadWrite;
+  // What a grant to read gives gpupool's pages where the driver will not
+  // map pages for reading alone (SIMCUDA_REFUSE_ACCESS=1:read): reading and
+  // writing.
+  const int read = read_gives_write ? read_write : cudaMemAccessFlagsProtRead;
+  auto expect_access = [](const void* p, int flags) {
+    const int now = access(p, 1);
+    if (now >= 0 && now != flags) std::fprintf(stderr, "device 1's access to %p: %d, expected %d\n", p, now, flags);
+    EXPECT(now < 0 || now == flags);
+  };
+  // The flags' values order them: none 0, read 1, read and write 3.
+  auto expect_no_more = [](const void* p, int flags) { EXPECT(access(p, 1) <= flags); };
+  auto peer_access = [](bool on) {
+    CHECK_CUDA(cudaSetDevice(1));
+    CHECK_CUDA(on ? cudaDeviceEnablePeerAccess(0, 0) : cudaDeviceDisablePeerAccess(0));
+    CHECK_CUDA(cudaSetDevice(0));
+  };
+  // Granted before device 0 has memory: its first pages map for reading.
+  set_default_pool_access(0, 1, cudaMemAccessFlagsProtRead);
+  CHECK_CUDA(cudaSetDevice(0));
+  cudaStream_t s = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  void* ordered = nullptr;
+  void* plain = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&ordered, 3 * kBytes, s));
+  CHECK_CUDA(cudaMalloc(&plain, kBytes));
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  expect_access(ordered, read);
+  expect_no_more(plain, read);
+  // Closed, then granted again once the pages are there.
+  set_default_pool_access(0, 1, cudaMemAccessFlagsProtNone);
+  expect_access(ordered, cudaMemAccessFlagsProtNone);
+  set_default_pool_access(0, 1, cudaMemAccessFlagsProtRead);
+  expect_access(ordered, read);
+  // For writing too, then for reading alone again.
+  set_default_pool_access(0, 1, cudaMemAccessFlagsProtReadWrite);
+  expect_access(ordered, read_write);
+  set_default_pool_access(0, 1, cudaMemAccessFlagsProtRead);
+  expect_access(ordered, read);
+  expect_no_more(plain, read);
+  // Peer access opens cudaMalloc memory for writing, pages mapped before and
+  // after; taken away, the pool's grant to read is what is left.
+  peer_access(true);
+  void* during = nullptr;
+  CHECK_CUDA(cudaMalloc(&during, 3 * kBytes));
+  for (void* p : {plain, during}) expect_access(p, read_write);
+  peer_access(false);
+  expect_access(ordered, read);
+  for (void* p : {plain, during}) expect_no_more(p, read);
+  // Closed: nothing of device 0's is open to device 1.
+  set_default_pool_access(0, 1, cudaMemAccessFlagsProtNone);
+  for (void* p : {ordered, plain, during}) expect_access(p, cudaMemAccessFlagsProtNone);
+  CHECK_CUDA(cudaFreeAsync(ordered, s));
+  for (void* p : {plain, during}) CHECK_CUDA(cudaFree(p));
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  CHECK_CUDA(cudaStreamDestroy(s));
+  return 0;
+}
+
 int peer_reset() {
   const bool simulated = dlsym(RTLD_DEFAULT, "simcuda_accessible") != nullptr;
   if (!can_access(0, 1)) return 0;
@@ -364,8 +446,12 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "pool-access-reset") == 0) return pool_access_reset();
   if (argc > 1 && std::strcmp(argv[1], "access-revoked") == 0) return access_revoked();
   if (argc > 1 && std::strcmp(argv[1], "peer-after-pages") == 0) return peer_after_pages();
+  if (argc > 1 && std::strcmp(argv[1], "pool-read") == 0) {
+    return pool_read(argc > 2 && std::strcmp(argv[2], "read-gives-write") == 0);
+  }
   if (argc > 1 && std::strcmp(argv[1], "peer-reset") == 0) return peer_reset();
   std::fprintf(stderr,
-               "usage: device_access peer|pool-access|pool-access-reset|access-revoked|peer-after-pages|peer-reset\n");
+               "usage: device_access peer|pool-access|pool-access-reset|access-revoked|peer-after-pages|"
+               "pool-read [read-gives-write]|peer-reset\n");
   return 2;
 }
