@@ -506,6 +506,8 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
     # maps gpupool's pages for reading alone (a line where it refuses).
     run "a pool opened for reading alone (expandable=$expandable)" 0 "${pool[@]}" \
       GPUPOOL_EXPANDABLE_SEGMENTS=$expandable -- build/bin/test-device-access pool-read
+    run "access changed while another thread maps pages (expandable=$expandable)" 0 "${pool[@]}" \
+      GPUPOOL_EXPANDABLE_SEGMENTS=$expandable -- build/bin/test-device-access access-churn
   done
   run "two devices, a block freed on the other's stream" 0 "${pool[@]}" GPUPOOL_MEMORY_LIMIT=20M -- build/bin/test-devices foreign 20
   run "two devices, such a free inside a capture" 0 "${pool[@]}" -- build/bin/test-devices foreign-capture

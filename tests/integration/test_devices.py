@@ -261,6 +261,21 @@ class Access(ShimTest):
         # writing too only while the pool's grant or peer access says so.
         self.in_both_segment_modes(["pool-read"], {"SIMCUDA_DEVICES": "2"}, lambda report: None)
 
+    def test_access_changed_on_one_thread_while_another_maps_and_unmaps_pages(self):
+        # The grants' books and pages change under the devices' lock, then the
+        # device's: every block keeps its contents, and once the changes stop
+        # the pages are open as far as the last grants say.
+        for expandable in ("1", "0"):
+            with self.subTest(expandable_segments=expandable):
+                run = self.run_program(["test-device-access", "access-churn"],
+                                       env={"SIMCUDA_DEVICES": "2", "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                self.assertSucceeded(run)
+                made = json.loads(run.stdout)
+                self.assertEqual(made["steps"], 400)
+                self.assertGreaterEqual(made["changes"], 100)  # most steps see a change
+                self.assertEqual(run.report()["devices"]["0"]["stats"]["allocation.all.current"], 0)
+                self.remove_reports()
+
     def test_pages_the_driver_will_not_map_for_reading_alone_open_for_writing_too(self):
         # SIMCUDA_REFUSE_ACCESS=1:read: a driver that will not map pages for
         # reading alone. Less access than the grant would fault the program's
@@ -322,7 +337,7 @@ class Access(ShimTest):
 
     def test_the_access_program_passes_without_gpupool_too(self):
         for mode in ("peer", "pool-access", "pool-access-reset", "access-revoked", "peer-after-pages", "pool-read",
-                     "peer-reset"):
+                     "access-churn", "peer-reset"):
             run = self.run_program(["test-device-access", mode],
                                    env={"SIMCUDA_DEVICES": "3" if mode == "pool-access" else "2"}, preload=False)
             self.assertSucceeded(run)

@@ -64,6 +64,18 @@
 //                              read-gives-write, a grant to read opens
 //                              gpupool's pages for writing too (a driver
 //                              without read-only mappings)
+//   access-churn               one thread opens device 0's default pool to
+//                              device 1 for reading, for writing, and closes
+//                              it, and gives and takes peer access, while
+//                              another makes, writes, checks and frees device
+//                              0's blocks, plain and stream-ordered, and gives
+//                              its idle pages back (cudaMemPoolTrimTo); then,
+//                              with the pool open for reading alone, no block
+//                              is open further, a new one exactly so, and
+//                              with it closed, none is open (checked where
+//                              the runtime can say); prints how many blocks
+//                              and changes of access it made,
+//                              {"steps": N, "changes": M}
 //   peer-reset                 device 0 given peer access to device 1's memory,
 //                              then device 1 reset: its later blocks are
 //                              closed to device 0; access enabled again (not
@@ -72,6 +84,9 @@
 //                              or after (either device's reset ends peer
 //                              access, as CUDA documents; checked where the
 //                              runtime can say)
+#include <atomic>
+#include <thread>
+
 #include "common.hpp"
 #include "device_blocks.hpp"
 
@@ -91,6 +106,17 @@ int access(const void* ptr, int device) {
   static const auto query = reinterpret_cast<int (*)(const void*, int)>(dlsym(RTLD_DEFAULT, "simcuda_access"));
   return query == nullptr ? -1 : query(ptr, device);
 }
+
+// Device 1's access to ptr is `flags` (where the runtime can say).
+void expect_access(const void* p, int flags) {
+  const int now = access(p, 1);
+  if (now >= 0 && now != flags) std::fprintf(stderr, "device 1's access to %p: %d, expected %d\n", p, now, flags);
+  EXPECT(now < 0 || now == flags);
+}
+
+// Device 1's access to ptr is no more than `flags` (the flags' values order
+// them: none 0, read 1, read and write 3).
+void expect_no_more(const void* p, int flags) { EXPECT(access(p, 1) <= flags); }
 
 // Whether `accessor` may access `owner`'s memory at all; false, said on
 // stdout, where it may not (nothing is checked then).
@@ -349,13 +375,6 @@ int pool_read(bool read_gives_write) {
   // map pages for reading alone (SIMCUDA_REFUSE_ACCESS=1:read): reading and
   // writing.
   const int read = read_gives_write ? read_write : cudaMemAccessFlagsProtRead;
-  auto expect_access = [](const void* p, int flags) {
-    const int now = access(p, 1);
-    if (now >= 0 && now != flags) std::fprintf(stderr, "device 1's access to %p: %d, expected %d\n", p, now, flags);
-    EXPECT(now < 0 || now == flags);
-  };
-  // The flags' values order them: none 0, read 1, read and write 3.
-  auto expect_no_more = [](const void* p, int flags) { EXPECT(access(p, 1) <= flags); };
   auto peer_access = [](bool on) {
     CHECK_CUDA(cudaSetDevice(1));
     CHECK_CUDA(on ? cudaDeviceEnablePeerAccess(0, 0) : cudaDeviceDisablePeerAccess(0));
@@ -400,6 +419,82 @@ int pool_read(bool read_gives_write) {
   for (void* p : {plain, during}) CHECK_CUDA(cudaFree(p));
   CHECK_CUDA(cudaStreamSynchronize(s));
   CHECK_CUDA(cudaStreamDestroy(s));
+  return 0;
+}
+
+// One thread opens and closes device 0's memory to device 1 while another
+// makes, writes, checks and frees device 0's blocks and gives its idle pages
+// back.
+int access_churn() {
+  if (!can_access(1, 0)) return 0;
+  std::atomic<unsigned> steps{0};  // the blocks' thread's, ~0u once it is done
+  unsigned changes = 0;
+  std::thread grants([&] {
+    CHECK_CUDA(cudaSetDevice(1));
+    const cudaMemAccessFlags kPoolSteps[] = {cudaMemAccessFlagsProtRead, cudaMemAccessFlagsProtReadWrite,
+                                             cudaMemAccessFlagsProtRead, cudaMemAccessFlagsProtNone};
+    bool peer = false;
+    // A change or so a block, each while that block's calls run.
+    for (unsigned seen = 0; seen != ~0u; ++changes) {
+      if (changes % 5 == 4) {
+        CHECK_CUDA(peer ? cudaDeviceDisablePeerAccess(0) : cudaDeviceEnablePeerAccess(0, 0));
+        peer = !peer;
+      } else {
+        set_default_pool_access(0, 1, kPoolSteps[changes % 4]);
+      }
+      const unsigned last = seen;
+      while ((seen = steps.load()) == last) std::this_thread::yield();
+    }
+    if (peer) CHECK_CUDA(cudaDeviceDisablePeerAccess(0));
+  });
+  CHECK_CUDA(cudaSetDevice(0));
+  cudaStream_t s = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaMemPool_t pool = nullptr;
+  CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, 0));
+  struct Block {
+    void* p;
+    size_t bytes;
+    unsigned char tag;
+    bool ordered;
+  };
+  std::vector<Block> live;
+  auto release = [&](const Block& b) {
+    CHECK_CUDA(cudaStreamSynchronize(s));
+    EXPECT(testprog::holds_sampled(b.p, b.bytes, b.tag));
+    CHECK_CUDA(b.ordered ? cudaFreeAsync(b.p, s) : cudaFree(b.p));
+  };
+  unsigned step = 0;
+  while (++step <= 400) {
+    steps.store(step);
+    Block b{nullptr, (1 + step % 5) * (kBytes / 4), static_cast<unsigned char>(step), step % 2 == 0};
+    CHECK_CUDA(b.ordered ? cudaMallocAsync(&b.p, b.bytes, s) : cudaMalloc(&b.p, b.bytes));
+    CHECK_CUDA(cudaMemsetAsync(b.p, b.tag, b.bytes, s));
+    live.push_back(b);
+    if (live.size() > 6) {
+      const size_t victim = step * 7 % live.size();
+      release(live[victim]);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(victim));
+    }
+    if (step % 16 == 0) CHECK_CUDA(cudaMemPoolTrimTo(pool, 0));  // pages unmapped while grants change
+  }
+  steps.store(~0u);
+  grants.join();
+  // Settled: the pool open for reading alone, no peer access.
+  set_default_pool_access(0, 1, cudaMemAccessFlagsProtRead);
+  void* fresh = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&fresh, 3 * kBytes, s));
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  expect_access(fresh, cudaMemAccessFlagsProtRead);
+  for (const Block& b : live) expect_no_more(b.p, cudaMemAccessFlagsProtRead);
+  set_default_pool_access(0, 1, cudaMemAccessFlagsProtNone);
+  expect_access(fresh, cudaMemAccessFlagsProtNone);
+  for (const Block& b : live) expect_access(b.p, cudaMemAccessFlagsProtNone);
+  for (const Block& b : live) release(b);
+  CHECK_CUDA(cudaFreeAsync(fresh, s));
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  CHECK_CUDA(cudaStreamDestroy(s));
+  std::printf("{\"steps\": %u, \"changes\": %u}\n", step - 1, changes);
   return 0;
 }
 
@@ -449,9 +544,10 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "pool-read") == 0) {
     return pool_read(argc > 2 && std::strcmp(argv[2], "read-gives-write") == 0);
   }
+  if (argc > 1 && std::strcmp(argv[1], "access-churn") == 0) return access_churn();
   if (argc > 1 && std::strcmp(argv[1], "peer-reset") == 0) return peer_reset();
   std::fprintf(stderr,
                "usage: device_access peer|pool-access|pool-access-reset|access-revoked|peer-after-pages|"
-               "pool-read [read-gives-write]|peer-reset\n");
+               "pool-read [read-gives-write]|access-churn|peer-reset\n");
   return 2;
 }
