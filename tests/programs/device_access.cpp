@@ -169,6 +169,26 @@ void set_default_pool_access(int owner, int accessor, cudaMemAccessFlags flags) 
   EXPECT(now == flags);
 }
 
+// Whether the runtime opens device 0's default pool to device 1 for reading
+// alone (said on stdout where it does not: nothing is checked then). Left
+// closed.
+bool pool_opens_for_reading() {
+  cudaMemPool_t pool = nullptr;
+  CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, 0));
+  cudaMemAccessDesc desc{};
+  desc.location.type = cudaMemLocationTypeDevice;
+  desc.location.id = 1;
+  desc.flags = cudaMemAccessFlagsProtRead;
+  if (const cudaError_t err = cudaMemPoolSetAccess(pool, &desc, 1); err != cudaSuccess) {
+    cudaGetLastError();
+    std::printf("devices: the runtime does not open a pool for reading alone here (%s); nothing checked\n",
+                cudaGetErrorName(err));
+    return false;
+  }
+  set_default_pool_access(0, 1, cudaMemAccessFlagsProtNone);
+  return true;
+}
+
 void open_default_pool(int owner, int accessor) {
   set_default_pool_access(owner, accessor, cudaMemAccessFlagsProtReadWrite);
 }
@@ -369,7 +389,7 @@ int peer_after_pages() {
 }
 
 int pool_read(bool read_gives_write) {
-  if (!can_access(1, 0)) return 0;
+  if (!can_access(1, 0) || !pool_opens_for_reading()) return 0;
   const int read_write = cudaMemAccessFlagsProtReadWrite;
   // What a grant to read gives gpupool's pages where the driver will not
   // map pages for reading alone (SIMCUDA_REFUSE_ACCESS=1:read): reading and
@@ -426,7 +446,7 @@ int pool_read(bool read_gives_write) {
 // makes, writes, checks and frees device 0's blocks and gives its idle pages
 // back.
 int access_churn() {
-  if (!can_access(1, 0)) return 0;
+  if (!can_access(1, 0) || !pool_opens_for_reading()) return 0;
   std::atomic<unsigned> steps{0};  // the blocks' thread's, ~0u once it is done
   unsigned changes = 0;
   std::thread grants([&] {
