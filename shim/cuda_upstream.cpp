@@ -302,11 +302,14 @@ bool CudaUpstream::map_pages(DevicePtr addr, std::size_t bytes) {
         vmm.release(handle);
         break;
       }
-      pages_[addr + done] = handle;
+      pages_.emplace(addr + done, Page{handle});
     }
     std::vector<Access> access{{device_, CU_MEM_ACCESS_FLAGS_PROT_READWRITE}};
     access.insert(access.end(), accessors_.begin(), accessors_.end());
     if (err == CUDA_SUCCESS) err = set_access(addr, bytes, access);
+    if (err == CUDA_SUCCESS) {
+      for (const Access& a : accessors_) opened(addr, bytes, a);
+    }
     if (err != CUDA_SUCCESS && done == bytes && !accessors_.empty() && open_to_accessors_alone(addr, bytes)) {
       err = CUDA_SUCCESS;
     }
@@ -331,7 +334,7 @@ std::size_t CudaUpstream::unmap_pages(DevicePtr addr, std::size_t bytes) {
       if (vmm.unmap(static_cast<CUdeviceptr>(page), page_) != CUDA_SUCCESS) return static_cast<std::size_t>(page - addr);
       // A refused release leaves the memory behind its handle with the
       // driver, out of gpupool's sight; the address is free to map again.
-      vmm.release(it->second);
+      vmm.release(it->second.handle);
       pages_.erase(it);
     }
     return bytes;
@@ -355,8 +358,10 @@ bool CudaUpstream::open_to_accessors_alone(DevicePtr addr, std::size_t bytes) {
           tell_refused(a.device, wider_err, wider.flags, CU_MEM_ACCESS_FLAGS_PROT_NONE);  // the new pages: none
         }
         refused.push_back(a.device);
+        continue;
       }
     }
+    opened(addr, bytes, a);
   }
   std::erase_if(accessors_, [&](const Access& a) {
     return std::find(refused.begin(), refused.end(), a.device) != refused.end();
@@ -364,28 +369,45 @@ bool CudaUpstream::open_to_accessors_alone(DevicePtr addr, std::size_t bytes) {
   return true;
 }
 
+void CudaUpstream::opened(DevicePtr addr, std::size_t bytes, const Access& access) {
+  for (DevicePtr page = addr; page < addr + bytes; page += page_) {
+    if (const auto it = pages_.find(page); it != pages_.end()) it->second.set(access.device, access.flags);
+  }
+}
+
+CUresult CudaUpstream::set_page(Pages::iterator page, int accessor, CUmemAccess_flags flags) {
+  const CUresult err = relaxed([&] { return set_access(page->first, page_, {{accessor, flags}}); });
+  if (err == CUDA_SUCCESS) page->second.set(accessor, flags);
+  return err;
+}
+
 void CudaUpstream::set_accessor(int accessor, CUmemAccess_flags flags) {
-  if (accessor == device_) return;
+  if (accessor == device_ || accessor < 0 || accessor >= Page::kDevices) return;
   const auto known =
       std::find_if(accessors_.begin(), accessors_.end(), [&](const Access& a) { return a.device == accessor; });
   const CUmemAccess_flags before = known != accessors_.end() ? known->flags : CU_MEM_ACCESS_FLAGS_PROT_NONE;
   if (flags == before) return;
   if (page_size() != 0) {
+    std::vector<std::pair<Pages::iterator, CUmemAccess_flags>> changed;  // and how each was
     for (auto it = pages_.begin(); it != pages_.end(); ++it) {
-      const DevicePtr page = it->first;
-      if (const CUresult err = relaxed([&] { return set_access(page, page_, {{accessor, flags}}); });
-          err != CUDA_SUCCESS) {
-        tell_refused(accessor, err, flags, before);
-        // As the books say, or the device would never be closed again: the
+      const CUmemAccess_flags was = it->second.access_of(accessor);
+      if (was == flags) continue;
+      if (const CUresult err = set_page(it, accessor, flags); err != CUDA_SUCCESS) {
+        tell_refused(accessor, err, flags, was);
+        // As they were, or the device would never be closed again: the
         // pages changed so far go back.
-        set_pages(accessor, before, flags, pages_.begin(), it);
+        for (const auto& [page, old] : changed) {
+          if (const CUresult undo = set_page(page, accessor, old); undo != CUDA_SUCCESS) {
+            tell_refused(accessor, undo, old, flags);
+            break;
+          }
+        }
         // A driver without read-only mappings: read and write, more than
         // asked, where less would fault the program's reads.
-        if (flags == CU_MEM_ACCESS_FLAGS_PROT_READ && before == CU_MEM_ACCESS_FLAGS_PROT_NONE) {
-          set_accessor(accessor, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
-        }
+        if (flags == CU_MEM_ACCESS_FLAGS_PROT_READ) set_accessor(accessor, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
         return;
       }
+      changed.emplace_back(it, was);
     }
   }
   if (known != accessors_.end()) {
@@ -396,24 +418,27 @@ void CudaUpstream::set_accessor(int accessor, CUmemAccess_flags flags) {
 }
 
 void CudaUpstream::remove_accessor(int accessor) {
-  const auto it =
-      std::find_if(accessors_.begin(), accessors_.end(), [&](const Access& a) { return a.device == accessor; });
-  if (it == accessors_.end()) return;
-  const CUmemAccess_flags kept = it->flags;
-  accessors_.erase(it);
-  if (page_size() != 0) set_pages(accessor, CU_MEM_ACCESS_FLAGS_PROT_NONE, kept, pages_.begin(), pages_.end());
-}
-
-void CudaUpstream::set_pages(int accessor, CUmemAccess_flags flags, CUmemAccess_flags kept,
-                             Pages::const_iterator first, Pages::const_iterator last) {
-  for (auto it = first; it != last; ++it) {
-    const DevicePtr page = it->first;
-    if (const CUresult err = relaxed([&] { return set_access(page, page_, {{accessor, flags}}); });
-        err != CUDA_SUCCESS) {
-      tell_refused(accessor, err, flags, kept);
+  std::erase_if(accessors_, [&](const Access& a) { return a.device == accessor; });
+  if (accessor < 0 || accessor >= Page::kDevices) return;
+  for (auto it = pages_.begin(); it != pages_.end(); ++it) {
+    const CUmemAccess_flags was = it->second.access_of(accessor);
+    if (was == CU_MEM_ACCESS_FLAGS_PROT_NONE) continue;
+    if (const CUresult err = set_page(it, accessor, CU_MEM_ACCESS_FLAGS_PROT_NONE); err != CUDA_SUCCESS) {
+      tell_refused(accessor, err, CU_MEM_ACCESS_FLAGS_PROT_NONE, was);
       return;
     }
   }
+}
+
+CUmemAccess_flags CudaUpstream::Page::access_of(int device) const {
+  if ((writers >> device & 1u) != 0) return CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return (readers >> device & 1u) != 0 ? CU_MEM_ACCESS_FLAGS_PROT_READ : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+}
+
+void CudaUpstream::Page::set(int device, CUmemAccess_flags flags) {
+  const std::uint64_t bit = std::uint64_t{1} << device;
+  readers = flags != CU_MEM_ACCESS_FLAGS_PROT_NONE ? readers | bit : readers & ~bit;
+  writers = flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? writers | bit : writers & ~bit;
 }
 
 void CudaUpstream::tell_refused(int accessor, CUresult err, CUmemAccess_flags wanted, CUmemAccess_flags kept) const {

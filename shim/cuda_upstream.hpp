@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <cstdint>
 #include <optional>
 #include <unordered_map>
 #include <vector>
@@ -66,15 +67,16 @@ class CudaUpstream final : public Upstream {
   DevicePtr reserve_address_space(std::size_t bytes) override;
   bool map_pages(DevicePtr addr, std::size_t bytes) override;
   std::size_t unmap_pages(DevicePtr addr, std::size_t bytes) override;
-  // Device `accessor` may now reach this device's memory as `flags` says:
-  // read, or read and write (peer access, or the default pool opened to it);
-  // called again, the flags change. Mapped pages, now and later, open to it
-  // so (cudaMalloc memory does). Where the driver refuses a page, a line says
-  // so, the pages changed before it go back as they were, and the device
-  // keeps what it had, so that later pages still map.
+  // Device `accessor` (below Page::kDevices) may now reach this device's
+  // memory as `flags` says: read, or read and write (peer access, or the
+  // default pool opened to it); called again, the flags change. Mapped pages,
+  // now and later, open to it so (cudaMalloc memory does). Where the driver
+  // refuses a page, a line says so, the pages changed before it go back as
+  // they were, and the device keeps what it had, so that later pages still
+  // map.
   void set_accessor(int accessor, CUmemAccess_flags flags);
-  // That access was taken away: mapped pages close to it, later ones stay
-  // closed (a line if the driver refuses: those pages stay open).
+  // That access was taken away: every page open to it closes, later ones
+  // stay closed (a line if the driver refuses: those pages stay open).
   void remove_accessor(int accessor);
   // cudaDeviceReset released every page: forget them.
   void forget_pages() { pages_.clear(); }
@@ -86,15 +88,29 @@ class CudaUpstream final : public Upstream {
   };
   CUresult set_access(DevicePtr addr, std::size_t bytes, const std::vector<Access>& access);
   // New pages the driver would not open to every accessor: opened to the
-  // device alone, then to each accessor it accepts. False if not even that.
+  // device alone, then to each accessor it accepts (one it refuses leaves
+  // the list; the pages open to it before stay so until it is removed).
+  // False if not even that.
   bool open_to_accessors_alone(DevicePtr addr, std::size_t bytes);
   // A line: the driver refused to give `accessor` `wanted`; it keeps `kept`.
   void tell_refused(int accessor, CUresult err, CUmemAccess_flags wanted, CUmemAccess_flags kept) const;
-  using Pages = std::unordered_map<DevicePtr, unsigned long long>;  // mapped page -> physical handle
-  // Sets the device's access to the pages [first, last) (from `kept`);
-  // stops, with a line, at one the driver refuses.
-  void set_pages(int accessor, CUmemAccess_flags flags, CUmemAccess_flags kept, Pages::const_iterator first,
-                 Pages::const_iterator last);
+  // A mapped page, and how it is open to the other devices: what the driver
+  // accepted, so that taking access away closes exactly what is open.
+  struct Page {
+    static constexpr int kDevices = 64;  // a bit each in readers and writers
+    unsigned long long handle;  // the physical memory
+    std::uint64_t readers = 0;  // a bit per other device that may read it
+    std::uint64_t writers = 0;  // those that may also write it
+    CUmemAccess_flags access_of(int device) const;
+    void set(int device, CUmemAccess_flags flags);
+  };
+  using Pages = std::unordered_map<DevicePtr, Page>;
+  // One device's access to one page, the page's books following where the
+  // driver accepts.
+  CUresult set_page(Pages::iterator page, int accessor, CUmemAccess_flags flags);
+  // The books of the pages [addr, addr + bytes), which the driver opened to
+  // `access`.
+  void opened(DevicePtr addr, std::size_t bytes, const Access& access);
 
   int device_;
   bool alone_;

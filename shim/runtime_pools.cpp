@@ -186,7 +186,7 @@ CUmemAccess_flags Runtime::access_flags(unsigned reasons) {
 // a device's lock, as in before_fork), so that a grant and a revoke of one
 // pair on two threads leave them agreeing.
 void Runtime::access_granted(int accessor, int owner, AccessReason reason) {
-  if (owner < 0 || owner >= kMaxDevices || accessor == owner) return;
+  if (owner < 0 || owner >= kMaxDevices || accessor < 0 || accessor >= kMaxDevices || accessor == owner) return;
   std::lock_guard<std::mutex> books(devices_mu_);
   auto g = grant_of(accessor, owner);
   if (g == access_grants_.end()) g = access_grants_.insert(g, {accessor, owner, 0});

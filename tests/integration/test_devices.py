@@ -304,7 +304,10 @@ class Access(ShimTest):
         # SIMCUDA_REFUSE_ACCESS=0: cuMemSetAccess refuses any change of device
         # 0's access; with ":close", only taking it away; with
         # ":open-after=1", opening it past the first page (the page opened
-        # closes again: the device, left out, would never be closed). With
+        # closes again: the device, left out, would never be closed); with
+        # ":open-after=6", past the first block's six pages, so that only the
+        # later block's new pages stay closed (those opened before close when
+        # the access goes, though the device has left the list). With
         # expandable segments a line says so once, and the pages, mapped
         # before the grant and after it, serve device 1 alone (every
         # allocation still succeeds), or stay open once peer access is
@@ -313,17 +316,19 @@ class Access(ShimTest):
         opened = "the driver refused to open device 1's pooled pages to device 0"
         closed = "the driver refused to close device 1's pooled pages to device 0"
         for expandable in ("1", "0"):
-            for refuse in ("0", "0:close", "0:open-after=1", "-1"):
+            for refuse in ("0", "0:close", "0:open-after=1", "0:open-after=6", "-1"):
                 with self.subTest(expandable_segments=expandable, refuse=refuse):
                     run = self.run_program(["test-device-access", "peer-after-pages"],
                                            env={"SIMCUDA_DEVICES": "2", "SIMCUDA_REFUSE_ACCESS": refuse,
                                                 "GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
                     self.assertSucceeded(run)
-                    not_opened = expandable == "1" and refuse in ("0", "0:open-after=1")
+                    before_closed = expandable == "1" and refuse in ("0", "0:open-after=1")
+                    after_closed = before_closed or (expandable == "1" and refuse == "0:open-after=6")
                     not_closed = expandable == "1" and refuse == "0:close"
                     self.assertEqual(json.loads(run.stdout),
-                                     {"before": not not_opened, "after": not not_opened, "closed": not not_closed})
-                    self.assertEqual(run.stderr.count(opened), 1 if not_opened else 0, run.stderr)
+                                     {"before": not before_closed, "after": not after_closed,
+                                      "closed": not not_closed})
+                    self.assertEqual(run.stderr.count(opened), 1 if after_closed else 0, run.stderr)
                     self.assertEqual(run.stderr.count(closed), 1 if not_closed else 0, run.stderr)
                     self.remove_reports()
         # Granted before device 0 had pages: its first pages map, for device 0
