@@ -394,8 +394,8 @@ void CudaUpstream::set_accessor(int accessor, CUmemAccess_flags flags) {
       if (was == flags) continue;
       if (const CUresult err = set_page(it, accessor, flags); err != CUDA_SUCCESS) {
         tell_refused(accessor, err, flags, was);
-        // As they were, or the device would never be closed again: the
-        // pages changed so far go back.
+        // The device keeps what it had, in the list and on every page: the
+        // pages changed so far go back as each was.
         for (const auto& [page, old] : changed) {
           if (const CUresult undo = set_page(page, accessor, old); undo != CUDA_SUCCESS) {
             tell_refused(accessor, undo, old, flags);
