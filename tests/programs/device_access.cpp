@@ -153,6 +153,14 @@ int peer() {
   return 0;
 }
 
+// Gives `accessor` peer access to `owner`'s memory (takes it away), then
+// makes `current` the current device.
+void set_peer_access(int accessor, int owner, bool on, int current) {
+  CHECK_CUDA(cudaSetDevice(accessor));
+  CHECK_CUDA(on ? cudaDeviceEnablePeerAccess(owner, 0) : cudaDeviceDisablePeerAccess(owner));
+  CHECK_CUDA(cudaSetDevice(current));
+}
+
 // Opens `owner`'s default memory pool to `accessor` (closes it, with
 // cudaMemAccessFlagsProtNone).
 void set_default_pool_access(int owner, int accessor, cudaMemAccessFlags flags) {
@@ -259,11 +267,7 @@ int pool_access() {
 int access_revoked() {
   const bool simulated = dlsym(RTLD_DEFAULT, "simcuda_accessible") != nullptr;
   if (!can_access(0, 1)) return 0;
-  auto peer_access = [](bool on) {
-    CHECK_CUDA(cudaSetDevice(0));
-    CHECK_CUDA(on ? cudaDeviceEnablePeerAccess(1, 0) : cudaDeviceDisablePeerAccess(1));
-    CHECK_CUDA(cudaSetDevice(1));
-  };
+  auto peer_access = [](bool on) { set_peer_access(0, 1, on, 1); };
   peer_access(true);
   open_default_pool(1, 0);
   cudaStream_t s = nullptr;
@@ -395,11 +399,7 @@ int pool_read(bool read_gives_write) {
   // map pages for reading alone (SIMCUDA_REFUSE_ACCESS=1:read): reading and
   // writing.
   const int read = read_gives_write ? read_write : cudaMemAccessFlagsProtRead;
-  auto peer_access = [](bool on) {
-    CHECK_CUDA(cudaSetDevice(1));
-    CHECK_CUDA(on ? cudaDeviceEnablePeerAccess(0, 0) : cudaDeviceDisablePeerAccess(0));
-    CHECK_CUDA(cudaSetDevice(0));
-  };
+  auto peer_access = [](bool on) { set_peer_access(1, 0, on, 0); };
   // Granted before device 0 has memory: its first pages map for reading.
   set_default_pool_access(0, 1, cudaMemAccessFlagsProtRead);
   CHECK_CUDA(cudaSetDevice(0));
@@ -457,15 +457,15 @@ int access_churn() {
     // A change or so a block, each while that block's calls run.
     for (unsigned seen = 0; seen != ~0u; ++changes) {
       if (changes % 5 == 4) {
-        CHECK_CUDA(peer ? cudaDeviceDisablePeerAccess(0) : cudaDeviceEnablePeerAccess(0, 0));
         peer = !peer;
+        set_peer_access(1, 0, peer, 1);
       } else {
         set_default_pool_access(0, 1, kPoolSteps[changes % 4]);
       }
       const unsigned last = seen;
       while ((seen = steps.load()) == last) std::this_thread::yield();
     }
-    if (peer) CHECK_CUDA(cudaDeviceDisablePeerAccess(0));
+    if (peer) set_peer_access(1, 0, false, 1);
   });
   CHECK_CUDA(cudaSetDevice(0));
   cudaStream_t s = nullptr;
