@@ -12,7 +12,7 @@ extern "C" {
 #endif
 
 /* Raised whenever this struct changes: a core of another version is refused. */
-#define GPUPOOL_CORE_ABI 12
+#define GPUPOOL_CORE_ABI 13
 
 /* Finds a real CUDA runtime function: dlsym(RTLD_NEXT) in the preload
    library, the object that stands before the runtime in the search order. */
@@ -54,6 +54,10 @@ struct gpupool_core {
   /* The driver's cuStreamDestroy (`real`, its CUresult) that a program linked
      with the driver called directly: called with gpupool's books kept around it. */
   int (*driver_stream_destroy)(void* stream, int (*real)(void* stream));
+  /* 1 when `found` is the runtime's own function `name` (an intercepted
+     call), the one gpupool passes such calls on to: a program that fetched it
+     by name from the runtime gets gpupool's entry point instead. */
+  int (*runtime_function)(const char* name, const void* found);
 };
 
 /* The core's one exported function: its table, or NULL for another abi. */

@@ -6,7 +6,9 @@
    cuGetProcAddress, which lets the core swap in its allocation entry points
    (driver_entry_points.cpp; only with static_runtime:1). A library that
    fetches each driver function with dlsym by its exported name instead
-   (XLA's CUDA stubs) gets the core's for those names.
+   (XLA's CUDA stubs) gets the core's for those names. And a program that
+   fetches the shared runtime's calls by name from the runtime (ctypes)
+   gets this library's entry points, as a program linked to it does.
 
    dlsym(RTLD_NEXT, ...) resolves relative to its caller, found from the
    return address. So the exported dlsym is a few instructions that ask the
@@ -29,6 +31,8 @@ typedef int (*get_proc_address_v2_fn)(const char*, void**, int, unsigned long lo
 enum { kDriverNotInitialized = 3, kDriverNotFound = 500 };
 
 const struct gpupool_core* gpupool_preload_core(void);
+void* gpupool_entry_point(const char* name);
+int gpupool_in_core(const void* address);
 
 /* Read by the jump below; set before the hook returns. */
 __attribute__((visibility("hidden"))) void* gpupool_real_dlsym;
@@ -203,10 +207,28 @@ static void* by_name(void* handle, const char* name, void* real) {
   return core->driver_symbol != NULL ? core->driver_symbol(name, real, lookup_driver) : real;
 }
 
+/* A runtime call fetched by name from the runtime gpupool passes calls on to
+   (ctypes' CDLL("libcudart.so.12").cudaMalloc, the cudart stubs of XLA and
+   TensorFlow, any program that opens the runtime itself): this library's
+   entry point, which a program linked against the runtime reaches. Left as
+   found: the core's own lookups, RTLD_NEXT (an interposer's way past itself),
+   and a function of that name in any other library (a second runtime, a
+   wrapper), which gpupool does not pass calls on to. Only names starting
+   "cuda" come here, never during a sanitizer's start. */
+static void* runtime_by_name(void* handle, const char* name, void* caller) {
+  void* ours = gpupool_entry_point(name);
+  if (ours == NULL || handle == RTLD_NEXT || gpupool_in_core(caller)) return NULL;
+  void* found = real_dlsym(handle, name);
+  if (found == NULL || found == ours) return NULL; /* ours: the global scope's, no need to ask */
+  const struct gpupool_core* core = gpupool_preload_core();
+  return core->runtime_function != NULL && core->runtime_function(name, found) ? ours : NULL;
+}
+
 EARLY void* gpupool_dlsym_hook(void* handle, const char* name, void* caller) {
   if (__atomic_load_n(&gpupool_real_dlsym, __ATOMIC_ACQUIRE) == NULL) resolve_real_dlsym();
-  /* Every name not of the driver: straight on (two comparisons). */
+  /* Every name not of CUDA: straight on (two comparisons). */
   if (name == NULL || name[0] != 'c' || name[1] != 'u') return NULL;
+  if (name[2] == 'd' && name[3] == 'a') return runtime_by_name(handle, name, caller);
   const int v2 = same(name, "cuGetProcAddress_v2");
   const int get_proc_address = v2 || same(name, "cuGetProcAddress");
   if (!get_proc_address && !swappable(name)) return NULL;

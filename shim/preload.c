@@ -36,6 +36,9 @@ static pthread_once_t passthrough_once = PTHREAD_ONCE_INIT;
    is counted in `core_loaders` when the exit handler looks, and waited for. */
 static atomic_int exiting;
 static atomic_int core_loaders;
+/* Where the core is loaded (its dli_fbase): set before it opens, which
+   resolves the runtime's functions with lookups of its own. */
+static _Atomic(const void*) core_base;
 
 /* dlsym(RTLD_NEXT) searches past the object that called it, found from the
    return address: never a tail call here, or the core (this function's
@@ -116,6 +119,8 @@ static void load_core(void) {
   } else {
     void* symbol = dlsym(handle, GPUPOOL_CORE_OPEN);
     gpupool_core_open_fn open_core = NULL;
+    Dl_info core_info;
+    if (symbol != NULL && dladdr(symbol, &core_info) != 0) atomic_store(&core_base, core_info.dli_fbase);
     if (symbol != NULL) memcpy(&open_core, &symbol, sizeof symbol);
     if (open_core != NULL) {
       loaded = open_core(GPUPOOL_CORE_ABI, next_symbol, caller_of_current_call, stderr_takes_lines);
@@ -155,6 +160,39 @@ __attribute__((visibility("hidden"))) const struct gpupool_core* gpupool_preload
   }
 #include "shim/entry_points.def"
 #undef GPUPOOL_ENTRY
+
+/* ---------------------------------------------- runtime calls fetched by name */
+
+/* Each entry point under a local name, bound to this library's definition
+   even where another object (a program linked with -rdynamic) exports the
+   same name first. */
+#define GPUPOOL_ENTRY(name, params, args) static cudaError_t own_##name params __attribute__((alias(#name)));
+#include "shim/entry_points.def"
+#undef GPUPOOL_ENTRY
+
+/* For driver_hook.c: this library's entry point for the runtime call `name`,
+   or NULL where gpupool does not intercept it. */
+__attribute__((visibility("hidden"))) void* gpupool_entry_point(const char* name) {
+  void* found = NULL;
+#define GPUPOOL_ENTRY(entry, params, args)   \
+  if (strcmp(name, #entry) == 0) {           \
+    cudaError_t(*f) params = own_##entry;    \
+    memcpy(&found, &f, sizeof found);        \
+    return found;                            \
+  }
+#include "shim/entry_points.def"
+#undef GPUPOOL_ENTRY
+  return NULL;
+}
+
+/* For driver_hook.c: 1 where `address` lies in the core, whose lookups must
+   find the runtime's own functions (a core given its own would call itself;
+   this library's lookups of them all go through RTLD_NEXT). */
+__attribute__((visibility("hidden"))) int gpupool_in_core(const void* address) {
+  const void* core_at = atomic_load(&core_base);
+  Dl_info there;
+  return core_at != NULL && dladdr(address, &there) != 0 && there.dli_fbase == core_at;
+}
 
 /* ------------------------------------------------- driver stream destroys */
 

@@ -4,6 +4,7 @@ runtime only a library reaches."""
 import os
 import platform
 import shutil
+import sys
 import unittest
 
 from harness import BUILD, LIBRARY, ShimTest, main, sanitizer_runtime
@@ -439,6 +440,61 @@ class RuntimeUnderAnotherName(ShimTest):
                 stats = run.report()["devices"]["0"]["stats"]
                 self.assertEqual(stats["allocation.all.allocated"], run.output_json()["allocations"])
                 os.remove(run.reports()[0])
+
+
+@unittest.skipUnless(platform.machine() == "x86_64", "gpupool's dlsym is x86-64 only")
+class RuntimeCallsFetchedByName(ShimTest):
+    # A program that opens the runtime itself and fetches its calls with
+    # dlsym(handle, name), as Python's ctypes and the cudart stubs of XLA and
+    # TensorFlow do, reached the runtime past gpupool: nothing pooled, and no
+    # report.
+    FETCHED = ["cudaMalloc", "cudaFree", "cudaMallocAsync", "cudaFreeAsync", "cudaStreamCreate",
+               "cudaStreamDestroy", "cudaGetLastError", "cudaStreamSynchronize"]
+
+    def run_by_name(self, preload=True):
+        run = self.run_program(["test-runtime-by-name", "libcudart.so.13",
+                                os.path.join(BUILD, "tests", "libtest-runtime-next.so"),
+                                os.path.join(BUILD, "tests", "cuda12", "libcudart.so.12")], preload=preload)
+        self.assertSucceeded(run)
+        return run
+
+    def test_the_intercepted_calls_fetched_from_the_runtime_are_gpupools(self):
+        alone = self.run_by_name(preload=False)
+        self.assertEqual(alone.output_json()["from_runtime"], self.FETCHED)
+        blocks = alone.output_json()["blocks"]
+        self.assertEqual(alone.counters()["malloc_calls"], blocks)
+        run = self.run_by_name()
+        out = run.output_json()
+        # The calls gpupool intercepts are its own; the others the runtime's.
+        self.assertEqual(out["from_runtime"], ["cudaStreamSynchronize"])
+        stats = run.report()["devices"]["0"]["stats"]
+        self.assertEqual((stats["allocation.all.allocated"], stats["allocation.all.freed"]), (blocks, blocks))
+        self.assertEqual(run.counters()["malloc_calls"], 0)  # pages mapped for the pool instead
+        self.assertGreater(run.counters()["vmm_maps"], 0)
+
+    def test_rtld_next_and_another_librarys_function_keep_their_meaning(self):
+        # An interposer's dlsym(RTLD_NEXT, ...) past itself finds the
+        # runtime's own; a second runtime's function is its own (gpupool
+        # passes calls on to the first only).
+        for preload in (False, True):
+            with self.subTest(preload=preload):
+                out = self.run_by_name(preload=preload).output_json()
+                self.assertEqual((out["next_from_runtime"], out["other_own"]), (1, 1))
+
+    @unittest.skipIf(sanitizer_runtime(), "Python itself is not built with the sanitizer")
+    def test_python_ctypes_calls_are_pooled(self):
+        script = ("import ctypes\n"
+                  "rt = ctypes.CDLL('libcudart.so.13')\n"
+                  "for size in [1 << 20, 4096, 3 << 20] * 20:\n"
+                  "    p = ctypes.c_void_p()\n"
+                  "    assert rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(size)) == 0\n"
+                  "    ctypes.memset(p, 7, size)\n"
+                  "    assert rt.cudaFree(p) == 0\n")
+        run = self.run_program([sys.executable, "-c", script])
+        self.assertSucceeded(run)
+        stats = run.report()["devices"]["0"]["stats"]
+        self.assertEqual((stats["allocation.all.allocated"], stats["allocation.all.freed"]), (60, 60))
+        self.assertEqual(run.counters()["malloc_calls"], 0)
 
 
 class RuntimeOnlyALibraryReaches(ShimTest):
