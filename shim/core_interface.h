@@ -54,10 +54,10 @@ struct gpupool_core {
   /* The driver's cuStreamDestroy (`real`, its CUresult) that a program linked
      with the driver called directly: called with gpupool's books kept around it. */
   int (*driver_stream_destroy)(void* stream, int (*real)(void* stream));
-  /* 1 when `found` is the runtime's own function `name` (an intercepted
-     call), the one gpupool passes such calls on to: a program that fetched it
-     by name from the runtime gets gpupool's entry point instead. */
-  int (*runtime_function)(const char* name, const void* found);
+  /* The runtime's own function `name` (an intercepted call), the one gpupool
+     passes such calls on to, or NULL where it has none (no runtime loaded,
+     or one older than the call): what a lookup of `name` stands for. */
+  const void* (*real_function)(const char* name);
 };
 
 /* The core's one exported function: its table, or NULL for another abi. */

@@ -31,8 +31,12 @@ typedef int (*get_proc_address_v2_fn)(const char*, void**, int, unsigned long lo
 enum { kDriverNotInitialized = 3, kDriverNotFound = 500 };
 
 const struct gpupool_core* gpupool_preload_core(void);
-void* gpupool_entry_point(const char* name);
+void* gpupool_export(const char* name);
 int gpupool_in_core(const void* address);
+
+/* The hook's answers: NULL, the real dlsym answers; NOT_FOUND, the lookup
+   returns NULL (dlerror set by a lookup the hook made); else its answer. */
+#define NOT_FOUND ((void*)1)
 
 /* Read by the jump below; set before the hook returns. */
 __attribute__((visibility("hidden"))) void* gpupool_real_dlsym;
@@ -63,6 +67,10 @@ __asm__(
     "  .cfi_adjust_cfa_offset -8\n"
     "  testq %rax, %rax\n"
     "  jz 1f\n"
+    "  cmpq $1, %rax\n" /* NOT_FOUND: the lookup finds nothing */
+    "  jne 2f\n"
+    "  xorl %eax, %eax\n"
+    "2:\n"
     "  ret\n"
     "1:\n"
     "  jmpq *gpupool_real_dlsym(%rip)\n"
@@ -207,21 +215,45 @@ static void* by_name(void* handle, const char* name, void* real) {
   return core->driver_symbol != NULL ? core->driver_symbol(name, real, lookup_driver) : real;
 }
 
-/* A runtime call fetched by name from the runtime gpupool passes calls on to
-   (ctypes' CDLL("libcudart.so.12").cudaMalloc, the cudart stubs of XLA and
-   TensorFlow, any program that opens the runtime itself): this library's
-   entry point, which a program linked against the runtime reaches. Left as
-   found: the core's own lookups, RTLD_NEXT (an interposer's way past itself),
-   and a function of that name in any other library (a second runtime, a
-   wrapper), which gpupool does not pass calls on to. Only names starting
-   "cuda" come here, never during a sanitizer's start. */
+/* A lookup that found this library's export `name` (the global scope's
+   first) stands for it where there is a function behind it (`behind`): the
+   runtime's call gpupool passes on, the driver's stream destroy. Where there
+   is none (no runtime or driver loaded yet, a runtime older than the call),
+   it answers as the scope past this library does: nothing, mostly. So a
+   program that probes for CUDA or for one of its calls is not misled, and
+   does not call gpupool with no runtime to pass the call on to. */
+static void* export_found(const char* name, int behind) {
+  if (behind) return NULL;
+  void* past = real_dlsym(RTLD_NEXT, name); /* where nothing, dlerror says so */
+  return past != NULL ? past : NOT_FOUND;
+}
+
+/* A runtime call looked up by name. Found in the runtime gpupool passes calls
+   on to (ctypes' CDLL("libcudart.so.12").cudaMalloc, the cudart stubs of XLA
+   and TensorFlow, any program that opens the runtime itself): this library's
+   entry point, which a program linked against the runtime reaches. Found as
+   this library's own: see export_found. Left as found: the core's own
+   lookups, RTLD_NEXT (an interposer's way past itself), and a function of
+   that name in any other library (a second runtime, a wrapper), which gpupool
+   does not pass calls on to. Only names starting "cuda" come here, never
+   during a sanitizer's start. */
 static void* runtime_by_name(void* handle, const char* name, void* caller) {
-  void* ours = gpupool_entry_point(name);
+  void* ours = gpupool_export(name);
   if (ours == NULL || handle == RTLD_NEXT || gpupool_in_core(caller)) return NULL;
   void* found = real_dlsym(handle, name);
-  if (found == NULL || found == ours) return NULL; /* ours: the global scope's, no need to ask */
+  if (found == NULL) return NULL;
   const struct gpupool_core* core = gpupool_preload_core();
-  return core->runtime_function != NULL && core->runtime_function(name, found) ? ours : NULL;
+  if (core->real_function == NULL) return NULL;
+  const void* real = core->real_function(name);
+  if (found == ours) return export_found(name, real != NULL);
+  return found == real ? ours : NULL;
+}
+
+/* The driver's stream destroy, which this library exports, looked up in the
+   global scope: as in export_found, with the scope's driver behind it. */
+static void* stream_destroy_by_name(void* handle, const char* name) {
+  if (handle == RTLD_NEXT || real_dlsym(handle, name) != gpupool_export(name)) return NULL;
+  return real_dlsym(RTLD_NEXT, name) != NULL ? NULL : NOT_FOUND; /* where nothing, dlerror says so */
 }
 
 EARLY void* gpupool_dlsym_hook(void* handle, const char* name, void* caller) {
@@ -232,6 +264,10 @@ EARLY void* gpupool_dlsym_hook(void* handle, const char* name, void* caller) {
   const int v2 = same(name, "cuGetProcAddress_v2");
   const int get_proc_address = v2 || same(name, "cuGetProcAddress");
   if (!get_proc_address && !swappable(name)) return NULL;
+  if (same(name, "cuStreamDestroy_v2") || same(name, "cuStreamDestroy")) {
+    void* answer = stream_destroy_by_name(handle, name);
+    if (answer != NULL) return answer;
+  }
   if (handle == RTLD_NEXT || !taken_over(caller, name)) return NULL;
   void* real = real_dlsym(handle, name);
   if (real == NULL) return NULL;

@@ -245,10 +245,10 @@ void* guarded_driver_symbol(const char* exported, void* real_fn, gpupool_driver_
   return given;
 }
 
-int guarded_runtime_function(const char* name, const void* found) {
-  bool same = false;
-  keep_books("dlsym", [&] { same = gpupool::shim::is_real_function(name, found); });
-  return same ? 1 : 0;
+const void* guarded_real_function(const char* name) {
+  const void* function = nullptr;
+  keep_books("dlsym", [&] { function = gpupool::shim::real_function(name); });
+  return function;
 }
 
 }  // namespace
@@ -594,7 +594,7 @@ extern "C" __attribute__((visibility("default"))) const gpupool_core* gpupool_co
       &guarded_driver_library_accepted,
       &guarded_driver_symbol,
       &gpupool::shim::direct_stream_destroy,
-      &guarded_runtime_function,
+      &guarded_real_function,
   };
   return &table;
 }

@@ -161,39 +161,6 @@ __attribute__((visibility("hidden"))) const struct gpupool_core* gpupool_preload
 #include "shim/entry_points.def"
 #undef GPUPOOL_ENTRY
 
-/* ---------------------------------------------- runtime calls fetched by name */
-
-/* Each entry point under a local name, bound to this library's definition
-   even where another object (a program linked with -rdynamic) exports the
-   same name first. */
-#define GPUPOOL_ENTRY(name, params, args) static cudaError_t own_##name params __attribute__((alias(#name)));
-#include "shim/entry_points.def"
-#undef GPUPOOL_ENTRY
-
-/* For driver_hook.c: this library's entry point for the runtime call `name`,
-   or NULL where gpupool does not intercept it. */
-__attribute__((visibility("hidden"))) void* gpupool_entry_point(const char* name) {
-  void* found = NULL;
-#define GPUPOOL_ENTRY(entry, params, args)   \
-  if (strcmp(name, #entry) == 0) {           \
-    cudaError_t(*f) params = own_##entry;    \
-    memcpy(&found, &f, sizeof found);        \
-    return found;                            \
-  }
-#include "shim/entry_points.def"
-#undef GPUPOOL_ENTRY
-  return NULL;
-}
-
-/* For driver_hook.c: 1 where `address` lies in the core, whose lookups must
-   find the runtime's own functions (a core given its own would call itself;
-   this library's lookups of them all go through RTLD_NEXT). */
-__attribute__((visibility("hidden"))) int gpupool_in_core(const void* address) {
-  const void* core_at = atomic_load(&core_base);
-  Dl_info there;
-  return core_at != NULL && dladdr(address, &there) != 0 && there.dli_fbase == core_at;
-}
-
 /* ------------------------------------------------- driver stream destroys */
 
 /* The driver's cuStreamDestroy, called directly by a program or library
@@ -213,6 +180,45 @@ static int destroy_stream_through(const char* name, void* stream) {
 }
 EXPORT int cuStreamDestroy_v2(void* stream) { return destroy_stream_through("cuStreamDestroy_v2", stream); }
 EXPORT int cuStreamDestroy(void* stream) { return destroy_stream_through("cuStreamDestroy", stream); }
+
+/* ----------------------------------------------------- exports looked up */
+
+/* Each export under a local name, bound to this library's definition even
+   where another object (a program linked with -rdynamic) exports the same
+   name first. */
+#define GPUPOOL_ENTRY(name, params, args) static cudaError_t own_##name params __attribute__((alias(#name)));
+#include "shim/entry_points.def"
+#undef GPUPOOL_ENTRY
+static int own_cuStreamDestroy_v2(void* stream) __attribute__((alias("cuStreamDestroy_v2")));
+static int own_cuStreamDestroy(void* stream) __attribute__((alias("cuStreamDestroy")));
+
+/* For driver_hook.c: this library's export `name` (an intercepted runtime
+   call or the driver's stream destroy), or NULL where it has none. */
+__attribute__((visibility("hidden"))) void* gpupool_export(const char* name) {
+  void* found = NULL;
+#define GPUPOOL_ENTRY(entry, params, args)   \
+  if (strcmp(name, #entry) == 0) {           \
+    cudaError_t(*f) params = own_##entry;    \
+    memcpy(&found, &f, sizeof found);        \
+    return found;                            \
+  }
+#include "shim/entry_points.def"
+#undef GPUPOOL_ENTRY
+  driver_stream_destroy_fn destroy = NULL;
+  if (strcmp(name, "cuStreamDestroy_v2") == 0) destroy = own_cuStreamDestroy_v2;
+  if (strcmp(name, "cuStreamDestroy") == 0) destroy = own_cuStreamDestroy;
+  if (destroy != NULL) memcpy(&found, &destroy, sizeof found);
+  return found;
+}
+
+/* For driver_hook.c: 1 where `address` lies in the core, whose lookups must
+   find the runtime's own functions (a core given its own would call itself;
+   this library's lookups of them all go through RTLD_NEXT). */
+__attribute__((visibility("hidden"))) int gpupool_in_core(const void* address) {
+  const void* core_at = atomic_load(&core_base);
+  Dl_info there;
+  return core_at != NULL && dladdr(address, &there) != 0 && there.dli_fbase == core_at;
+}
 
 /* ------------------------------------------------------------ lifecycle */
 

@@ -91,9 +91,9 @@ struct RealCuda {
 // found again at a later call once a library was loaded since.
 const RealCuda& real();
 
-// True when `function` is real()'s `name`, one of the calls gpupool
-// intercepts (entry_points.def): the function it passes such calls on to.
-bool is_real_function(const char* name, const void* function);
+// real()'s `name`, one of the calls gpupool intercepts (entry_points.def):
+// the function it passes such calls on to; null where there is none.
+const void* real_function(const char* name);
 
 // Runs one runtime call the shim makes for itself. On failure the runtime's
 // last error is the shim's, not the program's: it is cleared, and whatever

@@ -481,6 +481,28 @@ class RuntimeCallsFetchedByName(ShimTest):
                 out = self.run_by_name(preload=preload).output_json()
                 self.assertEqual((out["next_from_runtime"], out["other_own"]), (1, 1))
 
+    def test_a_probe_of_the_global_scope_finds_what_it_finds_without_gpupool(self):
+        # gpupool's exports come first in the global scope. A probe for one
+        # (dlsym(RTLD_DEFAULT, ...)) found it with no runtime loaded, or where
+        # the runtime is older than the call (cudaMemSetMemPool is CUDA 13's),
+        # and the driver's stream destroys with no driver there. Last: the
+        # simulated runtime opened after the CUDA 12 stand-in, which gpupool
+        # passes calls on to by then; what only the later one has is its own.
+        cuda12 = os.path.join(BUILD, "tests", "cuda12", "libcudart.so.12")
+        for runtimes in (["none"], ["libcudart.so.13"], [cuda12], [cuda12, "libcudart.so.13"]):
+            with self.subTest(runtimes=runtimes):
+                alone = self.run_program(["test-global-lookups", *runtimes], preload=False)
+                self.assertSucceeded(alone)
+                run = self.run_program(["test-global-lookups", *runtimes])
+                self.assertSucceeded(run)
+                self.assertEqual(run.output_json(), alone.output_json())
+                self.assertEqual(run.output_json()["unexplained"], [])  # dlerror() says why
+                if runtimes == ["none"]:
+                    self.assertEqual(run.output_json()["found"], [])
+                else:
+                    self.assertIn("cudaMalloc", run.output_json()["found"])
+        self.assertIn("cudaMemSetMemPool", run.output_json()["found"])
+
     @unittest.skipIf(sanitizer_runtime(), "Python itself is not built with the sanitizer")
     def test_python_ctypes_calls_are_pooled(self):
         script = ("import ctypes\n"
@@ -530,8 +552,24 @@ class RuntimeOnlyALibraryReaches(ShimTest):
                 self.assertEqual(stats["allocation.all.allocated"], 16)
                 self.assertEqual(stats["allocation.all.freed"], 16)
 
-    def test_calls_made_before_any_runtime_is_loaded_are_refused_and_the_runtime_serves_later_ones(self):
+    def test_a_probe_before_any_runtime_is_loaded_finds_nothing_and_later_calls_are_pooled(self):
+        # dlsym(RTLD_DEFAULT, "cudaMalloc") finds gpupool's export first. With
+        # no runtime loaded it answered with it, and the calls made through it
+        # were refused and stepped gpupool aside for good (the next test); it
+        # now answers as the global scope does without gpupool: nothing.
+        self.assertEqual(self.run_hidden("probe", preload=False).output_json()["probe"], [])
         run = self.run_hidden("probe")
+        output = run.output_json()
+        self.assertEqual(output["probe"], [])
+        self.assertEqual(output["step"], 0)
+        report = run.report()
+        self.assertNotIn("stepped_aside", report)
+        self.assertEqual(report["devices"]["0"]["stats"]["allocation.all.allocated"], 16)
+
+    def test_calls_made_before_any_runtime_is_loaded_are_refused_and_the_runtime_serves_later_ones(self):
+        # dlsym(RTLD_NEXT, ...) from the program keeps its meaning: gpupool's
+        # exports, past the program, whether or not a runtime is loaded.
+        run = self.run_hidden("probe-next")
         output = run.output_json()
         self.assertEqual(output["probe"], [self.NOT_SUPPORTED] * 5)
         self.assertEqual(output["step"], 0)

@@ -1,20 +1,26 @@
 /* A program that links no CUDA runtime and loads LIB (hidden_runtime_user.c)
    RTLD_LOCAL, whose renamed runtime only LIB's own scope reaches.
 
-     hidden_runtime LIB [probe]
+     hidden_runtime LIB [probe | probe-next]
        prints {"probe": [...], "step": N, "error": E}; exit 0 when every step
        passed. probe: first calls whatever cudaMalloc, cudaStreamCreate,
        cudaGetLastError, cudaFree and cudaGetLastError again the global
-       scope has (gpupool's, with no runtime loaded yet), and lists what each
-       returned ([] where there are none). */
+       scope has (dlsym(RTLD_DEFAULT, ...): nothing, with no runtime loaded
+       yet), and lists what each returned ([] where there are none).
+       probe-next: the same with dlsym(RTLD_NEXT, ...), which finds
+       gpupool's exports past the program whatever is loaded. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
 
 typedef int cuda_error; /* cudaError_t, without the runtime's headers */
 
-/* A function of the global scope, or NULL. */
-static void* global(const char* name) { return dlsym(RTLD_DEFAULT, name); }
+/* A function of the global scope (or of the scope past the program), or NULL. */
+static void* scope;
+static void* global(const char* name) {
+  void* volatile found = dlsym(scope, name); /* not a tail call: the caller must be the program */
+  return found;
+}
 
 static void probe(void) {
   cuda_error (*malloc_fn)(void**, size_t) = NULL;
@@ -44,11 +50,12 @@ static void probe(void) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 2 && !(argc == 3 && strcmp(argv[2], "probe") == 0)) {
-    fprintf(stderr, "usage: hidden_runtime LIB [probe]\n");
+  if (argc != 2 && !(argc == 3 && (strcmp(argv[2], "probe") == 0 || strcmp(argv[2], "probe-next") == 0))) {
+    fprintf(stderr, "usage: hidden_runtime LIB [probe | probe-next]\n");
     return 2;
   }
   printf("{");
+  scope = argc == 3 && strcmp(argv[2], "probe-next") == 0 ? RTLD_NEXT : RTLD_DEFAULT;
   if (argc == 3) probe();
   void* library = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
   if (library == NULL) {
