@@ -449,9 +449,28 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
 // ---------------------------------------------------------------- errors
 
 // The caller's runtime's last error, and gpupool's for that runtime's callers.
+// A library whose own cudaGetLastError forwards to the function it fetched
+// by name from the runtime (the cudart stubs of TensorFlow and XLA) is handed
+// gpupool's (driver_hook.c), and counts as a runtime of its own
+// (caller_runtime.hpp): reading that runtime's error calls the library's
+// function, which comes back here on the same thread. The runtime behind it
+// is real()'s, which answers that inner call.
+constinit thread_local bool reading_runtime_error = false;
+
+template <typename Read>
+cudaError_t read_runtime_error(Read read, cudaError_t (*real_read)()) {
+  if (reading_runtime_error) return real_read != nullptr ? real_read() : cudaSuccess;
+  reading_runtime_error = true;
+  const cudaError_t err = read();
+  reading_runtime_error = false;
+  return err;
+}
+
 cudaError_t cudaGetLastError(void) {
   const gpupool::shim::CallerRuntime runtime = gpupool::shim::caller_runtime();
-  const cudaError_t runtime_error = runtime.errors.get_last != nullptr ? runtime.errors.get_last() : cudaSuccess;
+  const cudaError_t runtime_error =
+      runtime.errors.get_last != nullptr ? read_runtime_error(runtime.errors.get_last, real().cudaGetLastError)
+                                         : cudaSuccess;
   cudaError_t& ours = gpupool::shim::thread_error(runtime.number);
   if (ours == cudaSuccess) return runtime_error;
   const cudaError_t e = ours;
@@ -463,7 +482,7 @@ cudaError_t cudaPeekAtLastError(void) {
   const gpupool::shim::CallerRuntime runtime = gpupool::shim::caller_runtime();
   const cudaError_t ours = gpupool::shim::thread_error(runtime.number);
   if (ours != cudaSuccess || runtime.errors.peek_at_last == nullptr) return ours;
-  return runtime.errors.peek_at_last();
+  return read_runtime_error(runtime.errors.peek_at_last, real().cudaPeekAtLastError);
 }
 
 // ---------------------------------------------------------------- streams

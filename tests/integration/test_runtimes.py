@@ -503,6 +503,23 @@ class RuntimeCallsFetchedByName(ShimTest):
                     self.assertIn("cudaMalloc", run.output_json()["found"])
         self.assertIn("cudaMemSetMemPool", run.output_json()["found"])
 
+    def test_a_library_built_as_the_cudart_stubs_are_is_pooled_and_reads_its_errors(self):
+        # TensorFlow's and XLA's cudart stubs define the runtime's calls
+        # themselves, each forwarding to what they fetched by name: gpupool's
+        # now. Such a library counts as a runtime of its own, and reading its
+        # last error called its cudaGetLastError, which came back to gpupool's
+        # again, without end (SIGSEGV).
+        stub = os.path.join(BUILD, "tests", "libtest-cudart-stub.so")
+        for preload in (False, True):
+            with self.subTest(preload=preload):
+                self.remove_reports()
+                run = self.run_program(["test-hidden-runtime", stub], preload=preload)
+                self.assertSucceeded(run)
+                self.assertEqual(run.output_json(), {"step": 0, "error": 0})
+        stats = run.report()["devices"]["0"]["stats"]
+        self.assertEqual((stats["allocation.all.allocated"], stats["allocation.all.freed"]), (1, 1))
+        self.assertEqual(stats["num_ooms"], 1)
+
     @unittest.skipIf(sanitizer_runtime(), "Python itself is not built with the sanitizer")
     def test_python_ctypes_calls_are_pooled(self):
         script = ("import ctypes\n"
