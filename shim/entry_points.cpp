@@ -457,8 +457,7 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
 // is real()'s, which answers that inner call.
 constinit thread_local bool reading_runtime_error = false;
 
-template <typename Read>
-cudaError_t read_runtime_error(Read read, cudaError_t (*real_read)()) {
+cudaError_t read_runtime_error(cudaError_t (*read)(), cudaError_t (*real_read)()) {
   if (reading_runtime_error) return real_read != nullptr ? real_read() : cudaSuccess;
   reading_runtime_error = true;
   const cudaError_t err = read();
