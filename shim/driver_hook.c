@@ -12,9 +12,10 @@
 
    dlsym(RTLD_NEXT, ...) resolves relative to its caller, found from the
    return address. So the exported dlsym is a few instructions that ask the
-   hook and otherwise *jump* to the real dlsym with the stack as the caller
-   left it: the real one sees the caller's return address, not ours.
-   Elsewhere than x86-64 nothing is exported and such programs stay unpooled. */
+   hook and otherwise *jump* to the real dlsym with the stack and the link
+   register as the caller left them: the real one sees the caller's return
+   address, not ours. x86-64 and AArch64 (Grace) only; elsewhere nothing is
+   exported and such programs stay unpooled. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <link.h>
@@ -23,7 +24,7 @@
 
 #include "shim/core_interface.h"
 
-#if defined(__x86_64__) && defined(__GLIBC__)
+#if (defined(__x86_64__) || defined(__aarch64__)) && defined(__GLIBC__)
 
 /* The driver's signatures, without cuda.h (it renames cuGetProcAddress). */
 typedef int (*get_proc_address_v1_fn)(const char*, void**, int, unsigned long long);
@@ -45,6 +46,7 @@ __attribute__((visibility("hidden"))) void* gpupool_dlsym_hook(void* handle, con
 static get_proc_address_v1_fn real_v1; /* read and written with __atomic builtins */
 static get_proc_address_v2_fn real_v2;
 
+#if defined(__x86_64__)
 __asm__(
     ".text\n"
     ".globl dlsym\n"
@@ -76,6 +78,43 @@ __asm__(
     "  jmpq *gpupool_real_dlsym(%rip)\n"
     "  .cfi_endproc\n"
     ".size dlsym, .-dlsym\n");
+#elif defined(__aarch64__)
+/* `hint #34` is BTI's landing pad (a no-op without BTI): dlsym is reached by
+   an indirect branch from the caller's PLT. x16, the register PLTs and
+   veneers use, carries the hook's answer and the jump. */
+__asm__(
+    ".text\n"
+    ".globl dlsym\n"
+    ".type dlsym, %function\n"
+    ".p2align 2\n"
+    "dlsym:\n"
+    "  .cfi_startproc\n"
+    "  hint #34\n"
+    "  stp x29, x30, [sp, #-32]!\n"
+    "  .cfi_def_cfa_offset 32\n"
+    "  .cfi_offset 29, -32\n"
+    "  .cfi_offset 30, -24\n"
+    "  mov x29, sp\n"
+    "  stp x0, x1, [sp, #16]\n"
+    "  mov x2, x30\n" /* the caller's return address */
+    "  bl gpupool_dlsym_hook\n"
+    "  mov x16, x0\n"
+    "  ldp x0, x1, [sp, #16]\n"
+    "  ldp x29, x30, [sp], #32\n"
+    "  .cfi_restore 29\n"
+    "  .cfi_restore 30\n"
+    "  .cfi_def_cfa_offset 0\n"
+    "  cbz x16, 1f\n"
+    "  cmp x16, #1\n" /* NOT_FOUND: the lookup finds nothing */
+    "  csel x0, xzr, x16, eq\n"
+    "  ret\n"
+    "1:\n"
+    "  adrp x16, gpupool_real_dlsym\n"
+    "  ldr x16, [x16, :lo12:gpupool_real_dlsym]\n"
+    "  br x16\n"
+    "  .cfi_endproc\n"
+    ".size dlsym, .-dlsym\n");
+#endif
 
 /* The hook runs at the first dlsym of the process, which may come before a
    sanitizer's runtime has started (sanitizer builds preload it first): nothing
@@ -131,7 +170,8 @@ static void* no_dlsym(void* handle, const char* name) {
 
 EARLY static void resolve_real_dlsym(void) {
   void* f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-  if (f == NULL) f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+  if (f == NULL) f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5"); /* x86-64 before glibc 2.34 */
+  if (f == NULL) f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17");  /* AArch64 before glibc 2.34 */
   if (f == NULL) f = AS_OBJECT(no_dlsym);
   __atomic_store_n(&gpupool_real_dlsym, f, __ATOMIC_RELEASE);
 }

@@ -50,7 +50,7 @@ void explain_nothing_pooled(bool static_runtime_asked) {
   std::string static_runtime =
       "set GPUPOOL_STATIC_RUNTIME=1 to pool a program built with nvcc's default static runtime (or rebuild it "
       "with -cudart shared)";
-#if !defined(__x86_64__)
+#if !defined(__x86_64__) && !defined(__aarch64__)  // where driver_hook.c exports no dlsym
   static_runtime = "a program built with nvcc's default static runtime must be rebuilt with -cudart shared";
 #endif
   if (static_runtime_asked) {

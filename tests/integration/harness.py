@@ -5,6 +5,7 @@ import concurrent.futures
 import glob
 import json
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -18,6 +19,18 @@ SIM = os.path.join(BUILD, "sim")
 GPUPOOL = os.path.join(SOURCE, "scripts", "gpupool")  # the user's command
 REPLAY = os.path.join(BUILD, "bin", "gpupool-replay")
 SMALL_DEVICE = {"SIMCUDA_MEMORY": "64M"}  # a simulated device the tests fill
+
+
+def _elf_machine(path):
+    """The machine a library was built for, from its ELF header's e_machine."""
+    with open(path, "rb") as f:
+        e_machine = int.from_bytes(f.read(20)[18:20], "little")
+    return {62: "x86_64", 183: "aarch64"}.get(e_machine, f"machine {e_machine}")
+
+
+BUILD_MACHINE = _elf_machine(LIBRARY) if os.path.exists(LIBRARY) else platform.machine()
+# gpupool exports dlsym (shim/driver_hook.c) on these machines only.
+EXPORTS_DLSYM = BUILD_MACHINE in ("x86_64", "aarch64")
 
 
 def program(name):

@@ -2,12 +2,11 @@
 runtime through the driver, the shared runtime under another name, and a
 runtime only a library reaches."""
 import os
-import platform
 import shutil
 import sys
 import unittest
 
-from harness import BUILD, LIBRARY, ShimTest, main, sanitizer_runtime
+from harness import BUILD, EXPORTS_DLSYM, LIBRARY, ShimTest, main, sanitizer_runtime
 
 
 class TwoRuntimes(ShimTest):
@@ -45,7 +44,7 @@ class TwoRuntimes(ShimTest):
                 self.assertEqual(stats["num_ooms"], 2)
 
 
-@unittest.skipUnless(platform.machine() == "x86_64", "the static runtime hook is x86-64 only")
+@unittest.skipUnless(EXPORTS_DLSYM, "the static runtime hook is x86-64 and AArch64 only")
 class StaticRuntime(ShimTest):
     """test-static-runtime reaches the driver as nvcc's static runtime does."""
 
@@ -442,7 +441,7 @@ class RuntimeUnderAnotherName(ShimTest):
                 os.remove(run.reports()[0])
 
 
-@unittest.skipUnless(platform.machine() == "x86_64", "gpupool's dlsym is x86-64 only")
+@unittest.skipUnless(EXPORTS_DLSYM, "gpupool's dlsym is x86-64 and AArch64 only")
 class RuntimeCallsFetchedByName(ShimTest):
     # A program that opens the runtime itself and fetches its calls with
     # dlsym(handle, name), as Python's ctypes and the cudart stubs of XLA and

@@ -2,12 +2,11 @@
 runtime, pitched memory, a device fault."""
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
 
-from harness import BUILD, CORE, LIBRARY, ShimTest, check_books, main, sanitizer_runtime
+from harness import BUILD, CORE, EXPORTS_DLSYM, LIBRARY, ShimTest, check_books, main, sanitizer_runtime
 
 
 class Integrity(ShimTest):
@@ -421,8 +420,8 @@ class Fidelity(ShimTest):
             entries = sorted(re.findall(r"^GPUPOOL_ENTRY\((\w+),", f.read(), re.M))
         self.assertEqual(listed, entries)
         # The driver's stream destroy (for programs linked with the driver), and
-        # dlsym, the static runtime's way to the driver (x86-64 only).
-        hooks = ["cuStreamDestroy", "cuStreamDestroy_v2"] + (["dlsym"] if platform.machine() == "x86_64" else [])
+        # dlsym, the static runtime's way to the driver (x86-64 and AArch64 only).
+        hooks = ["cuStreamDestroy", "cuStreamDestroy_v2"] + (["dlsym"] if EXPORTS_DLSYM else [])
         self.assertEqual(exported(LIBRARY), sorted(listed + hooks))
         self.assertEqual(exported(CORE), ["gpupool_core_open"])
 
