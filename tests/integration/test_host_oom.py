@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 
-from harness import BUILD, LIBRARY, SOURCE, ShimTest, check_books, main, sanitizer_runtime
+from harness import BUILD, LIBRARY, NATIVE, SOURCE, ShimTest, check_books, main, sanitizer_runtime
 
 
 class HostMemoryFailure(ShimTest):
@@ -115,7 +115,7 @@ class HostMemoryFailure(ShimTest):
             with self.subTest(expandable_segments=expandable):
                 run = self.run_mode("after-reset", expandable)
                 self.assertIn("gpupool steps aside", run.stderr)
-                if expandable == "0":
+                if expandable == "0" and NATIVE:  # an emulator's mmap does not give freed ranges again
                     # The case is there: the runtime's blocks landed in the old segment.
                     self.assertGreater(run.output_json()["in_old_segment"], 0)
 
@@ -129,7 +129,7 @@ class HostMemoryFailure(ShimTest):
                 self.assertIn("gpupool steps aside", run.stderr)
                 out = run.output_json()
                 self.assertEqual(out["reset"], "cudaErrorLaunchFailure")
-                if expandable == "0":
+                if expandable == "0" and NATIVE:  # as above
                     self.assertGreater(out["in_old_segment"], 0)  # the case is there
 
     def test_once_stepped_aside_a_refused_reset_leaves_gpupools_blocks_to_it(self):

@@ -9,7 +9,7 @@ import os
 import shutil
 import subprocess
 
-from harness import BUILD, ShimTest, check_books, main, sanitizer_runtime
+from harness import BUILD, ShimTest, check_books, main, native_only, sanitizer_runtime
 
 
 # A forked child of a process whose simulated device runs a thread: under
@@ -20,6 +20,7 @@ NO_LEAK_CHECK_AFTER_FORK = {"ASAN_OPTIONS": "detect_leaks=0"}
 
 
 class Lifecycle(ShimTest):
+    @native_only
     def test_no_report_from_processes_that_never_use_cuda(self):
         for command in (["/bin/true"], ["sh", "-c", "ls / >/dev/null; echo hi"]):
             run = self.run_program(command)
@@ -349,6 +350,7 @@ class Lifecycle(ShimTest):
         self.assertIn("GPUPOOL_LOG_FORMAT", run.stderr)
         self.assertIn("GPUPOOL_STRICT=1", run.stderr)
 
+    @native_only
     def test_unchanged_nvcc_program_runs_under_the_shim(self):
         nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
         if not os.path.exists(nvcc):

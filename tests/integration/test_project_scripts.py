@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from harness import BUILD, SOURCE, ShimTest, clean_environment, main, sanitizer_runtime
+from harness import BUILD, SOURCE, ShimTest, clean_environment, main, native_only, sanitizer_runtime
 
 
 class Install(ShimTest):
@@ -198,6 +198,7 @@ class GpuBench(ShimTest):
     """bench/gpu_bench.py runs only where a GPU is lent, which is seldom: run whole here on the simulated runtime
     (--quick), a fault in the script shows before it costs a lease."""
 
+    @native_only
     def test_the_gpu_bench_runs_whole_on_the_simulated_runtime(self):
         if sanitizer_runtime():
             self.skipTest("the bench preloads gpupool alone, without a sanitizer's runtime")

@@ -6,7 +6,7 @@ import shutil
 import sys
 import unittest
 
-from harness import BUILD, EXPORTS_DLSYM, LIBRARY, ShimTest, main, sanitizer_runtime
+from harness import BUILD, EXPORTS_DLSYM, LIBRARY, ShimTest, main, native_only, sanitizer_runtime
 
 
 class TwoRuntimes(ShimTest):
@@ -520,6 +520,7 @@ class RuntimeCallsFetchedByName(ShimTest):
         self.assertEqual(stats["num_ooms"], 1)
 
     @unittest.skipIf(sanitizer_runtime(), "Python itself is not built with the sanitizer")
+    @native_only
     def test_python_ctypes_calls_are_pooled(self):
         script = ("import ctypes\n"
                   "rt = ctypes.CDLL('libcudart.so.13')\n"

@@ -6,7 +6,7 @@ import re
 import shutil
 import subprocess
 
-from harness import BUILD, CORE, EXPORTS_DLSYM, LIBRARY, ShimTest, check_books, main, sanitizer_runtime
+from harness import BUILD, CORE, EXPORTS_DLSYM, LIBRARY, ShimTest, check_books, main, native_only, sanitizer_runtime
 
 
 class Integrity(ShimTest):
@@ -425,6 +425,7 @@ class Fidelity(ShimTest):
         self.assertEqual(exported(LIBRARY), sorted(listed + hooks))
         self.assertEqual(exported(CORE), ["gpupool_core_open"])
 
+    @native_only
     def test_processes_that_never_use_cuda_load_only_the_small_library(self):
         run = self.run_program(["cat", "/proc/self/maps"])
         self.assertSucceeded(run)

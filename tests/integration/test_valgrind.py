@@ -6,13 +6,14 @@ import os
 import shutil
 import unittest
 
-from harness import ShimTest, main, program, sanitizer_runtime
+from harness import ShimTest, main, native_only, program, sanitizer_runtime
 
 VALGRIND = shutil.which("valgrind")
 
 
 @unittest.skipIf(VALGRIND is None, "valgrind is not installed (scripts/deps.sh installs it)")
 @unittest.skipIf(sanitizer_runtime() is not None, "a sanitizer build does not run under valgrind")
+@native_only
 class UnderValgrind(ShimTest):
     def valgrind(self, tool, args, env=None):
         command = [VALGRIND, "-q", f"--tool={tool}", "--error-exitcode=99", program(args[0])] + list(args[1:])

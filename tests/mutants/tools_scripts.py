@@ -259,7 +259,7 @@ MUTANTS = [
      'report'),
     ("gpu-pack carries the programs without their debug information",
      'scripts/gpu-pack',
-     'find "$dir/build" -type f -exec strip --strip-debug {} +\n',
+     'find "$dir/build" -type f -exec "${strip:-strip}" --strip-debug {} +\n',
      '',
      'tools'),
     ("gpu-pack carries every program the GPU scripts run",
