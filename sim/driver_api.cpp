@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "sim/driver_caller.hpp"
@@ -285,69 +286,77 @@ void* fn(F* f) {
 }
 
 // Name and version as cuGetProcAddress takes them; a later row of the same
-// name is a later version with another signature.
-const Entry kEntries[] = {
-    {"cuInit", 2000, fn(init), fn(init)},
-    {"cuDriverGetVersion", 2020, fn(driver_version), fn(driver_version)},
-    {"cuDeviceGetCount", 2000, fn(device_count), fn(device_count)},
-    {"cuCtxGetDevice", 2000, fn(ctx_get_device), fn(ctx_get_device)},
-    {"cuCtxSetCurrent", 4000, fn(ctx_set_current), fn(ctx_set_current)},
-    {"cuCtxGetCurrent", 4000, fn(ctx_get_current), fn(ctx_get_current)},
-    {"cuCtxSynchronize", 2000, fn(ctx_synchronize), fn(ctx_synchronize)},
-    {"cuCtxPushCurrent", 4000, fn(ctx_push_current), fn(ctx_push_current)},
-    {"cuCtxPopCurrent", 4000, fn(ctx_pop_current), fn(ctx_pop_current)},
-    {"cuCtxEnablePeerAccess", 4000, fn(ctx_enable_peer_access), fn(ctx_enable_peer_access)},
-    {"cuCtxDisablePeerAccess", 4000, fn(ctx_disable_peer_access), fn(ctx_disable_peer_access)},
-    {"cuDevicePrimaryCtxRetain", 7000, fn(primary_ctx_retain), fn(primary_ctx_retain)},
-    {"cuDevicePrimaryCtxReset", 7000, fn(primary_ctx_reset), fn(primary_ctx_reset)},
-    {"cuMemAlloc", 3020, fn(mem_alloc), fn(mem_alloc)},
-    {"cuMemFree", 3020, fn(mem_free), fn(mem_free)},
-    {"cuMemAllocPitch", 3020, fn(mem_alloc_pitch), fn(mem_alloc_pitch)},
-    {"cuMemAllocAsync", 11020, fn(mem_alloc_async), fn(mem_alloc_async_ptsz)},
-    {"cuMemAllocFromPoolAsync", 11020, fn(mem_alloc_from_pool_async), fn(mem_alloc_from_pool_async_ptsz)},
-    {"cuMemFreeAsync", 11020, fn(mem_free_async), fn(mem_free_async_ptsz)},
-    {"cuMemGetInfo", 3020, fn(mem_get_info), fn(mem_get_info)},
-    {"cuMemPoolTrimTo", 11020, fn(mem_pool_trim_to), fn(mem_pool_trim_to)},
-    {"cuMemPoolGetAttribute", 11020, fn(mem_pool_get_attribute), fn(mem_pool_get_attribute)},
-    {"cuMemPoolSetAttribute", 11020, fn(mem_pool_set_attribute), fn(mem_pool_set_attribute)},
-    {"cuMemPoolCreate", 11020, fn(mem_pool_create), fn(mem_pool_create)},
-    {"cuMemPoolDestroy", 11020, fn(mem_pool_destroy), fn(mem_pool_destroy)},
-    {"cuDeviceSetMemPool", 11020, fn(device_set_mem_pool), fn(device_set_mem_pool)},
-    {"cuDeviceGetDefaultMemPool", 11020, fn(device_get_default_mem_pool), fn(device_get_default_mem_pool)},
-    {"cuDeviceGetMemPool", 11020, fn(device_get_mem_pool), fn(device_get_mem_pool)},
-    {"cuMemPoolSetAccess", 11020, fn(mem_pool_set_access), fn(mem_pool_set_access)},
-    {"cuMemPoolGetAccess", 11020, fn(mem_pool_get_access), fn(mem_pool_get_access)},
-    {"cuMemSetMemPool", 13000, fn(mem_set_mem_pool), fn(mem_set_mem_pool)},
-    {"cuMemGetMemPool", 13000, fn(mem_get_mem_pool), fn(mem_get_mem_pool)},
-    {"cuMemGetDefaultMemPool", 13000, fn(mem_get_default_mem_pool), fn(mem_get_default_mem_pool)},
-    {"cuMemcpyHtoD", 3020, fn(memcpy_htod), fn(memcpy_htod)},
-    {"cuMemcpyDtoH", 3020, fn(memcpy_dtoh), fn(memcpy_dtoh)},
-    {"cuMemcpyHtoDAsync", 3020, fn(memcpy_htod_async), fn(memcpy_htod_async_ptsz)},
-    {"cuIpcGetMemHandle", 4010, fn(ipc_get_mem_handle), fn(ipc_get_mem_handle)},
-    {"cuStreamCreate", 2000, fn(stream_create), fn(stream_create)},
-    {"cuStreamCreateWithPriority", 5050, fn(stream_create_with_priority), fn(stream_create_with_priority)},
-    {"cuStreamDestroy", 4000, fn(stream_destroy), fn(stream_destroy)},
-    {"cuStreamGetFlags", 5050, fn(stream_get_flags), fn(stream_get_flags_ptsz)},
-    {"cuStreamGetCtx", 9020, fn(stream_get_ctx), fn(stream_get_ctx_ptsz)},
-    {"cuStreamSynchronize", 2000, fn(stream_synchronize), fn(stream_synchronize_ptsz)},
-    {"cuStreamQuery", 2000, fn(stream_query), fn(stream_query_ptsz)},
-    {"cuStreamWaitEvent", 3020, fn(stream_wait_event), fn(stream_wait_event_ptsz)},
-    {"cuLaunchHostFunc", 10000, fn(launch_host_func), fn(launch_host_func_ptsz)},
-    {"cuStreamBeginCapture", 10000, fn(begin_capture_v1), fn(begin_capture_v1)},
-    {"cuStreamBeginCapture", 10010, fn(begin_capture), fn(begin_capture_ptsz)},
-    {"cuStreamBeginCaptureToGraph", 12030, fn(begin_capture_to_graph<cudaStreamBeginCaptureToGraph>),
-     fn(begin_capture_to_graph<cudaStreamBeginCaptureToGraph_ptsz>)},
-    {"cuStreamEndCapture", 10000, fn(end_capture), fn(end_capture_ptsz)},
-    {"cuStreamIsCapturing", 10000, fn(is_capturing), fn(is_capturing_ptsz)},
-    {"cuThreadExchangeStreamCaptureMode", 10010, fn(exchange_capture_mode), fn(exchange_capture_mode)},
-    {"cuGraphCreate", 10000, fn(graph_create), fn(graph_create)},
-    {"cuGraphDestroy", 10000, fn(graph_destroy), fn(graph_destroy)},
-    {"cuEventCreate", 2000, fn(event_create), fn(event_create)},
-    {"cuEventDestroy", 4000, fn(event_destroy), fn(event_destroy)},
-    {"cuEventRecord", 2000, fn(event_record), fn(event_record_ptsz)},
-    {"cuEventQuery", 2000, fn(event_query), fn(event_query)},
-    {"cuEventSynchronize", 2000, fn(event_synchronize), fn(event_synchronize)},
-};
+// name is a later version with another signature. Made at the first lookup, as
+// a function's static, which every thread waits for. At namespace scope the
+// library's constructor wrote it, and a thread that dlopen()ed the driver as
+// another thread's dlopen() ran that constructor read it with nothing between
+// the two that ThreadSanitizer sees (the loader's lock is inside glibc): a
+// race reported now and then (test-static-runtime threads).
+std::span<const Entry> entries() {
+  static const Entry kEntries[] = {
+      {"cuInit", 2000, fn(init), fn(init)},
+      {"cuDriverGetVersion", 2020, fn(driver_version), fn(driver_version)},
+      {"cuDeviceGetCount", 2000, fn(device_count), fn(device_count)},
+      {"cuCtxGetDevice", 2000, fn(ctx_get_device), fn(ctx_get_device)},
+      {"cuCtxSetCurrent", 4000, fn(ctx_set_current), fn(ctx_set_current)},
+      {"cuCtxGetCurrent", 4000, fn(ctx_get_current), fn(ctx_get_current)},
+      {"cuCtxSynchronize", 2000, fn(ctx_synchronize), fn(ctx_synchronize)},
+      {"cuCtxPushCurrent", 4000, fn(ctx_push_current), fn(ctx_push_current)},
+      {"cuCtxPopCurrent", 4000, fn(ctx_pop_current), fn(ctx_pop_current)},
+      {"cuCtxEnablePeerAccess", 4000, fn(ctx_enable_peer_access), fn(ctx_enable_peer_access)},
+      {"cuCtxDisablePeerAccess", 4000, fn(ctx_disable_peer_access), fn(ctx_disable_peer_access)},
+      {"cuDevicePrimaryCtxRetain", 7000, fn(primary_ctx_retain), fn(primary_ctx_retain)},
+      {"cuDevicePrimaryCtxReset", 7000, fn(primary_ctx_reset), fn(primary_ctx_reset)},
+      {"cuMemAlloc", 3020, fn(mem_alloc), fn(mem_alloc)},
+      {"cuMemFree", 3020, fn(mem_free), fn(mem_free)},
+      {"cuMemAllocPitch", 3020, fn(mem_alloc_pitch), fn(mem_alloc_pitch)},
+      {"cuMemAllocAsync", 11020, fn(mem_alloc_async), fn(mem_alloc_async_ptsz)},
+      {"cuMemAllocFromPoolAsync", 11020, fn(mem_alloc_from_pool_async), fn(mem_alloc_from_pool_async_ptsz)},
+      {"cuMemFreeAsync", 11020, fn(mem_free_async), fn(mem_free_async_ptsz)},
+      {"cuMemGetInfo", 3020, fn(mem_get_info), fn(mem_get_info)},
+      {"cuMemPoolTrimTo", 11020, fn(mem_pool_trim_to), fn(mem_pool_trim_to)},
+      {"cuMemPoolGetAttribute", 11020, fn(mem_pool_get_attribute), fn(mem_pool_get_attribute)},
+      {"cuMemPoolSetAttribute", 11020, fn(mem_pool_set_attribute), fn(mem_pool_set_attribute)},
+      {"cuMemPoolCreate", 11020, fn(mem_pool_create), fn(mem_pool_create)},
+      {"cuMemPoolDestroy", 11020, fn(mem_pool_destroy), fn(mem_pool_destroy)},
+      {"cuDeviceSetMemPool", 11020, fn(device_set_mem_pool), fn(device_set_mem_pool)},
+      {"cuDeviceGetDefaultMemPool", 11020, fn(device_get_default_mem_pool), fn(device_get_default_mem_pool)},
+      {"cuDeviceGetMemPool", 11020, fn(device_get_mem_pool), fn(device_get_mem_pool)},
+      {"cuMemPoolSetAccess", 11020, fn(mem_pool_set_access), fn(mem_pool_set_access)},
+      {"cuMemPoolGetAccess", 11020, fn(mem_pool_get_access), fn(mem_pool_get_access)},
+      {"cuMemSetMemPool", 13000, fn(mem_set_mem_pool), fn(mem_set_mem_pool)},
+      {"cuMemGetMemPool", 13000, fn(mem_get_mem_pool), fn(mem_get_mem_pool)},
+      {"cuMemGetDefaultMemPool", 13000, fn(mem_get_default_mem_pool), fn(mem_get_default_mem_pool)},
+      {"cuMemcpyHtoD", 3020, fn(memcpy_htod), fn(memcpy_htod)},
+      {"cuMemcpyDtoH", 3020, fn(memcpy_dtoh), fn(memcpy_dtoh)},
+      {"cuMemcpyHtoDAsync", 3020, fn(memcpy_htod_async), fn(memcpy_htod_async_ptsz)},
+      {"cuIpcGetMemHandle", 4010, fn(ipc_get_mem_handle), fn(ipc_get_mem_handle)},
+      {"cuStreamCreate", 2000, fn(stream_create), fn(stream_create)},
+      {"cuStreamCreateWithPriority", 5050, fn(stream_create_with_priority), fn(stream_create_with_priority)},
+      {"cuStreamDestroy", 4000, fn(stream_destroy), fn(stream_destroy)},
+      {"cuStreamGetFlags", 5050, fn(stream_get_flags), fn(stream_get_flags_ptsz)},
+      {"cuStreamGetCtx", 9020, fn(stream_get_ctx), fn(stream_get_ctx_ptsz)},
+      {"cuStreamSynchronize", 2000, fn(stream_synchronize), fn(stream_synchronize_ptsz)},
+      {"cuStreamQuery", 2000, fn(stream_query), fn(stream_query_ptsz)},
+      {"cuStreamWaitEvent", 3020, fn(stream_wait_event), fn(stream_wait_event_ptsz)},
+      {"cuLaunchHostFunc", 10000, fn(launch_host_func), fn(launch_host_func_ptsz)},
+      {"cuStreamBeginCapture", 10000, fn(begin_capture_v1), fn(begin_capture_v1)},
+      {"cuStreamBeginCapture", 10010, fn(begin_capture), fn(begin_capture_ptsz)},
+      {"cuStreamBeginCaptureToGraph", 12030, fn(begin_capture_to_graph<cudaStreamBeginCaptureToGraph>),
+       fn(begin_capture_to_graph<cudaStreamBeginCaptureToGraph_ptsz>)},
+      {"cuStreamEndCapture", 10000, fn(end_capture), fn(end_capture_ptsz)},
+      {"cuStreamIsCapturing", 10000, fn(is_capturing), fn(is_capturing_ptsz)},
+      {"cuThreadExchangeStreamCaptureMode", 10010, fn(exchange_capture_mode), fn(exchange_capture_mode)},
+      {"cuGraphCreate", 10000, fn(graph_create), fn(graph_create)},
+      {"cuGraphDestroy", 10000, fn(graph_destroy), fn(graph_destroy)},
+      {"cuEventCreate", 2000, fn(event_create), fn(event_create)},
+      {"cuEventDestroy", 4000, fn(event_destroy), fn(event_destroy)},
+      {"cuEventRecord", 2000, fn(event_record), fn(event_record_ptsz)},
+      {"cuEventQuery", 2000, fn(event_query), fn(event_query)},
+      {"cuEventSynchronize", 2000, fn(event_synchronize), fn(event_synchronize)},
+  };
+  return kEntries;
+}
 
 }  // namespace
 
@@ -365,7 +374,7 @@ CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint
     *pfn = version >= 12000 ? reinterpret_cast<void*>(&cuGetProcAddress_v2) : reinterpret_cast<void*>(&get_proc_address_v1);
     found = CU_GET_PROC_ADDRESS_SUCCESS;
   }
-  for (const Entry& e : kEntries) {
+  for (const Entry& e : entries()) {
     if (std::strcmp(e.name, symbol) != 0) continue;
     if (e.since > version) {
       if (*pfn == nullptr) found = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
