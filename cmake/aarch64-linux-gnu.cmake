@@ -14,3 +14,5 @@ set(CMAKE_CROSSCOMPILING_EMULATOR qemu-aarch64-static -L /usr/aarch64-linux-gnu)
 set(fmt_DIR /usr/lib/${CMAKE_HOST_SYSTEM_PROCESSOR}-linux-gnu/cmake/fmt CACHE PATH "")
 set(spdlog_DIR /usr/lib/${CMAKE_HOST_SYSTEM_PROCESSOR}-linux-gnu/cmake/spdlog CACHE PATH "")
 set(Catch2_DIR /usr/lib/cmake/Catch2 CACHE PATH "")
+# FindCUDAToolkit's static-runtime target wants librt (nothing here links it).
+set(CUDAToolkit_rt_LIBRARY /usr/aarch64-linux-gnu/lib/librt.a CACHE FILEPATH "")

@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from harness import BUILD, SOURCE, ShimTest, clean_environment, main, native_only, sanitizer_runtime
+from harness import BUILD, BUILD_MACHINE, SOURCE, ShimTest, clean_environment, main, native_only, sanitizer_runtime
 
 
 class Install(ShimTest):
@@ -39,6 +39,10 @@ class Install(ShimTest):
                      "./usr/lib/gpupool/libgpupool-core.so",
                      "./usr/lib/gpupool/sim/libcudart.so.13"):
             self.assertIn(path, listing)
+        # For the machine the build is for (a cross build's too).
+        architecture = subprocess.run(["dpkg-deb", "-f", os.path.join(self.workdir, debs[0]), "Architecture"],
+                                      capture_output=True, text=True, check=True).stdout.strip()
+        self.assertEqual(architecture, {"x86_64": "amd64", "aarch64": "arm64"}[BUILD_MACHINE])
 
 
 class GpuPack(ShimTest):
