@@ -11,7 +11,8 @@
 # "tools" (the trace, replay and project_scripts integration tests, with the
 # saved trace inputs), "report" (the unit tests and the report, report_paths
 # and command integration tests), "host_oom" (gpupool's own host
-# allocations failing).
+# allocations failing), "aarch64" (the shim and runtimes integration tests on
+# an AArch64 build under qemu: scripts/cross-test).
 # Mutations that change nothing a program could see are left out (for
 # instance a barrier check made twice).
 #
