@@ -289,9 +289,9 @@ void* fn(F* f) {
 // name is a later version with another signature. Made at the first lookup, as
 // a function's static, which every thread waits for. At namespace scope the
 // library's constructor wrote it, and a thread that dlopen()ed the driver as
-// another thread's dlopen() ran that constructor read it with nothing between
-// the two that ThreadSanitizer sees (the loader's lock is inside glibc): a
-// race reported now and then (test-static-runtime threads).
+// another thread's dlopen() ran that constructor waited on glibc's loader
+// lock, which ThreadSanitizer does not see: a race it reported now and then
+// (test-static-runtime threads), where there was none.
 std::span<const Entry> entries() {
   static const Entry kEntries[] = {
       {"cuInit", 2000, fn(init), fn(init)},
