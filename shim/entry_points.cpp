@@ -117,8 +117,9 @@ cudaError_t malloc_on(void** ptr, size_t size, cudaStream_t stream, bool per_thr
   if (rt.bypass()) return real_call != nullptr ? real_call(ptr, size, stream) : missing();
   if (ptr == nullptr) return fail(cudaErrorInvalidValue);
   const StreamId id = stream_id(stream, per_thread);
+  const int device = rt.prepare_stream(id);
   cudaError_t err = cudaSuccess;
-  if (pooled_stream_ordered(rt, ptr, size, id, rt.prepare_stream(id), false, &err)) return err;
+  if (device != Runtime::kNoSuchStream && pooled_stream_ordered(rt, ptr, size, id, device, false, &err)) return err;
   return real_call != nullptr ? real_call(ptr, size, stream) : missing();
 }
 
@@ -132,9 +133,27 @@ cudaError_t malloc_from_pool(void** ptr, size_t size, cudaMemPool_t pool, cudaSt
     const StreamId id = stream_id(stream, per_thread);
     const int device = rt.prepare_stream(id);
     cudaError_t err = cudaSuccess;
-    if (rt.is_default_pool(pool, device) && pooled_stream_ordered(rt, ptr, size, id, device, true, &err)) return err;
+    if (device != Runtime::kNoSuchStream && rt.is_default_pool(pool, device) &&
+        pooled_stream_ordered(rt, ptr, size, id, device, true, &err)) {
+      return err;
+    }
   }
   return real_call != nullptr ? real_call(ptr, size, pool, stream) : missing();
+}
+
+// cudaFreeAsync naming a handle the runtime says is no stream's (one the
+// program destroyed): refused, as the runtime refuses it, its block left
+// live (a leak the report lists) rather than freed in no stream's order.
+template <typename RealFree>
+cudaError_t free_on_no_stream(Runtime& rt, void* ptr, cudaStream_t stream, RealFree real_call) {
+  if (!rt.holds(ptr)) return real_call != nullptr ? real_call(ptr, stream) : missing();
+  char line[200];
+  std::snprintf(line, sizeof line,
+                "gpupool: cudaFreeAsync: the runtime knows no stream %p (destroyed?); refused with "
+                "cudaErrorInvalidResourceHandle, and %p stays allocated",
+                static_cast<void*>(stream), ptr);
+  gpupool::shim::message(gpupool::config::LogLevel::Warn, line);
+  return fail(cudaErrorInvalidResourceHandle);
 }
 
 cudaError_t free_on(void* ptr, cudaStream_t stream, bool per_thread) {
@@ -145,6 +164,7 @@ cudaError_t free_on(void* ptr, cudaStream_t stream, bool per_thread) {
   int device = -1;
   if (!rt.bypass()) {
     device = rt.prepare_stream(id);
+    if (device == Runtime::kNoSuchStream) return free_on_no_stream(rt, ptr, stream, real_call);
     rt.note_stream_ordered_call();
   }
   const FreeResult r = rt.deallocate(ptr, id, device);

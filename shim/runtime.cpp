@@ -329,6 +329,17 @@ FreeResult Runtime::keep_after_stepping_aside(DevicePtr ptr, int* owner) {
   return FreeResult::NotOwned;
 }
 
+bool Runtime::holds(const void* ptr) {
+  const auto p = reinterpret_cast<DevicePtr>(ptr);
+  for (int i = 0; i < kMaxDevices; ++i) {
+    DeviceState* d = existing(i);
+    if (d == nullptr) continue;
+    std::lock_guard<AdaptiveMutex> lock(d->mu);
+    if (d->pool->owns(p)) return true;
+  }
+  return false;
+}
+
 void Runtime::device_reset_after_stepping_aside(int dev, cudaError_t err) {
   DeviceState* d = existing(dev);
   if (d != nullptr && reset_outcome(*d, err) != ResetOutcome::Refused) d->reset_after_stepping_aside.store(true);

@@ -120,6 +120,8 @@ class Runtime {
   // site_device: the device of the stream `site` (a stream-ordered free).
   // Freed, *owner (if given) is the device whose memory it was.
   FreeResult deallocate(void* ptr, StreamId site, int site_device = -1, int* owner = nullptr);
+  // Whether ptr lies in memory a device's pool holds.
+  bool holds(const void* ptr);
   // Waits for all work on `device`, as the runtime's cudaFree does for the
   // memory it frees (free_synchronizes:1); returns the error it reports.
   cudaError_t synchronize_for_free(int device);
@@ -136,6 +138,10 @@ class Runtime {
   void stream_destroy_answered(StreamId stream, int device, bool destroyed);
   // The device of a stream a call names, after registering the stream with
   // that device's pool on first sight. Cached per thread for the last stream.
+  // kNoSuchStream where gpupool does not know the handle and the runtime
+  // says it names no stream (cudaErrorInvalidResourceHandle: a destroyed
+  // one): the call is the runtime's to answer, as without gpupool.
+  static constexpr int kNoSuchStream = -1;
   int prepare_stream(StreamId stream) {
     const LastStream& last = t_last_stream;
     if (last.stream == stream && last.generation == streams_generation_.load(std::memory_order_acquire)) {
@@ -239,7 +245,9 @@ class Runtime {
 
  private:
   Runtime();
-  void ensure_known(StreamId stream, int device);
+  // False where the handle is new to gpupool and the runtime says it names
+  // no stream; it is then left out of the books.
+  bool ensure_known(StreamId stream, int device);
   // prepare_stream for a stream other than the thread's last one, or after
   // streams came or went.
   int prepare_new_stream(StreamId stream);

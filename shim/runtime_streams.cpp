@@ -75,7 +75,7 @@ int Runtime::prepare_new_stream(StreamId stream) {
   }
   const std::uint64_t generation = streams_generation_.load(std::memory_order_acquire);
   const int dev = device_of(stream);
-  ensure_known(stream, dev);
+  if (!ensure_known(stream, dev)) return kNoSuchStream;
   t_last_stream = LastStream{stream, dev, generation};
   return dev;
 }
@@ -141,34 +141,42 @@ void Runtime::forget_stream_handles(int dev, const std::vector<StreamId>& ids) {
   }
 }
 
-void Runtime::ensure_known(StreamId stream, int dev) {
-  if (stream == kLegacyStream) return;
+bool Runtime::ensure_known(StreamId stream, int dev) {
+  if (stream == kLegacyStream) return true;
   if (is_per_thread_id(stream)) {
     std::uint64_t& known = t_stream_devices;
-    if ((known >> dev & 1u) != 0) return;
+    if ((known >> dev & 1u) != 0) return true;
     known |= std::uint64_t{1} << dev;
     arm_thread_stream_end();
     DeviceState& d = device(dev);
     std::lock_guard<AdaptiveMutex> lock(d.mu);
     d.pool->stream_created(stream, StreamKind::PerThread);
-    return;
+    return true;
   }
   {
     std::lock_guard<std::mutex> lock(streams_mu_);
-    auto& streams = streams_locked();
-    if (streams.count(stream) != 0) return;
-    streams[stream] = dev;
+    if (streams_locked().count(stream) != 0) return true;
   }
-  // A stream created where gpupool could not see it: ask its kind (taken as
-  // non-blocking, which needs the most ordering, when it cannot be read; an
-  // error the program had pending stays pending).
+  // A handle gpupool has not seen made: ask its kind (taken as non-blocking,
+  // which needs the most ordering, when it cannot be read; an error the
+  // program had pending stays pending). Where the runtime says it names no
+  // stream, it is most likely one the program destroyed: serving the call
+  // from the cache would hide the program's error and keep the block under a
+  // dead handle, so the runtime answers it instead.
   unsigned flags = cudaStreamNonBlocking;
-  if (real().cudaStreamGetFlags != nullptr && internal([&](const RealCuda& r) {
-        return r.cudaStreamGetFlags(reinterpret_cast<cudaStream_t>(stream), &flags);
-      }) != cudaSuccess) {
-    flags = cudaStreamNonBlocking;
+  if (real().cudaStreamGetFlags != nullptr) {
+    const cudaError_t err = internal([&](const RealCuda& r) {
+      return r.cudaStreamGetFlags(reinterpret_cast<cudaStream_t>(stream), &flags);
+    });
+    if (err == cudaErrorInvalidResourceHandle) return false;
+    if (err != cudaSuccess) flags = cudaStreamNonBlocking;
+  }
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    if (!streams_locked().emplace(stream, dev).second) return true;  // another thread introduced it meanwhile
   }
   introduce_stream(dev, stream, flags);
+  return true;
 }
 
 int Runtime::stream_destroying(cudaStream_t stream) {
@@ -251,7 +259,11 @@ void Runtime::capture_began(StreamId stream, cudaStreamCaptureMode mode) {
   // The stream is introduced to the pool first: one it met only later (a
   // thread's per-thread stream, a stream made where gpupool could not see
   // it) would start afresh there and forget its capture.
-  const int dev = prepare_stream(stream);
+  // A handle the runtime says names no stream is its to refuse; were the
+  // begin taken all the same, the pool keeps its capture on the current
+  // device, as for any stream it meets first in a capture.
+  int dev = prepare_stream(stream);
+  if (dev == kNoSuchStream) dev = current_device();
   captures_active_.fetch_add(1, std::memory_order_relaxed);
   unsafe_call_rules_.capture_began(mode);
   // Its thread's end unlists it from the rules (it may never end the capture).

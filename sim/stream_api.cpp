@@ -40,16 +40,16 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   return result(Engine::instance().destroy_stream(stream_of(s, false)));
 }
 
-cudaError_t cudaStreamGetFlags(cudaStream_t s, unsigned int* flags) {
+// A destroyed stream's handle: refused, as by cudaStreamGetDevice.
+cudaError_t stream_get_flags(cudaStream_t s, unsigned int* flags, bool per_thread) {
   if (flags == nullptr) return result(cudaErrorInvalidValue);
-  *flags = stream_of(s, false)->kind == simcuda::StreamKind::NonBlocking ? cudaStreamNonBlocking : 0;
+  const Stream* st = stream_of(s, per_thread);
+  if (st->destroyed) return result(cudaErrorInvalidResourceHandle);
+  *flags = st->kind == simcuda::StreamKind::NonBlocking ? cudaStreamNonBlocking : 0;
   return cudaSuccess;
 }
-cudaError_t cudaStreamGetFlags_ptsz(cudaStream_t s, unsigned int* flags) {
-  if (flags == nullptr) return result(cudaErrorInvalidValue);
-  *flags = stream_of(s, true)->kind == simcuda::StreamKind::NonBlocking ? cudaStreamNonBlocking : 0;
-  return cudaSuccess;
-}
+cudaError_t cudaStreamGetFlags(cudaStream_t s, unsigned int* flags) { return stream_get_flags(s, flags, false); }
+cudaError_t cudaStreamGetFlags_ptsz(cudaStream_t s, unsigned int* flags) { return stream_get_flags(s, flags, true); }
 
 // CUDA 12.8 and later: the device a stream belongs to (a stream made
 // through the driver on another device too).

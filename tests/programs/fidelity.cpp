@@ -50,6 +50,23 @@ int main() {
   CHECK_CUDA(cudaMalloc(&y, 1 << 16));
   CHECK_CUDA(cudaFree(x));
   CHECK_CUDA(cudaFreeAsync(y, nullptr));
+  // A stream the program destroyed: its stream-ordered calls get the
+  // runtime's answer, cudaErrorInvalidResourceHandle here, not memory from
+  // the cache; the block a refused free names stays allocated.
+  cudaStream_t gone = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&gone, cudaStreamNonBlocking));
+  void* left = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&left, 1 << 16, gone));
+  CHECK_CUDA(cudaStreamDestroy(gone));
+  void* none = nullptr;
+  EXPECT(cudaMallocAsync(&none, 1 << 16, gone) == cudaErrorInvalidResourceHandle);
+  EXPECT(cudaGetLastError() == cudaErrorInvalidResourceHandle);
+  cudaMemPool_t default_pool = nullptr;
+  CHECK_CUDA(cudaDeviceGetDefaultMemPool(&default_pool, 0));
+  EXPECT(cudaMallocFromPoolAsync(&none, 1 << 16, default_pool, gone) == cudaErrorInvalidResourceHandle);
+  EXPECT(cudaFreeAsync(left, gone) == cudaErrorInvalidResourceHandle);
+  EXPECT(cudaGetLastError() == cudaErrorInvalidResourceHandle);
+  CHECK_CUDA(cudaFree(left));
   // Out of memory (the device is small in this test): the error, also from
   // cudaGetLastError; then recovery leaves no error behind.
   void* huge = nullptr;
