@@ -241,6 +241,20 @@ int threads(int count, int n) {
 }
 
 int async(int n) {
+  // A destroyed stream's handle: the runtime's answer, not the cache's; the
+  // block a refused free names stays allocated.
+  CUstream gone = new_stream(CU_STREAM_NON_BLOCKING);
+  CUdeviceptr left = 0;
+  check(d.mem_alloc_async(&left, kSizes[0], gone), "cuMemAllocAsync");
+  check(d.stream_synchronize(gone), "cuStreamSynchronize");
+  check(d.stream_destroy(gone), "cuStreamDestroy");
+  CUdeviceptr none = 0;
+  if (d.mem_alloc_async(&none, kSizes[0], gone) != CUDA_ERROR_INVALID_HANDLE ||
+      d.mem_free_async(left, gone) != CUDA_ERROR_INVALID_HANDLE) {
+    std::fprintf(stderr, "static_runtime: a call on a destroyed stream was served\n");
+    return 1;
+  }
+  check(d.mem_free(left), "cuMemFree");
   CUstream s = new_stream(CU_STREAM_NON_BLOCKING);
   for (int i = 0; i < n; ++i) {
     const size_t size = kSizes[i % 6];
@@ -255,19 +269,8 @@ int async(int n) {
     write_and_check(p, size, static_cast<unsigned>(i) + 7);
     check(d.mem_free_async_ptsz(p, nullptr), "cuMemFreeAsync_ptsz");
   }
-  CUdeviceptr left = 0;
-  check(d.mem_alloc_async(&left, kSizes[0], s), "cuMemAllocAsync");
   check(d.stream_synchronize(s), "cuStreamSynchronize");
   check(d.stream_destroy(s), "cuStreamDestroy");
-  // The destroyed stream's handle: the runtime's answer, not the cache's;
-  // the block a refused free names stays allocated.
-  CUdeviceptr none = 0;
-  if (d.mem_alloc_async(&none, kSizes[0], s) != CUDA_ERROR_INVALID_HANDLE ||
-      d.mem_free_async(left, s) != CUDA_ERROR_INVALID_HANDLE) {
-    std::fprintf(stderr, "static_runtime: a call on a destroyed stream was served\n");
-    return 1;
-  }
-  check(d.mem_free(left), "cuMemFree");
   std::printf("{\"pairs\": %d}\n", n);
   return 0;
 }
