@@ -487,6 +487,7 @@ void Runtime::device_reset_answered(int dev, cudaError_t err) {
   opened_pool_to_runtime_[dev].store(false, std::memory_order_relaxed);
   default_pools_[dev].store(nullptr, std::memory_order_release);
   if (d != nullptr) forget_device_memory(*d);
+  forget_device_streams(dev);
   end_grants_at_reset(dev);  // its pages forgotten first: the reset released them
   if (d == nullptr) return;
   if (outcome == ResetOutcome::Unknown) {

@@ -291,6 +291,8 @@ class Runtime {
   // to the pool as new, and blocks threads keep for them go back. Not under
   // a pool's lock.
   void forget_stream_handles(int dev, const std::vector<StreamId>& ids);
+  // After a reset of `dev` (not refused): forgets the handles of its streams.
+  void forget_device_streams(int dev);
   // Bytes of `device`'s blocks that threads keep for reuse: the program freed
   // them, the pool counts them allocated. Takes the caches' locks, so call it
   // before the pool's.

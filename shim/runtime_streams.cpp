@@ -126,6 +126,17 @@ void Runtime::move_forgotten_streams(DeviceState& d, std::vector<StreamId>* into
   into->insert(into->end(), more.begin(), more.end());
 }
 
+void Runtime::forget_device_streams(int dev) {
+  // A reset destroys the streams made on the device: their handles are met
+  // anew, and the runtime says whether they name a stream (one made in a
+  // context of the program's own lives on) as for any handle met first.
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    std::erase_if(streams_locked(), [dev](const auto& entry) { return entry.second == dev; });
+  }
+  streams_generation_.fetch_add(1, std::memory_order_acq_rel);  // after: no thread keeps one as its last
+}
+
 void Runtime::forget_stream_handles(int dev, const std::vector<StreamId>& ids) {
   {
     std::lock_guard<std::mutex> lock(streams_mu_);

@@ -362,16 +362,26 @@ cudaError_t Engine::end_capture(Stream* s, bool* valid) {
   return s->invalidated ? cudaErrorStreamCaptureInvalidated : cudaSuccess;
 }
 
-void Engine::end_captures(int device) {
+void Engine::reset_streams(int device) {
+  static const bool reuse_handles = env_flag("SIMCUDA_REUSE_STREAM_HANDLES");
   std::lock_guard<std::mutex> lock(mu_);
   const std::thread::id self = std::this_thread::get_id();
+  std::vector<Stream*> made;
   for (Stream* s : streams_) {
-    if (s->device != device || !s->capturing) continue;
-    if (s->capture_mode == cudaStreamCaptureModeThreadLocal && s->capture_thread != self) {
+    if (s->device != device) continue;
+    if (s->capturing && s->capture_mode == cudaStreamCaptureModeThreadLocal && s->capture_thread != self) {
       stale_capture_threads_.push_back(s->capture_thread);
     }
     s->capturing = false;
+    if (s->kind != StreamKind::Legacy && s->kind != StreamKind::PerThread && !s->destroyed) made.push_back(s);
   }
+  for (Stream* s : made) {  // as destroy_stream does each
+    s->destroyed = true;
+    if (reuse_handles) free_handles_.push_back(s->handle);
+    if (!s->worker_started) forget_drained(s);
+    s->work.notify_all();
+  }
+  cv_.notify_all();
 }
 
 bool Engine::stale_capture_refuses(bool device_wide) {

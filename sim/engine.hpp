@@ -119,10 +119,11 @@ class Engine {
   cudaError_t begin_capture(Stream* s, cudaStreamCaptureMode mode);
   cudaError_t end_capture(Stream* s, bool* valid);
   cudaStreamCaptureStatus capture_status(Stream* s);
-  // cudaDeviceReset: the captures on the device's streams end with them. A
-  // thread-local one another thread began stays counted on that thread, as
-  // CUDA 13 keeps it (seen on an H200): see stale_capture_refuses.
-  void end_captures(int device);
+  // cudaDeviceReset: the streams the program made on the device are
+  // destroyed (their queued work has run), the captures on its streams end.
+  // A thread-local capture another thread began stays counted on that
+  // thread, as CUDA 13 keeps it (seen on an H200): see stale_capture_refuses.
+  void reset_streams(int device);
   // Whether this thread's host call is refused for such a capture: in its
   // own capture mode a potentially unsafe call, a cudaEventSynchronize too;
   // a cudaDeviceSynchronize even relaxed.

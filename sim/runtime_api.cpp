@@ -181,7 +181,7 @@ cudaError_t cudaDeviceReset(void) {
   const bool late = error != nullptr && std::strcmp(error, "late") == 0;
   if (refused) return result(cudaErrorNotPermitted);
   Engine::instance().synchronize_all();
-  Engine::instance().end_captures(t_device);
+  Engine::instance().reset_streams(t_device);
   Memory::instance().reset(t_device);
   simcuda::mem_pool_device_reset(t_device);
   std::lock_guard<std::mutex> lock(events_mu());

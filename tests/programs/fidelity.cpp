@@ -106,6 +106,16 @@ int main() {
     EXPECT(base % kGranule == 0);
     EXPECT(release(base, granules * kGranule) == CUDA_SUCCESS);
   }
+  // A device reset destroys the streams the program made there: a call that
+  // names one after it gets the runtime's answer too.
+  cudaStream_t made = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&made, cudaStreamNonBlocking));
+  void* before_reset = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&before_reset, 1 << 16, made));
+  CHECK_CUDA(cudaFreeAsync(before_reset, made));
+  CHECK_CUDA(cudaDeviceReset());
+  EXPECT(cudaMallocAsync(&none, 1 << 16, made) == cudaErrorInvalidResourceHandle);
+  EXPECT(cudaGetLastError() == cudaErrorInvalidResourceHandle);
   std::printf("fidelity: all checks passed\n");
   return 0;
 }
