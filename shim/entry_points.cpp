@@ -146,7 +146,7 @@ cudaError_t malloc_from_pool(void** ptr, size_t size, cudaMemPool_t pool, cudaSt
 // live (a leak the report lists) rather than freed in no stream's order.
 template <typename RealFree>
 cudaError_t free_on_no_stream(Runtime& rt, void* ptr, cudaStream_t stream, RealFree real_call) {
-  if (!rt.holds(ptr)) return real_call != nullptr ? real_call(ptr, stream) : missing();
+  if (rt.device_holding(ptr) < 0) return real_call != nullptr ? real_call(ptr, stream) : missing();
   char line[200];
   std::snprintf(line, sizeof line,
                 "gpupool: cudaFreeAsync: the runtime knows no stream %p (destroyed?); refused with "

@@ -318,26 +318,22 @@ FreeResult Runtime::free_with_books(DeviceState& d, DevicePtr p, StreamId site, 
 FreeResult Runtime::keep_after_stepping_aside(DevicePtr ptr, int* owner) {
   // Never lent again, so never lent twice, whatever the failure left half
   // done: only the segment map is read, which an exception leaves whole.
-  for (int i = 0; i < kMaxDevices; ++i) {
-    DeviceState* d = existing(i);
-    if (d == nullptr || d->reset_after_stepping_aside.load()) continue;
-    std::lock_guard<AdaptiveMutex> lock(d->mu);
-    if (!d->pool->owns(ptr)) continue;
-    if (owner != nullptr) *owner = i;
-    return FreeResult::Freed;
-  }
-  return FreeResult::NotOwned;
+  const int dev = device_holding(reinterpret_cast<const void*>(ptr));
+  if (dev < 0) return FreeResult::NotOwned;
+  if (owner != nullptr) *owner = dev;
+  return FreeResult::Freed;
 }
 
-bool Runtime::holds(const void* ptr) {
+int Runtime::device_holding(const void* ptr) {
   const auto p = reinterpret_cast<DevicePtr>(ptr);
   for (int i = 0; i < kMaxDevices; ++i) {
     DeviceState* d = existing(i);
-    if (d == nullptr) continue;
+    // A reset once gpupool stepped aside gave the device's memory back.
+    if (d == nullptr || d->reset_after_stepping_aside.load()) continue;
     std::lock_guard<AdaptiveMutex> lock(d->mu);
-    if (d->pool->owns(p)) return true;
+    if (d->pool->owns(p)) return i;
   }
-  return false;
+  return -1;
 }
 
 void Runtime::device_reset_after_stepping_aside(int dev, cudaError_t err) {

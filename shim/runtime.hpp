@@ -120,8 +120,8 @@ class Runtime {
   // site_device: the device of the stream `site` (a stream-ordered free).
   // Freed, *owner (if given) is the device whose memory it was.
   FreeResult deallocate(void* ptr, StreamId site, int site_device = -1, int* owner = nullptr);
-  // Whether ptr lies in memory a device's pool holds.
-  bool holds(const void* ptr);
+  // The device whose pool holds the memory ptr lies in, or -1.
+  int device_holding(const void* ptr);
   // Waits for all work on `device`, as the runtime's cudaFree does for the
   // memory it frees (free_synchronizes:1); returns the error it reports.
   cudaError_t synchronize_for_free(int device);
