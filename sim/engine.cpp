@@ -110,23 +110,23 @@ cudaError_t Engine::destroy_stream(Stream* s) {
   // As CUDA: returns at once; queued work still runs, then the worker ends.
   // A capture ends with its stream (the driver takes cuStreamEndCapture's
   // path), its graph lost.
-  s->destroyed = true;
-  s->capturing = false;
-  if (reuse_handles) free_handles_.push_back(s->handle);
-  if (!s->worker_started) forget_drained(s);  // (a worker leaves by itself, drained)
-  s->work.notify_all();
+  end_stream(s, reuse_handles);
   cv_.notify_all();
   return cudaSuccess;
+}
+
+void Engine::end_stream(Stream* s, bool give_handle_again) {
+  s->destroyed = true;
+  s->capturing = false;
+  if (give_handle_again) free_handles_.push_back(s->handle);
+  if (!s->worker_started) forget_drained(s);  // (a worker leaves by itself, drained)
+  s->work.notify_all();
 }
 
 void Engine::retire_per_thread_streams(Stream* const* streams, std::size_t count) {
   std::lock_guard<std::mutex> lock(mu_);
   for (std::size_t i = 0; i < count; ++i) {
-    if (streams[i] == nullptr) continue;
-    streams[i]->destroyed = true;
-    streams[i]->capturing = false;  // as a destroyed stream's
-    if (!streams[i]->worker_started) forget_drained(streams[i]);  // (a worker leaves by itself)
-    streams[i]->work.notify_all();
+    if (streams[i] != nullptr) end_stream(streams[i], false);
   }
   cv_.notify_all();
 }
@@ -375,12 +375,7 @@ void Engine::reset_streams(int device) {
     s->capturing = false;
     if (s->kind != StreamKind::Legacy && s->kind != StreamKind::PerThread && !s->destroyed) made.push_back(s);
   }
-  for (Stream* s : made) {  // as destroy_stream does each
-    s->destroyed = true;
-    if (reuse_handles) free_handles_.push_back(s->handle);
-    if (!s->worker_started) forget_drained(s);
-    s->work.notify_all();
-  }
+  for (Stream* s : made) end_stream(s, reuse_handles);  // (not while walking streams_: it may leave it)
   cv_.notify_all();
 }
 

@@ -157,9 +157,13 @@ class Engine {
   std::vector<Stream*> drained_;
   void track(Stream* s);
   void forget_drained(Stream* s);
+  // Marks s destroyed (a destroy, a reset, a thread's end): its queued work
+  // still runs, then its worker leaves; its handle goes to the next stream
+  // made where give_handle_again. The caller wakes cv_ after.
+  void end_stream(Stream* s, bool give_handle_again);
   std::vector<Stream*> legacy_;  // per device
   std::vector<StreamHandle*> free_handles_;  // destroyed streams', to give again
-  std::vector<std::thread::id> stale_capture_threads_;  // see end_captures
+  std::vector<std::thread::id> stale_capture_threads_;  // see reset_streams
   std::uint64_t delay_us_;
 };
 
