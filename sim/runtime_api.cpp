@@ -173,8 +173,8 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
 cudaError_t cudaDeviceDisablePeerAccess(int peer) { return result(Memory::instance().disable_peer_access(t_device, peer)); }
 
 // Waits for all work, then frees all of the current device's memory and
-// destroys its events (a later use of one fails and is counted). Streams are
-// not destroyed here (a program must not use them afterwards).
+// destroys the streams the program made there and its events (a later use of
+// an event fails and is counted).
 cudaError_t cudaDeviceReset(void) {
   static const char* const error = std::getenv("SIMCUDA_RESET_ERROR");
   const bool refused = error != nullptr && std::strcmp(error, "refused") == 0;
@@ -196,6 +196,10 @@ cudaError_t cudaDeviceReset(void) {
   }
   return late ? result(cudaErrorLaunchFailure) : cudaSuccess;
 }
+
+// CUDA 12's old name of cudaDeviceReset, which CUDA 13 removed: kept so that
+// a program built for CUDA 12 runs here too, as on CUDA 12's runtime.
+extern "C" cudaError_t cudaThreadExit(void) { return cudaDeviceReset(); }
 
 cudaError_t cudaDeviceSynchronize(void) {
   if (injected_host_wait_failure(__builtin_return_address(0))) return result(cudaErrorUnknown);
