@@ -11,8 +11,12 @@
 extern "C" {
 #endif
 
+/* CUDA 12's cudaThreadExit, the old name of cudaDeviceReset: CUDA 13's
+   headers no longer declare it, but programs built for CUDA 12 call it. */
+cudaError_t cudaThreadExit(void);
+
 /* Raised whenever this struct changes: a core of another version is refused. */
-#define GPUPOOL_CORE_ABI 13
+#define GPUPOOL_CORE_ABI 14
 
 /* Finds a real CUDA runtime function: dlsym(RTLD_NEXT) in the preload
    library, the object that stands before the runtime in the search order. */

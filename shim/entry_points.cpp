@@ -351,16 +351,34 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   return err;
 }
 
-cudaError_t cudaDeviceReset(void) {
+// The current device's reset, made by the runtime's function `pick` chooses
+// (none: cudaErrorNotSupported), `call` naming it.
+template <typename Pick>
+cudaError_t reset_device(const char* call, Pick pick) {
   Runtime& rt = enter();
   const int device = rt.current_device();
   const bool tell = !rt.bypass();
   const bool aside = !tell && gpupool::shim::stepped_aside();
   if (tell) rt.device_resetting(device);
-  const cudaError_t err = pass_on<&RealCuda::cudaDeviceReset>();
-  if (tell) keep_books("cudaDeviceReset", [&] { rt.device_reset_answered(device, err); });
+  const auto reset = pick(real());
+  const cudaError_t err = reset != nullptr ? reset() : missing();
+  if (tell) keep_books(call, [&] { rt.device_reset_answered(device, err); });
   if (aside) rt.device_reset_after_stepping_aside(device, err);
   return err;
+}
+
+cudaError_t cudaDeviceReset(void) {
+  return reset_device("cudaDeviceReset", [](const RealCuda& r) { return r.cudaDeviceReset; });
+}
+
+// CUDA 12's old name for the same reset; unseen, it would leave the pool
+// lending memory the reset freed. Where the runtime has no such call (CUDA
+// 13's, with a library built for CUDA 12 beside it), its cudaDeviceReset,
+// which CUDA documents as the same function.
+cudaError_t cudaThreadExit(void) {
+  return reset_device("cudaThreadExit", [](const RealCuda& r) {
+    return r.cudaThreadExit != nullptr ? r.cudaThreadExit : r.cudaDeviceReset;
+  });
 }
 
 // Trimming a device's default memory pool (PyTorch's cudaMallocAsync backend

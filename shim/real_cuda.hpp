@@ -31,6 +31,7 @@ namespace gpupool::shim {
   X(cudaGetLastError, cudaError_t(void))                                              \
   X(cudaPeekAtLastError, cudaError_t(void))                                           \
   X(cudaDeviceReset, cudaError_t(void))                                               \
+  X(cudaThreadExit, cudaError_t(void))                                                \
   X(cudaDeviceSynchronize, cudaError_t(void))                                         \
   X(cudaDeviceGetDefaultMemPool, cudaError_t(cudaMemPool_t*, int))                    \
   X(cudaDeviceGetMemPool, cudaError_t(cudaMemPool_t*, int))                           \

@@ -4,6 +4,7 @@ and an unchanged program built with nvcc."""
 import collections
 import csv
 import glob
+import itertools
 import json
 import os
 import shutil
@@ -178,10 +179,12 @@ class Lifecycle(ShimTest):
     def test_nothing_from_before_a_device_reset_is_handed_out_after_it(self):
         # Blocks kept in a thread's cache when the device is reset are gone
         # with it; the next requests get new memory (the memset fails on
-        # memory the reset took).
-        for expandable in ("1", "0"):
-            with self.subTest(expandable_segments=expandable):
-                run = self.run_program(["test-lifecycle", "reset"], env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+        # memory the reset took). The same where the reset is CUDA 12's
+        # cudaThreadExit.
+        for expandable, how in itertools.product(("1", "0"), ("cudaDeviceReset", "thread-exit")):
+            with self.subTest(expandable_segments=expandable, reset=how):
+                run = self.run_program(["test-lifecycle", "reset", how],
+                                       env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
                 self.assertSucceeded(run)
                 self.assertIn("lifecycle: reset", run.stdout)
                 self.assertEqual(run.counters()["stale_event_uses"], 0)
@@ -233,9 +236,10 @@ class Lifecycle(ShimTest):
         # two blocks freed into this thread's cache and one never freed before
         # the reset, two blocks after it: the report counts all six, only the
         # one the program held as freed by the reset, none leaked at exit.
-        for backtrace in ("0", "1"):
-            with self.subTest(backtrace=backtrace):
-                run = self.run_program(["test-lifecycle", "reset"], env={"GPUPOOL_BACKTRACE": backtrace})
+        # CUDA 12's cudaThreadExit counts as the reset it is.
+        for backtrace, how in (("0", "cudaDeviceReset"), ("1", "cudaDeviceReset"), ("0", "thread-exit")):
+            with self.subTest(backtrace=backtrace, reset=how):
+                run = self.run_program(["test-lifecycle", "reset", how], env={"GPUPOOL_BACKTRACE": backtrace})
                 self.assertSucceeded(run)
                 dev = run.report()["devices"]["0"]
                 for path in run.reports():

@@ -16,10 +16,11 @@
 //              this program then prints
 //   signal-lent-again R  the same while it holds a block its thread's cache
 //              lent again for 3.5 MiB (made for 4 MiB; thread caches on)
-//   reset      with a second thread's stream-ordered calls (gpupool's thread
-//              caches on), frees a block on the legacy stream, resets the
-//              device, and allocates there again: nothing from before the
-//              reset may come back
+//   reset [thread-exit]  with a second thread's stream-ordered calls
+//              (gpupool's thread caches on), frees a block on the legacy
+//              stream, resets the device (with CUDA 12's cudaThreadExit given
+//              thread-exit), and allocates there again: nothing from before
+//              the reset may come back
 //   reset-live with thread caches on, resets the device while a stream-ordered
 //              block is live (one the thread's cache lent again, for a
 //              request 512 KiB smaller than the one it was made for), then
@@ -96,11 +97,16 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common.hpp"
+
+// CUDA 12's old name of cudaDeviceReset, which CUDA 13's headers dropped (the
+// simulated runtime has it, as CUDA 12's does).
+extern "C" cudaError_t cudaThreadExit(void);
 
 namespace {
 
@@ -265,7 +271,11 @@ int main(int argc, char** argv) {
       before.push_back(p);
     }
     for (void* p : before) CHECK_CUDA(cudaFreeAsync(p, nullptr));  // kept for this thread's next requests
-    CHECK_CUDA(cudaDeviceReset());
+    if (argc > 2 && std::strcmp(argv[2], "thread-exit") == 0) {
+      CHECK_CUDA(cudaThreadExit());
+    } else {
+      CHECK_CUDA(cudaDeviceReset());
+    }
     for (size_t size : {size_t{1} << 20, size_t{3} << 20}) use_after_reset(size);
     CHECK_CUDA(cudaStreamSynchronize(nullptr));
     std::printf("lifecycle: reset\n");
