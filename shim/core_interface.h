@@ -16,7 +16,7 @@ extern "C" {
 cudaError_t cudaThreadExit(void);
 
 /* Raised whenever this struct changes: a core of another version is refused. */
-#define GPUPOOL_CORE_ABI 14
+#define GPUPOOL_CORE_ABI 15
 
 /* Finds a real CUDA runtime function: dlsym(RTLD_NEXT) in the preload
    library, the object that stands before the runtime in the search order. */
@@ -58,6 +58,8 @@ struct gpupool_core {
   /* The driver's cuStreamDestroy (`real`, its CUresult) that a program linked
      with the driver called directly: called with gpupool's books kept around it. */
   int (*driver_stream_destroy)(void* stream, int (*real)(void* stream));
+  /* The same for the driver's cuDevicePrimaryCtxReset (`real`) of a device. */
+  int (*driver_device_reset)(int device, int (*real)(int device));
   /* The runtime's own function `name` (an intercepted call), the one gpupool
      passes such calls on to, or NULL where it has none (no runtime loaded,
      or one older than the call): what a lookup of `name` stands for. */

@@ -138,19 +138,31 @@ CUresult mem_alloc_pitch(CUdeviceptr* p, size_t* pitch, size_t width, size_t hei
   }));
 }
 
-// cudaDeviceReset of the static runtime: the pool forgets the device's memory
-// once it is gone, as for the shared runtime's (both versions of the reset take the device).
+// A device reset through the driver (`reset`, the driver's own), with the
+// pool's books kept around it as at cudaDeviceReset: the pool forgets the
+// device's memory once it is gone. No runtime started yet: it holds nothing.
+template <typename Reset>
+CUresult reset_in_books(CUdevice device, Reset&& reset) {
+  Runtime* runtime = Runtime::if_started();
+  const bool valid = runtime != nullptr && device >= 0 && device < kMaxDevices;
+  bool tell = valid && !runtime->bypass();
+  try {
+    if (tell) runtime->device_resetting(device);
+  } catch (...) {  // as guarded(): gpupool steps aside, the reset goes on
+    step_aside("cuDevicePrimaryCtxReset");
+    tell = false;
+  }
+  const bool aside = valid && !tell && stepped_aside();
+  const CUresult r = reset(device);
+  const auto err = static_cast<cudaError_t>(r);
+  if (tell) keep_books("cuDevicePrimaryCtxReset", [&] { runtime->device_reset_answered(device, err); });
+  if (aside) keep_books("cuDevicePrimaryCtxReset", [&] { runtime->device_reset_after_stepping_aside(device, err); });
+  return r;
+}
+
+// cudaDeviceReset of the static runtime (both versions of the reset take the device).
 CUresult primary_ctx_reset(CUdevice device) {
-  return cu(guarded("cuDevicePrimaryCtxReset", [&] {
-    Runtime& runtime = Runtime::get();
-    const bool tell = device >= 0 && device < kMaxDevices && !runtime.bypass();
-    const bool aside = !tell && device >= 0 && device < kMaxDevices && stepped_aside();
-    if (tell) runtime.device_resetting(device);
-    const auto err = static_cast<cudaError_t>(real_of(real_primary_ctx_reset, &primary_ctx_reset)(device));
-    if (tell) keep_books("cuDevicePrimaryCtxReset", [&] { runtime.device_reset_answered(device, err); });
-    if (aside) runtime.device_reset_after_stepping_aside(device, err);
-    return err;
-  }));
+  return reset_in_books(device, real_of(real_primary_ctx_reset, &primary_ctx_reset));
 }
 
 // cudaDeviceEnablePeerAccess of the static runtime: the current device may now
@@ -336,6 +348,21 @@ CUresult observed_stream_destroy(CUstream s) {
   return destroy_in_books(s, driver_stream_destroy.load(std::memory_order_acquire));
 }
 
+bool resets_device(const char* symbol) {
+  return symbol != nullptr && (std::strcmp(symbol, "cuDevicePrimaryCtxReset") == 0 ||
+                               std::strcmp(symbol, "cuDevicePrimaryCtxReset_v2") == 0);
+}
+
+// A device reset fetched from the driver where gpupool does not take the
+// driver's calls over (Numba's cuda.close(), CUDA.jl's unsafe_reset!): the
+// driver's own, with the books kept as at cudaDeviceReset. Unseen, the pool
+// went on lending memory the reset had freed. Both versions do the same.
+std::atomic<decltype(&cuDevicePrimaryCtxReset_v2)> driver_primary_ctx_reset{nullptr};
+
+CUresult observed_primary_ctx_reset(CUdevice device) {
+  return reset_in_books(device, driver_primary_ctx_reset.load(std::memory_order_acquire));
+}
+
 bool allocates(const char* symbol) {
   for (const char* name : {"cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemAllocAsync", "cuMemAllocAsync_ptsz"}) {
     if (symbol != nullptr && std::strcmp(symbol, name) == 0) return true;
@@ -356,9 +383,10 @@ int driver_library_accepted(const char* path, const char* symbol) {
   // The shared runtime calls the driver under gpupool's own calls (taking it
   // over would loop), and NCCL shares its memory over CUDA IPC.
   const bool never = config::names_match("libcudart.so:libnccl.so", path);
-  // Any library's stream destroy is watched (a library such as numba's
-  // destroys through the driver streams another one used with the runtime).
-  if (destroys_stream(symbol) && !never) return 1;
+  // Any library's stream destroy and device reset are watched (a library
+  // such as numba's destroys through the driver streams another one used
+  // with the runtime, and resets devices whose memory gpupool holds).
+  if ((destroys_stream(symbol) || resets_device(symbol)) && !never) return 1;
   if (!c.static_runtime || !config::names_match(c.static_runtime_libraries, path)) {
     if (!never && allocates(symbol)) {
       std::lock_guard<std::mutex> lock(unnamed_mu);
@@ -385,10 +413,17 @@ void* driver_entry(const char* symbol, int version, unsigned long long flags, vo
                    gpupool_driver_lookup_fn lookup) {
   if (symbol == nullptr || real_function == nullptr) return real_function;
   if (!taking_over(lookup)) {
-    if (!destroys_stream(symbol)) return real_function;
-    driver_stream_destroy.store(reinterpret_cast<decltype(&cuStreamDestroy_v2)>(real_function),
-                                std::memory_order_release);
-    return reinterpret_cast<void*>(&observed_stream_destroy);
+    if (destroys_stream(symbol)) {
+      driver_stream_destroy.store(reinterpret_cast<decltype(&cuStreamDestroy_v2)>(real_function),
+                                  std::memory_order_release);
+      return reinterpret_cast<void*>(&observed_stream_destroy);
+    }
+    if (resets_device(symbol)) {
+      driver_primary_ctx_reset.store(reinterpret_cast<decltype(&cuDevicePrimaryCtxReset_v2)>(real_function),
+                                     std::memory_order_release);
+      return reinterpret_cast<void*>(&observed_primary_ctx_reset);
+    }
+    return real_function;
   }
   for (const Substitute& s : kSubstitutes) {
     if (std::strcmp(s.name, symbol) != 0 || version < s.since || (s.until != 0 && version >= s.until)) continue;
@@ -401,6 +436,10 @@ void* driver_entry(const char* symbol, int version, unsigned long long flags, vo
 int direct_stream_destroy(void* stream, int (*real)(void* stream)) {
   return static_cast<int>(destroy_in_books(static_cast<CUstream>(stream),
                                            [real](CUstream s) { return static_cast<CUresult>(real(s)); }));
+}
+
+int direct_device_reset(int device, int (*real)(int device)) {
+  return static_cast<int>(reset_in_books(device, [real](CUdevice d) { return static_cast<CUresult>(real(d)); }));
 }
 
 void* driver_symbol(const char* exported, void* real_function, gpupool_driver_lookup_fn lookup) {

@@ -289,11 +289,15 @@ static void* runtime_by_name(void* handle, const char* name, void* caller) {
   return found == real ? ours : NULL;
 }
 
-/* The driver's stream destroy, which this library exports, looked up in the
-   global scope: as in export_found, with the scope's driver behind it. */
-static void* stream_destroy_by_name(void* handle, const char* name) {
-  if (handle == RTLD_NEXT || real_dlsym(handle, name) != gpupool_export(name)) return NULL;
-  return real_dlsym(RTLD_NEXT, name) != NULL ? NULL : NOT_FOUND; /* where nothing, dlerror says so */
+/* The driver's stream destroy and device reset, which this library exports
+   (they keep gpupool's books themselves), looked up where this library's
+   come first (the global scope): 1. The answer is then as in export_found,
+   with the scope's driver behind it: this library's, never watched again
+   (its books would be kept twice). */
+static int own_driver_export_first(void* handle, const char* name) {
+  const int exported = same(name, "cuStreamDestroy_v2") || same(name, "cuStreamDestroy") ||
+                       same(name, "cuDevicePrimaryCtxReset_v2") || same(name, "cuDevicePrimaryCtxReset");
+  return exported && handle != RTLD_NEXT && real_dlsym(handle, name) == gpupool_export(name);
 }
 
 EARLY void* gpupool_dlsym_hook(void* handle, const char* name, void* caller) {
@@ -304,9 +308,8 @@ EARLY void* gpupool_dlsym_hook(void* handle, const char* name, void* caller) {
   const int v2 = same(name, "cuGetProcAddress_v2");
   const int get_proc_address = v2 || same(name, "cuGetProcAddress");
   if (!get_proc_address && !swappable(name)) return NULL;
-  if (same(name, "cuStreamDestroy_v2") || same(name, "cuStreamDestroy")) {
-    void* answer = stream_destroy_by_name(handle, name);
-    if (answer != NULL) return answer;
+  if (own_driver_export_first(handle, name)) {
+    return real_dlsym(RTLD_NEXT, name) != NULL ? NULL : NOT_FOUND; /* where nothing, dlerror says so */
   }
   if (handle == RTLD_NEXT || !taken_over(caller, name)) return NULL;
   void* real = real_dlsym(handle, name);

@@ -33,6 +33,7 @@ void* driver_entry(const char* symbol, int version, unsigned long long flags, vo
 int driver_library_accepted(const char* path, const char* symbol);
 void* driver_symbol(const char* exported, void* real, gpupool_driver_lookup_fn lookup);
 int direct_stream_destroy(void* stream, int (*real)(void* stream));
+int direct_device_reset(int device, int (*real)(int device));
 
 // Pitched memory (cudaMallocPitch, cudaMalloc3D, the driver's cuMemAllocPitch)
 // is served as cudaMalloc of `rows` rows of *pitch bytes. Each row is padded to
@@ -650,6 +651,7 @@ extern "C" __attribute__((visibility("default"))) const gpupool_core* gpupool_co
       &guarded_driver_library_accepted,
       &guarded_driver_symbol,
       &gpupool::shim::direct_stream_destroy,
+      &gpupool::shim::direct_device_reset,
       &guarded_real_function,
   };
   return &table;

@@ -181,6 +181,21 @@ static int destroy_stream_through(const char* name, void* stream) {
 EXPORT int cuStreamDestroy_v2(void* stream) { return destroy_stream_through("cuStreamDestroy_v2", stream); }
 EXPORT int cuStreamDestroy(void* stream) { return destroy_stream_through("cuStreamDestroy", stream); }
 
+/* The driver's cuDevicePrimaryCtxReset, the same way: gpupool's pool forgets
+   the memory the reset frees, as at cudaDeviceReset. */
+typedef int (*driver_device_reset_fn)(int device);
+static int reset_device_through(const char* name, int device) {
+  void* found = next_symbol(name);
+  driver_device_reset_fn real = NULL;
+  if (found == NULL) return 500; /* CUDA_ERROR_NOT_FOUND: no driver loaded */
+  memcpy(&real, &found, sizeof found);
+  const struct gpupool_core* c = atomic_load_explicit(&core, memory_order_acquire);
+  if (c == NULL || c->driver_device_reset == NULL) return real(device);
+  return c->driver_device_reset(device, real);
+}
+EXPORT int cuDevicePrimaryCtxReset_v2(int device) { return reset_device_through("cuDevicePrimaryCtxReset_v2", device); }
+EXPORT int cuDevicePrimaryCtxReset(int device) { return reset_device_through("cuDevicePrimaryCtxReset", device); }
+
 /* ----------------------------------------------------- exports looked up */
 
 /* Each export under a local name, bound to this library's definition even
@@ -191,9 +206,12 @@ EXPORT int cuStreamDestroy(void* stream) { return destroy_stream_through("cuStre
 #undef GPUPOOL_ENTRY
 static int own_cuStreamDestroy_v2(void* stream) __attribute__((alias("cuStreamDestroy_v2")));
 static int own_cuStreamDestroy(void* stream) __attribute__((alias("cuStreamDestroy")));
+static int own_cuDevicePrimaryCtxReset_v2(int device) __attribute__((alias("cuDevicePrimaryCtxReset_v2")));
+static int own_cuDevicePrimaryCtxReset(int device) __attribute__((alias("cuDevicePrimaryCtxReset")));
 
 /* For driver_hook.c: this library's export `name` (an intercepted runtime
-   call or the driver's stream destroy), or NULL where it has none. */
+   call, the driver's stream destroy or device reset), or NULL where it has
+   none. */
 __attribute__((visibility("hidden"))) void* gpupool_export(const char* name) {
   void* found = NULL;
 #define GPUPOOL_ENTRY(entry, params, args)   \
@@ -208,6 +226,10 @@ __attribute__((visibility("hidden"))) void* gpupool_export(const char* name) {
   if (strcmp(name, "cuStreamDestroy_v2") == 0) destroy = own_cuStreamDestroy_v2;
   if (strcmp(name, "cuStreamDestroy") == 0) destroy = own_cuStreamDestroy;
   if (destroy != NULL) memcpy(&found, &destroy, sizeof found);
+  driver_device_reset_fn reset = NULL;
+  if (strcmp(name, "cuDevicePrimaryCtxReset_v2") == 0) reset = own_cuDevicePrimaryCtxReset_v2;
+  if (strcmp(name, "cuDevicePrimaryCtxReset") == 0) reset = own_cuDevicePrimaryCtxReset;
+  if (reset != NULL) memcpy(&found, &reset, sizeof found);
   return found;
 }
 

@@ -176,14 +176,20 @@ class Lifecycle(ShimTest):
                 # whose run starts at the fork.
                 self.assertGreaterEqual(reported[5, 5] - reported[2, 2], 1.4)
 
+    # Every way test-lifecycle resets the device: the runtime's cudaDeviceReset,
+    # CUDA 12's cudaThreadExit, and the driver's cuDevicePrimaryCtxReset however
+    # the program or a library reaches it (Numba and CUDA.jl reset so).
+    RESETS = ("cudaDeviceReset", "thread-exit", "driver-linked", "driver-dlsym", "driver-global",
+              "driver-proc-address", "driver-library")
+    DRIVER_LOOKUP = os.path.join(BUILD, "tests", "libtest-driver-lookup.so")
+
     def test_nothing_from_before_a_device_reset_is_handed_out_after_it(self):
         # Blocks kept in a thread's cache when the device is reset are gone
         # with it; the next requests get new memory (the memset fails on
-        # memory the reset took). The same where the reset is CUDA 12's
-        # cudaThreadExit.
-        for expandable, how in itertools.product(("1", "0"), ("cudaDeviceReset", "thread-exit")):
+        # memory the reset took), whichever call made the reset.
+        for expandable, how in itertools.product(("1", "0"), self.RESETS):
             with self.subTest(expandable_segments=expandable, reset=how):
-                run = self.run_program(["test-lifecycle", "reset", how],
+                run = self.run_program(["test-lifecycle", "reset", how, self.DRIVER_LOOKUP],
                                        env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
                 self.assertSucceeded(run)
                 self.assertIn("lifecycle: reset", run.stdout)
@@ -236,10 +242,11 @@ class Lifecycle(ShimTest):
         # two blocks freed into this thread's cache and one never freed before
         # the reset, two blocks after it: the report counts all six, only the
         # one the program held as freed by the reset, none leaked at exit.
-        # CUDA 12's cudaThreadExit counts as the reset it is.
-        for backtrace, how in (("0", "cudaDeviceReset"), ("1", "cudaDeviceReset"), ("0", "thread-exit")):
+        # Each other way to reset counts as the one reset it is.
+        for backtrace, how in [("1", "cudaDeviceReset")] + [("0", how) for how in self.RESETS]:
             with self.subTest(backtrace=backtrace, reset=how):
-                run = self.run_program(["test-lifecycle", "reset", how], env={"GPUPOOL_BACKTRACE": backtrace})
+                run = self.run_program(["test-lifecycle", "reset", how, self.DRIVER_LOOKUP],
+                                       env={"GPUPOOL_BACKTRACE": backtrace})
                 self.assertSucceeded(run)
                 dev = run.report()["devices"]["0"]
                 for path in run.reports():

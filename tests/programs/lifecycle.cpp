@@ -16,11 +16,16 @@
 //              this program then prints
 //   signal-lent-again R  the same while it holds a block its thread's cache
 //              lent again for 3.5 MiB (made for 4 MiB; thread caches on)
-//   reset [thread-exit]  with a second thread's stream-ordered calls
+//   reset [HOW [LIBRARY]]  with a second thread's stream-ordered calls
 //              (gpupool's thread caches on), frees a block on the legacy
-//              stream, resets the device (with CUDA 12's cudaThreadExit given
-//              thread-exit), and allocates there again: nothing from before
-//              the reset may come back
+//              stream, resets the device, and allocates there again: nothing
+//              from before the reset may come back. HOW: cudaDeviceReset (the
+//              default), thread-exit (CUDA 12's cudaThreadExit), or the
+//              driver's cuDevicePrimaryCtxReset called directly
+//              (driver-linked), fetched with dlsym from the driver
+//              (driver-dlsym) or the global scope (driver-global), through
+//              the driver's cuGetProcAddress (driver-proc-address), or by
+//              LIBRARY (driver_lookup_module.c's lookup_in; driver-library)
 //   reset-live with thread caches on, resets the device while a stream-ordered
 //              block is live (one the thread's cache lent again, for a
 //              request 512 KiB smaller than the one it was made for), then
@@ -102,6 +107,8 @@
 #include <thread>
 #include <vector>
 
+#include <cuda.h>
+
 #include "common.hpp"
 
 // CUDA 12's old name of cudaDeviceReset, which CUDA 13's headers dropped (the
@@ -147,6 +154,34 @@ void use_after_reset(size_t size) {
   CHECK_CUDA(cudaStreamSynchronize(nullptr));
   EXPECT(testprog::holds_sampled(p, size, 7));
   CHECK_CUDA(cudaFreeAsync(p, nullptr));
+}
+
+// Resets device 0 as `how` says (see reset above): true where it was reset.
+bool reset_device_by(const std::string& how, const char* library) {
+  if (how == "cudaDeviceReset") return cudaDeviceReset() == cudaSuccess;
+  if (how == "thread-exit") return cudaThreadExit() == cudaSuccess;
+  if (how == "driver-linked") return cuDevicePrimaryCtxReset(0) == CUDA_SUCCESS;
+  using Reset = CUresult (*)(CUdevice);
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  void* found = nullptr;
+  if (how == "driver-dlsym" && driver != nullptr) found = dlsym(driver, "cuDevicePrimaryCtxReset_v2");
+  if (how == "driver-global") found = dlsym(RTLD_DEFAULT, "cuDevicePrimaryCtxReset_v2");
+  if (how == "driver-proc-address" && driver != nullptr) {
+    using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+    auto get = reinterpret_cast<GetProcAddress>(dlsym(driver, "cuGetProcAddress_v2"));
+    if (get == nullptr || get("cuDevicePrimaryCtxReset", &found, 12000, 0, nullptr) != CUDA_SUCCESS) found = nullptr;
+  }
+  if (how == "driver-library" && driver != nullptr && library != nullptr) {
+    void* module = dlopen(library, RTLD_NOW | RTLD_LOCAL);
+    using LookupIn = void* (*)(void*, const char*);
+    auto lookup_in = module != nullptr ? reinterpret_cast<LookupIn>(dlsym(module, "lookup_in")) : nullptr;
+    if (lookup_in != nullptr) found = lookup_in(driver, "cuDevicePrimaryCtxReset_v2");
+  }
+  if (found == nullptr) {
+    std::fprintf(stderr, "no reset found for %s\n", how.c_str());
+    return false;
+  }
+  return reinterpret_cast<Reset>(found)(0) == CUDA_SUCCESS;
 }
 
 // A block this thread's cache lends again: made for `size` bytes on the legacy
@@ -271,11 +306,7 @@ int main(int argc, char** argv) {
       before.push_back(p);
     }
     for (void* p : before) CHECK_CUDA(cudaFreeAsync(p, nullptr));  // kept for this thread's next requests
-    if (argc > 2 && std::strcmp(argv[2], "thread-exit") == 0) {
-      CHECK_CUDA(cudaThreadExit());
-    } else {
-      CHECK_CUDA(cudaDeviceReset());
-    }
+    EXPECT(reset_device_by(argc > 2 ? argv[2] : "cudaDeviceReset", argc > 3 ? argv[3] : nullptr));
     for (size_t size : {size_t{1} << 20, size_t{3} << 20}) use_after_reset(size);
     CHECK_CUDA(cudaStreamSynchronize(nullptr));
     std::printf("lifecycle: reset\n");
