@@ -14,6 +14,7 @@
 
 #include "sim/driver_caller.hpp"
 #include "sim/ptsz.h"
+#include "sim/runtime_state.hpp"
 #include "sim/vmm.hpp"
 
 namespace {
@@ -90,7 +91,15 @@ CUresult primary_ctx_reset(CUdevice d) {
 }
 
 CUresult mem_alloc(CUdeviceptr* p, size_t n) { return cu(cudaMalloc(reinterpret_cast<void**>(p), n)); }
-CUresult mem_free(CUdeviceptr p) { return cu(cudaFree(ptr(p))); }
+// A driver call leaves the runtime's last error as it was (its answer is its
+// CUresult); the runtime's cudaFree behind this one would set it on failure.
+// Only here so far: the other calls still pass theirs on.
+CUresult mem_free(CUdeviceptr p) {
+  const cudaError_t kept = simcuda::rt::t_last_error;
+  const CUresult r = cu(cudaFree(ptr(p)));
+  simcuda::rt::t_last_error = kept;
+  return r;
+}
 CUresult mem_alloc_pitch(CUdeviceptr* p, size_t* pitch, size_t width, size_t height, unsigned int element_bytes) {
   if (element_bytes != 4 && element_bytes != 8 && element_bytes != 16) return CUDA_ERROR_INVALID_VALUE;
   return cu(cudaMallocPitch(reinterpret_cast<void**>(p), pitch, width, height));
