@@ -16,6 +16,7 @@
 #include <string>
 
 #include "config/config.hpp"
+#include "shim/caller_runtime.hpp"
 #include "shim/core_interface.h"
 #include "shim/driver_runtime.hpp"
 #include "shim/messages.hpp"
@@ -28,6 +29,7 @@ namespace gpupool::shim {
 
 // entry_points.cpp
 bool allocate_pitched(void** ptr, size_t* pitch, size_t width, size_t rows, cudaError_t* result);
+cudaError_t free_plain(void* ptr, const char* call);
 
 namespace {
 
@@ -363,6 +365,30 @@ CUresult observed_primary_ctx_reset(CUdevice device) {
   return reset_in_books(device, driver_primary_ctx_reset.load(std::memory_order_acquire));
 }
 
+bool frees_memory(const char* symbol) { return symbol != nullptr && std::strcmp(symbol, "cuMemFree_v2") == 0; }
+
+// The driver's cuMemFree where gpupool does not take the driver's calls over.
+// CUDA lets either API free what the other allocated: a block gpupool lent
+// goes back to the pool as at cudaFree, anything else to the driver (its
+// `free`). The driver's own free of a block took the whole segment from
+// under the pool (fixed segments: lent again while the driver reused the
+// memory) or refused a mapped page (expandable ones: the block leaked). A
+// driver call leaves the runtime's last error as it was.
+template <typename Free>
+CUresult free_in_books(CUdeviceptr p, Free&& free) {
+  Runtime* runtime = Runtime::if_started();  // none yet: it lent nothing
+  if (runtime == nullptr || p == 0 || runtime->device_holding(ptr(p)) < 0) return free(p);
+  cudaError_t& last_error = thread_error(caller_runtime().number);
+  const cudaError_t before = last_error;
+  const CUresult r = cu(guarded("cuMemFree", [p] { return free_plain(ptr(p), "cuMemFree"); }));
+  last_error = before;
+  return r;
+}
+
+std::atomic<decltype(&cuMemFree_v2)> driver_mem_free{nullptr};
+
+CUresult observed_mem_free(CUdeviceptr p) { return free_in_books(p, driver_mem_free.load(std::memory_order_acquire)); }
+
 bool allocates(const char* symbol) {
   for (const char* name : {"cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemAllocAsync", "cuMemAllocAsync_ptsz"}) {
     if (symbol != nullptr && std::strcmp(symbol, name) == 0) return true;
@@ -383,10 +409,10 @@ int driver_library_accepted(const char* path, const char* symbol) {
   // The shared runtime calls the driver under gpupool's own calls (taking it
   // over would loop), and NCCL shares its memory over CUDA IPC.
   const bool never = config::names_match("libcudart.so:libnccl.so", path);
-  // Any library's stream destroy and device reset are watched (a library
-  // such as numba's destroys through the driver streams another one used
-  // with the runtime, and resets devices whose memory gpupool holds).
-  if ((destroys_stream(symbol) || resets_device(symbol)) && !never) return 1;
+  // Any library's stream destroy, device reset and free are watched (a
+  // library such as numba's destroys through the driver streams another one
+  // used with the runtime, and resets devices whose memory gpupool holds).
+  if ((destroys_stream(symbol) || resets_device(symbol) || frees_memory(symbol)) && !never) return 1;
   if (!c.static_runtime || !config::names_match(c.static_runtime_libraries, path)) {
     if (!never && allocates(symbol)) {
       std::lock_guard<std::mutex> lock(unnamed_mu);
@@ -423,6 +449,10 @@ void* driver_entry(const char* symbol, int version, unsigned long long flags, vo
                                      std::memory_order_release);
       return reinterpret_cast<void*>(&observed_primary_ctx_reset);
     }
+    if (std::strcmp(symbol, "cuMemFree") == 0 && version >= 3020) {  // before 3020, 32-bit pointers
+      driver_mem_free.store(reinterpret_cast<decltype(&cuMemFree_v2)>(real_function), std::memory_order_release);
+      return reinterpret_cast<void*>(&observed_mem_free);
+    }
     return real_function;
   }
   for (const Substitute& s : kSubstitutes) {
@@ -440,6 +470,10 @@ int direct_stream_destroy(void* stream, int (*real)(void* stream)) {
 
 int direct_device_reset(int device, int (*real)(int device)) {
   return static_cast<int>(reset_in_books(device, [real](CUdevice d) { return static_cast<CUresult>(real(d)); }));
+}
+
+int direct_mem_free(unsigned long long p, int (*real)(unsigned long long p)) {
+  return static_cast<int>(free_in_books(p, [real](CUdeviceptr q) { return static_cast<CUresult>(real(q)); }));
 }
 
 void* driver_symbol(const char* exported, void* real_function, gpupool_driver_lookup_fn lookup) {

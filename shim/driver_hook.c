@@ -289,14 +289,15 @@ static void* runtime_by_name(void* handle, const char* name, void* caller) {
   return found == real ? ours : NULL;
 }
 
-/* The driver's stream destroy and device reset, which this library exports
-   (they keep gpupool's books themselves), looked up where this library's
-   come first (the global scope): 1. The answer is then as in export_found,
-   with the scope's driver behind it: this library's, never watched again
-   (its books would be kept twice). */
+/* The driver's stream destroy, device reset and free, which this library
+   exports (they keep gpupool's books themselves), looked up where this
+   library's come first (the global scope): 1. The answer is then as in
+   export_found, with the scope's driver behind it: this library's, never
+   watched again (its books would be kept twice). */
 static int own_driver_export_first(void* handle, const char* name) {
   const int exported = same(name, "cuStreamDestroy_v2") || same(name, "cuStreamDestroy") ||
-                       same(name, "cuDevicePrimaryCtxReset_v2") || same(name, "cuDevicePrimaryCtxReset");
+                       same(name, "cuDevicePrimaryCtxReset_v2") || same(name, "cuDevicePrimaryCtxReset") ||
+                       same(name, "cuMemFree_v2");
   return exported && handle != RTLD_NEXT && real_dlsym(handle, name) == gpupool_export(name);
 }
 

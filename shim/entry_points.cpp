@@ -34,6 +34,11 @@ int driver_library_accepted(const char* path, const char* symbol);
 void* driver_symbol(const char* exported, void* real, gpupool_driver_lookup_fn lookup);
 int direct_stream_destroy(void* stream, int (*real)(void* stream));
 int direct_device_reset(int device, int (*real)(int device));
+int direct_mem_free(unsigned long long ptr, int (*real)(unsigned long long ptr));
+
+// cudaFree's work, the driver's cuMemFree's too (`call` names it in lines):
+// below, where its helpers are.
+cudaError_t free_plain(void* ptr, const char* call);
 
 // Pitched memory (cudaMallocPitch, cudaMalloc3D, the driver's cuMemAllocPitch)
 // is served as cudaMalloc of `rows` rows of *pitch bytes. Each row is padded to
@@ -274,6 +279,26 @@ const void* guarded_real_function(const char* name) {
 
 }  // namespace
 
+namespace gpupool::shim {
+cudaError_t free_plain(void* ptr, const char* call) {
+  Runtime& rt = enter();
+  // cudaFree(NULL) is how programs create the CUDA context (before OptiX or
+  // the driver API, or to keep it out of a timing): it reaches the runtime.
+  if (rt.disabled() || ptr == nullptr) return pass_on<&RealCuda::cudaFree>(ptr);
+  int owner = -1;
+  const FreeResult r = rt.deallocate(ptr, gpupool::kAnyStream, -1, &owner);
+  if (r == FreeResult::NotOwned) return pass_on<&RealCuda::cudaFree>(ptr);
+  if (const cudaError_t err = free_result(r, ptr, call); err != cudaSuccess) return err;
+  // free_synchronizes:1 keeps the rest of cudaFree's promise: the host goes on
+  // once the memory's device has done all earlier work (the device barrier
+  // already orders its reuse). Not during a capture, which a synchronization
+  // would break. An error it reports (an earlier kernel's) is cudaFree's to
+  // return, as the runtime's would.
+  if (rt.config().free_synchronizes && !rt.exiting() && !rt.any_capture()) return rt.synchronize_for_free(owner);
+  return cudaSuccess;
+}
+}  // namespace gpupool::shim
+
 namespace serve {
 
 // ---------------------------------------------------------------- memory
@@ -289,23 +314,7 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
   return rt.allocate(ptr, size, gpupool::kAnyStream, rt.current_device());
 }
 
-cudaError_t cudaFree(void* ptr) {
-  Runtime& rt = enter();
-  // cudaFree(NULL) is how programs create the CUDA context (before OptiX or
-  // the driver API, or to keep it out of a timing): it reaches the runtime.
-  if (rt.disabled() || ptr == nullptr) return pass_on<&RealCuda::cudaFree>(ptr);
-  int owner = -1;
-  const FreeResult r = rt.deallocate(ptr, gpupool::kAnyStream, -1, &owner);
-  if (r == FreeResult::NotOwned) return pass_on<&RealCuda::cudaFree>(ptr);
-  if (const cudaError_t err = free_result(r, ptr, "cudaFree"); err != cudaSuccess) return err;
-  // free_synchronizes:1 keeps the rest of cudaFree's promise: the host goes on
-  // once the memory's device has done all earlier work (the device barrier
-  // already orders its reuse). Not during a capture, which a synchronization
-  // would break. An error it reports (an earlier kernel's) is cudaFree's to
-  // return, as the runtime's would.
-  if (rt.config().free_synchronizes && !rt.exiting() && !rt.any_capture()) return rt.synchronize_for_free(owner);
-  return cudaSuccess;
-}
+cudaError_t cudaFree(void* ptr) { return gpupool::shim::free_plain(ptr, "cudaFree"); }
 
 cudaError_t cudaMallocPitch(void** ptr, size_t* pitch, size_t width, size_t height) {
   enter();
@@ -652,6 +661,7 @@ extern "C" __attribute__((visibility("default"))) const gpupool_core* gpupool_co
       &guarded_driver_symbol,
       &gpupool::shim::direct_stream_destroy,
       &gpupool::shim::direct_device_reset,
+      &gpupool::shim::direct_mem_free,
       &guarded_real_function,
   };
   return &table;

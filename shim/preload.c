@@ -161,40 +161,39 @@ __attribute__((visibility("hidden"))) const struct gpupool_core* gpupool_preload
 #include "shim/entry_points.def"
 #undef GPUPOOL_ENTRY
 
-/* ------------------------------------------------- driver stream destroys */
+/* ------------------------------------------------- watched driver calls */
 
-/* The driver's cuStreamDestroy, called directly by a program or library
-   linked with the driver: the driver's own, with gpupool's books kept around
-   it by the core, so that gpupool's barriers stop naming the stream (on
-   CUDA 13 a call naming a destroyed stream can crash the program). No core
-   loaded: no runtime call reached gpupool, which knows no stream then. */
-typedef int (*driver_stream_destroy_fn)(void* stream);
-static int destroy_stream_through(const char* name, void* stream) {
-  void* found = next_symbol(name);
-  driver_stream_destroy_fn real = NULL;
-  if (found == NULL) return 500; /* CUDA_ERROR_NOT_FOUND: no driver loaded */
-  memcpy(&real, &found, sizeof found);
-  const struct gpupool_core* c = atomic_load_explicit(&core, memory_order_acquire);
-  if (c == NULL || c->driver_stream_destroy == NULL) return real(stream);
-  return c->driver_stream_destroy(stream, real);
-}
-EXPORT int cuStreamDestroy_v2(void* stream) { return destroy_stream_through("cuStreamDestroy_v2", stream); }
-EXPORT int cuStreamDestroy(void* stream) { return destroy_stream_through("cuStreamDestroy", stream); }
+/* The driver's calls gpupool watches, called directly by a program or
+   library linked with the driver: the driver's own (the same name past this
+   library), with gpupool's books kept around it by the core's `watch`.
+   cuStreamDestroy: gpupool's barriers stop naming the stream (on CUDA 13 a
+   call naming a destroyed stream can crash the program).
+   cuDevicePrimaryCtxReset: the pool forgets the memory the reset frees.
+   cuMemFree: memory gpupool lent goes back to its pool (CUDA lets either API
+   free what the other allocated). The first versions do the same as the
+   second. No core loaded: no runtime call reached gpupool, which then knows
+   no stream and lent no memory. */
+#define WATCHED_DRIVER_CALLS(X)                                     \
+  X(cuStreamDestroy_v2, void*, stream, driver_stream_destroy)       \
+  X(cuStreamDestroy, void*, stream, driver_stream_destroy)          \
+  X(cuDevicePrimaryCtxReset_v2, int, device, driver_device_reset)   \
+  X(cuDevicePrimaryCtxReset, int, device, driver_device_reset)      \
+  X(cuMemFree_v2, unsigned long long, ptr, driver_mem_free)
 
-/* The driver's cuDevicePrimaryCtxReset, the same way: gpupool's pool forgets
-   the memory the reset frees, as at cudaDeviceReset. */
-typedef int (*driver_device_reset_fn)(int device);
-static int reset_device_through(const char* name, int device) {
-  void* found = next_symbol(name);
-  driver_device_reset_fn real = NULL;
-  if (found == NULL) return 500; /* CUDA_ERROR_NOT_FOUND: no driver loaded */
-  memcpy(&real, &found, sizeof found);
-  const struct gpupool_core* c = atomic_load_explicit(&core, memory_order_acquire);
-  if (c == NULL || c->driver_device_reset == NULL) return real(device);
-  return c->driver_device_reset(device, real);
-}
-EXPORT int cuDevicePrimaryCtxReset_v2(int device) { return reset_device_through("cuDevicePrimaryCtxReset_v2", device); }
-EXPORT int cuDevicePrimaryCtxReset(int device) { return reset_device_through("cuDevicePrimaryCtxReset", device); }
+/* Each also under a local name, bound to this definition (see below). */
+#define WATCHED_DRIVER_CALL(name, type, arg, watch)                                 \
+  EXPORT int name(type arg) {                                                        \
+    int (*real)(type) = NULL;                                                        \
+    void* found = next_symbol(#name);                                                \
+    if (found == NULL) return 500; /* CUDA_ERROR_NOT_FOUND: no driver loaded */      \
+    memcpy(&real, &found, sizeof found);                                             \
+    const struct gpupool_core* c = atomic_load_explicit(&core, memory_order_acquire); \
+    if (c == NULL || c->watch == NULL) return real(arg);                             \
+    return c->watch(arg, real);                                                      \
+  }                                                                                  \
+  static int own_##name(type arg) __attribute__((alias(#name)));
+WATCHED_DRIVER_CALLS(WATCHED_DRIVER_CALL)
+#undef WATCHED_DRIVER_CALL
 
 /* ----------------------------------------------------- exports looked up */
 
@@ -204,14 +203,10 @@ EXPORT int cuDevicePrimaryCtxReset(int device) { return reset_device_through("cu
 #define GPUPOOL_ENTRY(name, params, args) static cudaError_t own_##name params __attribute__((alias(#name)));
 #include "shim/entry_points.def"
 #undef GPUPOOL_ENTRY
-static int own_cuStreamDestroy_v2(void* stream) __attribute__((alias("cuStreamDestroy_v2")));
-static int own_cuStreamDestroy(void* stream) __attribute__((alias("cuStreamDestroy")));
-static int own_cuDevicePrimaryCtxReset_v2(int device) __attribute__((alias("cuDevicePrimaryCtxReset_v2")));
-static int own_cuDevicePrimaryCtxReset(int device) __attribute__((alias("cuDevicePrimaryCtxReset")));
 
 /* For driver_hook.c: this library's export `name` (an intercepted runtime
-   call, the driver's stream destroy or device reset), or NULL where it has
-   none. */
+   call, the driver's stream destroy, device reset or free), or NULL where it
+   has none. */
 __attribute__((visibility("hidden"))) void* gpupool_export(const char* name) {
   void* found = NULL;
 #define GPUPOOL_ENTRY(entry, params, args)   \
@@ -222,14 +217,14 @@ __attribute__((visibility("hidden"))) void* gpupool_export(const char* name) {
   }
 #include "shim/entry_points.def"
 #undef GPUPOOL_ENTRY
-  driver_stream_destroy_fn destroy = NULL;
-  if (strcmp(name, "cuStreamDestroy_v2") == 0) destroy = own_cuStreamDestroy_v2;
-  if (strcmp(name, "cuStreamDestroy") == 0) destroy = own_cuStreamDestroy;
-  if (destroy != NULL) memcpy(&found, &destroy, sizeof found);
-  driver_device_reset_fn reset = NULL;
-  if (strcmp(name, "cuDevicePrimaryCtxReset_v2") == 0) reset = own_cuDevicePrimaryCtxReset_v2;
-  if (strcmp(name, "cuDevicePrimaryCtxReset") == 0) reset = own_cuDevicePrimaryCtxReset;
-  if (reset != NULL) memcpy(&found, &reset, sizeof found);
+#define WATCHED_DRIVER_EXPORT(entry, type, arg, watch) \
+  if (strcmp(name, #entry) == 0) {                     \
+    int (*f)(type) = own_##entry;                      \
+    memcpy(&found, &f, sizeof found);                  \
+    return found;                                      \
+  }
+  WATCHED_DRIVER_CALLS(WATCHED_DRIVER_EXPORT)
+#undef WATCHED_DRIVER_EXPORT
   return found;
 }
 

@@ -197,6 +197,29 @@ class Lifecycle(ShimTest):
                 for path in run.reports():
                     os.remove(path)
 
+    def test_the_drivers_free_of_a_block_gpupool_lent_frees_it_in_the_pool(self):
+        # CUDA lets either API free what the other allocated. The driver's own
+        # cuMemFree took a fixed segment from under the pool (lent again while
+        # the driver reused the memory) and refused an expandable segment's
+        # mapped pages (the block leaked); now the pool frees the block, however
+        # the program reaches the driver's free. Memory the driver allocated
+        # stays the driver's to free, and a block freed twice is refused with a
+        # line naming cuMemFree.
+        for expandable, how in itertools.product(("1", "0"), [h for h in self.RESETS if h.startswith("driver-")]):
+            with self.subTest(expandable_segments=expandable, free=how):
+                run = self.run_program(["test-lifecycle", "driver-free", how, self.DRIVER_LOOKUP],
+                                       env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                self.assertSucceeded(run)
+                self.assertIn("lifecycle: driver-free", run.stdout)
+                self.assertIn("gpupool: cuMemFree: ", run.stderr)
+                dev = run.report()["devices"]["0"]
+                for path in run.reports():
+                    os.remove(path)
+                s = dev["stats"]
+                self.assertEqual(s["allocation.all.allocated"], 11)  # three before, eight after
+                self.assertEqual(s["allocation.all.freed"], 11)
+                self.assertEqual(dev["leaks"]["blocks"], 0)
+
     def test_a_stream_ordered_block_live_at_a_reset_cannot_be_freed_into_a_cache_after_it(self):
         # The reset freed it: its free is refused (the runtime judges a
         # pointer gpupool does not know), as without gpupool, and the next

@@ -26,6 +26,14 @@
 //              (driver-dlsym) or the global scope (driver-global), through
 //              the driver's cuGetProcAddress (driver-proc-address), or by
 //              LIBRARY (driver_lookup_module.c's lookup_in; driver-library)
+//   driver-free HOW [LIBRARY]  frees blocks of cudaMalloc and cudaMallocAsync
+//              (the first at the start of its segment) with the driver's
+//              cuMemFree, reached as HOW says (as for reset, but not
+//              thread-exit), and memory the driver allocated (cuMemAlloc);
+//              a second free of a block is refused, and the runtime's last
+//              error stays as it was. Then the device's memory is used again
+//              while a block from before stays live: every block keeps its
+//              bytes
 //   reset-live with thread caches on, resets the device while a stream-ordered
 //              block is live (one the thread's cache lent again, for a
 //              request 512 KiB smaller than the one it was made for), then
@@ -156,32 +164,47 @@ void use_after_reset(size_t size) {
   CHECK_CUDA(cudaFreeAsync(p, nullptr));
 }
 
+// The driver's function `name` (`base` to its cuGetProcAddress) as `how`
+// reaches it: fetched with dlsym from the driver (driver-dlsym) or the global
+// scope (driver-global), through the driver's cuGetProcAddress
+// (driver-proc-address), or by `library`, driver_lookup_module.c's lookup_in
+// (driver-library); null, said, otherwise.
+void* driver_function(const std::string& how, const char* name, const char* base, const char* library) {
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  void* found = nullptr;
+  if (how == "driver-dlsym" && driver != nullptr) found = dlsym(driver, name);
+  if (how == "driver-global") found = dlsym(RTLD_DEFAULT, name);
+  if (how == "driver-proc-address" && driver != nullptr) {
+    using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+    auto get = reinterpret_cast<GetProcAddress>(dlsym(driver, "cuGetProcAddress_v2"));
+    if (get == nullptr || get(base, &found, 12000, 0, nullptr) != CUDA_SUCCESS) found = nullptr;
+  }
+  if (how == "driver-library" && driver != nullptr && library != nullptr) {
+    void* module = dlopen(library, RTLD_NOW | RTLD_LOCAL);
+    using LookupIn = void* (*)(void*, const char*);
+    auto lookup_in = module != nullptr ? reinterpret_cast<LookupIn>(dlsym(module, "lookup_in")) : nullptr;
+    if (lookup_in != nullptr) found = lookup_in(driver, name);
+  }
+  if (found == nullptr) std::fprintf(stderr, "no %s found for %s\n", name, how.c_str());
+  return found;
+}
+
 // Resets device 0 as `how` says (see reset above): true where it was reset.
 bool reset_device_by(const std::string& how, const char* library) {
   if (how == "cudaDeviceReset") return cudaDeviceReset() == cudaSuccess;
   if (how == "thread-exit") return cudaThreadExit() == cudaSuccess;
   if (how == "driver-linked") return cuDevicePrimaryCtxReset(0) == CUDA_SUCCESS;
   using Reset = CUresult (*)(CUdevice);
-  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  void* found = nullptr;
-  if (how == "driver-dlsym" && driver != nullptr) found = dlsym(driver, "cuDevicePrimaryCtxReset_v2");
-  if (how == "driver-global") found = dlsym(RTLD_DEFAULT, "cuDevicePrimaryCtxReset_v2");
-  if (how == "driver-proc-address" && driver != nullptr) {
-    using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
-    auto get = reinterpret_cast<GetProcAddress>(dlsym(driver, "cuGetProcAddress_v2"));
-    if (get == nullptr || get("cuDevicePrimaryCtxReset", &found, 12000, 0, nullptr) != CUDA_SUCCESS) found = nullptr;
-  }
-  if (how == "driver-library" && driver != nullptr && library != nullptr) {
-    void* module = dlopen(library, RTLD_NOW | RTLD_LOCAL);
-    using LookupIn = void* (*)(void*, const char*);
-    auto lookup_in = module != nullptr ? reinterpret_cast<LookupIn>(dlsym(module, "lookup_in")) : nullptr;
-    if (lookup_in != nullptr) found = lookup_in(driver, "cuDevicePrimaryCtxReset_v2");
-  }
-  if (found == nullptr) {
-    std::fprintf(stderr, "no reset found for %s\n", how.c_str());
-    return false;
-  }
-  return reinterpret_cast<Reset>(found)(0) == CUDA_SUCCESS;
+  auto reset = reinterpret_cast<Reset>(driver_function(how, "cuDevicePrimaryCtxReset_v2", "cuDevicePrimaryCtxReset",
+                                                       library));
+  return reset != nullptr && reset(0) == CUDA_SUCCESS;
+}
+
+// The driver's cuMemFree as `how` says (see driver-free above), or null.
+using MemFree = CUresult (*)(CUdeviceptr);
+MemFree driver_free_by(const std::string& how, const char* library) {
+  if (how == "driver-linked") return &cuMemFree;
+  return reinterpret_cast<MemFree>(driver_function(how, "cuMemFree_v2", "cuMemFree", library));
 }
 
 // A block this thread's cache lends again: made for `size` bytes on the legacy
@@ -310,6 +333,37 @@ int main(int argc, char** argv) {
     for (size_t size : {size_t{1} << 20, size_t{3} << 20}) use_after_reset(size);
     CHECK_CUDA(cudaStreamSynchronize(nullptr));
     std::printf("lifecycle: reset\n");
+    return 0;
+  }
+  if (mode == "driver-free" && argc > 2) {
+    const MemFree mem_free = driver_free_by(argv[2], argc > 3 ? argv[3] : nullptr);
+    if (mem_free == nullptr) return 1;
+    constexpr size_t kSize = size_t{1} << 20;
+    void* first = nullptr;
+    void* async = nullptr;
+    void* kept = nullptr;
+    CHECK_CUDA(cudaMalloc(&first, kSize));
+    CHECK_CUDA(cudaMallocAsync(&async, kSize, nullptr));
+    CHECK_CUDA(cudaMalloc(&kept, kSize));
+    CHECK_CUDA(cudaMemset(kept, 0x3c, kSize));
+    CUdeviceptr drivers = 0;
+    EXPECT(cuMemAlloc(&drivers, kSize) == CUDA_SUCCESS);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    for (void* p : {first, async}) EXPECT(mem_free(reinterpret_cast<CUdeviceptr>(p)) == CUDA_SUCCESS);
+    EXPECT(mem_free(drivers) == CUDA_SUCCESS);
+    EXPECT(mem_free(reinterpret_cast<CUdeviceptr>(first)) == CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cudaGetLastError() == cudaSuccess);
+    std::vector<void*> later(8);
+    for (size_t i = 0; i < later.size(); ++i) {
+      CHECK_CUDA(cudaMalloc(&later[i], kSize));
+      CHECK_CUDA(cudaMemset(later[i], static_cast<int>(i + 1), kSize));
+    }
+    CHECK_CUDA(cudaDeviceSynchronize());
+    EXPECT(testprog::holds(kept, kSize, 0x3c));
+    for (size_t i = 0; i < later.size(); ++i) EXPECT(testprog::holds(later[i], kSize, static_cast<unsigned char>(i + 1)));
+    for (void* p : later) CHECK_CUDA(cudaFree(p));
+    CHECK_CUDA(cudaFree(kept));
+    std::printf("lifecycle: driver-free\n");
     return 0;
   }
   if (mode == "reset-live") {
