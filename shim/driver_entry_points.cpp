@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -30,6 +31,7 @@ namespace gpupool::shim {
 // entry_points.cpp
 bool allocate_pitched(void** ptr, size_t* pitch, size_t width, size_t rows, cudaError_t* result);
 cudaError_t free_plain(void* ptr, const char* call);
+cudaError_t reset_in_books(int device, const char* call, const std::function<cudaError_t()>& reset);
 
 namespace {
 
@@ -141,30 +143,16 @@ CUresult mem_alloc_pitch(CUdeviceptr* p, size_t* pitch, size_t width, size_t hei
 }
 
 // A device reset through the driver (`reset`, the driver's own), with the
-// pool's books kept around it as at cudaDeviceReset: the pool forgets the
-// device's memory once it is gone. No runtime started yet: it holds nothing.
+// pool's books kept around it as at cudaDeviceReset.
 template <typename Reset>
-CUresult reset_in_books(CUdevice device, Reset&& reset) {
-  Runtime* runtime = Runtime::if_started();
-  const bool valid = runtime != nullptr && device >= 0 && device < kMaxDevices;
-  bool tell = valid && !runtime->bypass();
-  try {
-    if (tell) runtime->device_resetting(device);
-  } catch (...) {  // as guarded(): gpupool steps aside, the reset goes on
-    step_aside("cuDevicePrimaryCtxReset");
-    tell = false;
-  }
-  const bool aside = valid && !tell && stepped_aside();
-  const CUresult r = reset(device);
-  const auto err = static_cast<cudaError_t>(r);
-  if (tell) keep_books("cuDevicePrimaryCtxReset", [&] { runtime->device_reset_answered(device, err); });
-  if (aside) keep_books("cuDevicePrimaryCtxReset", [&] { runtime->device_reset_after_stepping_aside(device, err); });
-  return r;
+CUresult driver_reset_in_books(CUdevice device, Reset&& reset) {
+  return cu(reset_in_books(device, "cuDevicePrimaryCtxReset",
+                           [&] { return static_cast<cudaError_t>(reset(device)); }));
 }
 
 // cudaDeviceReset of the static runtime (both versions of the reset take the device).
 CUresult primary_ctx_reset(CUdevice device) {
-  return reset_in_books(device, real_of(real_primary_ctx_reset, &primary_ctx_reset));
+  return driver_reset_in_books(device, real_of(real_primary_ctx_reset, &primary_ctx_reset));
 }
 
 // cudaDeviceEnablePeerAccess of the static runtime: the current device may now
@@ -362,7 +350,7 @@ bool resets_device(const char* symbol) {
 std::atomic<decltype(&cuDevicePrimaryCtxReset_v2)> driver_primary_ctx_reset{nullptr};
 
 CUresult observed_primary_ctx_reset(CUdevice device) {
-  return reset_in_books(device, driver_primary_ctx_reset.load(std::memory_order_acquire));
+  return driver_reset_in_books(device, driver_primary_ctx_reset.load(std::memory_order_acquire));
 }
 
 bool frees_memory(const char* symbol) { return symbol != nullptr && std::strcmp(symbol, "cuMemFree_v2") == 0; }
@@ -469,7 +457,7 @@ int direct_stream_destroy(void* stream, int (*real)(void* stream)) {
 }
 
 int direct_device_reset(int device, int (*real)(int device)) {
-  return static_cast<int>(reset_in_books(device, [real](CUdevice d) { return static_cast<CUresult>(real(d)); }));
+  return static_cast<int>(driver_reset_in_books(device, [real](CUdevice d) { return static_cast<CUresult>(real(d)); }));
 }
 
 int direct_mem_free(unsigned long long p, int (*real)(unsigned long long p)) {

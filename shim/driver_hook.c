@@ -295,10 +295,8 @@ static void* runtime_by_name(void* handle, const char* name, void* caller) {
    export_found, with the scope's driver behind it: this library's, never
    watched again (its books would be kept twice). */
 static int own_driver_export_first(void* handle, const char* name) {
-  const int exported = same(name, "cuStreamDestroy_v2") || same(name, "cuStreamDestroy") ||
-                       same(name, "cuDevicePrimaryCtxReset_v2") || same(name, "cuDevicePrimaryCtxReset") ||
-                       same(name, "cuMemFree_v2");
-  return exported && handle != RTLD_NEXT && real_dlsym(handle, name) == gpupool_export(name);
+  void* ours = gpupool_export(name); /* of the driver's names, only the watched calls */
+  return ours != NULL && handle != RTLD_NEXT && real_dlsym(handle, name) == ours;
 }
 
 EARLY void* gpupool_dlsym_hook(void* handle, const char* name, void* caller) {

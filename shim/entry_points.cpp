@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string_view>
 
 #include "shim/caller_runtime.hpp"
@@ -39,6 +40,9 @@ int direct_mem_free(unsigned long long ptr, int (*real)(unsigned long long ptr))
 // cudaFree's work, the driver's cuMemFree's too (`call` names it in lines):
 // below, where its helpers are.
 cudaError_t free_plain(void* ptr, const char* call);
+// A reset of `device` made by `reset` (the runtime's, the driver's), `call`
+// naming it, with the pool's books kept around it.
+cudaError_t reset_in_books(int device, const char* call, const std::function<cudaError_t()>& reset);
 
 // Pitched memory (cudaMallocPitch, cudaMalloc3D, the driver's cuMemAllocPitch)
 // is served as cudaMalloc of `rows` rows of *pitch bytes. Each row is padded to
@@ -280,7 +284,9 @@ const void* guarded_real_function(const char* name) {
 }  // namespace
 
 namespace gpupool::shim {
-cudaError_t free_plain(void* ptr, const char* call) {
+// Inlined in cudaFree, as its body was (a plain free's path); the driver's
+// free calls it through free_plain.
+[[gnu::always_inline]] inline cudaError_t free_plain_here(void* ptr, const char* call) {
   Runtime& rt = enter();
   // cudaFree(NULL) is how programs create the CUDA context (before OptiX or
   // the driver API, or to keep it out of a timing): it reaches the runtime.
@@ -296,6 +302,27 @@ cudaError_t free_plain(void* ptr, const char* call) {
   // return, as the runtime's would.
   if (rt.config().free_synchronizes && !rt.exiting() && !rt.any_capture()) return rt.synchronize_for_free(owner);
   return cudaSuccess;
+}
+
+cudaError_t free_plain(void* ptr, const char* call) { return free_plain_here(ptr, call); }
+
+cudaError_t reset_in_books(int device, const char* call, const std::function<cudaError_t()>& reset) {
+  // The pool forgets the device's memory once it is gone. No runtime started
+  // yet (a reset through the driver before any runtime call): it holds nothing.
+  Runtime* runtime = Runtime::if_started();
+  const bool valid = runtime != nullptr && device >= 0 && device < kMaxDevices;
+  bool tell = valid && !runtime->bypass();
+  try {
+    if (tell) runtime->device_resetting(device);
+  } catch (...) {  // as guarded(): gpupool steps aside, the reset goes on
+    step_aside(call);
+    tell = false;
+  }
+  const bool aside = valid && !tell && stepped_aside();
+  const cudaError_t err = reset();
+  if (tell) keep_books(call, [&] { runtime->device_reset_answered(device, err); });
+  if (aside) keep_books(call, [&] { runtime->device_reset_after_stepping_aside(device, err); });
+  return err;
 }
 }  // namespace gpupool::shim
 
@@ -314,7 +341,7 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
   return rt.allocate(ptr, size, gpupool::kAnyStream, rt.current_device());
 }
 
-cudaError_t cudaFree(void* ptr) { return gpupool::shim::free_plain(ptr, "cudaFree"); }
+cudaError_t cudaFree(void* ptr) { return gpupool::shim::free_plain_here(ptr, "cudaFree"); }
 
 cudaError_t cudaMallocPitch(void** ptr, size_t* pitch, size_t width, size_t height) {
   enter();
@@ -366,15 +393,10 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 template <typename Pick>
 cudaError_t reset_device(const char* call, Pick pick) {
   Runtime& rt = enter();
-  const int device = rt.current_device();
-  const bool tell = !rt.bypass();
-  const bool aside = !tell && gpupool::shim::stepped_aside();
-  if (tell) rt.device_resetting(device);
-  const auto reset = pick(real());
-  const cudaError_t err = reset != nullptr ? reset() : missing();
-  if (tell) keep_books(call, [&] { rt.device_reset_answered(device, err); });
-  if (aside) rt.device_reset_after_stepping_aside(device, err);
-  return err;
+  return gpupool::shim::reset_in_books(rt.current_device(), call, [&] {
+    const auto reset = pick(real());
+    return reset != nullptr ? reset() : missing();
+  });
 }
 
 cudaError_t cudaDeviceReset(void) {
