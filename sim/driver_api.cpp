@@ -92,13 +92,17 @@ CUresult primary_ctx_reset(CUdevice d) {
 
 CUresult mem_alloc(CUdeviceptr* p, size_t n) { return cu(cudaMalloc(reinterpret_cast<void**>(p), n)); }
 // A driver call leaves the runtime's last error as it was (its answer is its
-// CUresult); the runtime's cudaFree behind this one would set it on failure.
-// Only here so far: the other calls still pass theirs on.
-CUresult mem_free(CUdeviceptr p) {
+// CUresult); the runtime's call behind it would set it on failure. Only the
+// frees so far: the other calls still pass theirs on.
+template <typename Call>
+CUresult keeping_last_error(Call&& call) {
   const cudaError_t kept = simcuda::rt::t_last_error;
-  const CUresult r = cu(cudaFree(ptr(p)));
+  const CUresult r = cu(call());
   simcuda::rt::t_last_error = kept;
   return r;
+}
+CUresult mem_free(CUdeviceptr p) {
+  return keeping_last_error([p] { return cudaFree(ptr(p)); });
 }
 CUresult mem_alloc_pitch(CUdeviceptr* p, size_t* pitch, size_t width, size_t height, unsigned int element_bytes) {
   if (element_bytes != 4 && element_bytes != 8 && element_bytes != 16) return CUDA_ERROR_INVALID_VALUE;
@@ -116,8 +120,12 @@ CUresult mem_alloc_from_pool_async(CUdeviceptr* p, size_t n, CUmemoryPool pool, 
 CUresult mem_alloc_from_pool_async_ptsz(CUdeviceptr* p, size_t n, CUmemoryPool pool, CUstream s) {
   return cu(cudaMallocFromPoolAsync_ptsz(reinterpret_cast<void**>(p), n, reinterpret_cast<cudaMemPool_t>(pool), rt(s)));
 }
-CUresult mem_free_async(CUdeviceptr p, CUstream s) { return cu(cudaFreeAsync(ptr(p), rt(s))); }
-CUresult mem_free_async_ptsz(CUdeviceptr p, CUstream s) { return cu(cudaFreeAsync_ptsz(ptr(p), rt(s))); }
+CUresult mem_free_async(CUdeviceptr p, CUstream s) {
+  return keeping_last_error([=] { return cudaFreeAsync(ptr(p), rt(s)); });
+}
+CUresult mem_free_async_ptsz(CUdeviceptr p, CUstream s) {
+  return keeping_last_error([=] { return cudaFreeAsync_ptsz(ptr(p), rt(s)); });
+}
 CUresult mem_get_info(size_t* free_bytes, size_t* total) { return cu(cudaMemGetInfo(free_bytes, total)); }
 CUresult mem_pool_trim_to(CUmemoryPool pool, size_t keep) {
   return cu(cudaMemPoolTrimTo(reinterpret_cast<cudaMemPool_t>(pool), keep));
