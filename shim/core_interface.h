@@ -16,7 +16,7 @@ extern "C" {
 cudaError_t cudaThreadExit(void);
 
 /* Raised whenever this struct changes: a core of another version is refused. */
-#define GPUPOOL_CORE_ABI 16
+#define GPUPOOL_CORE_ABI 17
 
 /* Finds a real CUDA runtime function: dlsym(RTLD_NEXT) in the preload
    library, the object that stands before the runtime in the search order. */
@@ -62,6 +62,11 @@ struct gpupool_core {
   int (*driver_device_reset)(int device, int (*real)(int device));
   /* The driver's cuMemFree (`real`): the pool's if gpupool lent the memory. */
   int (*driver_mem_free)(unsigned long long ptr, int (*real)(unsigned long long ptr));
+  /* The same for the driver's cuMemFreeAsync, and its per-thread version (a
+     null stream names the per-thread default stream). */
+  int (*driver_mem_free_async)(unsigned long long ptr, void* stream, int (*real)(unsigned long long ptr, void* stream));
+  int (*driver_mem_free_async_ptsz)(unsigned long long ptr, void* stream,
+                                    int (*real)(unsigned long long ptr, void* stream));
   /* The runtime's own function `name` (an intercepted call), the one gpupool
      passes such calls on to, or NULL where it has none (no runtime loaded,
      or one older than the call): what a lookup of `name` stands for. */

@@ -31,6 +31,7 @@ namespace gpupool::shim {
 // entry_points.cpp
 bool allocate_pitched(void** ptr, size_t* pitch, size_t width, size_t rows, cudaError_t* result);
 cudaError_t free_plain(void* ptr, const char* call);
+cudaError_t free_stream_ordered(void* ptr, cudaStream_t stream, bool per_thread, const char* call);
 cudaError_t reset_in_books(int device, const char* call, const std::function<cudaError_t()>& reset);
 
 namespace {
@@ -353,29 +354,61 @@ CUresult observed_primary_ctx_reset(CUdevice device) {
   return driver_reset_in_books(device, driver_primary_ctx_reset.load(std::memory_order_acquire));
 }
 
-bool frees_memory(const char* symbol) { return symbol != nullptr && std::strcmp(symbol, "cuMemFree_v2") == 0; }
+// The driver's exported frees (cuMemFree's first version took 32-bit pointers).
+bool frees_memory(const char* symbol) {
+  for (const char* name : {"cuMemFree_v2", "cuMemFreeAsync", "cuMemFreeAsync_ptsz"}) {
+    if (symbol != nullptr && std::strcmp(symbol, name) == 0) return true;
+  }
+  return false;
+}
 
-// The driver's cuMemFree where gpupool does not take the driver's calls over.
-// CUDA lets either API free what the other allocated: a block gpupool lent
-// goes back to the pool as at cudaFree, anything else to the driver (its
-// `free`). The driver's own free of a block took the whole segment from
+// The driver's cuMemFree and cuMemFreeAsync where gpupool does not take the
+// driver's calls over. CUDA lets either API free what the other allocated: a
+// block gpupool lent goes back to the pool as at cudaFree or cudaFreeAsync
+// (`pooled`, with the call's name), anything else to the driver (`driver`,
+// its own). The driver's own free of a block took the whole segment from
 // under the pool (fixed segments: lent again while the driver reused the
 // memory) or refused a mapped page (expandable ones: the block leaked). A
 // driver call leaves the runtime's last error as it was.
-template <typename Free>
-CUresult free_in_books(CUdeviceptr p, Free&& free) {
+template <typename Pooled, typename Driver>
+CUresult free_in_books(CUdeviceptr p, const char* call, Pooled&& pooled, Driver&& driver) {
   Runtime* runtime = Runtime::if_started();  // none yet: it lent nothing
-  if (runtime == nullptr || p == 0 || runtime->device_holding(ptr(p)) < 0) return free(p);
+  if (runtime == nullptr || p == 0 || runtime->device_holding(ptr(p)) < 0) return driver();
   cudaError_t& last_error = thread_error(caller_runtime().number);
   const cudaError_t before = last_error;
-  const CUresult r = cu(guarded("cuMemFree", [p] { return free_plain(ptr(p), "cuMemFree"); }));
+  const CUresult r = cu(guarded(call, pooled));
   last_error = before;
   return r;
 }
 
-std::atomic<decltype(&cuMemFree_v2)> driver_mem_free{nullptr};
+template <typename Free>
+CUresult mem_free_in_books(CUdeviceptr p, Free&& free) {
+  return free_in_books(
+      p, "cuMemFree", [p] { return free_plain(ptr(p), "cuMemFree"); }, [&] { return free(p); });
+}
 
-CUresult observed_mem_free(CUdeviceptr p) { return free_in_books(p, driver_mem_free.load(std::memory_order_acquire)); }
+// A null stream is the legacy default stream's, or with `per_thread` the
+// calling thread's default stream, as for cudaFreeAsync.
+template <typename Free>
+CUresult mem_free_async_in_books(CUdeviceptr p, CUstream s, bool per_thread, Free&& free) {
+  return free_in_books(
+      p, "cuMemFreeAsync", [=] { return free_stream_ordered(ptr(p), rt(s), per_thread, "cuMemFreeAsync"); },
+      [&] { return free(p, s); });
+}
+
+std::atomic<decltype(&cuMemFree_v2)> driver_mem_free{nullptr};
+std::atomic<decltype(&cuMemFreeAsync)> driver_mem_free_async{nullptr};
+std::atomic<decltype(&cuMemFreeAsync)> driver_mem_free_async_ptsz{nullptr};
+
+CUresult observed_mem_free(CUdeviceptr p) {
+  return mem_free_in_books(p, driver_mem_free.load(std::memory_order_acquire));
+}
+CUresult observed_mem_free_async(CUdeviceptr p, CUstream s) {
+  return mem_free_async_in_books(p, s, false, driver_mem_free_async.load(std::memory_order_acquire));
+}
+CUresult observed_mem_free_async_ptsz(CUdeviceptr p, CUstream s) {
+  return mem_free_async_in_books(p, s, true, driver_mem_free_async_ptsz.load(std::memory_order_acquire));
+}
 
 bool allocates(const char* symbol) {
   for (const char* name : {"cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemAllocAsync", "cuMemAllocAsync_ptsz"}) {
@@ -397,7 +430,7 @@ int driver_library_accepted(const char* path, const char* symbol) {
   // The shared runtime calls the driver under gpupool's own calls (taking it
   // over would loop), and NCCL shares its memory over CUDA IPC.
   const bool never = config::names_match("libcudart.so:libnccl.so", path);
-  // Any library's stream destroy, device reset and free are watched (a
+  // Any library's stream destroy, device reset and frees are watched (a
   // library such as numba's destroys through the driver streams another one
   // used with the runtime, and resets devices whose memory gpupool holds).
   if ((destroys_stream(symbol) || resets_device(symbol) || frees_memory(symbol)) && !never) return 1;
@@ -441,6 +474,13 @@ void* driver_entry(const char* symbol, int version, unsigned long long flags, vo
       driver_mem_free.store(reinterpret_cast<decltype(&cuMemFree_v2)>(real_function), std::memory_order_release);
       return reinterpret_cast<void*>(&observed_mem_free);
     }
+    if (std::strcmp(symbol, "cuMemFreeAsync") == 0 && version >= 11020) {
+      const bool per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+      (per_thread ? driver_mem_free_async_ptsz : driver_mem_free_async)
+          .store(reinterpret_cast<decltype(&cuMemFreeAsync)>(real_function), std::memory_order_release);
+      return per_thread ? reinterpret_cast<void*>(&observed_mem_free_async_ptsz)
+                        : reinterpret_cast<void*>(&observed_mem_free_async);
+    }
     return real_function;
   }
   for (const Substitute& s : kSubstitutes) {
@@ -461,7 +501,17 @@ int direct_device_reset(int device, int (*real)(int device)) {
 }
 
 int direct_mem_free(unsigned long long p, int (*real)(unsigned long long p)) {
-  return static_cast<int>(free_in_books(p, [real](CUdeviceptr q) { return static_cast<CUresult>(real(q)); }));
+  return static_cast<int>(mem_free_in_books(p, [real](CUdeviceptr q) { return static_cast<CUresult>(real(q)); }));
+}
+
+int direct_mem_free_async(unsigned long long p, void* stream, int (*real)(unsigned long long p, void* stream)) {
+  const auto driver = [real](CUdeviceptr q, CUstream s) { return static_cast<CUresult>(real(q, s)); };
+  return static_cast<int>(mem_free_async_in_books(p, static_cast<CUstream>(stream), false, driver));
+}
+
+int direct_mem_free_async_ptsz(unsigned long long p, void* stream, int (*real)(unsigned long long p, void* stream)) {
+  const auto driver = [real](CUdeviceptr q, CUstream s) { return static_cast<CUresult>(real(q, s)); };
+  return static_cast<int>(mem_free_async_in_books(p, static_cast<CUstream>(stream), true, driver));
 }
 
 void* driver_symbol(const char* exported, void* real_function, gpupool_driver_lookup_fn lookup) {

@@ -36,10 +36,16 @@ void* driver_symbol(const char* exported, void* real, gpupool_driver_lookup_fn l
 int direct_stream_destroy(void* stream, int (*real)(void* stream));
 int direct_device_reset(int device, int (*real)(int device));
 int direct_mem_free(unsigned long long ptr, int (*real)(unsigned long long ptr));
+int direct_mem_free_async(unsigned long long ptr, void* stream, int (*real)(unsigned long long ptr, void* stream));
+int direct_mem_free_async_ptsz(unsigned long long ptr, void* stream,
+                               int (*real)(unsigned long long ptr, void* stream));
 
 // cudaFree's work, the driver's cuMemFree's too (`call` names it in lines):
 // below, where its helpers are.
 cudaError_t free_plain(void* ptr, const char* call);
+// cudaFreeAsync's work (its per-thread version's), the driver's
+// cuMemFreeAsync's too.
+cudaError_t free_stream_ordered(void* ptr, cudaStream_t stream, bool per_thread, const char* call);
 // A reset of `device` made by `reset` (the runtime's, the driver's), `call`
 // naming it, with the pool's books kept around it.
 cudaError_t reset_in_books(int device, const char* call, const std::function<cudaError_t()>& reset);
@@ -155,18 +161,18 @@ cudaError_t malloc_from_pool(void** ptr, size_t size, cudaMemPool_t pool, cudaSt
 // program destroyed): refused, as the runtime refuses it, its block left
 // live (a leak the report lists) rather than freed in no stream's order.
 template <typename RealFree>
-cudaError_t free_on_no_stream(Runtime& rt, void* ptr, cudaStream_t stream, RealFree real_call) {
+cudaError_t free_on_no_stream(Runtime& rt, void* ptr, cudaStream_t stream, RealFree real_call, const char* call) {
   if (rt.device_holding(ptr) < 0) return real_call != nullptr ? real_call(ptr, stream) : missing();
   char line[200];
   std::snprintf(line, sizeof line,
-                "gpupool: cudaFreeAsync: the runtime knows no stream %p (destroyed?); refused with "
+                "gpupool: %s: the runtime knows no stream %p (destroyed?); refused with "
                 "cudaErrorInvalidResourceHandle, and %p stays allocated",
-                static_cast<void*>(stream), ptr);
+                call, static_cast<void*>(stream), ptr);
   gpupool::shim::message(gpupool::config::LogLevel::Warn, line);
   return fail(cudaErrorInvalidResourceHandle);
 }
 
-cudaError_t free_on(void* ptr, cudaStream_t stream, bool per_thread) {
+cudaError_t free_on(void* ptr, cudaStream_t stream, bool per_thread, const char* call) {
   Runtime& rt = enter();
   auto real_call = per_thread ? real().cudaFreeAsync_ptsz : real().cudaFreeAsync;
   if (rt.disabled() || ptr == nullptr) return real_call != nullptr ? real_call(ptr, stream) : missing();
@@ -174,12 +180,12 @@ cudaError_t free_on(void* ptr, cudaStream_t stream, bool per_thread) {
   int device = -1;
   if (!rt.bypass()) {
     device = rt.prepare_stream(id);
-    if (device == Runtime::kNoSuchStream) return free_on_no_stream(rt, ptr, stream, real_call);
+    if (device == Runtime::kNoSuchStream) return free_on_no_stream(rt, ptr, stream, real_call, call);
     rt.note_stream_ordered_call();
   }
   const FreeResult r = rt.deallocate(ptr, id, device);
   if (r == FreeResult::NotOwned) return real_call != nullptr ? real_call(ptr, stream) : missing();
-  return free_result(r, ptr, "cudaFreeAsync");
+  return free_result(r, ptr, call);
 }
 
 // The pool stops ordering on the stream before the runtime starts capturing
@@ -306,6 +312,10 @@ namespace gpupool::shim {
 
 cudaError_t free_plain(void* ptr, const char* call) { return free_plain_here(ptr, call); }
 
+cudaError_t free_stream_ordered(void* ptr, cudaStream_t stream, bool per_thread, const char* call) {
+  return free_on(ptr, stream, per_thread, call);
+}
+
 cudaError_t reset_in_books(int device, const char* call, const std::function<cudaError_t()>& reset) {
   // The pool forgets the device's memory once it is gone. No runtime started
   // yet (a reset through the driver before any runtime call): it holds nothing.
@@ -376,8 +386,10 @@ cudaError_t cudaMallocFromPoolAsync_ptsz(void** ptr, size_t size, cudaMemPool_t 
                                                         cudaStream_t stream) {
   return malloc_from_pool(ptr, size, pool, stream, true);
 }
-cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) { return free_on(ptr, stream, false); }
-cudaError_t cudaFreeAsync_ptsz(void* ptr, cudaStream_t stream) { return free_on(ptr, stream, true); }
+cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) { return free_on(ptr, stream, false, "cudaFreeAsync"); }
+cudaError_t cudaFreeAsync_ptsz(void* ptr, cudaStream_t stream) {
+  return free_on(ptr, stream, true, "cudaFreeAsync");
+}
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   Runtime& rt = enter();
@@ -684,6 +696,8 @@ extern "C" __attribute__((visibility("default"))) const gpupool_core* gpupool_co
       &gpupool::shim::direct_stream_destroy,
       &gpupool::shim::direct_device_reset,
       &gpupool::shim::direct_mem_free,
+      &gpupool::shim::direct_mem_free_async,
+      &gpupool::shim::direct_mem_free_async_ptsz,
       &guarded_real_function,
   };
   return &table;

@@ -169,29 +169,35 @@ __attribute__((visibility("hidden"))) const struct gpupool_core* gpupool_preload
    cuStreamDestroy: gpupool's barriers stop naming the stream (on CUDA 13 a
    call naming a destroyed stream can crash the program).
    cuDevicePrimaryCtxReset: the pool forgets the memory the reset frees.
-   cuMemFree: memory gpupool lent goes back to its pool (CUDA lets either API
-   free what the other allocated). The first versions do the same as the
-   second. No core loaded: no runtime call reached gpupool, which then knows
-   no stream and lent no memory. */
-#define WATCHED_DRIVER_CALLS(X)                                     \
-  X(cuStreamDestroy_v2, void*, stream, driver_stream_destroy)       \
-  X(cuStreamDestroy, void*, stream, driver_stream_destroy)          \
-  X(cuDevicePrimaryCtxReset_v2, int, device, driver_device_reset)   \
-  X(cuDevicePrimaryCtxReset, int, device, driver_device_reset)      \
-  X(cuMemFree_v2, unsigned long long, ptr, driver_mem_free)
+   cuMemFree, cuMemFreeAsync: memory gpupool lent goes back to its pool (CUDA
+   lets either API free what the other allocated). The destroy's and the
+   reset's first versions do the same as their second. No core loaded: no runtime call reached gpupool, which
+   then knows no stream and lent no memory. Each is named with its
+   parameters and arguments, as in entry_points.def. */
+#define WATCHED_DRIVER_CALLS(X)                                                                         \
+  X(cuStreamDestroy_v2, (void* stream), (stream), driver_stream_destroy)                                \
+  X(cuStreamDestroy, (void* stream), (stream), driver_stream_destroy)                                   \
+  X(cuDevicePrimaryCtxReset_v2, (int device), (device), driver_device_reset)                            \
+  X(cuDevicePrimaryCtxReset, (int device), (device), driver_device_reset)                               \
+  X(cuMemFree_v2, (unsigned long long ptr), (ptr), driver_mem_free)                                     \
+  X(cuMemFreeAsync, (unsigned long long ptr, void* stream), (ptr, stream), driver_mem_free_async)        \
+  X(cuMemFreeAsync_ptsz, (unsigned long long ptr, void* stream), (ptr, stream), driver_mem_free_async_ptsz)
+
+/* The arguments with the driver's own function after them, for `watch`. */
+#define WITH_REAL(...) (__VA_ARGS__, real)
 
 /* Each also under a local name, bound to this definition (see below). */
-#define WATCHED_DRIVER_CALL(name, type, arg, watch)                                 \
-  EXPORT int name(type arg) {                                                        \
-    int (*real)(type) = NULL;                                                        \
+#define WATCHED_DRIVER_CALL(name, params, args, watch)                              \
+  EXPORT int name params {                                                           \
+    int(*real) params = NULL;                                                        \
     void* found = next_symbol(#name);                                                \
     if (found == NULL) return 500; /* CUDA_ERROR_NOT_FOUND: no driver loaded */      \
     memcpy(&real, &found, sizeof found);                                             \
     const struct gpupool_core* c = atomic_load_explicit(&core, memory_order_acquire); \
-    if (c == NULL || c->watch == NULL) return real(arg);                             \
-    return c->watch(arg, real);                                                      \
+    if (c == NULL || c->watch == NULL) return real args;                             \
+    return c->watch WITH_REAL args;                                                  \
   }                                                                                  \
-  static int own_##name(type arg) __attribute__((alias(#name)));
+  static int own_##name params __attribute__((alias(#name)));
 WATCHED_DRIVER_CALLS(WATCHED_DRIVER_CALL)
 #undef WATCHED_DRIVER_CALL
 
@@ -205,8 +211,8 @@ WATCHED_DRIVER_CALLS(WATCHED_DRIVER_CALL)
 #undef GPUPOOL_ENTRY
 
 /* For driver_hook.c: this library's export `name` (an intercepted runtime
-   call, the driver's stream destroy, device reset or free), or NULL where it
-   has none. */
+   call, the driver's stream destroy, device reset or frees), or NULL where
+   it has none. */
 __attribute__((visibility("hidden"))) void* gpupool_export(const char* name) {
   void* found = NULL;
 #define GPUPOOL_ENTRY(entry, params, args)   \
@@ -217,11 +223,11 @@ __attribute__((visibility("hidden"))) void* gpupool_export(const char* name) {
   }
 #include "shim/entry_points.def"
 #undef GPUPOOL_ENTRY
-#define WATCHED_DRIVER_EXPORT(entry, type, arg, watch) \
-  if (strcmp(name, #entry) == 0) {                     \
-    int (*f)(type) = own_##entry;                      \
-    memcpy(&found, &f, sizeof found);                  \
-    return found;                                      \
+#define WATCHED_DRIVER_EXPORT(entry, params, args, watch) \
+  if (strcmp(name, #entry) == 0) {                        \
+    int(*f) params = own_##entry;                         \
+    memcpy(&found, &f, sizeof found);                     \
+    return found;                                         \
   }
   WATCHED_DRIVER_CALLS(WATCHED_DRIVER_EXPORT)
 #undef WATCHED_DRIVER_EXPORT

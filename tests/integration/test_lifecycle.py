@@ -202,16 +202,19 @@ class Lifecycle(ShimTest):
         # cuMemFree took a fixed segment from under the pool (lent again while
         # the driver reused the memory) and refused an expandable segment's
         # mapped pages (the block leaked); now the pool frees the block, however
-        # the program reaches the driver's free. Memory the driver allocated
-        # stays the driver's to free, and a block freed twice is refused with a
-        # line naming cuMemFree.
-        for expandable, how in itertools.product(("1", "0"), [h for h in self.RESETS if h.startswith("driver-")]):
-            with self.subTest(expandable_segments=expandable, free=how):
-                run = self.run_program(["test-lifecycle", "driver-free", how, self.DRIVER_LOOKUP],
+        # the program reaches the driver's free, plain or stream-ordered (its
+        # per-thread version too). Memory the driver allocated stays the
+        # driver's to free, and a block freed twice is refused with a line
+        # naming the driver's call.
+        frees = (("driver-free", "cuMemFree"), ("driver-free-async", "cuMemFreeAsync"))
+        ways = [h for h in self.RESETS if h.startswith("driver-")]
+        for expandable, (mode, call), how in itertools.product(("1", "0"), frees, ways):
+            with self.subTest(expandable_segments=expandable, free=call, how=how):
+                run = self.run_program(["test-lifecycle", mode, how, self.DRIVER_LOOKUP],
                                        env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
                 self.assertSucceeded(run)
-                self.assertIn("lifecycle: driver-free", run.stdout)
-                self.assertIn("gpupool: cuMemFree: ", run.stderr)
+                self.assertIn("lifecycle: " + mode + "\n", run.stdout)
+                self.assertIn("gpupool: " + call + ": ", run.stderr)
                 dev = run.report()["devices"]["0"]
                 for path in run.reports():
                     os.remove(path)
@@ -219,6 +222,10 @@ class Lifecycle(ShimTest):
                 self.assertEqual(s["allocation.all.allocated"], 11)  # three before, eight after
                 self.assertEqual(s["allocation.all.freed"], 11)
                 self.assertEqual(dev["leaks"]["blocks"], 0)
+                # The per-thread version's null stream is the thread's own
+                # default stream (no other call of the program names it).
+                per_thread = [row for row in dev["streams"] if row["stream"].startswith("per-thread")]
+                self.assertEqual(len(per_thread), 1 if mode == "driver-free-async" else 0)
 
     def test_a_stream_ordered_block_live_at_a_reset_cannot_be_freed_into_a_cache_after_it(self):
         # The reset freed it: its free is refused (the runtime judges a

@@ -202,7 +202,7 @@ MUTANTS = [
      'shim'),
     ("a stream-ordered free naming no stream is refused, its block left live",
      'shim/entry_points.cpp',
-     '    if (device == Runtime::kNoSuchStream) return free_on_no_stream(rt, ptr, stream, real_call);',
+     '    if (device == Runtime::kNoSuchStream) return free_on_no_stream(rt, ptr, stream, real_call, call);',
      '    if (device == Runtime::kNoSuchStream) device = 0;',
      'shim'),
     ("a new stream's kind reaches the pool",

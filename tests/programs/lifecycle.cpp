@@ -34,6 +34,12 @@
 //              error stays as it was. Then the device's memory is used again
 //              while a block from before stays live: every block keeps its
 //              bytes
+//   driver-free-async HOW [LIBRARY]  the same with the driver's
+//              cuMemFreeAsync and its per-thread version, reached as HOW
+//              says: the cudaMalloc block freed on the per-thread default
+//              stream, the cudaMallocAsync block written on a stream of its
+//              own and freed there, and memory the driver allocated on that
+//              stream (cuMemAllocAsync)
 //   reset-live with thread caches on, resets the device while a stream-ordered
 //              block is live (one the thread's cache lent again, for a
 //              request 512 KiB smaller than the one it was made for), then
@@ -122,6 +128,9 @@
 // CUDA 12's old name of cudaDeviceReset, which CUDA 13's headers dropped (the
 // simulated runtime has it, as CUDA 12's does).
 extern "C" cudaError_t cudaThreadExit(void);
+// The driver's per-thread cuMemFreeAsync, which cuda.h declares only to code
+// built for the per-thread default stream (under the plain name).
+extern "C" CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
 
 namespace {
 
@@ -169,7 +178,8 @@ void use_after_reset(size_t size) {
 // scope (driver-global), through the driver's cuGetProcAddress
 // (driver-proc-address), or by `library`, driver_lookup_module.c's lookup_in
 // (driver-library); null, said, otherwise.
-void* driver_function(const std::string& how, const char* name, const char* base, const char* library) {
+void* driver_function(const std::string& how, const char* name, const char* base, const char* library,
+                      cuuint64_t flags = 0) {
   void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   void* found = nullptr;
   if (how == "driver-dlsym" && driver != nullptr) found = dlsym(driver, name);
@@ -177,7 +187,7 @@ void* driver_function(const std::string& how, const char* name, const char* base
   if (how == "driver-proc-address" && driver != nullptr) {
     using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
     auto get = reinterpret_cast<GetProcAddress>(dlsym(driver, "cuGetProcAddress_v2"));
-    if (get == nullptr || get(base, &found, 12000, 0, nullptr) != CUDA_SUCCESS) found = nullptr;
+    if (get == nullptr || get(base, &found, 12000, flags, nullptr) != CUDA_SUCCESS) found = nullptr;
   }
   if (how == "driver-library" && driver != nullptr && library != nullptr) {
     void* module = dlopen(library, RTLD_NOW | RTLD_LOCAL);
@@ -205,6 +215,34 @@ using MemFree = CUresult (*)(CUdeviceptr);
 MemFree driver_free_by(const std::string& how, const char* library) {
   if (how == "driver-linked") return &cuMemFree;
   return reinterpret_cast<MemFree>(driver_function(how, "cuMemFree_v2", "cuMemFree", library));
+}
+
+// The driver's cuMemFreeAsync, or its per-thread version (a null stream
+// naming the per-thread default stream), as `how` says; or null.
+using MemFreeAsync = CUresult (*)(CUdeviceptr, CUstream);
+MemFreeAsync driver_free_async_by(const std::string& how, bool per_thread, const char* library) {
+  if (how == "driver-linked") return per_thread ? &cuMemFreeAsync_ptsz : &cuMemFreeAsync;
+  const char* name = per_thread ? "cuMemFreeAsync_ptsz" : "cuMemFreeAsync";
+  const cuuint64_t flags = per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0;
+  return reinterpret_cast<MemFreeAsync>(driver_function(how, name, "cuMemFreeAsync", library, flags));
+}
+
+CUdeviceptr device_pointer(void* p) { return reinterpret_cast<CUdeviceptr>(p); }
+
+// After the driver freed blocks: the device's memory lent again (eight
+// blocks, each written) while `kept` stays live. Every block keeps its bytes
+// (`kept` holds 0x3c), then all are freed.
+void used_again_beside(void* kept, size_t size) {
+  std::vector<void*> later(8);
+  for (size_t i = 0; i < later.size(); ++i) {
+    CHECK_CUDA(cudaMalloc(&later[i], size));
+    CHECK_CUDA(cudaMemset(later[i], static_cast<int>(i + 1), size));
+  }
+  CHECK_CUDA(cudaDeviceSynchronize());
+  EXPECT(testprog::holds(kept, size, 0x3c));
+  for (size_t i = 0; i < later.size(); ++i) EXPECT(testprog::holds(later[i], size, static_cast<unsigned char>(i + 1)));
+  for (void* p : later) CHECK_CUDA(cudaFree(p));
+  CHECK_CUDA(cudaFree(kept));
 }
 
 // A block this thread's cache lends again: made for `size` bytes on the legacy
@@ -349,21 +387,43 @@ int main(int argc, char** argv) {
     CUdeviceptr drivers = 0;
     EXPECT(cuMemAlloc(&drivers, kSize) == CUDA_SUCCESS);
     CHECK_CUDA(cudaDeviceSynchronize());
-    for (void* p : {first, async}) EXPECT(mem_free(reinterpret_cast<CUdeviceptr>(p)) == CUDA_SUCCESS);
+    for (void* p : {first, async}) EXPECT(mem_free(device_pointer(p)) == CUDA_SUCCESS);
     EXPECT(mem_free(drivers) == CUDA_SUCCESS);
-    EXPECT(mem_free(reinterpret_cast<CUdeviceptr>(first)) == CUDA_ERROR_INVALID_VALUE);
+    EXPECT(mem_free(device_pointer(first)) == CUDA_ERROR_INVALID_VALUE);
     EXPECT(cudaGetLastError() == cudaSuccess);
-    std::vector<void*> later(8);
-    for (size_t i = 0; i < later.size(); ++i) {
-      CHECK_CUDA(cudaMalloc(&later[i], kSize));
-      CHECK_CUDA(cudaMemset(later[i], static_cast<int>(i + 1), kSize));
-    }
-    CHECK_CUDA(cudaDeviceSynchronize());
-    EXPECT(testprog::holds(kept, kSize, 0x3c));
-    for (size_t i = 0; i < later.size(); ++i) EXPECT(testprog::holds(later[i], kSize, static_cast<unsigned char>(i + 1)));
-    for (void* p : later) CHECK_CUDA(cudaFree(p));
-    CHECK_CUDA(cudaFree(kept));
+    used_again_beside(kept, kSize);
     std::printf("lifecycle: driver-free\n");
+    return 0;
+  }
+  if (mode == "driver-free-async" && argc > 2) {
+    const char* library = argc > 3 ? argv[3] : nullptr;
+    const MemFreeAsync free_async = driver_free_async_by(argv[2], false, library);
+    const MemFreeAsync free_async_ptsz = driver_free_async_by(argv[2], true, library);
+    if (free_async == nullptr || free_async_ptsz == nullptr) return 1;
+    constexpr size_t kSize = size_t{1} << 20;
+    cudaStream_t stream = nullptr;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    const auto s = reinterpret_cast<CUstream>(stream);
+    void* first = nullptr;
+    void* async = nullptr;
+    void* kept = nullptr;
+    CHECK_CUDA(cudaMalloc(&first, kSize));
+    CHECK_CUDA(cudaMallocAsync(&async, kSize, stream));
+    CHECK_CUDA(cudaMalloc(&kept, kSize));
+    CHECK_CUDA(cudaMemset(kept, 0x3c, kSize));
+    CUdeviceptr drivers = 0;
+    EXPECT(cuMemAllocAsync(&drivers, kSize, s) == CUDA_SUCCESS);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaMemsetAsync(async, 0x5a, kSize, stream));  // work of its stream's before its free there
+    EXPECT(free_async_ptsz(device_pointer(first), nullptr) == CUDA_SUCCESS);
+    EXPECT(free_async(device_pointer(async), s) == CUDA_SUCCESS);
+    EXPECT(free_async(drivers, s) == CUDA_SUCCESS);
+    CHECK_CUDA(cudaDeviceSynchronize());  // the frees done, as a second free would find them
+    EXPECT(free_async(device_pointer(first), s) == CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cudaGetLastError() == cudaSuccess);
+    used_again_beside(kept, kSize);
+    CHECK_CUDA(cudaStreamDestroy(stream));
+    std::printf("lifecycle: driver-free-async\n");
     return 0;
   }
   if (mode == "reset-live") {
