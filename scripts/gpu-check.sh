@@ -5,18 +5,31 @@
 # failed; 77: no GPU here (nothing was run).
 #
 #   scripts/gpu-check.sh [OUTDIR]      (reports and logs go to OUTDIR, default build/gpu-check)
+#   scripts/gpu-check.sh --build-only OUTDIR   only builds the programs it
+#                      compiles with nvcc (no GPU needed; the tests do, so
+#                      that a lent GPU's minutes are not lost to a build
+#                      error). 77: no nvcc here.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$PWD
+build_only=0
+if [ "${1:-}" = --build-only ]; then
+  build_only=1
+  shift
+fi
 out=${1:-build/gpu-check}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
-if ! nvidia-smi -L >/dev/null 2>&1; then
+nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+if [ "$build_only" = 1 ] && [ ! -x "$nvcc" ]; then
+  echo "gpu-check: no nvcc here; nothing built"
+  exit 77
+fi
+if [ "$build_only" = 0 ] && ! nvidia-smi -L >/dev/null 2>&1; then
   echo "gpu-check: no GPU here; nothing run"
   exit 77
 fi
-nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 cudalib=""
 for d in /usr/local/cuda/lib64 /usr/local/cuda/lib; do [ -e "$d/libcudart.so.13" ] && cudalib=$d && break; done
 if [ -z "$cudalib" ]; then
@@ -24,7 +37,7 @@ if [ -z "$cudalib" ]; then
 fi
 export LD_LIBRARY_PATH="${cudalib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
-if [ ! -f build/lib/libgpupool.so ]; then
+if [ "$build_only" = 0 ] && [ ! -f build/lib/libgpupool.so ]; then
   echo "gpu-check: building gpupool"
   cmake --preset default >/dev/null && cmake --build --preset default >/dev/null || { echo "gpu-check: build failed"; exit 1; }
 fi
@@ -70,10 +83,10 @@ arch=-arch=native
 "$nvcc" $arch -O2 -o "$out/hazards_gpu_static" tests/gpu/hazards_gpu.cu -ldl -lcuda 2>>"$out/nvcc.log" ||
   { echo "gpu-check: nvcc failed ($out/nvcc.log)"; exit 1; }
 # Integration programs with the static runtime, for static_runtime:1 (built
-# side by side: nvcc takes a while for each).
+# side by side: nvcc takes a while for each). Some call the driver directly.
 pids=()
 for program in lifecycle capture patterns pitched threads stress devices meminfo; do
-  "$nvcc" $arch -O2 -std=c++20 -I. -x cu -o "$out/${program}_static" "tests/programs/$program.cpp" \
+  "$nvcc" $arch -O2 -std=c++20 -I. -x cu -o "$out/${program}_static" "tests/programs/$program.cpp" -lcuda \
     2>"$out/nvcc-$program.log" &
   pids+=($!)
 done
@@ -96,6 +109,10 @@ cc -O2 -o "$out/load_user" "$out/load_user.c" -ldl || { echo "gpu-check: cc fail
 cc -O2 -shared -fPIC -fno-optimize-sibling-calls -I"$(dirname "$nvcc")/../include" \
   -o "$out/libtest-driver-lookup.so" tests/programs/driver_lookup_module.c -ldl ||
   { echo "gpu-check: cc failed (driver_lookup_module.c)"; exit 1; }
+if [ "$build_only" = 1 ]; then
+  echo "gpu-check: the GPU test programs built in $out"
+  exit 0
+fi
 
 # all_pooled NAME REPORT N: the program's N allocations all in gpupool's report.
 all_pooled() {

@@ -126,8 +126,9 @@
 #include "common.hpp"
 
 // CUDA 12's old name of cudaDeviceReset, which CUDA 13's headers dropped (the
-// simulated runtime has it, as CUDA 12's does).
-extern "C" cudaError_t cudaThreadExit(void);
+// simulated runtime has it, as CUDA 12's does). Weak: CUDA 13's static
+// runtime, which nvcc links by default (scripts/gpu-check.sh), lacks it.
+extern "C" cudaError_t cudaThreadExit(void) __attribute__((weak));
 // The driver's per-thread cuMemFreeAsync, which cuda.h declares only to code
 // built for the per-thread default stream (under the plain name).
 extern "C" CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
@@ -202,7 +203,7 @@ void* driver_function(const std::string& how, const char* name, const char* base
 // Resets device 0 as `how` says (see reset above): true where it was reset.
 bool reset_device_by(const std::string& how, const char* library) {
   if (how == "cudaDeviceReset") return cudaDeviceReset() == cudaSuccess;
-  if (how == "thread-exit") return cudaThreadExit() == cudaSuccess;
+  if (how == "thread-exit") return &cudaThreadExit != nullptr && cudaThreadExit() == cudaSuccess;
   if (how == "driver-linked") return cuDevicePrimaryCtxReset(0) == CUDA_SUCCESS;
   using Reset = CUresult (*)(CUdevice);
   auto reset = reinterpret_cast<Reset>(driver_function(how, "cuDevicePrimaryCtxReset_v2", "cuDevicePrimaryCtxReset",
