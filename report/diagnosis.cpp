@@ -259,7 +259,7 @@ std::vector<std::string> advice(const DeviceReport& dev) {
                static_cast<unsigned long long>(dev.leaks.blocks), bytes(dev.leaks.bytes).c_str()));
   }
   if (dev.resets.blocks > 0 && dev.resets.sites.empty()) {
-    add(format("%llu blocks (%s) were still allocated when cudaDeviceReset freed them: GPUPOOL_BACKTRACE=1 "
+    add(format("%llu blocks (%s) were still allocated when a device reset freed them: GPUPOOL_BACKTRACE=1 "
                "lists where they were allocated",
                static_cast<unsigned long long>(dev.resets.blocks), bytes(dev.resets.bytes).c_str()));
   }

@@ -262,7 +262,8 @@ void device_section(std::string& out, const DeviceReport& d) {
     sites(out, d.leaks.sites);
   }
   if (d.resets.count > 0) {
-    appendf(out, "\nDevice resets (cudaDeviceReset): %llu; the figures above cover the whole run\n",
+    appendf(out, "\nDevice resets (cudaDeviceReset, cudaThreadExit or the driver's cuDevicePrimaryCtxReset): %llu; the "
+            "figures above cover the whole run\n",
             static_cast<unsigned long long>(d.resets.count));
     if (d.resets.blocks > 0) {
       appendf(out, "  still allocated when a reset freed them: %llu blocks, %s\n",

@@ -42,7 +42,8 @@ struct Leaks {
   std::vector<LeakSite> sites;       // with GPUPOOL_BACKTRACE=1, most bytes first
 };
 
-// Device resets (cudaDeviceReset) and the allocations still live at them,
+// Device resets (cudaDeviceReset, CUDA 12's cudaThreadExit, the driver's
+// cuDevicePrimaryCtxReset) and the allocations still live at them,
 // which the reset freed and the program never did.
 struct Resets {
   std::uint64_t count = 0;

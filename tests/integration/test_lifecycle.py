@@ -300,7 +300,7 @@ class Lifecycle(ShimTest):
                 if backtrace == "1":
                     self.assertNotIn("GPUPOOL_BACKTRACE=1", " ".join(dev["advice"]))
                 else:
-                    self.assertIn("still allocated when cudaDeviceReset freed them", " ".join(dev["advice"]))
+                    self.assertIn("still allocated when a device reset freed them", " ".join(dev["advice"]))
 
     def test_ipc_handle_that_would_name_other_memory_is_refused(self):
         # A handle names the whole segment: given for a block that does not
