@@ -264,7 +264,7 @@ MUTANTS = [
     ("a watched driver stream-ordered free goes to the pool in its stream's order",
      'shim/driver_entry_points.cpp',
      '      p, "cuMemFreeAsync", [=] { return free_stream_ordered(ptr(p), rt(s), per_thread, "cuMemFreeAsync"); },',
-     '      p, "cuMemFreeAsync", [=] { return free_plain(ptr(p), "cuMemFreeAsync"); },',
+     '      p, "cuMemFreeAsync", [=] { return (void)s, (void)per_thread, free_plain(ptr(p), "cuMemFreeAsync"); },',
      'shim'),
     ("a watched driver free leaves the runtime's last error as it was",
      'shim/driver_entry_points.cpp',
