@@ -4,7 +4,9 @@
 // before it is freed, written again by the stream that frees it (ordered after
 // the first write by an event), so that work is still queued when the free
 // returns (run with SIMCUDA_OP_DELAY_US). Some frees go on the other device's
-// stream, some with plain cudaFree; non-blocking streams are destroyed and
+// stream, some with plain cudaFree, some through the driver (cuMemFree,
+// cuMemFreeAsync: CUDA lets either API free what the other allocated);
+// non-blocking streams are destroyed and
 // made anew (half with a priority, as PyTorch makes its side streams); now
 // and then a stream captures while the other threads go on. A
 // pool that hands a block out before its last use is done, or
@@ -17,6 +19,8 @@
 #include <mutex>
 #include <random>
 #include <thread>
+
+#include <cuda.h>
 
 #include "common.hpp"
 
@@ -149,7 +153,11 @@ class Worker {
       // Plain cudaFree right after a last write still queued on the writer.
       CHECK_CUDA(cudaMemsetAsync(p, b.tag, b.size, b.writer));
       remove_range(p);
-      CHECK_CUDA(cudaFree(p));
+      if (rng_() % 2 == 0) {
+        CHECK_CUDA(cudaFree(p));
+      } else {
+        EXPECT(cuMemFree(reinterpret_cast<CUdeviceptr>(p)) == CUDA_SUCCESS);
+      }
     } else {
       // Stream-ordered, on a stream of its device or (1 in 7) of the other
       // one, after a last write there ordered after the writer's.
@@ -161,7 +169,11 @@ class Worker {
       CHECK_CUDA(cudaStreamWaitEvent(f, event_[b.device], 0));
       CHECK_CUDA(cudaMemsetAsync(p, b.tag, b.size < 4096 ? b.size : 4096, f));
       remove_range(p);
-      CHECK_CUDA(cudaFreeAsync(p, f));
+      if (how == 2) {  // its per-thread version where built for the per-thread default stream
+        EXPECT(cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(p), reinterpret_cast<CUstream>(f)) == CUDA_SUCCESS);
+      } else {
+        CHECK_CUDA(cudaFreeAsync(p, f));
+      }
     }
     live_.erase(it);
     ++frees;
