@@ -230,6 +230,23 @@ MemFreeAsync driver_free_async_by(const std::string& how, bool per_thread, const
 
 CUdeviceptr device_pointer(void* p) { return reinterpret_cast<CUdeviceptr>(p); }
 
+// What the driver frees: a cudaMalloc block (the first, at its segment's
+// start) and a cudaMallocAsync block on `stream`; and one kept (0x3c) for
+// used_again_beside.
+struct ToFree {
+  void* first = nullptr;
+  void* async = nullptr;
+  void* kept = nullptr;
+};
+ToFree lend_to_free(size_t size, cudaStream_t stream) {
+  ToFree lent;
+  CHECK_CUDA(cudaMalloc(&lent.first, size));
+  CHECK_CUDA(cudaMallocAsync(&lent.async, size, stream));
+  CHECK_CUDA(cudaMalloc(&lent.kept, size));
+  CHECK_CUDA(cudaMemset(lent.kept, 0x3c, size));
+  return lent;
+}
+
 // After the driver freed blocks: the device's memory lent again (eight
 // blocks, each written) while `kept` stays live. Every block keeps its bytes
 // (`kept` holds 0x3c), then all are freed.
@@ -378,21 +395,15 @@ int main(int argc, char** argv) {
     const MemFree mem_free = driver_free_by(argv[2], argc > 3 ? argv[3] : nullptr);
     if (mem_free == nullptr) return 1;
     constexpr size_t kSize = size_t{1} << 20;
-    void* first = nullptr;
-    void* async = nullptr;
-    void* kept = nullptr;
-    CHECK_CUDA(cudaMalloc(&first, kSize));
-    CHECK_CUDA(cudaMallocAsync(&async, kSize, nullptr));
-    CHECK_CUDA(cudaMalloc(&kept, kSize));
-    CHECK_CUDA(cudaMemset(kept, 0x3c, kSize));
+    const ToFree lent = lend_to_free(kSize, nullptr);
     CUdeviceptr drivers = 0;
     EXPECT(cuMemAlloc(&drivers, kSize) == CUDA_SUCCESS);
     CHECK_CUDA(cudaDeviceSynchronize());
-    for (void* p : {first, async}) EXPECT(mem_free(device_pointer(p)) == CUDA_SUCCESS);
+    for (void* p : {lent.first, lent.async}) EXPECT(mem_free(device_pointer(p)) == CUDA_SUCCESS);
     EXPECT(mem_free(drivers) == CUDA_SUCCESS);
-    EXPECT(mem_free(device_pointer(first)) == CUDA_ERROR_INVALID_VALUE);
+    EXPECT(mem_free(device_pointer(lent.first)) == CUDA_ERROR_INVALID_VALUE);
     EXPECT(cudaGetLastError() == cudaSuccess);
-    used_again_beside(kept, kSize);
+    used_again_beside(lent.kept, kSize);
     std::printf("lifecycle: driver-free\n");
     return 0;
   }
@@ -405,24 +416,18 @@ int main(int argc, char** argv) {
     cudaStream_t stream = nullptr;
     CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const auto s = reinterpret_cast<CUstream>(stream);
-    void* first = nullptr;
-    void* async = nullptr;
-    void* kept = nullptr;
-    CHECK_CUDA(cudaMalloc(&first, kSize));
-    CHECK_CUDA(cudaMallocAsync(&async, kSize, stream));
-    CHECK_CUDA(cudaMalloc(&kept, kSize));
-    CHECK_CUDA(cudaMemset(kept, 0x3c, kSize));
+    const ToFree lent = lend_to_free(kSize, stream);
     CUdeviceptr drivers = 0;
     EXPECT(cuMemAllocAsync(&drivers, kSize, s) == CUDA_SUCCESS);
     CHECK_CUDA(cudaDeviceSynchronize());
-    CHECK_CUDA(cudaMemsetAsync(async, 0x5a, kSize, stream));  // work of its stream's before its free there
-    EXPECT(free_async_ptsz(device_pointer(first), nullptr) == CUDA_SUCCESS);
-    EXPECT(free_async(device_pointer(async), s) == CUDA_SUCCESS);
+    CHECK_CUDA(cudaMemsetAsync(lent.async, 0x5a, kSize, stream));  // work of its stream's before its free there
+    EXPECT(free_async_ptsz(device_pointer(lent.first), nullptr) == CUDA_SUCCESS);
+    EXPECT(free_async(device_pointer(lent.async), s) == CUDA_SUCCESS);
     EXPECT(free_async(drivers, s) == CUDA_SUCCESS);
     CHECK_CUDA(cudaDeviceSynchronize());  // the frees done, as a second free would find them
-    EXPECT(free_async(device_pointer(first), s) == CUDA_ERROR_INVALID_VALUE);
+    EXPECT(free_async(device_pointer(lent.first), s) == CUDA_ERROR_INVALID_VALUE);
     EXPECT(cudaGetLastError() == cudaSuccess);
-    used_again_beside(kept, kSize);
+    used_again_beside(lent.kept, kSize);
     CHECK_CUDA(cudaStreamDestroy(stream));
     std::printf("lifecycle: driver-free-async\n");
     return 0;
