@@ -163,11 +163,13 @@ cudaError_t malloc_from_pool(void** ptr, size_t size, cudaMemPool_t pool, cudaSt
 template <typename RealFree>
 cudaError_t free_on_no_stream(Runtime& rt, void* ptr, cudaStream_t stream, RealFree real_call, const char* call) {
   if (rt.device_holding(ptr) < 0) return real_call != nullptr ? real_call(ptr, stream) : missing();
+  // The driver's call (cuMemFreeAsync) answers the same number by its own name.
+  const char* refusal =
+      std::string_view(call).starts_with("cuda") ? "cudaErrorInvalidResourceHandle" : "CUDA_ERROR_INVALID_HANDLE";
   char line[200];
   std::snprintf(line, sizeof line,
-                "gpupool: %s: the runtime knows no stream %p (destroyed?); refused with "
-                "cudaErrorInvalidResourceHandle, and %p stays allocated",
-                call, static_cast<void*>(stream), ptr);
+                "gpupool: %s: the runtime knows no stream %p (destroyed?); refused with %s, and %p stays allocated",
+                call, static_cast<void*>(stream), refusal, ptr);
   gpupool::shim::message(gpupool::config::LogLevel::Warn, line);
   return fail(cudaErrorInvalidResourceHandle);
 }

@@ -39,7 +39,8 @@
 //              says: the cudaMalloc block freed on the per-thread default
 //              stream, the cudaMallocAsync block written on a stream of its
 //              own and freed there, and memory the driver allocated on that
-//              stream (cuMemAllocAsync)
+//              stream (cuMemAllocAsync); first, a free of that block on a
+//              stream the program destroyed is refused
 //   reset-live with thread caches on, resets the device while a stream-ordered
 //              block is live (one the thread's cache lent again, for a
 //              request 512 KiB smaller than the one it was made for), then
@@ -420,6 +421,12 @@ int main(int argc, char** argv) {
     CUdeviceptr drivers = 0;
     EXPECT(cuMemAllocAsync(&drivers, kSize, s) == CUDA_SUCCESS);
     CHECK_CUDA(cudaDeviceSynchronize());
+    // A stream the program destroyed: the free is refused (an invalid handle,
+    // as the driver answers), and the block stays allocated.
+    cudaStream_t gone = nullptr;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&gone, cudaStreamNonBlocking));
+    CHECK_CUDA(cudaStreamDestroy(gone));
+    EXPECT(free_async(device_pointer(lent.async), reinterpret_cast<CUstream>(gone)) == CUDA_ERROR_INVALID_HANDLE);
     CHECK_CUDA(cudaMemsetAsync(lent.async, 0x5a, kSize, stream));  // work of its stream's before its free there
     EXPECT(free_async_ptsz(device_pointer(lent.first), nullptr) == CUDA_SUCCESS);
     EXPECT(free_async(device_pointer(lent.async), s) == CUDA_SUCCESS);
