@@ -171,16 +171,17 @@ __attribute__((visibility("hidden"))) const struct gpupool_core* gpupool_preload
    cuDevicePrimaryCtxReset: the pool forgets the memory the reset frees.
    cuMemFree, cuMemFreeAsync: memory gpupool lent goes back to its pool (CUDA
    lets either API free what the other allocated). The destroy's and the
-   reset's first versions do the same as their second. No core loaded: no runtime call reached gpupool, which
-   then knows no stream and lent no memory. Each is named with its
-   parameters and arguments, as in entry_points.def. */
-#define WATCHED_DRIVER_CALLS(X)                                                                         \
-  X(cuStreamDestroy_v2, (void* stream), (stream), driver_stream_destroy)                                \
-  X(cuStreamDestroy, (void* stream), (stream), driver_stream_destroy)                                   \
-  X(cuDevicePrimaryCtxReset_v2, (int device), (device), driver_device_reset)                            \
-  X(cuDevicePrimaryCtxReset, (int device), (device), driver_device_reset)                               \
-  X(cuMemFree_v2, (unsigned long long ptr), (ptr), driver_mem_free)                                     \
-  X(cuMemFreeAsync, (unsigned long long ptr, void* stream), (ptr, stream), driver_mem_free_async)        \
+   reset's first versions do the same as their second. No core loaded: no
+   runtime call reached gpupool, which then knows no stream and lent no
+   memory. Each is named with its parameters and arguments, as in
+   entry_points.def. */
+#define WATCHED_DRIVER_CALLS(X)                                                                            \
+  X(cuStreamDestroy_v2, (void* stream), (stream), driver_stream_destroy)                                   \
+  X(cuStreamDestroy, (void* stream), (stream), driver_stream_destroy)                                      \
+  X(cuDevicePrimaryCtxReset_v2, (int device), (device), driver_device_reset)                               \
+  X(cuDevicePrimaryCtxReset, (int device), (device), driver_device_reset)                                  \
+  X(cuMemFree_v2, (unsigned long long ptr), (ptr), driver_mem_free)                                        \
+  X(cuMemFreeAsync, (unsigned long long ptr, void* stream), (ptr, stream), driver_mem_free_async)           \
   X(cuMemFreeAsync_ptsz, (unsigned long long ptr, void* stream), (ptr, stream), driver_mem_free_async_ptsz)
 
 /* The arguments with the driver's own function after them, for `watch`. */
