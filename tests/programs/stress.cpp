@@ -13,6 +13,8 @@
 // overlaps two blocks, or gives a device another's memory, breaks a pattern
 // or a check: every live block is read back whenever the threads meet.
 //   stress [threads] [rounds] [operations per round] [seed]
+#include <dlfcn.h>
+
 #include <atomic>
 #include <barrier>
 #include <map>
@@ -41,6 +43,34 @@ struct Block {
 std::mutex& ranges_mu = *new std::mutex;
 std::map<char*, size_t>& ranges = *new std::map<char*, size_t>;
 std::atomic<long long> allocations{0}, frees{0}, refused{0}, captures{0};
+
+// The driver's frees, looked up in the driver as a program that loads it
+// does (the runtime loads it too; this program is not linked with it, so
+// that on a GPU it finds the real driver, not this build's simulated one).
+// Built for the per-thread default stream, the per-thread stream-ordered
+// free, as cuda.h would name it.
+struct DriverFrees {
+  CUresult (*free)(CUdeviceptr) = nullptr;
+  CUresult (*free_async)(CUdeviceptr, CUstream) = nullptr;
+};
+const DriverFrees& driver_frees() {
+  static const DriverFrees found = [] {
+    DriverFrees f;
+    void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+#ifdef CUDA_API_PER_THREAD_DEFAULT_STREAM
+    const char* free_async = "cuMemFreeAsync_ptsz";
+#else
+    const char* free_async = "cuMemFreeAsync";
+#endif
+    if (driver != nullptr) {
+      f.free = reinterpret_cast<decltype(f.free)>(dlsym(driver, "cuMemFree_v2"));
+      f.free_async = reinterpret_cast<decltype(f.free_async)>(dlsym(driver, free_async));
+    }
+    EXPECT(f.free != nullptr && f.free_async != nullptr);
+    return f;
+  }();
+  return found;
+}
 
 void add_range(void* p, size_t size) {
   std::lock_guard<std::mutex> lock(ranges_mu);
@@ -156,7 +186,7 @@ class Worker {
       if (rng_() % 2 == 0) {
         CHECK_CUDA(cudaFree(p));
       } else {
-        EXPECT(cuMemFree(reinterpret_cast<CUdeviceptr>(p)) == CUDA_SUCCESS);
+        EXPECT(driver_frees().free(reinterpret_cast<CUdeviceptr>(p)) == CUDA_SUCCESS);
       }
     } else {
       // Stream-ordered, on a stream of its device or (1 in 7) of the other
@@ -169,8 +199,9 @@ class Worker {
       CHECK_CUDA(cudaStreamWaitEvent(f, event_[b.device], 0));
       CHECK_CUDA(cudaMemsetAsync(p, b.tag, b.size < 4096 ? b.size : 4096, f));
       remove_range(p);
-      if (how == 2) {  // its per-thread version where built for the per-thread default stream
-        EXPECT(cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(p), reinterpret_cast<CUstream>(f)) == CUDA_SUCCESS);
+      if (how == 2) {
+        const auto stream = reinterpret_cast<CUstream>(f);
+        EXPECT(driver_frees().free_async(reinterpret_cast<CUdeviceptr>(p), stream) == CUDA_SUCCESS);
       } else {
         CHECK_CUDA(cudaFreeAsync(p, f));
       }
