@@ -289,7 +289,7 @@ static void* runtime_by_name(void* handle, const char* name, void* caller) {
   return found == real ? ours : NULL;
 }
 
-/* The driver's stream destroy, device reset and free, which this library
+/* The driver's stream destroy, device reset and frees, which this library
    exports (they keep gpupool's books themselves), looked up where this
    library's come first (the global scope): 1. The answer is then as in
    export_found, with the scope's driver behind it: this library's, never
