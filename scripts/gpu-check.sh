@@ -26,12 +26,17 @@ if [ "$build_only" = 1 ] && [ ! -x "$nvcc" ]; then
   echo "gpu-check: no nvcc here; nothing built"
   exit 77
 fi
+# The toolkit's headers, for the programs built with cc. The nvcc on PATH may
+# be a wrapper script outside the toolkit (/usr/local/bin/nvcc execs the real
+# one on some images), so nvcc itself says where its toolkit is.
+cuda_top=$("$nvcc" --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -1)
+cuda_include=${cuda_top:-$(dirname "$nvcc")/..}/include
 if [ "$build_only" = 0 ] && ! nvidia-smi -L >/dev/null 2>&1; then
   echo "gpu-check: no GPU here; nothing run"
   exit 77
 fi
 cudalib=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/lib; do [ -e "$d/libcudart.so.13" ] && cudalib=$d && break; done
+for d in ${cuda_top:+"$cuda_top/lib64"} /usr/local/cuda/lib64 /usr/local/cuda/lib; do [ -e "$d/libcudart.so.13" ] && cudalib=$d && break; done
 if [ -z "$cudalib" ]; then
   cudalib=$(python3 -c "import nvidia.cuda_runtime, os; print(os.path.join(nvidia.cuda_runtime.__path__[0], 'lib'))" 2>/dev/null || true)
 fi
@@ -106,7 +111,7 @@ printf '%s\n' '#include <dlfcn.h>' '#include <stdio.h>' \
 cc -O2 -o "$out/load_user" "$out/load_user.c" -ldl || { echo "gpu-check: cc failed"; exit 1; }
 # A library that fetches the driver's calls itself (tests/programs), built
 # here so that only build/lib and build/bin need be carried.
-cc -O2 -shared -fPIC -fno-optimize-sibling-calls -I"$(dirname "$nvcc")/../include" \
+cc -O2 -shared -fPIC -fno-optimize-sibling-calls -I"$cuda_include" \
   -o "$out/libtest-driver-lookup.so" tests/programs/driver_lookup_module.c -ldl ||
   { echo "gpu-check: cc failed (driver_lookup_module.c)"; exit 1; }
 if [ "$build_only" = 1 ]; then
@@ -380,10 +385,10 @@ done
 # stand-in CUDA 12 runtime of a library built against it (tests/programs).
 # Each caller reads its own runtime's last error, with gpupool as without.
 mkdir -p "$out/cuda12"
-cc -O2 -shared -fPIC -I"$(dirname "$nvcc")/../include" -Wl,-soname,libcudart.so.12 \
+cc -O2 -shared -fPIC -I"$cuda_include" -Wl,-soname,libcudart.so.12 \
   -Wl,--version-script=tests/programs/second_runtime.map -o "$out/cuda12/libcudart.so.12" \
   tests/programs/second_runtime.c &&
-  cc -O2 -shared -fPIC -fno-optimize-sibling-calls -I"$(dirname "$nvcc")/../include" \
+  cc -O2 -shared -fPIC -fno-optimize-sibling-calls -I"$cuda_include" \
     -o "$out/cuda12/libtest-cuda12-user.so" tests/programs/cuda12_user.c "$out/cuda12/libcudart.so.12" \
     -Wl,-rpath,"$out/cuda12" ||
   { echo "gpu-check: cc failed (second_runtime.c, cuda12_user.c)"; exit 1; }
