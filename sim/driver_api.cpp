@@ -93,7 +93,7 @@ CUresult primary_ctx_reset(CUdevice d) {
 CUresult mem_alloc(CUdeviceptr* p, size_t n) { return cu(cudaMalloc(reinterpret_cast<void**>(p), n)); }
 // A driver call leaves the runtime's last error as it was (its answer is its
 // CUresult); the runtime's call behind it would set it on failure. Only the
-// frees so far: the other calls still pass theirs on.
+// frees and the IPC handle so far: the other calls still pass theirs on.
 template <typename Call>
 CUresult keeping_last_error(Call&& call) {
   const cudaError_t kept = simcuda::rt::t_last_error;
@@ -189,7 +189,7 @@ CUresult memcpy_dtoh(void* dst, CUdeviceptr src, size_t n) {
 }
 CUresult ipc_get_mem_handle(CUipcMemHandle* handle, CUdeviceptr p) {
   static_assert(sizeof(CUipcMemHandle) == sizeof(cudaIpcMemHandle_t));
-  return cu(cudaIpcGetMemHandle(reinterpret_cast<cudaIpcMemHandle_t*>(handle), ptr(p)));
+  return keeping_last_error([=] { return cudaIpcGetMemHandle(reinterpret_cast<cudaIpcMemHandle_t*>(handle), ptr(p)); });
 }
 
 CUresult stream_create(CUstream* s, unsigned int flags) {
@@ -427,6 +427,7 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr* p, size_t n, CUmemoryPool pool, CU
   return mem_alloc_from_pool_async(p, n, pool, s);
 }
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return mem_free_async_ptsz(p, s); }
+CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr p) { return ipc_get_mem_handle(handle, p); }
 CUresult cuMemAllocPitch(CUdeviceptr* p, size_t* pitch, size_t width, size_t height, unsigned int element_bytes) {
   return mem_alloc_pitch(p, pitch, width, height, element_bytes);
 }
