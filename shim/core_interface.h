@@ -16,7 +16,7 @@ extern "C" {
 cudaError_t cudaThreadExit(void);
 
 /* Raised whenever this struct changes: a core of another version is refused. */
-#define GPUPOOL_CORE_ABI 17
+#define GPUPOOL_CORE_ABI 18
 
 /* Finds a real CUDA runtime function: dlsym(RTLD_NEXT) in the preload
    library, the object that stands before the runtime in the search order. */
@@ -67,6 +67,10 @@ struct gpupool_core {
   int (*driver_mem_free_async)(unsigned long long ptr, void* stream, int (*real)(unsigned long long ptr, void* stream));
   int (*driver_mem_free_async_ptsz)(unsigned long long ptr, void* stream,
                                     int (*real)(unsigned long long ptr, void* stream));
+  /* The driver's cuIpcGetMemHandle (`real`): refused for a block gpupool
+     lent whose handle would name other memory (as cudaIpcGetMemHandle). */
+  int (*driver_ipc_get_mem_handle)(void* handle, unsigned long long ptr,
+                                   int (*real)(void* handle, unsigned long long ptr));
   /* The runtime's own function `name` (an intercepted call), the one gpupool
      passes such calls on to, or NULL where it has none (no runtime loaded,
      or one older than the call): what a lookup of `name` stands for. */

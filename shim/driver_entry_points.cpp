@@ -410,6 +410,35 @@ CUresult observed_mem_free_async_ptsz(CUdeviceptr p, CUstream s) {
   return mem_free_async_in_books(p, s, true, driver_mem_free_async_ptsz.load(std::memory_order_acquire));
 }
 
+bool shares_memory(const char* symbol) { return symbol != nullptr && std::strcmp(symbol, "cuIpcGetMemHandle") == 0; }
+
+// The driver's cuIpcGetMemHandle where gpupool does not take the driver's
+// calls over. A handle names a whole allocation: for a block gpupool lent, its
+// segment, so the other process would map other bytes than the block's (or,
+// in an expandable segment, memory CUDA IPC cannot share). Refused as
+// cudaIpcGetMemHandle refuses it, with a line naming the call and the fix;
+// any other address, and every one under GPUPOOL_DISABLE, is the driver's to
+// judge. A driver call leaves the runtime's last error as it was.
+template <typename Get>
+CUresult ipc_handle_in_books(CUipcMemHandle* handle, CUdeviceptr p, Get&& get) {
+  Runtime* runtime = Runtime::if_started();  // none yet: it lent nothing
+  if (runtime == nullptr || runtime->disabled() || p == 0) return get(handle, p);
+  cudaError_t& last_error = thread_error(caller_runtime().number);
+  const cudaError_t before = last_error;
+  const cudaError_t judged = guarded("cuIpcGetMemHandle", [&] {
+    return runtime->ipc_exportable(ptr(p), "cuIpcGetMemHandle", "CUDA_ERROR_INVALID_VALUE") ? cudaSuccess
+                                                                                            : cudaErrorInvalidValue;
+  });
+  last_error = before;
+  return judged == cudaSuccess ? get(handle, p) : cu(judged);
+}
+
+std::atomic<decltype(&cuIpcGetMemHandle)> driver_ipc_get_mem_handle{nullptr};
+
+CUresult observed_ipc_get_mem_handle(CUipcMemHandle* handle, CUdeviceptr p) {
+  return ipc_handle_in_books(handle, p, driver_ipc_get_mem_handle.load(std::memory_order_acquire));
+}
+
 bool allocates(const char* symbol) {
   for (const char* name : {"cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemAllocAsync", "cuMemAllocAsync_ptsz"}) {
     if (symbol != nullptr && std::strcmp(symbol, name) == 0) return true;
@@ -430,10 +459,13 @@ int driver_library_accepted(const char* path, const char* symbol) {
   // The shared runtime calls the driver under gpupool's own calls (taking it
   // over would loop), and NCCL shares its memory over CUDA IPC.
   const bool never = config::names_match("libcudart.so:libnccl.so", path);
-  // Any library's stream destroy, device reset and frees are watched (a
-  // library such as numba's destroys through the driver streams another one
-  // used with the runtime, and resets devices whose memory gpupool holds).
-  if ((destroys_stream(symbol) || resets_device(symbol) || frees_memory(symbol)) && !never) return 1;
+  // Any library's stream destroy, device reset, frees and IPC handles are
+  // watched (a library such as numba's destroys through the driver streams
+  // another one used with the runtime, and resets devices whose memory
+  // gpupool holds).
+  if ((destroys_stream(symbol) || resets_device(symbol) || frees_memory(symbol) || shares_memory(symbol)) && !never) {
+    return 1;
+  }
   if (!c.static_runtime || !config::names_match(c.static_runtime_libraries, path)) {
     if (!never && allocates(symbol)) {
       std::lock_guard<std::mutex> lock(unnamed_mu);
@@ -481,6 +513,11 @@ void* driver_entry(const char* symbol, int version, unsigned long long flags, vo
       return per_thread ? reinterpret_cast<void*>(&observed_mem_free_async_ptsz)
                         : reinterpret_cast<void*>(&observed_mem_free_async);
     }
+    if (shares_memory(symbol) && version >= 4010) {
+      driver_ipc_get_mem_handle.store(reinterpret_cast<decltype(&cuIpcGetMemHandle)>(real_function),
+                                      std::memory_order_release);
+      return reinterpret_cast<void*>(&observed_ipc_get_mem_handle);
+    }
     return real_function;
   }
   for (const Substitute& s : kSubstitutes) {
@@ -512,6 +549,11 @@ int direct_mem_free_async(unsigned long long p, void* stream, int (*real)(unsign
 int direct_mem_free_async_ptsz(unsigned long long p, void* stream, int (*real)(unsigned long long p, void* stream)) {
   const auto driver = [real](CUdeviceptr q, CUstream s) { return static_cast<CUresult>(real(q, s)); };
   return static_cast<int>(mem_free_async_in_books(p, static_cast<CUstream>(stream), true, driver));
+}
+
+int direct_ipc_get_mem_handle(void* handle, unsigned long long p, int (*real)(void* handle, unsigned long long p)) {
+  const auto driver = [real](CUipcMemHandle* h, CUdeviceptr q) { return static_cast<CUresult>(real(h, q)); };
+  return static_cast<int>(ipc_handle_in_books(static_cast<CUipcMemHandle*>(handle), p, driver));
 }
 
 void* driver_symbol(const char* exported, void* real_function, gpupool_driver_lookup_fn lookup) {

@@ -289,9 +289,10 @@ static void* runtime_by_name(void* handle, const char* name, void* caller) {
   return found == real ? ours : NULL;
 }
 
-/* The driver's stream destroy, device reset and frees, which this library
-   exports (they keep gpupool's books themselves), looked up where this
-   library's come first (the global scope): 1. The answer is then as in
+/* The driver's watched calls (stream destroy, device reset, frees, IPC
+   handle), which this library exports (they keep gpupool's books
+   themselves), looked up where this library's come first (the global
+   scope): 1. The answer is then as in
    export_found, with the scope's driver behind it: this library's, never
    watched again (its books would be kept twice). */
 static int own_driver_export_first(void* handle, const char* name) {

@@ -39,6 +39,7 @@ int direct_mem_free(unsigned long long ptr, int (*real)(unsigned long long ptr))
 int direct_mem_free_async(unsigned long long ptr, void* stream, int (*real)(unsigned long long ptr, void* stream));
 int direct_mem_free_async_ptsz(unsigned long long ptr, void* stream,
                                int (*real)(unsigned long long ptr, void* stream));
+int direct_ipc_get_mem_handle(void* handle, unsigned long long ptr, int (*real)(void* handle, unsigned long long ptr));
 
 // cudaFree's work, the driver's cuMemFree's too (`call` names it in lines):
 // below, where its helpers are.
@@ -526,7 +527,9 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
   Runtime& rt = enter();
   // A handle naming other memory than the block would corrupt silently (also
   // once gpupool has stepped aside: the blocks it lent are still in use).
-  if (!rt.disabled() && !rt.ipc_exportable(ptr)) return fail(cudaErrorInvalidValue);
+  if (!rt.disabled() && !rt.ipc_exportable(ptr, "cudaIpcGetMemHandle", "cudaErrorInvalidValue")) {
+    return fail(cudaErrorInvalidValue);
+  }
   return pass_on<&RealCuda::cudaIpcGetMemHandle>(handle, ptr);
 }
 
@@ -700,6 +703,7 @@ extern "C" __attribute__((visibility("default"))) const gpupool_core* gpupool_co
       &gpupool::shim::direct_mem_free,
       &gpupool::shim::direct_mem_free_async,
       &gpupool::shim::direct_mem_free_async_ptsz,
+      &gpupool::shim::direct_ipc_get_mem_handle,
       &guarded_real_function,
   };
   return &table;

@@ -170,10 +170,12 @@ __attribute__((visibility("hidden"))) const struct gpupool_core* gpupool_preload
    call naming a destroyed stream can crash the program).
    cuDevicePrimaryCtxReset: the pool forgets the memory the reset frees.
    cuMemFree, cuMemFreeAsync: memory gpupool lent goes back to its pool (CUDA
-   lets either API free what the other allocated). The destroy's and the
-   reset's first versions do the same as their second. No core loaded: no
-   runtime call reached gpupool, which then knows no stream and lent no
-   memory. Each is named with its parameters and arguments, as in
+   lets either API free what the other allocated).
+   cuIpcGetMemHandle: refused for a block gpupool lent whose handle would
+   name other memory (its segment), as cudaIpcGetMemHandle refuses it.
+   The destroy's and the reset's first versions do the same as their second.
+   No core loaded: no runtime call reached gpupool, which then knows no
+   stream and lent no memory. Each is named with its parameters and arguments, as in
    entry_points.def. */
 #define WATCHED_DRIVER_CALLS(X)                                                                            \
   X(cuStreamDestroy_v2, (void* stream), (stream), driver_stream_destroy)                                   \
@@ -182,7 +184,8 @@ __attribute__((visibility("hidden"))) const struct gpupool_core* gpupool_preload
   X(cuDevicePrimaryCtxReset, (int device), (device), driver_device_reset)                                  \
   X(cuMemFree_v2, (unsigned long long ptr), (ptr), driver_mem_free)                                        \
   X(cuMemFreeAsync, (unsigned long long ptr, void* stream), (ptr, stream), driver_mem_free_async)           \
-  X(cuMemFreeAsync_ptsz, (unsigned long long ptr, void* stream), (ptr, stream), driver_mem_free_async_ptsz)
+  X(cuMemFreeAsync_ptsz, (unsigned long long ptr, void* stream), (ptr, stream), driver_mem_free_async_ptsz) \
+  X(cuIpcGetMemHandle, (void* handle, unsigned long long ptr), (handle, ptr), driver_ipc_get_mem_handle)
 
 /* The arguments with the driver's own function after them, for `watch`. */
 #define WITH_REAL(...) (__VA_ARGS__, real)
@@ -212,8 +215,7 @@ WATCHED_DRIVER_CALLS(WATCHED_DRIVER_CALL)
 #undef GPUPOOL_ENTRY
 
 /* For driver_hook.c: this library's export `name` (an intercepted runtime
-   call, the driver's stream destroy, device reset or frees), or NULL where
-   it has none. */
+   call, a watched driver call), or NULL where it has none. */
 __attribute__((visibility("hidden"))) void* gpupool_export(const char* name) {
   void* found = NULL;
 #define GPUPOOL_ENTRY(entry, params, args)   \

@@ -214,8 +214,9 @@ class Runtime {
   // False, after a line saying why, when a CUDA IPC handle for ptr would make
   // the other process map memory other than the program's block: the block
   // lies in an expandable segment (not exportable) or not at its segment's
-  // start (the handle names the segment).
-  bool ipc_exportable(const void* ptr);
+  // start (the handle names the segment). The line names `call` (the
+  // runtime's or the driver's) and its `refusal`.
+  bool ipc_exportable(const void* ptr, const char* call, const char* refusal);
   // Why one device may reach another's memory: gpupool's pages of `owner`
   // are open to `accessor` while any holds (one page serves both kinds of
   // blocks), for reads and writes unless the default pool's read-only grant

@@ -216,7 +216,7 @@ void Runtime::access_revoked(int accessor, int owner, unsigned reasons) {
   }
 }
 
-bool Runtime::ipc_exportable(const void* ptr) {
+bool Runtime::ipc_exportable(const void* ptr, const char* call, const char* refusal) {
   const auto p = reinterpret_cast<DevicePtr>(ptr);
   for (int i = 0; i < kMaxDevices; ++i) {
     DeviceState* d = existing(i);
@@ -237,9 +237,9 @@ bool Runtime::ipc_exportable(const void* ptr) {
         return true;  // the handle names the segment, which starts where the block does
       }
     }
-    message(config::LogLevel::Warn, "gpupool: cudaIpcGetMemHandle: " + why +
-                                        "; refused with cudaErrorInvalidValue. Run programs that share device "
-                                        "memory over CUDA IPC with GPUPOOL_DISABLE=1");
+    message(config::LogLevel::Warn, std::string("gpupool: ") + call + ": " + why + "; refused with " + refusal +
+                                        ". Run programs that share device memory over CUDA IPC with "
+                                        "GPUPOOL_DISABLE=1");
     return false;
   }
   return true;  // not gpupool's memory: the runtime judges

@@ -305,22 +305,33 @@ class Lifecycle(ShimTest):
     def test_ipc_handle_that_would_name_other_memory_is_refused(self):
         # A handle names the whole segment: given for a block that does not
         # start it, the other process would map other bytes than the block.
-        refused = "cudaIpcGetMemHandle: cudaErrorInvalidValue, then cudaErrorInvalidValue"
-        given = "cudaIpcGetMemHandle: cudaSuccess, then cudaSuccess"
-        for expandable, says, results in (
-                ("1", "expandable segment, which CUDA IPC cannot share", [refused] * 4),
-                ("0", "4096 bytes into a pooled segment", [given, refused] * 2)):
-            with self.subTest(expandable=expandable):
-                run = self.run_program(["test-lifecycle", "ipc"], env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+        # The driver's cuIpcGetMemHandle is refused alike however the program
+        # reaches it, and leaves the runtime's last error alone.
+        ways = [("cudaIpcGetMemHandle", "cudaErrorInvalidValue", "cudaErrorInvalidValue", "cudaSuccess")]
+        ways += [(how, "CUDA_ERROR_INVALID_VALUE", "cudaSuccess", "CUDA_SUCCESS")
+                 for how in self.RESETS if how.startswith("driver-")]
+        for how, refusal, error_after, success in ways:
+            call = "cudaIpcGetMemHandle" if how == "cudaIpcGetMemHandle" else "cuIpcGetMemHandle"
+            refused = f"{call}: {refusal}, then {error_after}"
+            given = f"{call}: {success}, then cudaSuccess"
+            for expandable, says, results in (
+                    ("1", "expandable segment, which CUDA IPC cannot share", [refused] * 4),
+                    ("0", "4096 bytes into a pooled segment", [given, refused] * 2)):
+                with self.subTest(how=how, expandable=expandable):
+                    run = self.run_program(["test-lifecycle", "ipc", how, self.DRIVER_LOOKUP],
+                                           env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
+                    self.assertSucceeded(run)
+                    self.assertEqual(run.stdout.splitlines(), results)
+                    self.assertIn(f"gpupool: {call}: ", run.stderr)
+                    self.assertIn(says, run.stderr)
+                    self.assertEqual(run.stderr.count(f"refused with {refusal}."), results.count(refused))
+                    self.assertIn("GPUPOOL_DISABLE=1", run.stderr)
+            with self.subTest(how=how, disabled=True):
+                run = self.run_program(["test-lifecycle", "ipc", how, self.DRIVER_LOOKUP],
+                                       env={"GPUPOOL_DISABLE": "1"})
                 self.assertSucceeded(run)
-                self.assertEqual(run.stdout.splitlines(), results)
-                self.assertIn(says, run.stderr)
-                self.assertEqual(run.stderr.count("refused with cudaErrorInvalidValue"), results.count(refused))
-                self.assertIn("GPUPOOL_DISABLE=1", run.stderr)
-        run = self.run_program(["test-lifecycle", "ipc"], env={"GPUPOOL_DISABLE": "1"})
-        self.assertSucceeded(run)
-        self.assertEqual(run.stdout.splitlines(), [given] * 4)
-        self.assertNotIn("IPC", run.stderr)
+                self.assertEqual(run.stdout.splitlines(), [given] * 4)
+                self.assertNotIn("IPC", run.stderr)
 
     def test_ipc_handle_of_memory_gpupool_does_not_own_is_the_runtimes(self):
         # Memory from a pool the program made is the runtime's: gpupool passes

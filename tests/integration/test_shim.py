@@ -419,11 +419,11 @@ class Fidelity(ShimTest):
         with open(os.path.join(shim, "entry_points.def")) as f:
             entries = sorted(re.findall(r"^GPUPOOL_ENTRY\((\w+),", f.read(), re.M))
         self.assertEqual(listed, entries)
-        # The driver's stream destroy, device reset and frees (for programs
+        # The driver's stream destroy, device reset, frees and IPC handle (for programs
         # linked with the driver), and dlsym, the static runtime's way to the
         # driver (x86-64 and AArch64 only).
         hooks = (["cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset_v2", "cuMemFreeAsync", "cuMemFreeAsync_ptsz",
-                  "cuMemFree_v2", "cuStreamDestroy", "cuStreamDestroy_v2"] +
+                  "cuMemFree_v2", "cuStreamDestroy", "cuStreamDestroy_v2", "cuIpcGetMemHandle"] +
                  (["dlsym"] if EXPORTS_DLSYM else []))
         self.assertEqual(exported(LIBRARY), sorted(listed + hooks))
         self.assertEqual(exported(CORE), ["gpupool_core_open"])

@@ -73,7 +73,12 @@
 //   stderr-piped  puts a pipe at descriptor 2 (as Jupyter's kernel does),
 //              makes its first CUDA calls, and reads the pipe: prints
 //              {"piped": whether gpupool's configuration line came through it}
-//   ipc        takes the IPC handle of a block inside a pooled segment
+//   ipc [HOW [LIBRARY]]  takes the IPC handles of two blocks, the second
+//              inside a pooled segment, and of a pointer inside each; HOW:
+//              cudaIpcGetMemHandle (the default) or the driver's
+//              cuIpcGetMemHandle reached as for reset (not thread-exit).
+//              Prints each call's result and the error cudaGetLastError
+//              then reports, one line each
 //   ipc-foreign  takes the IPC handle of memory gpupool does not own (from a
 //              memory pool the program made), and of a pointer inside it:
 //              the runtime's to judge. Prints each call's result as "ipc"
@@ -199,6 +204,18 @@ void* driver_function(const std::string& how, const char* name, const char* base
   }
   if (found == nullptr) std::fprintf(stderr, "no %s found for %s\n", name, how.c_str());
   return found;
+}
+
+// The driver's cuIpcGetMemHandle as `how` says (see ipc below), or null.
+using IpcGetMemHandle = CUresult (*)(CUipcMemHandle*, CUdeviceptr);
+IpcGetMemHandle driver_ipc_handle_by(const std::string& how, const char* library) {
+  if (how == "driver-linked") return &cuIpcGetMemHandle;
+  return reinterpret_cast<IpcGetMemHandle>(driver_function(how, "cuIpcGetMemHandle", "cuIpcGetMemHandle", library));
+}
+
+const char* driver_result_name(CUresult r) {
+  if (r == CUDA_SUCCESS) return "CUDA_SUCCESS";
+  return r == CUDA_ERROR_INVALID_VALUE ? "CUDA_ERROR_INVALID_VALUE" : "another CUresult";
 }
 
 // Resets device 0 as `how` says (see reset above): true where it was reset.
@@ -592,14 +609,23 @@ int main(int argc, char** argv) {
     // Under gpupool the second block lies inside a segment: a handle would map
     // the segment's start in the other process (in an expandable segment,
     // neither block can be exported). A pointer inside a block is judged by
-    // its block. Prints each call's result and the error cudaGetLastError
-    // then reports.
+    // its block.
+    const std::string how = argc > 2 ? argv[2] : "cudaIpcGetMemHandle";
+    const bool runtimes = how == "cudaIpcGetMemHandle";
+    const IpcGetMemHandle driver_get = runtimes ? nullptr : driver_ipc_handle_by(how, argc > 3 ? argv[3] : nullptr);
+    if (!runtimes && driver_get == nullptr) return 1;
     void* first = nullptr;
     void* second = nullptr;
     CHECK_CUDA(cudaMalloc(&first, 4096));
     CHECK_CUDA(cudaMalloc(&second, 4096));
     for (void* p : {first, second, static_cast<void*>(static_cast<char*>(first) + 512),
                     static_cast<void*>(static_cast<char*>(second) + 512)}) {
+      if (driver_get != nullptr) {
+        CUipcMemHandle handle;
+        const CUresult r = driver_get(&handle, device_pointer(p));
+        std::printf("cuIpcGetMemHandle: %s, then %s\n", driver_result_name(r), cudaGetErrorName(cudaGetLastError()));
+        continue;
+      }
       cudaIpcMemHandle_t handle;
       const cudaError_t e = cudaIpcGetMemHandle(&handle, p);
       std::printf("cudaIpcGetMemHandle: %s, then %s\n", cudaGetErrorName(e), cudaGetErrorName(cudaGetLastError()));
