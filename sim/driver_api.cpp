@@ -93,7 +93,8 @@ CUresult primary_ctx_reset(CUdevice d) {
 CUresult mem_alloc(CUdeviceptr* p, size_t n) { return cu(cudaMalloc(reinterpret_cast<void**>(p), n)); }
 // A driver call leaves the runtime's last error as it was (its answer is its
 // CUresult); the runtime's call behind it would set it on failure. Only the
-// frees and the IPC handle so far: the other calls still pass theirs on.
+// frees, the IPC handle and the captures' begins and ends so far: the other
+// calls still pass theirs on.
 template <typename Call>
 CUresult keeping_last_error(Call&& call) {
   const cudaError_t kept = simcuda::rt::t_last_error;
@@ -234,25 +235,33 @@ CUresult launch_host_func_ptsz(CUstream s, CUhostFn fn, void* data) {
   return cu(cudaLaunchHostFunc_ptsz(rt(s), fn, data));
 }
 // The first capture call took no mode; it captured as the global mode does.
-CUresult begin_capture_v1(CUstream s) { return cu(cudaStreamBeginCapture(rt(s), cudaStreamCaptureModeGlobal)); }
+CUresult begin_capture_v1(CUstream s) {
+  return keeping_last_error([=] { return cudaStreamBeginCapture(rt(s), cudaStreamCaptureModeGlobal); });
+}
+CUresult begin_capture_v1_ptsz(CUstream s) {
+  return keeping_last_error([=] { return cudaStreamBeginCapture_ptsz(rt(s), cudaStreamCaptureModeGlobal); });
+}
 CUresult begin_capture(CUstream s, CUstreamCaptureMode mode) {
-  return cu(cudaStreamBeginCapture(rt(s), static_cast<cudaStreamCaptureMode>(mode)));
+  return keeping_last_error([=] { return cudaStreamBeginCapture(rt(s), static_cast<cudaStreamCaptureMode>(mode)); });
 }
 CUresult begin_capture_ptsz(CUstream s, CUstreamCaptureMode mode) {
-  return cu(cudaStreamBeginCapture_ptsz(rt(s), static_cast<cudaStreamCaptureMode>(mode)));
+  return keeping_last_error(
+      [=] { return cudaStreamBeginCapture_ptsz(rt(s), static_cast<cudaStreamCaptureMode>(mode)); });
 }
 // One for the legacy form and one for the per-thread (_ptsz) one.
 template <auto Begin>
 CUresult begin_capture_to_graph(CUstream s, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* data,
                                 size_t count, CUstreamCaptureMode mode) {
-  return cu(Begin(rt(s), reinterpret_cast<cudaGraph_t>(g), reinterpret_cast<const cudaGraphNode_t*>(deps),
-                  reinterpret_cast<const cudaGraphEdgeData*>(data), count, static_cast<cudaStreamCaptureMode>(mode)));
+  return keeping_last_error([=] {
+    return Begin(rt(s), reinterpret_cast<cudaGraph_t>(g), reinterpret_cast<const cudaGraphNode_t*>(deps),
+                 reinterpret_cast<const cudaGraphEdgeData*>(data), count, static_cast<cudaStreamCaptureMode>(mode));
+  });
 }
 CUresult end_capture(CUstream s, CUgraph* g) {
-  return cu(cudaStreamEndCapture(rt(s), reinterpret_cast<cudaGraph_t*>(g)));
+  return keeping_last_error([=] { return cudaStreamEndCapture(rt(s), reinterpret_cast<cudaGraph_t*>(g)); });
 }
 CUresult end_capture_ptsz(CUstream s, CUgraph* g) {
-  return cu(cudaStreamEndCapture_ptsz(rt(s), reinterpret_cast<cudaGraph_t*>(g)));
+  return keeping_last_error([=] { return cudaStreamEndCapture_ptsz(rt(s), reinterpret_cast<cudaGraph_t*>(g)); });
 }
 CUresult exchange_capture_mode(CUstreamCaptureMode* mode) {
   return cu(cudaThreadExchangeStreamCaptureMode(reinterpret_cast<cudaStreamCaptureMode*>(mode)));
@@ -357,7 +366,7 @@ std::span<const Entry> entries() {
       {"cuStreamQuery", 2000, fn(stream_query), fn(stream_query_ptsz)},
       {"cuStreamWaitEvent", 3020, fn(stream_wait_event), fn(stream_wait_event_ptsz)},
       {"cuLaunchHostFunc", 10000, fn(launch_host_func), fn(launch_host_func_ptsz)},
-      {"cuStreamBeginCapture", 10000, fn(begin_capture_v1), fn(begin_capture_v1)},
+      {"cuStreamBeginCapture", 10000, fn(begin_capture_v1), fn(begin_capture_v1_ptsz)},
       {"cuStreamBeginCapture", 10010, fn(begin_capture), fn(begin_capture_ptsz)},
       {"cuStreamBeginCaptureToGraph", 12030, fn(begin_capture_to_graph<cudaStreamBeginCaptureToGraph>),
        fn(begin_capture_to_graph<cudaStreamBeginCaptureToGraph_ptsz>)},
@@ -456,6 +465,26 @@ CUresult cuMemcpyDtoH(void* dst, CUdeviceptr src, size_t n) { return memcpy_dtoh
 CUresult cuStreamCreate(CUstream* s, unsigned int flags) { return stream_create(s, flags); }
 CUresult cuStreamDestroy(CUstream s) { return stream_destroy(s); }
 CUresult cuStreamSynchronize(CUstream s) { return stream_synchronize(s); }
+// The capture calls under the names the driver exports: cuda.h maps
+// cuStreamBeginCapture to its second version, and each call to its _ptsz
+// twin in a build for the per-thread default stream. The first version of
+// the begin (no mode) keeps its own name.
+CUresult begin_capture_v1_export(CUstream s) __asm__("cuStreamBeginCapture");
+CUresult begin_capture_v1_export(CUstream s) { return begin_capture_v1(s); }
+CUresult begin_capture_v1_ptsz_export(CUstream s) __asm__("cuStreamBeginCapture_ptsz");
+CUresult begin_capture_v1_ptsz_export(CUstream s) { return begin_capture_v1_ptsz(s); }
+CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) { return begin_capture(s, mode); }
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) { return begin_capture_ptsz(s, mode); }
+CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* data,
+                                     size_t count, CUstreamCaptureMode mode) {
+  return begin_capture_to_graph<cudaStreamBeginCaptureToGraph>(s, g, deps, data, count, mode);
+}
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* data,
+                                          size_t count, CUstreamCaptureMode mode) {
+  return begin_capture_to_graph<cudaStreamBeginCaptureToGraph_ptsz>(s, g, deps, data, count, mode);
+}
+CUresult cuStreamEndCapture(CUstream s, CUgraph* g) { return end_capture(s, g); }
+CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph* g) { return end_capture_ptsz(s, g); }
 CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice d) { return primary_ctx_retain(ctx, d); }
 CUresult cuDevicePrimaryCtxReset(CUdevice d) { return primary_ctx_reset(d); }  // exported as _v2
 // The first version, under its own name (same parameters).
