@@ -130,6 +130,7 @@
 #include <cuda.h>
 
 #include "common.hpp"
+#include "driver_ways.hpp"
 
 // CUDA 12's old name of cudaDeviceReset, which CUDA 13's headers dropped (the
 // simulated runtime has it, as CUDA 12's does). Weak: CUDA 13's static
@@ -180,31 +181,7 @@ void use_after_reset(size_t size) {
   CHECK_CUDA(cudaFreeAsync(p, nullptr));
 }
 
-// The driver's function `name` (`base` to its cuGetProcAddress) as `how`
-// reaches it: fetched with dlsym from the driver (driver-dlsym) or the global
-// scope (driver-global), through the driver's cuGetProcAddress
-// (driver-proc-address), or by `library`, driver_lookup_module.c's lookup_in
-// (driver-library); null, said, otherwise.
-void* driver_function(const std::string& how, const char* name, const char* base, const char* library,
-                      cuuint64_t flags = 0) {
-  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  void* found = nullptr;
-  if (how == "driver-dlsym" && driver != nullptr) found = dlsym(driver, name);
-  if (how == "driver-global") found = dlsym(RTLD_DEFAULT, name);
-  if (how == "driver-proc-address" && driver != nullptr) {
-    using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
-    auto get = reinterpret_cast<GetProcAddress>(dlsym(driver, "cuGetProcAddress_v2"));
-    if (get == nullptr || get(base, &found, 12000, flags, nullptr) != CUDA_SUCCESS) found = nullptr;
-  }
-  if (how == "driver-library" && driver != nullptr && library != nullptr) {
-    void* module = dlopen(library, RTLD_NOW | RTLD_LOCAL);
-    using LookupIn = void* (*)(void*, const char*);
-    auto lookup_in = module != nullptr ? reinterpret_cast<LookupIn>(dlsym(module, "lookup_in")) : nullptr;
-    if (lookup_in != nullptr) found = lookup_in(driver, name);
-  }
-  if (found == nullptr) std::fprintf(stderr, "no %s found for %s\n", name, how.c_str());
-  return found;
-}
+using testprog::driver_function;
 
 // The driver's cuIpcGetMemHandle as `how` says (see ipc below), or null.
 using IpcGetMemHandle = CUresult (*)(CUipcMemHandle*, CUdeviceptr);
