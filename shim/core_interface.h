@@ -16,7 +16,7 @@ extern "C" {
 cudaError_t cudaThreadExit(void);
 
 /* Raised whenever this struct changes: a core of another version is refused. */
-#define GPUPOOL_CORE_ABI 18
+#define GPUPOOL_CORE_ABI 19
 
 /* Finds a real CUDA runtime function: dlsym(RTLD_NEXT) in the preload
    library, the object that stands before the runtime in the search order. */
@@ -34,6 +34,10 @@ typedef int (*gpupool_stderr_fn)(void);
 /* Finds a real CUDA driver entry point as cuGetProcAddress does (name without
    version suffix, CUDA version, flags); returns the driver's CUresult. */
 typedef int (*gpupool_driver_lookup_fn)(const char* symbol, void** pfn, int version, unsigned long long flags);
+
+/* The driver's cuStreamBeginCaptureToGraph, as the preload passes it on. */
+typedef int (*gpupool_begin_capture_to_graph_fn)(void* stream, void* graph, const void* deps, const void* data,
+                                                 size_t count, int mode);
 
 struct gpupool_core {
   int abi;
@@ -71,6 +75,20 @@ struct gpupool_core {
      lent whose handle would name other memory (as cudaIpcGetMemHandle). */
   int (*driver_ipc_get_mem_handle)(void* handle, unsigned long long ptr,
                                    int (*real)(void* handle, unsigned long long ptr));
+  /* The driver's capture calls (`real`), with gpupool's books kept as for
+     the runtime's: the begin's first version (no mode), its second, the
+     begin into a graph, and the end; each with its per-thread version (a
+     null stream names the calling thread's default stream). */
+  int (*driver_begin_capture_v1)(void* stream, int (*real)(void* stream));
+  int (*driver_begin_capture_v1_ptsz)(void* stream, int (*real)(void* stream));
+  int (*driver_begin_capture)(void* stream, int mode, int (*real)(void* stream, int mode));
+  int (*driver_begin_capture_ptsz)(void* stream, int mode, int (*real)(void* stream, int mode));
+  int (*driver_begin_capture_to_graph)(void* stream, void* graph, const void* deps, const void* data, size_t count,
+                                       int mode, gpupool_begin_capture_to_graph_fn real);
+  int (*driver_begin_capture_to_graph_ptsz)(void* stream, void* graph, const void* deps, const void* data,
+                                            size_t count, int mode, gpupool_begin_capture_to_graph_fn real);
+  int (*driver_end_capture)(void* stream, void** graph, int (*real)(void* stream, void** graph));
+  int (*driver_end_capture_ptsz)(void* stream, void** graph, int (*real)(void* stream, void** graph));
   /* The runtime's own function `name` (an intercepted call), the one gpupool
      passes such calls on to, or NULL where it has none (no runtime loaded,
      or one older than the call): what a lookup of `name` stands for. */

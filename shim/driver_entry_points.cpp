@@ -15,6 +15,8 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <string_view>
+#include <type_traits>
 
 #include "config/config.hpp"
 #include "shim/caller_runtime.hpp"
@@ -33,6 +35,9 @@ bool allocate_pitched(void** ptr, size_t* pitch, size_t width, size_t rows, cuda
 cudaError_t free_plain(void* ptr, const char* call);
 cudaError_t free_stream_ordered(void* ptr, cudaStream_t stream, bool per_thread, const char* call);
 cudaError_t reset_in_books(int device, const char* call, const std::function<cudaError_t()>& reset);
+cudaError_t begin_capture_in_books(cudaStream_t stream, bool per_thread, cudaStreamCaptureMode mode, const char* call,
+                                   const std::function<cudaError_t()>& begin);
+void end_capture_in_books(cudaStream_t stream, bool per_thread, cudaError_t err, const char* call);
 
 namespace {
 
@@ -439,6 +444,117 @@ CUresult observed_ipc_get_mem_handle(CUipcMemHandle* handle, CUdeviceptr p) {
   return ipc_handle_in_books(handle, p, driver_ipc_get_mem_handle.load(std::memory_order_acquire));
 }
 
+// The capture's begins and ends, under any of their names (a library's dlsym
+// asks for cuStreamBeginCapture_v2_ptsz).
+bool captures(const char* symbol) {
+  if (symbol == nullptr) return false;
+  const std::string_view name(symbol);
+  return name.starts_with("cuStreamBeginCapture") || name.starts_with("cuStreamEndCapture");
+}
+
+// The driver's captures where gpupool does not take the driver's calls over.
+// Unseen, a capture had its stream's stream-ordered requests served from the
+// cache, so the graph's work wrote memory the pool lent again once the
+// capture was over (at every launch of the graph), and the pool's fences on
+// the stream joined the capture. Seen, the pool keeps its books as for
+// cudaStreamBeginCapture: requests on the stream go to the runtime (graph
+// nodes) and nothing of the pool's touches the capture. The driver's own call
+// makes the capture, and its answer is the caller's; a driver call leaves the
+// runtime's last error as it was. No runtime loaded in the process: gpupool
+// can serve nothing there, and the driver alone answers.
+template <typename Begin>
+CUresult capture_begin_in_books(CUstream s, bool per_thread, CUstreamCaptureMode mode, Begin&& begin) {
+  if (Runtime::if_started() == nullptr && real().cudaStreamBeginCapture == nullptr) return begin();
+  CUresult r = CUDA_SUCCESS;
+  bool made = false;
+  cudaError_t& last_error = thread_error(caller_runtime().number);
+  const cudaError_t before = last_error;
+  begin_capture_in_books(rt(s), per_thread, static_cast<cudaStreamCaptureMode>(mode), "cuStreamBeginCapture", [&] {
+    r = begin();
+    made = true;
+    return static_cast<cudaError_t>(r);
+  });
+  last_error = before;
+  // gpupool failed twice on the way (host memory): the driver begins all the
+  // same, as it destroys and frees all the same.
+  return made ? r : begin();
+}
+
+template <typename End>
+CUresult capture_end_in_books(CUstream s, bool per_thread, End&& end) {
+  const CUresult r = end();
+  if (Runtime::if_started() == nullptr) return r;  // no capture of gpupool's books
+  cudaError_t& last_error = thread_error(caller_runtime().number);
+  const cudaError_t before = last_error;
+  // The capture's codes are the same numbers in both APIs.
+  end_capture_in_books(rt(s), per_thread, static_cast<cudaError_t>(r), "cuStreamEndCapture");
+  last_error = before;
+  return r;
+}
+
+using BeginCaptureV1 = CUresult (*)(CUstream);
+std::atomic<BeginCaptureV1> driver_begin_capture_v1{nullptr};
+std::atomic<BeginCaptureV1> driver_begin_capture_v1_ptsz{nullptr};
+std::atomic<decltype(&cuStreamBeginCapture)> driver_begin_capture{nullptr};
+std::atomic<decltype(&cuStreamBeginCapture)> driver_begin_capture_ptsz{nullptr};
+std::atomic<decltype(&cuStreamBeginCaptureToGraph)> driver_begin_capture_to_graph{nullptr};
+std::atomic<decltype(&cuStreamBeginCaptureToGraph)> driver_begin_capture_to_graph_ptsz{nullptr};
+std::atomic<decltype(&cuStreamEndCapture)> driver_end_capture{nullptr};
+std::atomic<decltype(&cuStreamEndCapture)> driver_end_capture_ptsz{nullptr};
+
+// Each version as fetched, the per-thread ones naming the calling thread's
+// default stream with a null stream. The first version of the begin took no
+// mode: it captured as the global mode does.
+template <std::atomic<BeginCaptureV1>& real, bool per_thread>
+CUresult observed_begin_capture_v1(CUstream s) {
+  return capture_begin_in_books(s, per_thread, CU_STREAM_CAPTURE_MODE_GLOBAL,
+                                [s] { return real.load(std::memory_order_acquire)(s); });
+}
+template <std::atomic<decltype(&cuStreamBeginCapture)>& real, bool per_thread>
+CUresult observed_begin_capture(CUstream s, CUstreamCaptureMode mode) {
+  return capture_begin_in_books(s, per_thread, mode, [=] { return real.load(std::memory_order_acquire)(s, mode); });
+}
+template <std::atomic<decltype(&cuStreamBeginCaptureToGraph)>& real, bool per_thread>
+CUresult observed_begin_capture_to_graph(CUstream s, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* data,
+                                         size_t count, CUstreamCaptureMode mode) {
+  return capture_begin_in_books(
+      s, per_thread, mode, [=] { return real.load(std::memory_order_acquire)(s, g, deps, data, count, mode); });
+}
+template <std::atomic<decltype(&cuStreamEndCapture)>& real, bool per_thread>
+CUresult observed_end_capture(CUstream s, CUgraph* g) {
+  return capture_end_in_books(s, per_thread, [=] { return real.load(std::memory_order_acquire)(s, g); });
+}
+
+// What the program gets for the capture call `symbol` fetched at `version`
+// (real_function): gpupool's watching one, or null where none is.
+void* watched_capture(const char* symbol, int version, bool per_thread, void* real_function) {
+  const auto keep = [real_function](auto& slot) {
+    slot.store(reinterpret_cast<typename std::remove_reference_t<decltype(slot)>::value_type>(real_function),
+               std::memory_order_release);
+  };
+  if (std::strcmp(symbol, "cuStreamBeginCapture") == 0 && version >= 10000 && version < 10010) {
+    keep(per_thread ? driver_begin_capture_v1_ptsz : driver_begin_capture_v1);
+    return per_thread ? fn(observed_begin_capture_v1<driver_begin_capture_v1_ptsz, true>)
+                      : fn(observed_begin_capture_v1<driver_begin_capture_v1, false>);
+  }
+  if (std::strcmp(symbol, "cuStreamBeginCapture") == 0 && version >= 10010) {
+    keep(per_thread ? driver_begin_capture_ptsz : driver_begin_capture);
+    return per_thread ? fn(observed_begin_capture<driver_begin_capture_ptsz, true>)
+                      : fn(observed_begin_capture<driver_begin_capture, false>);
+  }
+  if (std::strcmp(symbol, "cuStreamBeginCaptureToGraph") == 0 && version >= 12030) {
+    keep(per_thread ? driver_begin_capture_to_graph_ptsz : driver_begin_capture_to_graph);
+    return per_thread ? fn(observed_begin_capture_to_graph<driver_begin_capture_to_graph_ptsz, true>)
+                      : fn(observed_begin_capture_to_graph<driver_begin_capture_to_graph, false>);
+  }
+  if (std::strcmp(symbol, "cuStreamEndCapture") == 0 && version >= 10000) {
+    keep(per_thread ? driver_end_capture_ptsz : driver_end_capture);
+    return per_thread ? fn(observed_end_capture<driver_end_capture_ptsz, true>)
+                      : fn(observed_end_capture<driver_end_capture, false>);
+  }
+  return nullptr;
+}
+
 bool allocates(const char* symbol) {
   for (const char* name : {"cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemAllocAsync", "cuMemAllocAsync_ptsz"}) {
     if (symbol != nullptr && std::strcmp(symbol, name) == 0) return true;
@@ -459,13 +575,13 @@ int driver_library_accepted(const char* path, const char* symbol) {
   // The shared runtime calls the driver under gpupool's own calls (taking it
   // over would loop), and NCCL shares its memory over CUDA IPC.
   const bool never = config::names_match("libcudart.so:libnccl.so", path);
-  // Any library's stream destroy, device reset, frees and IPC handles are
-  // watched (a library such as numba's destroys through the driver streams
-  // another one used with the runtime, and resets devices whose memory
-  // gpupool holds).
-  if ((destroys_stream(symbol) || resets_device(symbol) || frees_memory(symbol) || shares_memory(symbol)) && !never) {
-    return 1;
-  }
+  // Any library's stream destroy, device reset, frees, IPC handles and
+  // captures are watched (a library such as numba's destroys through the
+  // driver streams another one used with the runtime, and resets devices
+  // whose memory gpupool holds).
+  const bool watched = destroys_stream(symbol) || resets_device(symbol) || frees_memory(symbol) ||
+                       shares_memory(symbol) || captures(symbol);
+  if (watched && !never) return 1;
   if (!c.static_runtime || !config::names_match(c.static_runtime_libraries, path)) {
     if (!never && allocates(symbol)) {
       std::lock_guard<std::mutex> lock(unnamed_mu);
@@ -518,6 +634,10 @@ void* driver_entry(const char* symbol, int version, unsigned long long flags, vo
                                       std::memory_order_release);
       return reinterpret_cast<void*>(&observed_ipc_get_mem_handle);
     }
+    const bool per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+    if (void* watched = captures(symbol) ? watched_capture(symbol, version, per_thread, real_function) : nullptr) {
+      return watched;
+    }
     return real_function;
   }
   for (const Substitute& s : kSubstitutes) {
@@ -554,6 +674,45 @@ int direct_mem_free_async_ptsz(unsigned long long p, void* stream, int (*real)(u
 int direct_ipc_get_mem_handle(void* handle, unsigned long long p, int (*real)(void* handle, unsigned long long p)) {
   const auto driver = [real](CUipcMemHandle* h, CUdeviceptr q) { return static_cast<CUresult>(real(h, q)); };
   return static_cast<int>(ipc_handle_in_books(static_cast<CUipcMemHandle*>(handle), p, driver));
+}
+
+int direct_begin_capture_v1(void* stream, int (*real)(void* stream)) {
+  return static_cast<int>(capture_begin_in_books(static_cast<CUstream>(stream), false, CU_STREAM_CAPTURE_MODE_GLOBAL,
+                                                 [=] { return static_cast<CUresult>(real(stream)); }));
+}
+int direct_begin_capture_v1_ptsz(void* stream, int (*real)(void* stream)) {
+  return static_cast<int>(capture_begin_in_books(static_cast<CUstream>(stream), true, CU_STREAM_CAPTURE_MODE_GLOBAL,
+                                                 [=] { return static_cast<CUresult>(real(stream)); }));
+}
+int direct_begin_capture(void* stream, int mode, int (*real)(void* stream, int mode)) {
+  return static_cast<int>(capture_begin_in_books(static_cast<CUstream>(stream), false,
+                                                 static_cast<CUstreamCaptureMode>(mode),
+                                                 [=] { return static_cast<CUresult>(real(stream, mode)); }));
+}
+int direct_begin_capture_ptsz(void* stream, int mode, int (*real)(void* stream, int mode)) {
+  return static_cast<int>(capture_begin_in_books(static_cast<CUstream>(stream), true,
+                                                 static_cast<CUstreamCaptureMode>(mode),
+                                                 [=] { return static_cast<CUresult>(real(stream, mode)); }));
+}
+int direct_begin_capture_to_graph(void* stream, void* graph, const void* deps, const void* data, size_t count, int mode,
+                                  gpupool_begin_capture_to_graph_fn real) {
+  return static_cast<int>(
+      capture_begin_in_books(static_cast<CUstream>(stream), false, static_cast<CUstreamCaptureMode>(mode),
+                             [=] { return static_cast<CUresult>(real(stream, graph, deps, data, count, mode)); }));
+}
+int direct_begin_capture_to_graph_ptsz(void* stream, void* graph, const void* deps, const void* data, size_t count,
+                                       int mode, gpupool_begin_capture_to_graph_fn real) {
+  return static_cast<int>(
+      capture_begin_in_books(static_cast<CUstream>(stream), true, static_cast<CUstreamCaptureMode>(mode),
+                             [=] { return static_cast<CUresult>(real(stream, graph, deps, data, count, mode)); }));
+}
+int direct_end_capture(void* stream, void** graph, int (*real)(void* stream, void** graph)) {
+  return static_cast<int>(capture_end_in_books(static_cast<CUstream>(stream), false,
+                                               [=] { return static_cast<CUresult>(real(stream, graph)); }));
+}
+int direct_end_capture_ptsz(void* stream, void** graph, int (*real)(void* stream, void** graph)) {
+  return static_cast<int>(capture_end_in_books(static_cast<CUstream>(stream), true,
+                                               [=] { return static_cast<CUresult>(real(stream, graph)); }));
 }
 
 void* driver_symbol(const char* exported, void* real_function, gpupool_driver_lookup_fn lookup) {

@@ -40,6 +40,16 @@ int direct_mem_free_async(unsigned long long ptr, void* stream, int (*real)(unsi
 int direct_mem_free_async_ptsz(unsigned long long ptr, void* stream,
                                int (*real)(unsigned long long ptr, void* stream));
 int direct_ipc_get_mem_handle(void* handle, unsigned long long ptr, int (*real)(void* handle, unsigned long long ptr));
+int direct_begin_capture_v1(void* stream, int (*real)(void* stream));
+int direct_begin_capture_v1_ptsz(void* stream, int (*real)(void* stream));
+int direct_begin_capture(void* stream, int mode, int (*real)(void* stream, int mode));
+int direct_begin_capture_ptsz(void* stream, int mode, int (*real)(void* stream, int mode));
+int direct_begin_capture_to_graph(void* stream, void* graph, const void* deps, const void* data, size_t count, int mode,
+                                  gpupool_begin_capture_to_graph_fn real);
+int direct_begin_capture_to_graph_ptsz(void* stream, void* graph, const void* deps, const void* data, size_t count,
+                                       int mode, gpupool_begin_capture_to_graph_fn real);
+int direct_end_capture(void* stream, void** graph, int (*real)(void* stream, void** graph));
+int direct_end_capture_ptsz(void* stream, void** graph, int (*real)(void* stream, void** graph));
 
 // cudaFree's work, the driver's cuMemFree's too (`call` names it in lines):
 // below, where its helpers are.
@@ -50,6 +60,12 @@ cudaError_t free_stream_ordered(void* ptr, cudaStream_t stream, bool per_thread,
 // A reset of `device` made by `reset` (the runtime's, the driver's), `call`
 // naming it, with the pool's books kept around it.
 cudaError_t reset_in_books(int device, const char* call, const std::function<cudaError_t()>& reset);
+// A capture's begin made by `begin` (the driver's), with the pool's books kept
+// around it as at cudaStreamBeginCapture, `call` naming it; and a capture's
+// end, which the driver answered `err`, as at cudaStreamEndCapture.
+cudaError_t begin_capture_in_books(cudaStream_t stream, bool per_thread, cudaStreamCaptureMode mode, const char* call,
+                                   const std::function<cudaError_t()>& begin);
+void end_capture_in_books(cudaStream_t stream, bool per_thread, cudaError_t err, const char* call);
 
 // Pitched memory (cudaMallocPitch, cudaMalloc3D, the driver's cuMemAllocPitch)
 // is served as cudaMalloc of `rows` rows of *pitch bytes. Each row is padded to
@@ -317,6 +333,21 @@ cudaError_t free_plain(void* ptr, const char* call) { return free_plain_here(ptr
 
 cudaError_t free_stream_ordered(void* ptr, cudaStream_t stream, bool per_thread, const char* call) {
   return free_on(ptr, stream, per_thread, call);
+}
+
+cudaError_t begin_capture_in_books(cudaStream_t stream, bool per_thread, cudaStreamCaptureMode mode, const char* call,
+                                   const std::function<cudaError_t()>& begin) {
+  return guarded(call, [&] {
+    enter();
+    return begin_capture(stream, per_thread, mode, begin);
+  });
+}
+
+void end_capture_in_books(cudaStream_t stream, bool per_thread, cudaError_t err, const char* call) {
+  guarded(call, [&] {
+    enter();
+    return end_capture(stream, per_thread, err);
+  });
 }
 
 cudaError_t reset_in_books(int device, const char* call, const std::function<cudaError_t()>& reset) {
@@ -704,6 +735,14 @@ extern "C" __attribute__((visibility("default"))) const gpupool_core* gpupool_co
       &gpupool::shim::direct_mem_free_async,
       &gpupool::shim::direct_mem_free_async_ptsz,
       &gpupool::shim::direct_ipc_get_mem_handle,
+      &gpupool::shim::direct_begin_capture_v1,
+      &gpupool::shim::direct_begin_capture_v1_ptsz,
+      &gpupool::shim::direct_begin_capture,
+      &gpupool::shim::direct_begin_capture_ptsz,
+      &gpupool::shim::direct_begin_capture_to_graph,
+      &gpupool::shim::direct_begin_capture_to_graph_ptsz,
+      &gpupool::shim::direct_end_capture,
+      &gpupool::shim::direct_end_capture_ptsz,
       &guarded_real_function,
   };
   return &table;

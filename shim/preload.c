@@ -190,20 +190,45 @@ __attribute__((visibility("hidden"))) const struct gpupool_core* gpupool_preload
 /* The arguments with the driver's own function after them, for `watch`. */
 #define WITH_REAL(...) (__VA_ARGS__, real)
 
-/* Each also under a local name, bound to this definition (see below). */
-#define WATCHED_DRIVER_CALL(name, params, args, watch)                              \
+/* The driver's capture calls, watched the same way; but a capture loads the
+   core, as a runtime call would: one gpupool missed before the program's
+   first runtime call would have its stream's requests served from the cache
+   (the graph would write memory the pool lends again). */
+#define WATCHED_DRIVER_CAPTURES(X)                                                                           \
+  X(cuStreamBeginCapture, (void* stream), (stream), driver_begin_capture_v1)                                 \
+  X(cuStreamBeginCapture_ptsz, (void* stream), (stream), driver_begin_capture_v1_ptsz)                       \
+  X(cuStreamBeginCapture_v2, (void* stream, int mode), (stream, mode), driver_begin_capture)                 \
+  X(cuStreamBeginCapture_v2_ptsz, (void* stream, int mode), (stream, mode), driver_begin_capture_ptsz)       \
+  X(cuStreamBeginCaptureToGraph, CAPTURE_TO_GRAPH_PARAMS, CAPTURE_TO_GRAPH_ARGS, driver_begin_capture_to_graph) \
+  X(cuStreamBeginCaptureToGraph_ptsz, CAPTURE_TO_GRAPH_PARAMS, CAPTURE_TO_GRAPH_ARGS,                         \
+    driver_begin_capture_to_graph_ptsz)                                                                      \
+  X(cuStreamEndCapture, (void* stream, void** graph), (stream, graph), driver_end_capture)                   \
+  X(cuStreamEndCapture_ptsz, (void* stream, void** graph), (stream, graph), driver_end_capture_ptsz)
+#define CAPTURE_TO_GRAPH_PARAMS \
+  (void* stream, void* graph, const void* deps, const void* data, size_t count, int mode)
+#define CAPTURE_TO_GRAPH_ARGS (stream, graph, deps, data, count, mode)
+
+/* Each also under a local name, bound to this definition (see below). The
+   core as `core_now` finds it: loaded already, or loaded now. */
+#define WATCHED_DRIVER_FUNCTION(name, params, args, watch, core_now)                \
   EXPORT int name params {                                                           \
     int(*real) params = NULL;                                                        \
     void* found = next_symbol(#name);                                                \
     if (found == NULL) return 500; /* CUDA_ERROR_NOT_FOUND: no driver loaded */      \
     memcpy(&real, &found, sizeof found);                                             \
-    const struct gpupool_core* c = atomic_load_explicit(&core, memory_order_acquire); \
+    const struct gpupool_core* c = core_now;                                         \
     if (c == NULL || c->watch == NULL) return real args;                             \
     return c->watch WITH_REAL args;                                                  \
   }                                                                                  \
   static int own_##name params __attribute__((alias(#name)));
+#define WATCHED_DRIVER_CALL(name, params, args, watch) \
+  WATCHED_DRIVER_FUNCTION(name, params, args, watch, atomic_load_explicit(&core, memory_order_acquire))
+#define WATCHED_DRIVER_CAPTURE(name, params, args, watch) \
+  WATCHED_DRIVER_FUNCTION(name, params, args, watch, get_core())
 WATCHED_DRIVER_CALLS(WATCHED_DRIVER_CALL)
+WATCHED_DRIVER_CAPTURES(WATCHED_DRIVER_CAPTURE)
 #undef WATCHED_DRIVER_CALL
+#undef WATCHED_DRIVER_CAPTURE
 
 /* ----------------------------------------------------- exports looked up */
 
@@ -233,6 +258,7 @@ __attribute__((visibility("hidden"))) void* gpupool_export(const char* name) {
     return found;                                         \
   }
   WATCHED_DRIVER_CALLS(WATCHED_DRIVER_EXPORT)
+  WATCHED_DRIVER_CAPTURES(WATCHED_DRIVER_EXPORT)
 #undef WATCHED_DRIVER_EXPORT
   return found;
 }

@@ -4,7 +4,7 @@ thread; other streams and devices during a capture; and the simulated
 runtime's own capture rules."""
 import os
 
-from harness import ShimTest, main
+from harness import BUILD, ShimTest, main
 
 
 class Capture(ShimTest):
@@ -23,6 +23,31 @@ class Capture(ShimTest):
                 device = run.report()["devices"]["0"]
                 self.assertEqual(run.counters()["captures_invalidated"], 0)
                 self.assertEqual(device["quarantined_bytes"], 1 << 20)  # freed inside the capture
+
+    def test_a_capture_begun_through_the_driver_is_kept_as_the_runtimes(self):
+        # The driver's cuStreamBeginCapture (its first version too, and into a
+        # graph) and cuStreamEndCapture, their per-thread versions in
+        # test-capture-ptds, however the program reaches them. Unseen, the pool
+        # served the capture's requests from its cache and lent the captured
+        # block again after the capture, which the graph writes at each launch.
+        ways = ("driver-linked", "driver-dlsym", "driver-global", "driver-proc-address", "driver-library")
+        lookup = os.path.join(BUILD, "tests", "libtest-driver-lookup.so")
+        programs = ("test-capture", "test-capture-ptds")
+        runs = [(program, how, variant) for program in programs for how in ways for variant in ([], ["to-graph"])]
+        runs += [("test-capture-ptds", how, ["default-stream"]) for how in ways]
+        runs += [(program, how, ["v1"]) for program in programs for how in ways if how != "driver-linked"]
+        # Begun with the process's first CUDA call, before gpupool started.
+        runs += [("test-capture-ptds", how, ["first"]) for how in ways]
+        for program, how, variant in runs:
+            with self.subTest(program=program, how=how, variant=variant):
+                self.remove_reports()
+                run = self.run_program([program, "driver", how, lookup] + variant)
+                self.assertSucceeded(run)
+                self.assertIn("capture: valid, allocations inside went to the runtime", run.stdout)
+                counters = run.counters()
+                self.assertEqual((counters["captures_begun"], counters["captures_invalidated"]), (1, 0))
+                if variant != ["first"]:  # a pooled block freed inside the capture
+                    self.assertEqual(run.report()["devices"]["0"]["quarantined_bytes"], 1 << 20)
 
     def test_a_capture_of_a_stream_the_pool_meets_inside_it_stays_valid(self):
         # A new thread's per-thread default stream, captured before any call of

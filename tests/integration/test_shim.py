@@ -419,11 +419,14 @@ class Fidelity(ShimTest):
         with open(os.path.join(shim, "entry_points.def")) as f:
             entries = sorted(re.findall(r"^GPUPOOL_ENTRY\((\w+),", f.read(), re.M))
         self.assertEqual(listed, entries)
-        # The driver's stream destroy, device reset, frees and IPC handle (for programs
-        # linked with the driver), and dlsym, the static runtime's way to the
-        # driver (x86-64 and AArch64 only).
+        # The driver's stream destroy, device reset, frees, IPC handle and
+        # capture calls (for programs linked with the driver), and dlsym, the
+        # static runtime's way to the driver (x86-64 and AArch64 only).
+        captures = ["cuStreamBeginCapture", "cuStreamBeginCapture_ptsz", "cuStreamBeginCapture_v2",
+                    "cuStreamBeginCapture_v2_ptsz", "cuStreamBeginCaptureToGraph", "cuStreamBeginCaptureToGraph_ptsz",
+                    "cuStreamEndCapture", "cuStreamEndCapture_ptsz"]
         hooks = (["cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset_v2", "cuMemFreeAsync", "cuMemFreeAsync_ptsz",
-                  "cuMemFree_v2", "cuStreamDestroy", "cuStreamDestroy_v2", "cuIpcGetMemHandle"] +
+                  "cuMemFree_v2", "cuStreamDestroy", "cuStreamDestroy_v2", "cuIpcGetMemHandle"] + captures +
                  (["dlsym"] if EXPORTS_DLSYM else []))
         self.assertEqual(exported(LIBRARY), sorted(listed + hooks))
         self.assertEqual(exported(CORE), ["gpupool_core_open"])

@@ -11,6 +11,16 @@
 //   capture default-stream  the same on stream 0, for test-capture-ptds only:
 //                      there it is the thread's per-thread default stream,
 //                      which may capture (the legacy stream may not)
+//   capture driver HOW LIBRARY [to-graph|default-stream|v1]  the same, the
+//                      capture begun and ended with the driver's calls
+//                      (cuStreamBeginCapture, cuStreamBeginCaptureToGraph,
+//                      cuStreamEndCapture; the per-thread versions in
+//                      test-capture-ptds) reached as HOW says
+//                      (driver_ways.hpp, or driver-linked); v1: the begin's
+//                      first version (no mode), not linked; first (for
+//                      test-capture-ptds only): the thread's default stream
+//                      captured with the process's first CUDA call, before
+//                      gpupool has started
 //   capture new-thread for test-capture-ptds only: a thread whose per-thread
 //                      default stream gpupool has not met yet captures it
 //                      first thing, with a stream-ordered and a plain pair
@@ -75,6 +85,7 @@
 
 #include "capture_common.hpp"
 #include "common.hpp"
+#include "driver_ways.hpp"
 
 namespace {
 
@@ -381,6 +392,104 @@ int refused() {
   std::printf("capture: refused captures left nothing behind\n");
   return 0;
 }
+// How a capture is begun and ended: with the runtime's calls, or with the
+// driver's as `how` reaches them.
+#ifdef CUDA_API_PER_THREAD_DEFAULT_STREAM
+constexpr bool kPerThread = true;
+#else
+constexpr bool kPerThread = false;
+#endif
+struct Capturer {
+  using Begin = CUresult (*)(CUstream, CUstreamCaptureMode);
+  using BeginV1 = CUresult (*)(CUstream);
+  using BeginToGraph = CUresult (*)(CUstream, CUgraph, const CUgraphNode*, const CUgraphEdgeData*, size_t,
+                                    CUstreamCaptureMode);
+  using End = CUresult (*)(CUstream, CUgraph*);
+  bool driver = false;
+  Begin begin = nullptr;
+  BeginV1 begin_v1 = nullptr;
+  BeginToGraph begin_to_graph = nullptr;
+  End end = nullptr;
+};
+
+template <typename F>
+F driver_capture_call(const std::string& how, const char* name, const char* base, const char* library, int version) {
+  const std::string exported = std::string(name) + (kPerThread ? "_ptsz" : "");
+  const cuuint64_t flags = kPerThread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0;
+  return reinterpret_cast<F>(testprog::driver_function(how, exported.c_str(), base, library, flags, version));
+}
+
+Capturer driver_capturer(const std::string& how, const char* library) {
+  Capturer c;
+  c.driver = true;
+  if (how == "driver-linked") {
+    c.begin = &cuStreamBeginCapture;
+    c.begin_to_graph = &cuStreamBeginCaptureToGraph;
+    c.end = &cuStreamEndCapture;
+    return c;
+  }
+  c.begin = driver_capture_call<Capturer::Begin>(how, "cuStreamBeginCapture_v2", "cuStreamBeginCapture", library, 12030);
+  c.begin_v1 = driver_capture_call<Capturer::BeginV1>(how, "cuStreamBeginCapture", "cuStreamBeginCapture", library, 10000);
+  c.begin_to_graph = driver_capture_call<Capturer::BeginToGraph>(how, "cuStreamBeginCaptureToGraph",
+                                                                 "cuStreamBeginCaptureToGraph", library, 12030);
+  c.end = driver_capture_call<Capturer::End>(how, "cuStreamEndCapture", "cuStreamEndCapture", library, 12030);
+  return c;
+}
+
+// Begins a global-mode capture on `s` (into `into`, given one; with the
+// begin's first version, given `v1`).
+void begin_capture(const Capturer& c, cudaStream_t s, cudaGraph_t into, bool v1) {
+  const auto cs = reinterpret_cast<CUstream>(s);
+  if (!c.driver && into != nullptr) {
+    CHECK_CUDA(cudaStreamBeginCaptureToGraph(s, into, nullptr, nullptr, 0, cudaStreamCaptureModeGlobal));
+  } else if (!c.driver) {
+    CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  } else if (into != nullptr) {
+    EXPECT(c.begin_to_graph(cs, reinterpret_cast<CUgraph>(into), nullptr, nullptr, 0, CU_STREAM_CAPTURE_MODE_GLOBAL) ==
+           CUDA_SUCCESS);
+  } else if (v1) {
+    EXPECT(c.begin_v1(cs) == CUDA_SUCCESS);
+  } else {
+    EXPECT(c.begin(cs, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+  }
+}
+
+// Ends the capture on `s` as ended_valid does, with the driver's end for a
+// driver's capture; the runtime's last error stays clean.
+bool end_capture(const Capturer& c, cudaStream_t s, cudaGraph_t into) {
+  if (!c.driver) return ended_valid(s, into);
+  CUgraph graph = nullptr;
+  const CUresult end = c.end(reinterpret_cast<CUstream>(s), &graph);
+  if (end != CUDA_SUCCESS || graph == nullptr) {
+    std::fprintf(stderr, "capture: the capture was invalidated (CUresult %d)\n", static_cast<int>(end));
+    return false;
+  }
+  if (into != nullptr) EXPECT(reinterpret_cast<cudaGraph_t>(graph) == into);
+  CHECK_CUDA(cudaGraphDestroy(reinterpret_cast<cudaGraph_t>(graph)));
+  EXPECT(cudaGetLastError() == cudaSuccess);
+  return true;
+}
+
+// See "first" above: gpupool must learn of the capture as it begins, or it
+// serves the request inside from its pool.
+int driver_capture_first(const Capturer& c) {
+  simcuda_counters c0{};
+  const bool sim = testprog::sim_counters(&c0);
+  begin_capture(c, nullptr, nullptr, false);
+  void* p = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&p, 1 << 20, nullptr));
+  CHECK_CUDA(cudaFreeAsync(p, nullptr));
+  if (!end_capture(c, nullptr, nullptr)) return 1;
+  if (sim) {
+    simcuda_counters c1{};
+    testprog::sim_counters(&c1);
+    EXPECT(c1.malloc_async_calls - c0.malloc_async_calls == 1);
+    EXPECT(c1.captures_invalidated == 0);
+  }
+  std::printf("capture: valid, allocations inside went to the runtime\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -397,6 +506,14 @@ int main(int argc, char** argv) {
     return other_device(mode, std::strcmp(argv[3], "other-thread") == 0);
   }
   if (argc > 1 && std::strcmp(argv[1], "wrong-thread-end") == 0) return wrong_thread_end();
+  Capturer capturer;
+  if (argc > 3 && std::strcmp(argv[1], "driver") == 0) {
+    capturer = driver_capturer(argv[2], argv[3]);
+    argv += 3;  // its variant, if any, in argv[1]
+    argc -= 3;
+    if (kPerThread && argc > 1 && std::strcmp(argv[1], "first") == 0) return driver_capture_first(capturer);
+  }
+  const bool v1 = argc > 1 && std::strcmp(argv[1], "v1") == 0;
   const bool to_graph = argc > 1 && std::strcmp(argv[1], "to-graph") == 0;
   if (argc > 1 && std::strcmp(argv[1], "threads") == 0) {
     std::thread([] {
@@ -428,12 +545,8 @@ int main(int argc, char** argv) {
   const bool sim = testprog::sim_counters(&c0);
 
   cudaGraph_t into = nullptr;
-  if (to_graph) {
-    CHECK_CUDA(cudaGraphCreate(&into, 0));
-    CHECK_CUDA(cudaStreamBeginCaptureToGraph(s, into, nullptr, nullptr, 0, cudaStreamCaptureModeGlobal));
-  } else {
-    CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  }
+  if (to_graph) CHECK_CUDA(cudaGraphCreate(&into, 0));
+  begin_capture(capturer, s, into, v1);
   // Three by cudaMallocAsync, one by cudaMallocFromPoolAsync from the default
   // pool (a _ptsz twin in test-capture-ptds, where stream 0 is per-thread).
   void* inside[4] = {};
@@ -442,7 +555,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaLaunchHostFunc(s, noop, nullptr));
   for (void* p : inside) CHECK_CUDA(cudaFreeAsync(p, s));
   CHECK_CUDA(cudaFreeAsync(before, s));  // a pooled block freed inside the capture
-  if (!ended_valid(s, into)) return 1;
+  if (!end_capture(capturer, s, into)) return 1;
   if (sim) {
     simcuda_counters c1{};
     testprog::sim_counters(&c1);
