@@ -72,6 +72,27 @@ class GpuPack(ShimTest):
         total = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files)
         self.assertLess(total, 64 << 20)
 
+    @native_only
+    def test_the_programs_gpu_check_runs_start_on_a_real_runtime(self):
+        # They are built against the simulated runtime, which is the driver
+        # too; on a GPU they run on the real libcudart, which is not. A strong
+        # reference to a driver function stopped a program at its start there
+        # ("undefined symbol": test-lifecycle since stop 78), so gpu-check's
+        # checks failed for the test, not for gpupool.
+        runtime = next((d for d in ("/usr/local/cuda/lib64", "/usr/local/cuda/lib")
+                        if os.path.exists(os.path.join(d, "libcudart.so.13"))), None)
+        if runtime is None:
+            self.skipTest("no CUDA 13 runtime of the toolkit here")
+        with open(os.path.join(SOURCE, "scripts", "gpu-check.sh")) as f:
+            programs = set(re.findall(r"build/bin/([A-Za-z0-9_-]+)", f.read()))
+        env = dict(os.environ, LD_LIBRARY_PATH=runtime)
+        for program in sorted(programs):
+            with self.subTest(program=program):
+                done = subprocess.run(["ldd", "-r", os.path.join(BUILD, "bin", program)], capture_output=True,
+                                      text=True, env=env)
+                self.assertNotIn("not found", done.stdout)
+                self.assertNotIn("undefined symbol", done.stdout + done.stderr)
+
     def test_a_build_without_gpupool_is_refused(self):
         done, folder = self.pack(os.path.join(self.workdir, "no-build"))
         self.assertEqual(done.returncode, 1)

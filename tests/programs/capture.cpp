@@ -87,6 +87,17 @@
 #include "common.hpp"
 #include "driver_ways.hpp"
 
+// The driver's capture calls the driver-linked mode calls, weak: the
+// simulated runtime is the driver too and defines them, a real runtime does
+// not, and this build runs on a real one in gpu-check (its other modes),
+// where a strong reference would stop it at its start ("undefined symbol").
+#pragma weak cuStreamBeginCapture_v2
+#pragma weak cuStreamBeginCapture_v2_ptsz
+#pragma weak cuStreamBeginCaptureToGraph
+#pragma weak cuStreamBeginCaptureToGraph_ptsz
+#pragma weak cuStreamEndCapture
+#pragma weak cuStreamEndCapture_ptsz
+
 namespace {
 
 using namespace capture_test;

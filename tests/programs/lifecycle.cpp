@@ -139,6 +139,17 @@ extern "C" cudaError_t cudaThreadExit(void) __attribute__((weak));
 // The driver's per-thread cuMemFreeAsync, which cuda.h declares only to code
 // built for the per-thread default stream (under the plain name).
 extern "C" CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
+// The driver's functions the driver-linked modes call, weak: the simulated
+// runtime is the driver too and defines them, a real runtime does not, and
+// this build runs on a real one in gpu-check (its other modes), where a
+// strong reference would stop it at its start ("undefined symbol").
+#pragma weak cuMemAlloc_v2
+#pragma weak cuMemAllocAsync
+#pragma weak cuMemFree_v2
+#pragma weak cuMemFreeAsync
+#pragma weak cuMemFreeAsync_ptsz
+#pragma weak cuDevicePrimaryCtxReset_v2
+#pragma weak cuIpcGetMemHandle
 
 namespace {
 
