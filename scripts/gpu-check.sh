@@ -282,6 +282,15 @@ for mode in 1 0; do
   run "capture (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-capture
   run "capture while other streams allocate (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-capture others
   run "capture into a graph (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-capture to-graph
+  # The same captures begun and ended with the driver's calls, fetched by name
+  # and through cuGetProcAddress (not linked: build/bin's programs link the
+  # simulated driver's names).
+  for how in driver-dlsym driver-proc-address; do
+    for variant in "" to-graph; do
+      run "capture through the driver, $how ${variant:-begin} (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" \
+        -- build/bin/test-capture driver "$how" "$out/libtest-driver-lookup.so" $variant
+    done
+  done
   # A capture that goes without an end leaves gpupool's books: the cache, the
   # only room under the limit, goes back for the next request.
   for how in stream thread reset stream-elsewhere reset-elsewhere; do
@@ -380,6 +389,24 @@ $refused"
   else
     record "IPC handle only for a block that starts its segment (expandable=$mode)" FAIL "($ipc_log)"
   fi
+  # The driver's cuIpcGetMemHandle alike, which leaves the runtime's last error alone.
+  driver_first=CUDA_SUCCESS
+  [ "$mode" = 1 ] && driver_first=CUDA_ERROR_INVALID_VALUE
+  driver_refused="cuIpcGetMemHandle: CUDA_ERROR_INVALID_VALUE, then cudaSuccess"
+  expected="cuIpcGetMemHandle: $driver_first, then cudaSuccess
+$driver_refused
+cuIpcGetMemHandle: $driver_first, then cudaSuccess
+$driver_refused"
+  for how in driver-dlsym driver-proc-address; do
+    ipc_log="$out/ipc-$how-$mode.out"
+    timeout 60 env "${pool[@]}" GPUPOOL_EXPANDABLE_SEGMENTS=$mode \
+      build/bin/test-lifecycle ipc "$how" "$out/libtest-driver-lookup.so" >"$ipc_log" 2>&1
+    if [ "$(grep '^cuIpcGetMemHandle' "$ipc_log")" = "$expected" ]; then
+      record "driver's IPC handle only for a block that starts its segment ($how, expandable=$mode)" PASS ""
+    else
+      record "driver's IPC handle only for a block that starts its segment ($how, expandable=$mode)" FAIL "($ipc_log)"
+    fi
+  done
 done
 # Two CUDA runtimes in one process: the program's (the real one) and a
 # stand-in CUDA 12 runtime of a library built against it (tests/programs).
