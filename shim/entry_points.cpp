@@ -33,6 +33,8 @@ void* driver_entry(const char* symbol, int version, unsigned long long flags, vo
                    gpupool_driver_lookup_fn lookup);
 int driver_library_accepted(const char* path, const char* symbol);
 void* driver_symbol(const char* exported, void* real, gpupool_driver_lookup_fn lookup);
+// driver_watch.cpp: the watched driver calls a program linked with the driver
+// makes (each the preload's export's, with the driver's own as `real`)
 int direct_stream_destroy(void* stream, int (*real)(void* stream));
 int direct_device_reset(int device, int (*real)(int device));
 int direct_mem_free(unsigned long long ptr, int (*real)(unsigned long long ptr));

@@ -1,0 +1,59 @@
+// What the two files that serve the driver's calls share:
+// driver_entry_points.cpp (the calls of a static runtime gpupool takes over)
+// and driver_watch.cpp (the calls it watches wherever else it sees them).
+// The conversions between the driver's types and the runtime's, and the
+// runtime's calls' work both reuse (entry_points.cpp).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+
+namespace gpupool::shim {
+
+// The driver's numbers for every code these return (see driver_runtime.cpp).
+inline CUresult cu(cudaError_t err) { return static_cast<CUresult>(err); }
+inline void* ptr(CUdeviceptr p) { return reinterpret_cast<void*>(static_cast<uintptr_t>(p)); }
+inline cudaStream_t rt(CUstream s) { return reinterpret_cast<cudaStream_t>(s); }
+inline cudaStreamCaptureMode rt(CUstreamCaptureMode m) { return static_cast<cudaStreamCaptureMode>(m); }
+
+template <typename F>
+void* fn(F* f) {
+  return reinterpret_cast<void*>(f);
+}
+
+// The driver's function kept in `slot`, with F's signature.
+template <typename F>
+F* real_of(const std::atomic<void*>& slot, F*) {
+  return reinterpret_cast<F*>(slot.load());
+}
+
+// entry_points.cpp
+bool allocate_pitched(void** ptr, size_t* pitch, size_t width, size_t rows, cudaError_t* result);
+cudaError_t free_plain(void* ptr, const char* call);
+cudaError_t free_stream_ordered(void* ptr, cudaStream_t stream, bool per_thread, const char* call);
+cudaError_t reset_in_books(int device, const char* call, const std::function<cudaError_t()>& reset);
+cudaError_t begin_capture_in_books(cudaStream_t stream, bool per_thread, cudaStreamCaptureMode mode, const char* call,
+                                   const std::function<cudaError_t()>& begin);
+void end_capture_in_books(cudaStream_t stream, bool per_thread, cudaError_t err, const char* call);
+
+// A device reset through the driver (`reset`, the driver's own), with the
+// pool's books kept around it as at cudaDeviceReset.
+template <typename Reset>
+CUresult driver_reset_in_books(CUdevice device, Reset&& reset) {
+  return cu(reset_in_books(device, "cuDevicePrimaryCtxReset",
+                           [&] { return static_cast<cudaError_t>(reset(device)); }));
+}
+
+// driver_watch.cpp: true for any name of a call gpupool watches (a library's
+// lookup of one is handed gpupool's).
+bool watched_driver_call(const char* symbol);
+// gpupool's function for the watched call `symbol` fetched at `version` with
+// `flags` (the driver's, real_function, which it calls), or null for any
+// other call.
+void* watching_driver_call(const char* symbol, int version, unsigned long long flags, void* real_function);
+
+}  // namespace gpupool::shim

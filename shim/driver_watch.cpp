@@ -1,0 +1,387 @@
+// The driver's calls gpupool watches where it does not take the driver's
+// calls over: a program's or library's stream destroy, device reset, frees,
+// IPC handle and capture calls, reached through the driver directly (exported
+// by the preload, preload.c), looked up by name, or fetched through
+// cuGetProcAddress (driver_hook.c, then driver_entry_points.cpp). Each calls
+// the driver's own function with gpupool's books kept around it as for the
+// runtime's call, so that a block, stream or capture the program handles
+// through the driver is still one the pool knows.
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstring>
+#include <string_view>
+
+#include "shim/caller_runtime.hpp"
+#include "shim/core_interface.h"
+#include "shim/driver_calls.hpp"
+#include "shim/guard.hpp"
+#include "shim/real_cuda.hpp"
+#include "shim/runtime.hpp"
+
+namespace gpupool::shim {
+
+namespace {
+
+bool destroys_stream(const char* symbol) {
+  return symbol != nullptr &&
+         (std::strcmp(symbol, "cuStreamDestroy") == 0 || std::strcmp(symbol, "cuStreamDestroy_v2") == 0);
+}
+
+// A stream destroy fetched from the driver where gpupool does not take the
+// driver's calls over: the driver's own, with gpupool's books kept around it
+// as at cudaStreamDestroy. Without it, a stream the program made or named
+// through the runtime and destroyed through the driver stayed in the books,
+// and the next barrier named a dead handle (on CUDA 13 the program crashed).
+// The two versions take the same parameter and do the same.
+std::atomic<decltype(&cuStreamDestroy_v2)> driver_stream_destroy{nullptr};
+
+template <typename Destroy>
+CUresult destroy_in_books(CUstream s, Destroy&& destroy) {
+  Runtime* runtime = Runtime::if_started();  // none yet: it knows no stream
+  const bool tell = runtime != nullptr && !runtime->bypass() && s != nullptr;
+  int device = -1;
+  try {
+    if (tell) device = runtime->stream_destroying(rt(s));
+  } catch (...) {  // as guarded(): gpupool steps aside, the destroy goes on
+    step_aside("cuStreamDestroy");
+  }
+  const CUresult err = destroy(s);
+  if (device >= 0) {
+    const StreamId id = reinterpret_cast<StreamId>(s);
+    keep_books("cuStreamDestroy", [&] { runtime->stream_destroy_answered(id, device, err == CUDA_SUCCESS); });
+  }
+  return err;
+}
+
+CUresult observed_stream_destroy(CUstream s) {
+  return destroy_in_books(s, driver_stream_destroy.load(std::memory_order_acquire));
+}
+
+bool resets_device(const char* symbol) {
+  return symbol != nullptr && (std::strcmp(symbol, "cuDevicePrimaryCtxReset") == 0 ||
+                               std::strcmp(symbol, "cuDevicePrimaryCtxReset_v2") == 0);
+}
+
+// A device reset fetched from the driver where gpupool does not take the
+// driver's calls over (Numba's cuda.close(), CUDA.jl's unsafe_reset!): the
+// driver's own, with the books kept as at cudaDeviceReset. Unseen, the pool
+// went on lending memory the reset had freed. Both versions do the same.
+std::atomic<decltype(&cuDevicePrimaryCtxReset_v2)> driver_primary_ctx_reset{nullptr};
+
+CUresult observed_primary_ctx_reset(CUdevice device) {
+  return driver_reset_in_books(device, driver_primary_ctx_reset.load(std::memory_order_acquire));
+}
+
+// The driver's exported frees (cuMemFree's first version took 32-bit pointers).
+bool frees_memory(const char* symbol) {
+  for (const char* name : {"cuMemFree_v2", "cuMemFreeAsync", "cuMemFreeAsync_ptsz"}) {
+    if (symbol != nullptr && std::strcmp(symbol, name) == 0) return true;
+  }
+  return false;
+}
+
+// The driver's cuMemFree and cuMemFreeAsync where gpupool does not take the
+// driver's calls over. CUDA lets either API free what the other allocated: a
+// block gpupool lent goes back to the pool as at cudaFree or cudaFreeAsync
+// (`pooled`, with the call's name), anything else to the driver (`driver`,
+// its own). The driver's own free of a block took the whole segment from
+// under the pool (fixed segments: lent again while the driver reused the
+// memory) or refused a mapped page (expandable ones: the block leaked). A
+// driver call leaves the runtime's last error as it was.
+template <typename Pooled, typename Driver>
+CUresult free_in_books(CUdeviceptr p, const char* call, Pooled&& pooled, Driver&& driver) {
+  Runtime* runtime = Runtime::if_started();  // none yet: it lent nothing
+  if (runtime == nullptr || p == 0 || runtime->device_holding(ptr(p)) < 0) return driver();
+  cudaError_t& last_error = thread_error(caller_runtime().number);
+  const cudaError_t before = last_error;
+  const CUresult r = cu(guarded(call, pooled));
+  last_error = before;
+  return r;
+}
+
+template <typename Free>
+CUresult mem_free_in_books(CUdeviceptr p, Free&& free) {
+  return free_in_books(
+      p, "cuMemFree", [p] { return free_plain(ptr(p), "cuMemFree"); }, [&] { return free(p); });
+}
+
+// A null stream is the legacy default stream's, or with `per_thread` the
+// calling thread's default stream, as for cudaFreeAsync.
+template <typename Free>
+CUresult mem_free_async_in_books(CUdeviceptr p, CUstream s, bool per_thread, Free&& free) {
+  return free_in_books(
+      p, "cuMemFreeAsync", [=] { return free_stream_ordered(ptr(p), rt(s), per_thread, "cuMemFreeAsync"); },
+      [&] { return free(p, s); });
+}
+
+std::atomic<decltype(&cuMemFree_v2)> driver_mem_free{nullptr};
+std::atomic<decltype(&cuMemFreeAsync)> driver_mem_free_async{nullptr};
+std::atomic<decltype(&cuMemFreeAsync)> driver_mem_free_async_ptsz{nullptr};
+
+CUresult observed_mem_free(CUdeviceptr p) {
+  return mem_free_in_books(p, driver_mem_free.load(std::memory_order_acquire));
+}
+CUresult observed_mem_free_async(CUdeviceptr p, CUstream s) {
+  return mem_free_async_in_books(p, s, false, driver_mem_free_async.load(std::memory_order_acquire));
+}
+CUresult observed_mem_free_async_ptsz(CUdeviceptr p, CUstream s) {
+  return mem_free_async_in_books(p, s, true, driver_mem_free_async_ptsz.load(std::memory_order_acquire));
+}
+
+bool shares_memory(const char* symbol) { return symbol != nullptr && std::strcmp(symbol, "cuIpcGetMemHandle") == 0; }
+
+// The driver's cuIpcGetMemHandle where gpupool does not take the driver's
+// calls over. A handle names a whole allocation: for a block gpupool lent, its
+// segment, so the other process would map other bytes than the block's (or,
+// in an expandable segment, memory CUDA IPC cannot share). Refused as
+// cudaIpcGetMemHandle refuses it, with a line naming the call and the fix;
+// any other address, and every one under GPUPOOL_DISABLE, is the driver's to
+// judge. A driver call leaves the runtime's last error as it was.
+template <typename Get>
+CUresult ipc_handle_in_books(CUipcMemHandle* handle, CUdeviceptr p, Get&& get) {
+  Runtime* runtime = Runtime::if_started();  // none yet: it lent nothing
+  if (runtime == nullptr || runtime->disabled() || p == 0) return get(handle, p);
+  cudaError_t& last_error = thread_error(caller_runtime().number);
+  const cudaError_t before = last_error;
+  const cudaError_t judged = guarded("cuIpcGetMemHandle", [&] {
+    return runtime->ipc_exportable(ptr(p), "cuIpcGetMemHandle", "CUDA_ERROR_INVALID_VALUE") ? cudaSuccess
+                                                                                            : cudaErrorInvalidValue;
+  });
+  last_error = before;
+  return judged == cudaSuccess ? get(handle, p) : cu(judged);
+}
+
+std::atomic<decltype(&cuIpcGetMemHandle)> driver_ipc_get_mem_handle{nullptr};
+
+CUresult observed_ipc_get_mem_handle(CUipcMemHandle* handle, CUdeviceptr p) {
+  return ipc_handle_in_books(handle, p, driver_ipc_get_mem_handle.load(std::memory_order_acquire));
+}
+
+// The capture's begins and ends, under any of their names (a library's dlsym
+// asks for cuStreamBeginCapture_v2_ptsz).
+bool captures(const char* symbol) {
+  if (symbol == nullptr) return false;
+  const std::string_view name(symbol);
+  return name.starts_with("cuStreamBeginCapture") || name.starts_with("cuStreamEndCapture");
+}
+
+// The driver's captures where gpupool does not take the driver's calls over.
+// Unseen, a capture had its stream's stream-ordered requests served from the
+// cache, so the graph's work wrote memory the pool lent again once the
+// capture was over (at every launch of the graph), and the pool's fences on
+// the stream joined the capture. Seen, the pool keeps its books as for
+// cudaStreamBeginCapture: requests on the stream go to the runtime (graph
+// nodes) and nothing of the pool's touches the capture. The driver's own call
+// makes the capture, and its answer is the caller's; a driver call leaves the
+// runtime's last error as it was. No runtime loaded in the process: gpupool
+// can serve nothing there, and the driver alone answers.
+template <typename Begin>
+CUresult capture_begin_in_books(CUstream s, bool per_thread, CUstreamCaptureMode mode, Begin&& begin) {
+  if (Runtime::if_started() == nullptr && real().cudaStreamBeginCapture == nullptr) return begin();
+  CUresult r = CUDA_SUCCESS;
+  bool made = false;
+  cudaError_t& last_error = thread_error(caller_runtime().number);
+  const cudaError_t before = last_error;
+  begin_capture_in_books(rt(s), per_thread, static_cast<cudaStreamCaptureMode>(mode), "cuStreamBeginCapture", [&] {
+    r = begin();
+    made = true;
+    return static_cast<cudaError_t>(r);
+  });
+  last_error = before;
+  // gpupool failed twice on the way (host memory): the driver begins all the
+  // same, as it destroys and frees all the same.
+  return made ? r : begin();
+}
+
+template <typename End>
+CUresult capture_end_in_books(CUstream s, bool per_thread, End&& end) {
+  const CUresult r = end();
+  if (Runtime::if_started() == nullptr) return r;  // no capture of gpupool's books
+  cudaError_t& last_error = thread_error(caller_runtime().number);
+  const cudaError_t before = last_error;
+  // The capture's codes are the same numbers in both APIs.
+  end_capture_in_books(rt(s), per_thread, static_cast<cudaError_t>(r), "cuStreamEndCapture");
+  last_error = before;
+  return r;
+}
+
+// Each version's and per-thread version's function as fetched: the driver's
+// own, which gpupool's (below) calls.
+std::atomic<void*> driver_begin_capture_v1{nullptr};
+std::atomic<void*> driver_begin_capture_v1_ptsz{nullptr};
+std::atomic<void*> driver_begin_capture{nullptr};
+std::atomic<void*> driver_begin_capture_ptsz{nullptr};
+std::atomic<void*> driver_begin_capture_to_graph{nullptr};
+std::atomic<void*> driver_begin_capture_to_graph_ptsz{nullptr};
+std::atomic<void*> driver_end_capture{nullptr};
+std::atomic<void*> driver_end_capture_ptsz{nullptr};
+
+// gpupool's, each with the driver's function's own parameters; the
+// per-thread ones name the calling thread's default stream with a null
+// stream. The first version of the begin took no mode: it captured as the
+// global mode does.
+template <std::atomic<void*>& real, bool per_thread>
+CUresult observed_begin_capture_v1(CUstream s) {
+  return capture_begin_in_books(s, per_thread, CU_STREAM_CAPTURE_MODE_GLOBAL,
+                                [s] { return real_of(real, &observed_begin_capture_v1<real, per_thread>)(s); });
+}
+template <std::atomic<void*>& real, bool per_thread>
+CUresult observed_begin_capture(CUstream s, CUstreamCaptureMode mode) {
+  return capture_begin_in_books(s, per_thread, mode,
+                                [=] { return real_of(real, &observed_begin_capture<real, per_thread>)(s, mode); });
+}
+template <std::atomic<void*>& real, bool per_thread>
+CUresult observed_begin_capture_to_graph(CUstream s, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* data,
+                                         size_t count, CUstreamCaptureMode mode) {
+  return capture_begin_in_books(s, per_thread, mode, [=] {
+    return real_of(real, &observed_begin_capture_to_graph<real, per_thread>)(s, g, deps, data, count, mode);
+  });
+}
+template <std::atomic<void*>& real, bool per_thread>
+CUresult observed_end_capture(CUstream s, CUgraph* g) {
+  return capture_end_in_books(s, per_thread,
+                              [=] { return real_of(real, &observed_end_capture<real, per_thread>)(s, g); });
+}
+
+struct WatchedCapture {
+  const char* name;
+  int since;  // the version from which the call has this signature
+  int until;  // the version from which it has another (0: none yet)
+  std::atomic<void*>* real;
+  std::atomic<void*>* real_per_thread;
+  void* legacy;
+  void* per_thread;
+};
+
+const WatchedCapture kWatchedCaptures[] = {
+    {"cuStreamBeginCapture", 10000, 10010, &driver_begin_capture_v1, &driver_begin_capture_v1_ptsz,
+     fn(observed_begin_capture_v1<driver_begin_capture_v1, false>),
+     fn(observed_begin_capture_v1<driver_begin_capture_v1_ptsz, true>)},
+    {"cuStreamBeginCapture", 10010, 0, &driver_begin_capture, &driver_begin_capture_ptsz,
+     fn(observed_begin_capture<driver_begin_capture, false>), fn(observed_begin_capture<driver_begin_capture_ptsz, true>)},
+    {"cuStreamBeginCaptureToGraph", 12030, 0, &driver_begin_capture_to_graph, &driver_begin_capture_to_graph_ptsz,
+     fn(observed_begin_capture_to_graph<driver_begin_capture_to_graph, false>),
+     fn(observed_begin_capture_to_graph<driver_begin_capture_to_graph_ptsz, true>)},
+    {"cuStreamEndCapture", 10000, 0, &driver_end_capture, &driver_end_capture_ptsz,
+     fn(observed_end_capture<driver_end_capture, false>), fn(observed_end_capture<driver_end_capture_ptsz, true>)},
+};
+
+// What the program gets for the capture call `symbol` fetched at `version`
+// (real_function): gpupool's watching one, or null where none is.
+void* watched_capture(const char* symbol, int version, bool per_thread, void* real_function) {
+  for (const WatchedCapture& w : kWatchedCaptures) {
+    if (std::strcmp(w.name, symbol) != 0 || version < w.since || (w.until != 0 && version >= w.until)) continue;
+    (per_thread ? w.real_per_thread : w.real)->store(real_function, std::memory_order_release);
+    return per_thread ? w.per_thread : w.legacy;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+bool watched_driver_call(const char* symbol) {
+  return destroys_stream(symbol) || resets_device(symbol) || frees_memory(symbol) || shares_memory(symbol) ||
+         captures(symbol);
+}
+
+void* watching_driver_call(const char* symbol, int version, unsigned long long flags, void* real_function) {
+  if (symbol == nullptr) return nullptr;
+  const bool per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+  if (destroys_stream(symbol)) {
+    driver_stream_destroy.store(reinterpret_cast<decltype(&cuStreamDestroy_v2)>(real_function),
+                                std::memory_order_release);
+    return reinterpret_cast<void*>(&observed_stream_destroy);
+  }
+  if (resets_device(symbol)) {
+    driver_primary_ctx_reset.store(reinterpret_cast<decltype(&cuDevicePrimaryCtxReset_v2)>(real_function),
+                                   std::memory_order_release);
+    return reinterpret_cast<void*>(&observed_primary_ctx_reset);
+  }
+  if (std::strcmp(symbol, "cuMemFree") == 0 && version >= 3020) {  // before 3020, 32-bit pointers
+    driver_mem_free.store(reinterpret_cast<decltype(&cuMemFree_v2)>(real_function), std::memory_order_release);
+    return reinterpret_cast<void*>(&observed_mem_free);
+  }
+  if (std::strcmp(symbol, "cuMemFreeAsync") == 0 && version >= 11020) {
+    (per_thread ? driver_mem_free_async_ptsz : driver_mem_free_async)
+        .store(reinterpret_cast<decltype(&cuMemFreeAsync)>(real_function), std::memory_order_release);
+    return per_thread ? reinterpret_cast<void*>(&observed_mem_free_async_ptsz)
+                      : reinterpret_cast<void*>(&observed_mem_free_async);
+  }
+  if (shares_memory(symbol) && version >= 4010) {
+    driver_ipc_get_mem_handle.store(reinterpret_cast<decltype(&cuIpcGetMemHandle)>(real_function),
+                                    std::memory_order_release);
+    return reinterpret_cast<void*>(&observed_ipc_get_mem_handle);
+  }
+  return captures(symbol) ? watched_capture(symbol, version, per_thread, real_function) : nullptr;
+}
+
+int direct_stream_destroy(void* stream, int (*real)(void* stream)) {
+  return static_cast<int>(destroy_in_books(static_cast<CUstream>(stream),
+                                           [real](CUstream s) { return static_cast<CUresult>(real(s)); }));
+}
+
+int direct_device_reset(int device, int (*real)(int device)) {
+  return static_cast<int>(driver_reset_in_books(device, [real](CUdevice d) { return static_cast<CUresult>(real(d)); }));
+}
+
+int direct_mem_free(unsigned long long p, int (*real)(unsigned long long p)) {
+  return static_cast<int>(mem_free_in_books(p, [real](CUdeviceptr q) { return static_cast<CUresult>(real(q)); }));
+}
+
+int direct_mem_free_async(unsigned long long p, void* stream, int (*real)(unsigned long long p, void* stream)) {
+  const auto driver = [real](CUdeviceptr q, CUstream s) { return static_cast<CUresult>(real(q, s)); };
+  return static_cast<int>(mem_free_async_in_books(p, static_cast<CUstream>(stream), false, driver));
+}
+
+int direct_mem_free_async_ptsz(unsigned long long p, void* stream, int (*real)(unsigned long long p, void* stream)) {
+  const auto driver = [real](CUdeviceptr q, CUstream s) { return static_cast<CUresult>(real(q, s)); };
+  return static_cast<int>(mem_free_async_in_books(p, static_cast<CUstream>(stream), true, driver));
+}
+
+int direct_ipc_get_mem_handle(void* handle, unsigned long long p, int (*real)(void* handle, unsigned long long p)) {
+  const auto driver = [real](CUipcMemHandle* h, CUdeviceptr q) { return static_cast<CUresult>(real(h, q)); };
+  return static_cast<int>(ipc_handle_in_books(static_cast<CUipcMemHandle*>(handle), p, driver));
+}
+
+int direct_begin_capture_v1(void* stream, int (*real)(void* stream)) {
+  return static_cast<int>(capture_begin_in_books(static_cast<CUstream>(stream), false, CU_STREAM_CAPTURE_MODE_GLOBAL,
+                                                 [=] { return static_cast<CUresult>(real(stream)); }));
+}
+int direct_begin_capture_v1_ptsz(void* stream, int (*real)(void* stream)) {
+  return static_cast<int>(capture_begin_in_books(static_cast<CUstream>(stream), true, CU_STREAM_CAPTURE_MODE_GLOBAL,
+                                                 [=] { return static_cast<CUresult>(real(stream)); }));
+}
+int direct_begin_capture(void* stream, int mode, int (*real)(void* stream, int mode)) {
+  return static_cast<int>(capture_begin_in_books(static_cast<CUstream>(stream), false,
+                                                 static_cast<CUstreamCaptureMode>(mode),
+                                                 [=] { return static_cast<CUresult>(real(stream, mode)); }));
+}
+int direct_begin_capture_ptsz(void* stream, int mode, int (*real)(void* stream, int mode)) {
+  return static_cast<int>(capture_begin_in_books(static_cast<CUstream>(stream), true,
+                                                 static_cast<CUstreamCaptureMode>(mode),
+                                                 [=] { return static_cast<CUresult>(real(stream, mode)); }));
+}
+int direct_begin_capture_to_graph(void* stream, void* graph, const void* deps, const void* data, size_t count, int mode,
+                                  gpupool_begin_capture_to_graph_fn real) {
+  return static_cast<int>(
+      capture_begin_in_books(static_cast<CUstream>(stream), false, static_cast<CUstreamCaptureMode>(mode),
+                             [=] { return static_cast<CUresult>(real(stream, graph, deps, data, count, mode)); }));
+}
+int direct_begin_capture_to_graph_ptsz(void* stream, void* graph, const void* deps, const void* data, size_t count,
+                                       int mode, gpupool_begin_capture_to_graph_fn real) {
+  return static_cast<int>(
+      capture_begin_in_books(static_cast<CUstream>(stream), true, static_cast<CUstreamCaptureMode>(mode),
+                             [=] { return static_cast<CUresult>(real(stream, graph, deps, data, count, mode)); }));
+}
+int direct_end_capture(void* stream, void** graph, int (*real)(void* stream, void** graph)) {
+  return static_cast<int>(capture_end_in_books(static_cast<CUstream>(stream), false,
+                                               [=] { return static_cast<CUresult>(real(stream, graph)); }));
+}
+int direct_end_capture_ptsz(void* stream, void** graph, int (*real)(void* stream, void** graph)) {
+  return static_cast<int>(capture_end_in_books(static_cast<CUstream>(stream), true,
+                                               [=] { return static_cast<CUresult>(real(stream, graph)); }));
+}
+
+}  // namespace gpupool::shim
