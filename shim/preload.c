@@ -175,8 +175,8 @@ __attribute__((visibility("hidden"))) const struct gpupool_core* gpupool_preload
    name other memory (its segment), as cudaIpcGetMemHandle refuses it.
    The destroy's and the reset's first versions do the same as their second.
    No core loaded: no runtime call reached gpupool, which then knows no
-   stream and lent no memory. Each is named with its parameters and arguments, as in
-   entry_points.def. */
+   stream and lent no memory. Each is named with its parameters and
+   arguments, as in entry_points.def. */
 #define WATCHED_DRIVER_CALLS(X)                                                                            \
   X(cuStreamDestroy_v2, (void* stream), (stream), driver_stream_destroy)                                   \
   X(cuStreamDestroy, (void* stream), (stream), driver_stream_destroy)                                      \
