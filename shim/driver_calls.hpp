@@ -31,11 +31,20 @@ F* real_of(const std::atomic<void*>& slot, F*) {
   return reinterpret_cast<F*>(slot.load());
 }
 
-// entry_points.cpp
+// entry_points.cpp: the runtime's calls' work, which the driver's reuse.
+// cudaMallocPitch's and cudaMalloc3D's (see there).
 bool allocate_pitched(void** ptr, size_t* pitch, size_t width, size_t rows, cudaError_t* result);
+// cudaFree's work, the driver's cuMemFree's too (`call` names it in lines).
 cudaError_t free_plain(void* ptr, const char* call);
+// cudaFreeAsync's work (its per-thread version's), the driver's
+// cuMemFreeAsync's too.
 cudaError_t free_stream_ordered(void* ptr, cudaStream_t stream, bool per_thread, const char* call);
+// A reset of `device` made by `reset` (the runtime's, the driver's), `call`
+// naming it, with the pool's books kept around it.
 cudaError_t reset_in_books(int device, const char* call, const std::function<cudaError_t()>& reset);
+// A capture's begin made by `begin` (the driver's), with the pool's books kept
+// around it as at cudaStreamBeginCapture, `call` naming it; and a capture's
+// end, which the driver answered `err`, as at cudaStreamEndCapture.
 cudaError_t begin_capture_in_books(cudaStream_t stream, bool per_thread, cudaStreamCaptureMode mode, const char* call,
                                    const std::function<cudaError_t()>& begin);
 void end_capture_in_books(cudaStream_t stream, bool per_thread, cudaError_t err, const char* call);

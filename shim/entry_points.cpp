@@ -11,6 +11,7 @@
 
 #include "shim/caller_runtime.hpp"
 #include "shim/core_interface.h"
+#include "shim/driver_calls.hpp"
 #include "shim/guard.hpp"
 #include "shim/library_opening.hpp"
 #include "shim/messages.hpp"
@@ -52,22 +53,6 @@ int direct_begin_capture_to_graph_ptsz(void* stream, void* graph, const void* de
                                        int mode, gpupool_begin_capture_to_graph_fn real);
 int direct_end_capture(void* stream, void** graph, int (*real)(void* stream, void** graph));
 int direct_end_capture_ptsz(void* stream, void** graph, int (*real)(void* stream, void** graph));
-
-// cudaFree's work, the driver's cuMemFree's too (`call` names it in lines):
-// below, where its helpers are.
-cudaError_t free_plain(void* ptr, const char* call);
-// cudaFreeAsync's work (its per-thread version's), the driver's
-// cuMemFreeAsync's too.
-cudaError_t free_stream_ordered(void* ptr, cudaStream_t stream, bool per_thread, const char* call);
-// A reset of `device` made by `reset` (the runtime's, the driver's), `call`
-// naming it, with the pool's books kept around it.
-cudaError_t reset_in_books(int device, const char* call, const std::function<cudaError_t()>& reset);
-// A capture's begin made by `begin` (the driver's), with the pool's books kept
-// around it as at cudaStreamBeginCapture, `call` naming it; and a capture's
-// end, which the driver answered `err`, as at cudaStreamEndCapture.
-cudaError_t begin_capture_in_books(cudaStream_t stream, bool per_thread, cudaStreamCaptureMode mode, const char* call,
-                                   const std::function<cudaError_t()>& begin);
-void end_capture_in_books(cudaStream_t stream, bool per_thread, cudaError_t err, const char* call);
 
 // Pitched memory (cudaMallocPitch, cudaMalloc3D, the driver's cuMemAllocPitch)
 // is served as cudaMalloc of `rows` rows of *pitch bytes. Each row is padded to
