@@ -24,6 +24,20 @@ namespace gpupool::shim {
 
 namespace {
 
+// A driver call leaves the runtime's last error as it was: gpupool's work
+// around it, which may fail as a runtime call does, gives the caller's
+// runtime no error.
+template <typename Work>
+decltype(auto) keeping_last_error(Work&& work) {
+  cudaError_t& error = thread_error(caller_runtime().number);
+  struct Restore {
+    cudaError_t& error;
+    const cudaError_t before;
+    ~Restore() { error = before; }
+  } restore{error, error};
+  return work();
+}
+
 bool destroys_stream(const char* symbol) {
   return symbol != nullptr &&
          (std::strcmp(symbol, "cuStreamDestroy") == 0 || std::strcmp(symbol, "cuStreamDestroy_v2") == 0);
@@ -94,11 +108,7 @@ template <typename Pooled, typename Driver>
 CUresult free_in_books(CUdeviceptr p, const char* call, Pooled&& pooled, Driver&& driver) {
   Runtime* runtime = Runtime::if_started();  // none yet: it lent nothing
   if (runtime == nullptr || p == 0 || runtime->device_holding(ptr(p)) < 0) return driver();
-  cudaError_t& last_error = thread_error(caller_runtime().number);
-  const cudaError_t before = last_error;
-  const CUresult r = cu(guarded(call, pooled));
-  last_error = before;
-  return r;
+  return cu(keeping_last_error([&] { return guarded(call, pooled); }));
 }
 
 template <typename Free>
@@ -143,13 +153,12 @@ template <typename Get>
 CUresult ipc_handle_in_books(CUipcMemHandle* handle, CUdeviceptr p, Get&& get) {
   Runtime* runtime = Runtime::if_started();  // none yet: it lent nothing
   if (runtime == nullptr || runtime->disabled() || p == 0) return get(handle, p);
-  cudaError_t& last_error = thread_error(caller_runtime().number);
-  const cudaError_t before = last_error;
-  const cudaError_t judged = guarded("cuIpcGetMemHandle", [&] {
-    return runtime->ipc_exportable(ptr(p), "cuIpcGetMemHandle", "CUDA_ERROR_INVALID_VALUE") ? cudaSuccess
-                                                                                            : cudaErrorInvalidValue;
+  const cudaError_t judged = keeping_last_error([&] {
+    return guarded("cuIpcGetMemHandle", [&] {
+      return runtime->ipc_exportable(ptr(p), "cuIpcGetMemHandle", "CUDA_ERROR_INVALID_VALUE") ? cudaSuccess
+                                                                                              : cudaErrorInvalidValue;
+    });
   });
-  last_error = before;
   return judged == cudaSuccess ? get(handle, p) : cu(judged);
 }
 
@@ -182,14 +191,13 @@ CUresult capture_begin_in_books(CUstream s, bool per_thread, CUstreamCaptureMode
   if (Runtime::if_started() == nullptr && real().cudaStreamBeginCapture == nullptr) return begin();
   CUresult r = CUDA_SUCCESS;
   bool made = false;
-  cudaError_t& last_error = thread_error(caller_runtime().number);
-  const cudaError_t before = last_error;
-  begin_capture_in_books(rt(s), per_thread, static_cast<cudaStreamCaptureMode>(mode), "cuStreamBeginCapture", [&] {
-    r = begin();
-    made = true;
-    return static_cast<cudaError_t>(r);
+  keeping_last_error([&] {
+    return begin_capture_in_books(rt(s), per_thread, rt(mode), "cuStreamBeginCapture", [&] {
+      r = begin();
+      made = true;
+      return static_cast<cudaError_t>(r);
+    });
   });
-  last_error = before;
   // gpupool failed twice on the way (host memory): the driver begins all the
   // same, as it destroys and frees all the same.
   return made ? r : begin();
@@ -199,11 +207,9 @@ template <typename End>
 CUresult capture_end_in_books(CUstream s, bool per_thread, End&& end) {
   const CUresult r = end();
   if (Runtime::if_started() == nullptr) return r;  // no capture of gpupool's books
-  cudaError_t& last_error = thread_error(caller_runtime().number);
-  const cudaError_t before = last_error;
   // The capture's codes are the same numbers in both APIs.
-  end_capture_in_books(rt(s), per_thread, static_cast<cudaError_t>(r), "cuStreamEndCapture");
-  last_error = before;
+  keeping_last_error(
+      [&] { end_capture_in_books(rt(s), per_thread, static_cast<cudaError_t>(r), "cuStreamEndCapture"); });
   return r;
 }
 
@@ -260,7 +266,8 @@ const WatchedCapture kWatchedCaptures[] = {
      fn(observed_begin_capture_v1<driver_begin_capture_v1, false>),
      fn(observed_begin_capture_v1<driver_begin_capture_v1_ptsz, true>)},
     {"cuStreamBeginCapture", 10010, 0, &driver_begin_capture, &driver_begin_capture_ptsz,
-     fn(observed_begin_capture<driver_begin_capture, false>), fn(observed_begin_capture<driver_begin_capture_ptsz, true>)},
+     fn(observed_begin_capture<driver_begin_capture, false>),
+     fn(observed_begin_capture<driver_begin_capture_ptsz, true>)},
     {"cuStreamBeginCaptureToGraph", 12030, 0, &driver_begin_capture_to_graph, &driver_begin_capture_to_graph_ptsz,
      fn(observed_begin_capture_to_graph<driver_begin_capture_to_graph, false>),
      fn(observed_begin_capture_to_graph<driver_begin_capture_to_graph_ptsz, true>)},
