@@ -13,8 +13,6 @@
 // overlaps two blocks, or gives a device another's memory, breaks a pattern
 // or a check: every live block is read back whenever the threads meet.
 //   stress [threads] [rounds] [operations per round] [seed]
-#include <dlfcn.h>
-
 #include <atomic>
 #include <barrier>
 #include <map>
@@ -25,6 +23,7 @@
 #include <cuda.h>
 
 #include "common.hpp"
+#include "driver_ways.hpp"
 
 namespace {
 
@@ -56,16 +55,15 @@ struct DriverFrees {
 const DriverFrees& driver_frees() {
   static const DriverFrees found = [] {
     DriverFrees f;
-    void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
 #ifdef CUDA_API_PER_THREAD_DEFAULT_STREAM
     const char* free_async = "cuMemFreeAsync_ptsz";
 #else
     const char* free_async = "cuMemFreeAsync";
 #endif
-    if (driver != nullptr) {
-      f.free = reinterpret_cast<decltype(f.free)>(dlsym(driver, "cuMemFree_v2"));
-      f.free_async = reinterpret_cast<decltype(f.free_async)>(dlsym(driver, free_async));
-    }
+    f.free = reinterpret_cast<decltype(f.free)>(
+        testprog::driver_function("driver-dlsym", "cuMemFree_v2", "cuMemFree", nullptr));
+    f.free_async = reinterpret_cast<decltype(f.free_async)>(
+        testprog::driver_function("driver-dlsym", free_async, "cuMemFreeAsync", nullptr));
     EXPECT(f.free != nullptr && f.free_async != nullptr);
     return f;
   }();
