@@ -29,6 +29,9 @@ cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t, enum cudaStreamCaptureStatu
 cudaError_t cudaStreamGetFlags_ptsz(cudaStream_t, unsigned int*);
 cudaError_t cudaStreamGetDevice_ptsz(cudaStream_t, int*);
 cudaError_t cudaLaunchKernel_ptsz(const void*, dim3, dim3, void**, size_t, cudaStream_t);
+cudaError_t cudaGetDriverEntryPoint_ptsz(const char*, void**, unsigned long long, enum cudaDriverEntryPointQueryResult*);
+cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char*, void**, unsigned int, unsigned long long,
+                                                  enum cudaDriverEntryPointQueryResult*);
 
 #ifdef __cplusplus
 }

@@ -4,6 +4,7 @@
 // either runs against either. Here: errors, devices, kernel launches, driver
 // entry points and the tests' controls; memory_api.cpp and stream_api.cpp
 // hold the rest, runtime_state.hpp what they share.
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -263,17 +264,47 @@ cudaError_t cudaLaunchKernel_ptsz(const void*, dim3, dim3, void**, size_t, cudaS
 
 // ---------------------------------------------------------------- driver entry points
 
-cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int, unsigned long long,
-                                             cudaDriverEntryPointQueryResult* status) {
+// As the real runtime: asked of the driver's cuGetProcAddress directly (past
+// any lookup a preloaded library watches), at the version given, or at the
+// runtime's own for the call without one. The default flag means the
+// per-thread versions in the _ptsz twins (a program built with
+// --default-stream per-thread calls those). A symbol not found is no error.
+namespace {
+cudaError_t driver_entry_point(const char* symbol, void** fn, unsigned int version, unsigned long long flags,
+                               cudaDriverEntryPointQueryResult* status, bool per_thread_default) {
   if (symbol == nullptr || fn == nullptr) return result(cudaErrorInvalidValue);
-  *fn = simcuda::driver_entry_point(symbol);
-  if (status != nullptr) *status = *fn != nullptr ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+  const bool per_thread = (flags & cudaEnablePerThreadDefaultStream) != 0 ||
+                          (flags == cudaEnableDefault && per_thread_default);
+  CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  if (cuGetProcAddress_v2(symbol, fn, static_cast<int>(version),
+                          per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_LEGACY_STREAM,
+                          &found) != CUDA_SUCCESS) {
+    *fn = nullptr;
+  }
+  if (status != nullptr) {
+    *status = found == CU_GET_PROC_ADDRESS_SUCCESS                ? cudaDriverEntryPointSuccess
+              : found == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT ? cudaDriverEntryPointVersionNotSufficent
+                                                                    : cudaDriverEntryPointSymbolNotFound;
+  }
   return cudaSuccess;
 }
+}  // namespace
 
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int version,
+                                             unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
+  return driver_entry_point(symbol, fn, version, flags, status, false);
+}
+cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char* symbol, void** fn, unsigned int version,
+                                                  unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
+  return driver_entry_point(symbol, fn, version, flags, status, true);
+}
 cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigned long long flags,
                                     cudaDriverEntryPointQueryResult* status) {
-  return cudaGetDriverEntryPointByVersion(symbol, fn, CUDART_VERSION, flags, status);
+  return driver_entry_point(symbol, fn, CUDART_VERSION, flags, status, false);
+}
+cudaError_t cudaGetDriverEntryPoint_ptsz(const char* symbol, void** fn, unsigned long long flags,
+                                         cudaDriverEntryPointQueryResult* status) {
+  return driver_entry_point(symbol, fn, CUDART_VERSION, flags, status, true);
 }
 
 // ---------------------------------------------------------------- control
