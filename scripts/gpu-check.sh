@@ -282,10 +282,10 @@ for mode in 1 0; do
   run "capture (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-capture
   run "capture while other streams allocate (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-capture others
   run "capture into a graph (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-capture to-graph
-  # The same captures begun and ended with the driver's calls, fetched by name
-  # and through cuGetProcAddress (not linked: build/bin's programs link the
-  # simulated driver's names).
-  for how in driver-dlsym driver-proc-address; do
+  # The same captures begun and ended with the driver's calls, fetched by name,
+  # through cuGetProcAddress and through the runtime's cudaGetDriverEntryPoint
+  # (not linked: build/bin's programs link the simulated driver's names).
+  for how in driver-dlsym driver-proc-address runtime-entry-point runtime-entry-point-by-version; do
     for variant in "" to-graph; do
       run "capture through the driver, $how ${variant:-begin} (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" \
         -- build/bin/test-capture driver "$how" "$out/libtest-driver-lookup.so" $variant
@@ -397,7 +397,7 @@ $refused"
 $driver_refused
 cuIpcGetMemHandle: $driver_first, then cudaSuccess
 $driver_refused"
-  for how in driver-dlsym driver-proc-address; do
+  for how in driver-dlsym driver-proc-address runtime-entry-point runtime-entry-point-by-version; do
     ipc_log="$out/ipc-$how-$mode.out"
     timeout 60 env "${pool[@]}" GPUPOOL_EXPANDABLE_SEGMENTS=$mode \
       build/bin/test-lifecycle ipc "$how" "$out/libtest-driver-lookup.so" >"$ipc_log" 2>&1
@@ -410,7 +410,8 @@ $driver_refused"
 done
 # Two CUDA runtimes in one process: the program's (the real one) and a
 # stand-in CUDA 12 runtime of a library built against it (tests/programs).
-# Each caller reads its own runtime's last error, with gpupool as without.
+# Each caller reads its own runtime's last error, with gpupool as without, and
+# a driver function the library fetches is its own runtime's.
 mkdir -p "$out/cuda12"
 cc -O2 -shared -fPIC -I"$cuda_include" -Wl,-soname,libcudart.so.12 \
   -Wl,--version-script=tests/programs/second_runtime.map -o "$out/cuda12/libcudart.so.12" \
@@ -422,7 +423,12 @@ cc -O2 -shared -fPIC -I"$cuda_include" -Wl,-soname,libcudart.so.12 \
 two_runtimes() { timeout 60 env "$@" build/bin/test-two-runtimes "$out/cuda12/libtest-cuda12-user.so" 2>/dev/null | tail -1; }
 runtimes_alone=$(two_runtimes)
 runtimes_pooled=$(two_runtimes "${pool[@]}")
-if [ -n "$runtimes_alone" ] && [ "$runtimes_alone" = "$runtimes_pooled" ]; then
+# The one difference gpupool makes: the driver's free the library fetched
+# through its own runtime is gpupool's, watched.
+watched='"driver_free12_watched": 1'
+unwatched='"driver_free12_watched": 0'
+if [ -n "$runtimes_alone" ] && [[ "$runtimes_pooled" == *"$watched"* ]] &&
+  [ "$runtimes_alone" = "${runtimes_pooled/"$watched"/"$unwatched"}" ]; then
   record "two runtimes: each one's callers read their own last error" PASS ""
 else
   record "two runtimes: each one's callers read their own last error" FAIL \

@@ -79,6 +79,19 @@ int number_of(void* get_last) {
 
 RuntimeErrors real_errors() { return {real().cudaGetLastError, real().cudaPeekAtLastError}; }
 
+RuntimeFetches real_fetches() {
+  const RealCuda& r = real();
+  return {r.cudaGetDriverEntryPoint, r.cudaGetDriverEntryPoint_ptsz, r.cudaGetDriverEntryPointByVersion,
+          r.cudaGetDriverEntryPointByVersion_ptsz, r.cudaRuntimeGetVersion};
+}
+
+// `library`'s function `name` as its own dependencies resolve it, into `out`.
+template <typename F>
+void own_function(void* library, const char* name, F* out) {
+  void* f = dlsym(library, name);
+  std::memcpy(out, &f, sizeof f);
+}
+
 // Resolves the library at `address` (or notes that no library holds it).
 // Only the walk of the loaded libraries holds a lock of gpupool's: the loader
 // takes its own for the rest, and may hold it while a library's constructor
@@ -90,7 +103,7 @@ CallerRuntime resolve(std::uintptr_t address, std::uintptr_t* outside_libraries)
     dl_iterate_phdr(find_library, &library);
   }
   if (!library.found) *outside_libraries = address;
-  CallerRuntime runtime{0, real_errors()};
+  CallerRuntime runtime{0, real_errors(), real_fetches()};
   // The program (no name) resolves through the global scope, as real() does.
   if (library.found && library.name[0] != '\0') {
     if (void* handle = open_loaded_library(library.name)) {
@@ -98,7 +111,6 @@ CallerRuntime resolve(std::uintptr_t address, std::uintptr_t* outside_libraries)
       // not the preload library before them.
       void* get_last = dlsym(handle, "cudaGetLastError");
       void* peek_at_last = dlsym(handle, "cudaPeekAtLastError");
-      dlclose(handle);
       Dl_info where;
       const bool ours = get_last != nullptr && dladdr(get_last, &where) != 0 &&
                         where.dli_fbase == preload_library_base();
@@ -108,8 +120,15 @@ CallerRuntime resolve(std::uintptr_t address, std::uintptr_t* outside_libraries)
           runtime.number = number;
           std::memcpy(&runtime.errors.get_last, &get_last, sizeof get_last);
           std::memcpy(&runtime.errors.peek_at_last, &peek_at_last, sizeof peek_at_last);
+          RuntimeFetches& f = runtime.fetches;
+          own_function(handle, "cudaGetDriverEntryPoint", &f.entry_point);
+          own_function(handle, "cudaGetDriverEntryPoint_ptsz", &f.entry_point_ptsz);
+          own_function(handle, "cudaGetDriverEntryPointByVersion", &f.entry_point_by_version);
+          own_function(handle, "cudaGetDriverEntryPointByVersion_ptsz", &f.entry_point_by_version_ptsz);
+          own_function(handle, "cudaRuntimeGetVersion", &f.get_version);
         }
       }
+      dlclose(handle);
     }
   }
   if (library.found && known_reserved.load(std::memory_order_relaxed) < kKnownLibraries) {
@@ -146,7 +165,7 @@ void set_caller_lookup(const void* (*caller)()) { caller_lookup.store(caller, st
 CallerRuntime caller_runtime() {
   const void* (*lookup)() = caller_lookup.load(std::memory_order_acquire);
   const std::uintptr_t address = lookup != nullptr ? reinterpret_cast<std::uintptr_t>(lookup()) : 0;
-  if (address == 0) return {0, real_errors()};
+  if (address == 0) return {0, real_errors(), real_fetches()};
   const int reserved = std::min(known_reserved.load(std::memory_order_relaxed), kKnownLibraries);
   for (int i = 0; i < reserved; ++i) {
     if (known[i].ready.load(std::memory_order_acquire) && address >= known[i].begin && address < known[i].end) {
@@ -156,7 +175,7 @@ CallerRuntime caller_runtime() {
   // Code outside every library (generated at run time) has no range to
   // remember: its last call site is, so that a loop there walks the list once.
   thread_local std::uintptr_t outside_libraries = 0;
-  if (address == outside_libraries) return {0, real_errors()};
+  if (address == outside_libraries) return {0, real_errors(), real_fetches()};
   return resolve(address, &outside_libraries);
 }
 

@@ -37,13 +37,29 @@ struct RuntimeErrors {
 // runtime 0's.
 void set_caller_lookup(const void* (*caller)());
 
-// The runtime of the intercepted call this thread is in: its number, and its
-// last-error functions (number 0: real()'s). The first call from a library
-// asks the dynamic loader: never with a lock of gpupool's held (a library's
-// constructor may allocate while the loader holds its own).
+// A runtime's own calls that fetch the driver's functions, which fetch at
+// that runtime's version: another major version's driver functions may have
+// other signatures (CUDA 13's cuMemPrefetchAsync is not CUDA 12's), so a
+// caller's fetch goes to its own runtime. Null where that runtime has none.
+using EntryPoint = cudaError_t (*)(const char*, void**, unsigned long long, cudaDriverEntryPointQueryResult*);
+using EntryPointByVersion = cudaError_t (*)(const char*, void**, unsigned int, unsigned long long,
+                                            cudaDriverEntryPointQueryResult*);
+struct RuntimeFetches {
+  EntryPoint entry_point;
+  EntryPoint entry_point_ptsz;
+  EntryPointByVersion entry_point_by_version;
+  EntryPointByVersion entry_point_by_version_ptsz;
+  cudaError_t (*get_version)(int*);
+};
+
+// The runtime of the intercepted call this thread is in: its number, its
+// last-error functions and its fetches (number 0: real()'s). The first call
+// from a library asks the dynamic loader: never with a lock of gpupool's held
+// (a library's constructor may allocate while the loader holds its own).
 struct CallerRuntime {
   int number;
   RuntimeErrors errors;
+  RuntimeFetches fetches;
 };
 CallerRuntime caller_runtime();
 

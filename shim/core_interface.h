@@ -16,7 +16,7 @@ extern "C" {
 cudaError_t cudaThreadExit(void);
 
 /* Raised whenever this struct changes: a core of another version is refused. */
-#define GPUPOOL_CORE_ABI 19
+#define GPUPOOL_CORE_ABI 20
 
 /* Finds a real CUDA runtime function: dlsym(RTLD_NEXT) in the preload
    library, the object that stands before the runtime in the search order. */

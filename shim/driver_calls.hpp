@@ -64,5 +64,12 @@ bool watched_driver_call(const char* symbol);
 // `flags` (the driver's, real_function, which it calls), or null for any
 // other call.
 void* watching_driver_call(const char* symbol, int version, unsigned long long flags, void* real_function);
+// The driver's function `symbol` the runtime's cudaGetDriverEntryPoint (or
+// its versions) fetched into `*fn`, at `version`, with the runtime's `flags`
+// (whose default, in the _ptsz twins, is the per-thread one): replaced with
+// gpupool's where it is a watched call. The runtime asks the driver past
+// gpupool's lookups, so this is the only place such a fetch is seen.
+void watch_runtime_fetch(const char* symbol, void** fn, int version, unsigned long long flags,
+                         bool per_thread_default);
 
 }  // namespace gpupool::shim

@@ -1,8 +1,9 @@
 // The driver's calls gpupool watches where it does not take the driver's
 // calls over: a program's or library's stream destroy, device reset, frees,
 // IPC handle and capture calls, reached through the driver directly (exported
-// by the preload, preload.c), looked up by name, or fetched through
-// cuGetProcAddress (driver_hook.c, then driver_entry_points.cpp). Each calls
+// by the preload, preload.c), looked up by name, fetched through
+// cuGetProcAddress (driver_hook.c, then driver_entry_points.cpp) or through
+// the runtime's cudaGetDriverEntryPoint (entry_points.cpp). Each calls
 // the driver's own function with gpupool's books kept around it as for the
 // runtime's call, so that a block, stream or capture the program handles
 // through the driver is still one the pool knows.
@@ -322,6 +323,19 @@ void* watching_driver_call(const char* symbol, int version, unsigned long long f
     return reinterpret_cast<void*>(&observed_ipc_get_mem_handle);
   }
   return captures(symbol) ? watched_capture(symbol, version, per_thread, real_function) : nullptr;
+}
+
+void watch_runtime_fetch(const char* symbol, void** fn, int version, unsigned long long flags,
+                         bool per_thread_default) {
+  if (fn == nullptr || *fn == nullptr) return;
+  // The runtime's flags have the driver's numbers; its default is the
+  // per-thread one in the _ptsz twins (a program built with per-thread
+  // default streams calls those).
+  const bool per_thread =
+      (flags & cudaEnablePerThreadDefaultStream) != 0 || (flags == cudaEnableDefault && per_thread_default);
+  void* watching =
+      watching_driver_call(symbol, version, per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0, *fn);
+  if (watching != nullptr) *fn = watching;
 }
 
 int direct_stream_destroy(void* stream, int (*real)(void* stream)) {

@@ -551,6 +551,64 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
   return pass_on<&RealCuda::cudaIpcGetMemHandle>(handle, ptr);
 }
 
+// ---------------------------------------------------------------- driver functions through the runtime
+
+// A runtime's version, at which its cudaGetDriverEntryPoint fetches; 0 where
+// unknown, which no watched call's version matches.
+int runtime_version(const gpupool::shim::RuntimeFetches& runtime) {
+  int version = 0;
+  return runtime.get_version != nullptr && runtime.get_version(&version) == cudaSuccess ? version : 0;
+}
+
+// A driver function fetched through the caller's own runtime (see
+// RuntimeFetches), as `fetch` does: its answer, with a watched call's
+// function swapped for gpupool's (see watch_runtime_fetch).
+template <typename Fetch>
+cudaError_t fetched_driver_function(const char* call, const char* symbol, void** fn, int version,
+                                    unsigned long long flags, bool per_thread_default, Fetch&& fetch) {
+  enter();
+  const cudaError_t err = fetch();
+  if (err == cudaSuccess) {
+    keep_books(call, [&] { gpupool::shim::watch_runtime_fetch(symbol, fn, version, flags, per_thread_default); });
+  }
+  return err;
+}
+
+cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigned long long flags,
+                                    cudaDriverEntryPointQueryResult* status) {
+  const auto own = gpupool::shim::caller_runtime().fetches;
+  return fetched_driver_function("cudaGetDriverEntryPoint", symbol, fn, runtime_version(own), flags, false, [&] {
+    return own.entry_point != nullptr ? own.entry_point(symbol, fn, flags, status) : missing();
+  });
+}
+cudaError_t cudaGetDriverEntryPoint_ptsz(const char* symbol, void** fn, unsigned long long flags,
+                                         cudaDriverEntryPointQueryResult* status) {
+  const auto own = gpupool::shim::caller_runtime().fetches;
+  return fetched_driver_function("cudaGetDriverEntryPoint", symbol, fn, runtime_version(own), flags, true, [&] {
+    return own.entry_point_ptsz != nullptr ? own.entry_point_ptsz(symbol, fn, flags, status) : missing();
+  });
+}
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int version,
+                                             unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
+  const auto own = gpupool::shim::caller_runtime().fetches;
+  const auto by_version = own.entry_point_by_version;
+  return fetched_driver_function("cudaGetDriverEntryPointByVersion", symbol, fn, static_cast<int>(version), flags,
+                                 false, [&] {
+                                   return by_version != nullptr ? by_version(symbol, fn, version, flags, status)
+                                                                : missing();
+                                 });
+}
+cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char* symbol, void** fn, unsigned int version,
+                                                  unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
+  const auto own = gpupool::shim::caller_runtime().fetches;
+  const auto by_version = own.entry_point_by_version_ptsz;
+  return fetched_driver_function("cudaGetDriverEntryPointByVersion", symbol, fn, static_cast<int>(version), flags,
+                                 true, [&] {
+                                   return by_version != nullptr ? by_version(symbol, fn, version, flags, status)
+                                                                : missing();
+                                 });
+}
+
 // ---------------------------------------------------------------- errors
 
 // The caller's runtime's last error, and gpupool's for that runtime's callers.
@@ -688,6 +746,10 @@ cudaError_t with_error_to_caller(cudaError_t err) {
   return err;
 }
 }  // namespace
+// cudaGetDriverEntryPoint is deprecated, and intercepted all the same (see
+// fetched_driver_function): its export and its place in the table below.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 #define GPUPOOL_ENTRY(name, params, args)                                                              \
   GPUPOOL_EXPORT cudaError_t name params {                                                             \
     return with_error_to_caller<reads_errors(#name)>(guarded(#name, [&] { return serve::name args; })); \
@@ -734,3 +796,4 @@ extern "C" __attribute__((visibility("default"))) const gpupool_core* gpupool_co
   };
   return &table;
 }
+#pragma GCC diagnostic pop

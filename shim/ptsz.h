@@ -18,6 +18,10 @@ cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t, cudaGraph_t, const 
                                                const struct cudaGraphEdgeData_st*, size_t,
                                                enum cudaStreamCaptureMode);
 cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t, cudaGraph_t*);
+cudaError_t cudaGetDriverEntryPoint_ptsz(const char*, void**, unsigned long long,
+                                         enum cudaDriverEntryPointQueryResult*);
+cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char*, void**, unsigned int, unsigned long long,
+                                                  enum cudaDriverEntryPointQueryResult*);
 
 #ifdef __cplusplus
 }

@@ -75,8 +75,14 @@ namespace gpupool::shim {
   X(cudaGetDriverEntryPointByVersion,                                                   \
     cudaError_t(const char*, void**, unsigned int, unsigned long long,                  \
                 cudaDriverEntryPointQueryResult*))                                       \
+  X(cudaGetDriverEntryPointByVersion_ptsz,                                              \
+    cudaError_t(const char*, void**, unsigned int, unsigned long long,                  \
+                cudaDriverEntryPointQueryResult*))                                       \
   X(cudaGetDriverEntryPoint,                                                            \
-    cudaError_t(const char*, void**, unsigned long long, cudaDriverEntryPointQueryResult*))
+    cudaError_t(const char*, void**, unsigned long long, cudaDriverEntryPointQueryResult*)) \
+  X(cudaGetDriverEntryPoint_ptsz,                                                       \
+    cudaError_t(const char*, void**, unsigned long long, cudaDriverEntryPointQueryResult*)) \
+  X(cudaRuntimeGetVersion, cudaError_t(int*))
 
 struct RealCuda {
 #define GPUPOOL_DECLARE(name, signature) std::add_pointer_t<signature> name = nullptr;

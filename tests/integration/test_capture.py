@@ -4,7 +4,7 @@ thread; other streams and devices during a capture; and the simulated
 runtime's own capture rules."""
 import os
 
-from harness import BUILD, ShimTest, main
+from harness import BUILD, DRIVER_WAYS, ShimTest, main
 
 
 class Capture(ShimTest):
@@ -27,15 +27,19 @@ class Capture(ShimTest):
     def test_a_capture_begun_through_the_driver_is_kept_as_the_runtimes(self):
         # The driver's cuStreamBeginCapture (its first version too, and into a
         # graph) and cuStreamEndCapture, their per-thread versions in
-        # test-capture-ptds, however the program reaches them. Unseen, the pool
+        # test-capture-ptds, however the program reaches them (through the
+        # runtime's cudaGetDriverEntryPoint too). Unseen, the pool
         # served the capture's requests from its cache and lent the captured
         # block again after the capture, which the graph writes at each launch.
-        ways = ("driver-linked", "driver-dlsym", "driver-global", "driver-proc-address", "driver-library")
+        ways = DRIVER_WAYS
         lookup = os.path.join(BUILD, "tests", "libtest-driver-lookup.so")
         programs = ("test-capture", "test-capture-ptds")
         runs = [(program, how, variant) for program in programs for how in ways for variant in ([], ["to-graph"])]
         runs += [("test-capture-ptds", how, ["default-stream"]) for how in ways]
-        runs += [(program, how, ["v1"]) for program in programs for how in ways if how != "driver-linked"]
+        # (cuda.h links the second version; the runtime's call without a
+        # version fetches at the runtime's own, which has only the second.)
+        runs += [(program, how, ["v1"]) for program in programs for how in ways
+                 if how not in ("driver-linked", "runtime-entry-point")]
         # Begun with the process's first CUDA call, before gpupool started.
         runs += [("test-capture-ptds", how, ["first"]) for how in ways]
         for program, how, variant in runs:

@@ -10,7 +10,7 @@ import os
 import shutil
 import subprocess
 
-from harness import BUILD, ShimTest, check_books, main, native_only, sanitizer_runtime
+from harness import BUILD, DRIVER_WAYS, ShimTest, check_books, main, native_only, sanitizer_runtime
 
 
 # A forked child of a process whose simulated device runs a thread: under
@@ -179,8 +179,7 @@ class Lifecycle(ShimTest):
     # Every way test-lifecycle resets the device: the runtime's cudaDeviceReset,
     # CUDA 12's cudaThreadExit, and the driver's cuDevicePrimaryCtxReset however
     # the program or a library reaches it (Numba and CUDA.jl reset so).
-    RESETS = ("cudaDeviceReset", "thread-exit", "driver-linked", "driver-dlsym", "driver-global",
-              "driver-proc-address", "driver-library")
+    RESETS = ("cudaDeviceReset", "thread-exit") + DRIVER_WAYS
     DRIVER_LOOKUP = os.path.join(BUILD, "tests", "libtest-driver-lookup.so")
 
     def test_nothing_from_before_a_device_reset_is_handed_out_after_it(self):
@@ -189,13 +188,12 @@ class Lifecycle(ShimTest):
         # memory the reset took), whichever call made the reset.
         for expandable, how in itertools.product(("1", "0"), self.RESETS):
             with self.subTest(expandable_segments=expandable, reset=how):
+                self.remove_reports()  # also a failed subtest's
                 run = self.run_program(["test-lifecycle", "reset", how, self.DRIVER_LOOKUP],
                                        env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
                 self.assertSucceeded(run)
                 self.assertIn("lifecycle: reset", run.stdout)
                 self.assertEqual(run.counters()["stale_event_uses"], 0)
-                for path in run.reports():
-                    os.remove(path)
 
     def test_the_drivers_free_of_a_block_gpupool_lent_frees_it_in_the_pool(self):
         # CUDA lets either API free what the other allocated. The driver's own
@@ -207,17 +205,16 @@ class Lifecycle(ShimTest):
         # driver's to free, and a block freed twice is refused with a line
         # naming the driver's call.
         frees = (("driver-free", "cuMemFree"), ("driver-free-async", "cuMemFreeAsync"))
-        ways = [h for h in self.RESETS if h.startswith("driver-")]
+        ways = DRIVER_WAYS
         for expandable, (mode, call), how in itertools.product(("1", "0"), frees, ways):
             with self.subTest(expandable_segments=expandable, free=call, how=how):
+                self.remove_reports()  # also a failed subtest's
                 run = self.run_program(["test-lifecycle", mode, how, self.DRIVER_LOOKUP],
                                        env={"GPUPOOL_EXPANDABLE_SEGMENTS": expandable})
                 self.assertSucceeded(run)
                 self.assertIn("lifecycle: " + mode + "\n", run.stdout)
                 self.assertIn("gpupool: " + call + ": ", run.stderr)
                 dev = run.report()["devices"]["0"]
-                for path in run.reports():
-                    os.remove(path)
                 s = dev["stats"]
                 self.assertEqual(s["allocation.all.allocated"], 11)  # three before, eight after
                 self.assertEqual(s["allocation.all.freed"], 11)
@@ -275,12 +272,11 @@ class Lifecycle(ShimTest):
         # Each other way to reset counts as the one reset it is.
         for backtrace, how in [("1", "cudaDeviceReset")] + [("0", how) for how in self.RESETS]:
             with self.subTest(backtrace=backtrace, reset=how):
+                self.remove_reports()  # also a failed subtest's
                 run = self.run_program(["test-lifecycle", "reset", how, self.DRIVER_LOOKUP],
                                        env={"GPUPOOL_BACKTRACE": backtrace})
                 self.assertSucceeded(run)
                 dev = run.report()["devices"]["0"]
-                for path in run.reports():
-                    os.remove(path)
                 s = dev["stats"]
                 self.assertEqual(s["allocation.all.allocated"], 6)
                 self.assertEqual(s["requested_bytes.all.allocated"], 512 + ((1 + 3 + 2 + 1 + 3) << 20))
@@ -309,7 +305,7 @@ class Lifecycle(ShimTest):
         # reaches it, and leaves the runtime's last error alone.
         ways = [("cudaIpcGetMemHandle", "cudaErrorInvalidValue", "cudaErrorInvalidValue", "cudaSuccess")]
         ways += [(how, "CUDA_ERROR_INVALID_VALUE", "cudaSuccess", "CUDA_SUCCESS")
-                 for how in self.RESETS if how.startswith("driver-")]
+                 for how in DRIVER_WAYS]
         for how, refusal, error_after, success in ways:
             call = "cudaIpcGetMemHandle" if how == "cudaIpcGetMemHandle" else "cuIpcGetMemHandle"
             refused = f"{call}: {refusal}, then {error_after}"

@@ -20,6 +20,7 @@ class TwoRuntimes(ShimTest):
                 "peer12": 101, "get_after_peer12": 0, "peek12_after_peer12": 101, "get12_after_peer12": 101,
                 "oom12": 2, "get_after_oom12": 0, "get12_after_oom12": 2,
                 "oom": 2, "get12_after_oom": 0, "peek_after_oom": 2, "get_after_oom": 2,
+                "fetch_free12": 0, "driver_free12": 800, "driver_free12_watched": 0,
                 "pair12": 0, "get12_at_end": 0, "get_at_end": 0}
 
     def test_each_runtime_s_callers_read_their_own_last_error(self):
@@ -37,7 +38,10 @@ class TwoRuntimes(ShimTest):
                 # The library's refused launch is its own caller's error; a
                 # failed call it made through gpupool (served, or passed on to
                 # the program's runtime) is too, and none of the program's is.
-                self.assertEqual(run.output_json(), self.EXPECTED)
+                # Its fetch of a driver function is its own runtime's, at that
+                # runtime's version (the program's would give CUDA 13's
+                # signatures), and gpupool watches the function.
+                self.assertEqual(run.output_json(), dict(self.EXPECTED, driver_free12_watched=1))
                 # gpupool served both: the program's two blocks and the library's one.
                 stats = run.report()["devices"]["0"]["stats"]
                 self.assertEqual(stats["allocation.all.allocated"], 3)

@@ -202,13 +202,14 @@ class Hazards(ShimTest):
     def test_a_stream_destroyed_through_the_drivers_call_is_seen_where_called_or_looked_up(self):
         # The program fetches the driver's cuStreamDestroy_v2 with dlsym, or
         # calls it linked with the driver, or a library (driver_lookup_module.c)
-        # fetches it with dlsym: gpupool watches each, and keeps the destroy in
+        # fetches it with dlsym, or the program fetches it through the runtime's
+        # cudaGetDriverEntryPoint: gpupool watches each, and keeps the destroy in
         # the books as cudaStreamDestroy's is. No call
         # names the dead handle (on CUDA 13 such a call crashed the program),
         # no device-wide wait is made, and the block freed on the stream
         # waits for its write on another stream.
         library = {"HAZARDS_DRIVER_LIBRARY": os.path.join(BUILD, "tests", "libtest-driver-lookup.so")}
-        for case in ("driver-destroy", "linked-driver-destroy", "library-driver-destroy"):
+        for case in ("driver-destroy", "linked-driver-destroy", "library-driver-destroy", "runtime-driver-destroy"):
             with self.subTest(case=case):
                 self.remove_reports()
                 run = self.run_program(["test-hazards", case], env=dict(PRESSURE, **library))

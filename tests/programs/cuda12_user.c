@@ -26,3 +26,13 @@ EXPORT cudaError_t cuda12_malloc_free(size_t size) {
 }
 
 EXPORT cudaError_t cuda12_enable_peer_access(int peer) { return cudaDeviceEnablePeerAccess(peer, 0); }
+
+/* The driver's cuMemFree as this library's runtime fetches it (see
+   second_runtime.c), into fn. */
+EXPORT cudaError_t cuda12_fetch_driver_free(void** fn) {
+  enum cudaDriverEntryPointQueryResult status;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  return cudaGetDriverEntryPoint("cuMemFree", fn, cudaEnableDefault, &status);
+#pragma GCC diagnostic pop
+}

@@ -336,6 +336,7 @@ inline int run_case(const std::string& name) {
   if (name == "driver-destroy") return watched_driver_destroy(DriverDestroy::LookedUp);
   if (name == "linked-driver-destroy") return watched_driver_destroy(DriverDestroy::Linked);
   if (name == "library-driver-destroy") return watched_driver_destroy(DriverDestroy::Library);
+  if (name == "runtime-driver-destroy") return watched_driver_destroy(DriverDestroy::Runtime);
   if (name == "gone-stream") return gone_stream(200);
   if (name == "gone-handle-after-barrier") return gone_handle_after_barrier();
   if (name == "gone-stream-made-again") return gone_stream_made_again(false);

@@ -4,6 +4,7 @@
 // gone by a barrier (hazard_cases.hpp's run_case names them).
 #pragma once
 
+#include "driver_ways.hpp"
 #include "hazard_setup.hpp"
 
 namespace hazards {
@@ -43,11 +44,12 @@ inline StreamDestroy driver_stream_destroy(bool watched = false) {
 // A stream destroyed through the driver's cuStreamDestroy_v2 that the program
 // fetched with its own dlsym, or (Linked) called directly, linked with the
 // driver, or (Library) that a library fetched with dlsym: the one whose path
-// HAZARDS_DRIVER_LIBRARY names (tests/programs' driver_lookup_module.c).
-// gpupool sees it as it sees cudaStreamDestroy, so the block freed on it
+// HAZARDS_DRIVER_LIBRARY names (tests/programs' driver_lookup_module.c), or
+// (Runtime) that the program fetched through the runtime's
+// cudaGetDriverEntryPoint. gpupool sees it as it sees cudaStreamDestroy, so the block freed on it
 // while its write is queued goes to another stream only after that write,
 // and no call names the dead handle.
-enum class DriverDestroy { LookedUp, Linked, Library };
+enum class DriverDestroy { LookedUp, Linked, Library, Runtime };
 inline int watched_driver_destroy(DriverDestroy how) {
   StreamDestroy driver_destroy = nullptr;
   if (how == DriverDestroy::Linked) {
@@ -58,6 +60,10 @@ inline int watched_driver_destroy(DriverDestroy how) {
     driver_destroy = library != nullptr ? reinterpret_cast<StreamDestroy>(dlsym(library, "destroy_stream_by_name"))
                                         : nullptr;
     if (driver_destroy == nullptr) std::fprintf(stderr, "no library in HAZARDS_DRIVER_LIBRARY to destroy with\n");
+  } else if (how == DriverDestroy::Runtime) {
+    driver_destroy = reinterpret_cast<StreamDestroy>(
+        testprog::runtime_entry_point("runtime-entry-point", "cuStreamDestroy", 0, 0));
+    if (driver_destroy == nullptr) std::fprintf(stderr, "the runtime found no cuStreamDestroy\n");
   } else {
     driver_destroy = driver_stream_destroy(true);
   }

@@ -5,9 +5,13 @@
    cudaGetLastError reads (set here by a kernel launch it refuses, as the
    runtime refuses a bad launch configuration), and the calls that gpupool
    intercepts, which reach it only without gpupool: allocations from host
-   memory (its callers never touch them) and peer access (no peer). */
+   memory (its callers never touch them) and peer access (no peer); and its
+   own way to the driver's functions, which fetches at its own version (CUDA
+   12's signatures), so gpupool must pass a fetch to it: here every function
+   it fetches is one that answers CUDA_ERROR_NOT_PERMITTED. */
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -46,4 +50,22 @@ EXPORT cudaError_t cudaFree(void* ptr) {
 EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
   (void)peer, (void)flags;
   return result(cudaErrorInvalidDevice);
+}
+
+EXPORT cudaError_t cudaRuntimeGetVersion(int* version) {
+  if (version == NULL) return result(cudaErrorInvalidValue);
+  *version = 12080;
+  return cudaSuccess;
+}
+
+static int fetched_here(void) { return 800; /* CUDA_ERROR_NOT_PERMITTED */ }
+
+EXPORT cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigned long long flags,
+                                           enum cudaDriverEntryPointQueryResult* status) {
+  (void)flags;
+  if (symbol == NULL || fn == NULL) return result(cudaErrorInvalidValue);
+  int (*here)(void) = fetched_here;
+  memcpy(fn, &here, sizeof here);
+  if (status != NULL) *status = cudaDriverEntryPointSuccess;
+  return cudaSuccess;
 }

@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   const auto peek12 = library_function<Call>(library, "cuda12_peek_at_last_error");
   const auto malloc_free12 = library_function<cudaError_t (*)(size_t)>(library, "cuda12_malloc_free");
   const auto peer12 = library_function<cudaError_t (*)(int)>(library, "cuda12_enable_peer_access");
+  const auto fetch_free12 = library_function<cudaError_t (*)(void**)>(library, "cuda12_fetch_driver_free");
   constexpr size_t kTooLarge = size_t{1} << 50;
 
   std::vector<std::pair<std::string, cudaError_t>> results;
@@ -83,6 +84,19 @@ int main(int argc, char** argv) {
   note("get12_after_oom", get12());
   note("peek_after_oom", cudaPeekAtLastError());
   note("get_after_oom", cudaGetLastError());
+  // The driver's cuMemFree as the library's runtime fetches it: that
+  // runtime's answer (its own version's function), which gpupool watches.
+  void* free12 = nullptr;
+  note("fetch_free12", fetch_free12(&free12));
+  using DriverFree = int (*)(unsigned long long);
+  DriverFree driver_free12 = nullptr;
+  std::memcpy(&driver_free12, &free12, sizeof free12);
+  // Memory no one lent: the fetched function's own answer.
+  note("driver_free12", static_cast<cudaError_t>(driver_free12 != nullptr ? driver_free12(0x1000) : -1));
+  Dl_info where{};
+  const bool watched = dladdr(free12, &where) != 0 && where.dli_fname != nullptr &&
+                       std::strstr(where.dli_fname, "libgpupool") != nullptr;
+  note("driver_free12_watched", static_cast<cudaError_t>(watched));
   // Both go on: an allocation each, and no error left anywhere.
   note("pair12", malloc_free12(1 << 20));
   CHECK_CUDA(cudaFree(block));
