@@ -574,39 +574,42 @@ cudaError_t fetched_driver_function(const char* call, const char* symbol, void**
   return err;
 }
 
+// The call without a version, or (per_thread_twin) its _ptsz twin.
+cudaError_t fetch_at_runtime_version(const char* symbol, void** fn, unsigned long long flags,
+                                     cudaDriverEntryPointQueryResult* status, bool per_thread_twin) {
+  const auto own = gpupool::shim::caller_runtime().fetches;
+  const auto entry_point = per_thread_twin ? own.entry_point_ptsz : own.entry_point;
+  return fetched_driver_function("cudaGetDriverEntryPoint", symbol, fn, runtime_version(own), flags, per_thread_twin,
+                                 [&] { return entry_point != nullptr ? entry_point(symbol, fn, flags, status) : missing(); });
+}
+
+// The call with a version, or (per_thread_twin) its _ptsz twin.
+cudaError_t fetch_by_version(const char* symbol, void** fn, unsigned int version, unsigned long long flags,
+                             cudaDriverEntryPointQueryResult* status, bool per_thread_twin) {
+  const auto own = gpupool::shim::caller_runtime().fetches;
+  const auto by_version = per_thread_twin ? own.entry_point_by_version_ptsz : own.entry_point_by_version;
+  return fetched_driver_function("cudaGetDriverEntryPointByVersion", symbol, fn, static_cast<int>(version), flags,
+                                 per_thread_twin, [&] {
+                                   return by_version != nullptr ? by_version(symbol, fn, version, flags, status)
+                                                                : missing();
+                                 });
+}
+
 cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigned long long flags,
                                     cudaDriverEntryPointQueryResult* status) {
-  const auto own = gpupool::shim::caller_runtime().fetches;
-  return fetched_driver_function("cudaGetDriverEntryPoint", symbol, fn, runtime_version(own), flags, false, [&] {
-    return own.entry_point != nullptr ? own.entry_point(symbol, fn, flags, status) : missing();
-  });
+  return fetch_at_runtime_version(symbol, fn, flags, status, false);
 }
 cudaError_t cudaGetDriverEntryPoint_ptsz(const char* symbol, void** fn, unsigned long long flags,
                                          cudaDriverEntryPointQueryResult* status) {
-  const auto own = gpupool::shim::caller_runtime().fetches;
-  return fetched_driver_function("cudaGetDriverEntryPoint", symbol, fn, runtime_version(own), flags, true, [&] {
-    return own.entry_point_ptsz != nullptr ? own.entry_point_ptsz(symbol, fn, flags, status) : missing();
-  });
+  return fetch_at_runtime_version(symbol, fn, flags, status, true);
 }
 cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int version,
                                              unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
-  const auto own = gpupool::shim::caller_runtime().fetches;
-  const auto by_version = own.entry_point_by_version;
-  return fetched_driver_function("cudaGetDriverEntryPointByVersion", symbol, fn, static_cast<int>(version), flags,
-                                 false, [&] {
-                                   return by_version != nullptr ? by_version(symbol, fn, version, flags, status)
-                                                                : missing();
-                                 });
+  return fetch_by_version(symbol, fn, version, flags, status, false);
 }
 cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char* symbol, void** fn, unsigned int version,
                                                   unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
-  const auto own = gpupool::shim::caller_runtime().fetches;
-  const auto by_version = own.entry_point_by_version_ptsz;
-  return fetched_driver_function("cudaGetDriverEntryPointByVersion", symbol, fn, static_cast<int>(version), flags,
-                                 true, [&] {
-                                   return by_version != nullptr ? by_version(symbol, fn, version, flags, status)
-                                                                : missing();
-                                 });
+  return fetch_by_version(symbol, fn, version, flags, status, true);
 }
 
 // ---------------------------------------------------------------- errors
