@@ -54,11 +54,17 @@ struct gpupool_core {
                         gpupool_driver_lookup_fn lookup);
   /* 1 when the library at `path` (not the program), asking dlsym for the
      driver's `symbol` (cuGetProcAddress, or an entry point by name), is to
-     have its driver calls taken over. */
+     have its driver calls taken over (or, for a watched call's name,
+     watched); 2 when, asking for cuGetProcAddress, only the watched calls
+     it fetches through it are to be gpupool's; 0 to be left alone. */
   int (*driver_library_accepted)(const char* path, const char* symbol);
   /* For a driver function fetched with dlsym under its exported name
      (cuMemAlloc_v2): the function to give instead, or real. */
   void* (*driver_symbol)(const char* exported, void* real, gpupool_driver_lookup_fn lookup);
+  /* For a driver entry point a library fetched through its own
+     cuGetProcAddress (real, at `version` with `flags`): gpupool's where it is
+     a watched call, else real; never one that takes a call over. */
+  void* (*watched_driver_entry)(const char* symbol, int version, unsigned long long flags, void* real);
   /* The driver's cuStreamDestroy (`real`, its CUresult) that a program linked
      with the driver called directly: called with gpupool's books kept around it. */
   int (*driver_stream_destroy)(void* stream, int (*real)(void* stream));

@@ -275,6 +275,10 @@ const ExportedName kExportedNames[] = {
 std::mutex unnamed_mu;
 char unnamed_library[256];
 
+bool fetches_entry_points(const char* symbol) {
+  return symbol != nullptr && (std::strcmp(symbol, "cuGetProcAddress") == 0 || std::strcmp(symbol, "cuGetProcAddress_v2") == 0);
+}
+
 bool allocates(const char* symbol) {
   for (const char* name : {"cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemAllocAsync", "cuMemAllocAsync_ptsz"}) {
     if (symbol != nullptr && std::strcmp(symbol, name) == 0) return true;
@@ -308,7 +312,10 @@ int driver_library_accepted(const char* path, const char* symbol) {
         std::snprintf(unnamed_library, sizeof unnamed_library, "%s", slash != nullptr ? slash + 1 : path);
       }
     }
-    return 0;
+    // Its own cuGetProcAddress (NVIDIA's cuda-python fetches every driver
+    // function through one) hands out the watched calls as a lookup by name
+    // does, and nothing else of gpupool's.
+    return !never && fetches_entry_points(symbol) ? 2 : 0;
   }
   if (never) {
     static std::once_flag told;

@@ -4,7 +4,10 @@
    it (about 440 at start-up with CUDA 13). So this library exports dlsym; for
    that one name, asked from the program itself, it hands out its own
    cuGetProcAddress, which lets the core swap in its allocation entry points
-   (driver_entry_points.cpp; only with static_runtime:1). A library that
+   (driver_entry_points.cpp; only with static_runtime:1). Asked from another
+   library, one that only swaps in the calls the core watches (its stream
+   destroy, reset, frees, IPC handle, captures), unless static_runtime_libraries
+   names the library. A library that
    fetches each driver function with dlsym by its exported name instead
    (XLA's CUDA stubs) gets the core's for those names. And a program that
    fetches the shared runtime's calls by name from the runtime (ctypes)
@@ -182,17 +185,18 @@ EARLY static void* real_dlsym(void* handle, const char* name) {
 }
 
 /* Whose static runtime asks: the program's (its object comes first in the
-   link map), or a library's that static_runtime_libraries names. Any other
-   library's private runtime (NCCL's, for one) is left alone: its memory may be
-   shared over IPC. Only lookups of driver functions get here, never during a
-   sanitizer's start, so loading the core is safe. */
+   link map), or a library's that static_runtime_libraries names (1). Any
+   other library's own cuGetProcAddress only watches (2; see
+   substitute_watched), and NCCL's and libcudart's are left alone (0): NCCL's
+   memory may be shared over IPC. Only lookups of driver functions get here,
+   never during a sanitizer's start, so loading the core is safe. */
 EARLY static int taken_over(void* caller, const char* name) {
   Dl_info info;
   struct link_map* map = NULL;
   if (dladdr1(caller, &info, (void**)&map, RTLD_DL_LINKMAP) == 0 || map == NULL) return 0;
   if (map->l_prev == NULL) return 1;
   const struct gpupool_core* core = gpupool_preload_core();
-  return core->driver_library_accepted != NULL && core->driver_library_accepted(map->l_name, name);
+  return core->driver_library_accepted != NULL ? core->driver_library_accepted(map->l_name, name) : 0;
 }
 
 /* For the core: the real driver's entry point `symbol` at `version`. */
@@ -206,6 +210,8 @@ static int lookup_driver(const char* symbol, void** pfn, int version, unsigned l
 
 static int hooked_v1(const char* symbol, void** pfn, int version, unsigned long long flags);
 static int hooked_v2(const char* symbol, void** pfn, int version, unsigned long long flags, int* status);
+static int watching_v1(const char* symbol, void** pfn, int version, unsigned long long flags);
+static int watching_v2(const char* symbol, void** pfn, int version, unsigned long long flags, int* status);
 
 /* What the program gets for an entry point the driver found. */
 static void substitute(const char* symbol, void** pfn, int version, unsigned long long flags) {
@@ -224,6 +230,43 @@ static void substitute(const char* symbol, void** pfn, int version, unsigned lon
   if (!swappable(symbol)) return;
   const struct gpupool_core* core = gpupool_preload_core();
   if (core->driver_entry != NULL) *pfn = core->driver_entry(symbol, version, flags, *pfn, lookup_driver);
+}
+
+/* What a library gets through its own cuGetProcAddress (watching_v1, _v2):
+   gpupool's function for a watched call (stream destroy, reset, frees, IPC
+   handle, captures), never one that takes a call over; and cuGetProcAddress
+   fetched through it, watching alike. */
+static void substitute_watched(const char* symbol, void** pfn, int version, unsigned long long flags) {
+  if (symbol == NULL || pfn == NULL || *pfn == NULL) return;
+  if (strcmp(symbol, "cuGetProcAddress") == 0) {
+    if (version >= 12000) {
+      __atomic_store_n(&real_v2, as_v2(*pfn), __ATOMIC_RELEASE);
+      *pfn = AS_OBJECT(watching_v2);
+    } else {
+      __atomic_store_n(&real_v1, as_v1(*pfn), __ATOMIC_RELEASE);
+      *pfn = AS_OBJECT(watching_v1);
+    }
+    return;
+  }
+  if (!swappable(symbol)) return;
+  const struct gpupool_core* core = gpupool_preload_core();
+  if (core->watched_driver_entry != NULL) *pfn = core->watched_driver_entry(symbol, version, flags, *pfn);
+}
+
+static int watching_v1(const char* symbol, void** pfn, int version, unsigned long long flags) {
+  get_proc_address_v1_fn real = __atomic_load_n(&real_v1, __ATOMIC_ACQUIRE);
+  if (real == NULL) return kDriverNotFound;
+  const int result = real(symbol, pfn, version, flags);
+  if (result == 0) substitute_watched(symbol, pfn, version, flags);
+  return result;
+}
+
+static int watching_v2(const char* symbol, void** pfn, int version, unsigned long long flags, int* status) {
+  get_proc_address_v2_fn real = __atomic_load_n(&real_v2, __ATOMIC_ACQUIRE);
+  if (real == NULL) return kDriverNotFound;
+  const int result = real(symbol, pfn, version, flags, status);
+  if (result == 0) substitute_watched(symbol, pfn, version, flags);
+  return result;
 }
 
 static int hooked_v1(const char* symbol, void** pfn, int version, unsigned long long flags) {
@@ -311,16 +354,18 @@ EARLY void* gpupool_dlsym_hook(void* handle, const char* name, void* caller) {
   if (own_driver_export_first(handle, name)) {
     return real_dlsym(RTLD_NEXT, name) != NULL ? NULL : NOT_FOUND; /* where nothing, dlerror says so */
   }
-  if (handle == RTLD_NEXT || !taken_over(caller, name)) return NULL;
+  const int accepted = handle == RTLD_NEXT ? 0 : taken_over(caller, name);
+  if (!accepted) return NULL;
   void* real = real_dlsym(handle, name);
   if (real == NULL) return NULL;
   if (!get_proc_address) return by_name(handle, name, real);
+  const int watching_only = accepted == 2;
   if (v2) {
     __atomic_store_n(&real_v2, as_v2(real), __ATOMIC_RELEASE);
-    return AS_OBJECT(hooked_v2);
+    return watching_only ? AS_OBJECT(watching_v2) : AS_OBJECT(hooked_v2);
   }
   __atomic_store_n(&real_v1, as_v1(real), __ATOMIC_RELEASE);
-  return AS_OBJECT(hooked_v1);
+  return watching_only ? AS_OBJECT(watching_v1) : AS_OBJECT(hooked_v1);
 }
 
 #endif

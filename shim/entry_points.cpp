@@ -276,6 +276,14 @@ void* guarded_driver_entry(const char* symbol, int version, unsigned long long f
   keep_books("cuGetProcAddress", [&] { given = gpupool::shim::driver_entry(symbol, version, flags, real_fn, lookup); });
   return given;
 }
+void* guarded_watched_driver_entry(const char* symbol, int version, unsigned long long flags, void* real_fn) {
+  void* given = real_fn;
+  keep_books("cuGetProcAddress", [&] {
+    void* watching = gpupool::shim::watching_driver_call(symbol, version, flags, real_fn);
+    if (watching != nullptr) given = watching;
+  });
+  return given;
+}
 int guarded_driver_library_accepted(const char* path, const char* symbol) {
   int accepted = 0;
   keep_books("dlsym", [&] { accepted = gpupool::shim::driver_library_accepted(path, symbol); });
@@ -781,6 +789,7 @@ extern "C" __attribute__((visibility("default"))) const gpupool_core* gpupool_co
       &guarded_driver_entry,
       &guarded_driver_library_accepted,
       &guarded_driver_symbol,
+      &guarded_watched_driver_entry,
       &gpupool::shim::direct_stream_destroy,
       &gpupool::shim::direct_device_reset,
       &gpupool::shim::direct_mem_free,

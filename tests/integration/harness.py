@@ -22,11 +22,11 @@ SMALL_DEVICE = {"SIMCUDA_MEMORY": "64M"}  # a simulated device the tests fill
 # The ways a program reaches one of the driver's functions (the test programs'
 # driver_ways.hpp): called directly, linked with the driver; fetched with
 # dlsym from the driver or the global scope, through the driver's
-# cuGetProcAddress, by a library; through the runtime's
-# cudaGetDriverEntryPoint (at the runtime's version) or
-# cudaGetDriverEntryPointByVersion.
+# cuGetProcAddress, by a library with dlsym or through its own
+# cuGetProcAddress; through the runtime's cudaGetDriverEntryPoint (at the
+# runtime's version) or cudaGetDriverEntryPointByVersion.
 DRIVER_WAYS = ("driver-linked", "driver-dlsym", "driver-global", "driver-proc-address", "driver-library",
-               "runtime-entry-point", "runtime-entry-point-by-version")
+               "driver-library-proc-address", "runtime-entry-point", "runtime-entry-point-by-version")
 
 
 def _elf_machine(path):

@@ -415,12 +415,21 @@ class StaticRuntime(ShimTest):
         self.assertEqual(run.output_json(), {"hidden_before": 1, "before": 1, "after": 1, "open_after_disable": 0})
         self.assertGreater(run.counters()["vmm_maps"], 0)  # expandable segments, with two devices too
 
-    def test_only_the_programs_own_lookups_are_answered_and_rtld_next_keeps_its_meaning(self):
+    def test_a_cuGetProcAddress_lookup_is_gpupools_but_nccls_and_rtld_next_keep_theirs(self):
+        # The program's cuGetProcAddress is gpupool's, and a library's too:
+        # one that only watches (what it takes over is the program's alone:
+        # test_a_librarys_own_runtime_is_taken_over_only_when_named). NCCL's
+        # is the driver's.
         module = os.path.join(BUILD, "tests", "libtest-driver-lookup.so")
         run = self.run_program(["test-static-runtime", "lookups", module], env=self.ON)
         self.assertSucceeded(run)
-        self.assertEqual(run.output_json(), {"program": "libgpupool.so", "library": "libcuda.so.1",
+        self.assertEqual(run.output_json(), {"program": "libgpupool.so", "library": "libgpupool.so",
                                              "next": "libgpupool.so", "plain": "libcuda.so.1"})
+        nccl = os.path.join(self.workdir, "libnccl.so.2")
+        shutil.copy(module, nccl)
+        run = self.run_program(["test-static-runtime", "lookups", nccl], env=self.ON)
+        self.assertSucceeded(run)
+        self.assertEqual(run.output_json()["library"], "libcuda.so.1")
         alone = self.run_program(["test-static-runtime", "lookups", module], preload=False)
         self.assertSucceeded(alone)
         self.assertEqual(alone.output_json(), {"program": "libcuda.so.1", "library": "libcuda.so.1",

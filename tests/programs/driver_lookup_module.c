@@ -1,13 +1,26 @@
 /* A library that reaches the driver itself, as a library carrying its own
    static runtime does (NCCL, or CUDA code CMake linked statically), or as
    XLA's CUDA stubs do, fetching each function with dlsym by its exported
-   name: gpupool leaves it alone unless static_runtime_libraries names it. */
+   name: gpupool leaves it alone unless static_runtime_libraries names it,
+   but for the calls it watches. */
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <dlfcn.h>
 #include <string.h>
 
 void* lookup_in(void* handle, const char* name) { return dlsym(handle, name); }
+
+/* The driver's function `base` at `version` with `flags`, fetched through the
+   cuGetProcAddress this library looked up in `handle` itself, as NVIDIA's
+   cuda-python bindings fetch every driver function: NULL where not found. */
+void* proc_address_in(void* handle, const char* base, int version, cuuint64_t flags) {
+  CUresult (*get)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+  void* symbol = dlsym(handle, "cuGetProcAddress_v2");
+  if (symbol == NULL) return NULL;
+  memcpy(&get, &symbol, sizeof symbol);
+  void* found = NULL;
+  return get(base, &found, version, flags, NULL) == CUDA_SUCCESS ? found : NULL;
+}
 
 /* n cuMemAlloc/cuMemFree pairs through entry points fetched as a static
    runtime fetches them; 0 when every call succeeded. */

@@ -4,7 +4,8 @@
 // fetched with dlsym from the driver (driver-dlsym) or the global scope
 // (driver-global), through the driver's cuGetProcAddress
 // (driver-proc-address), by a library (driver_lookup_module.c's
-// lookup_in; driver-library), or through the runtime's
+// lookup_in; driver-library) or through that library's own cuGetProcAddress
+// (its proc_address_in; driver-library-proc-address), or through the runtime's
 // cudaGetDriverEntryPoint (runtime-entry-point, at the runtime's version) or
 // cudaGetDriverEntryPointByVersion (runtime-entry-point-by-version), for
 // which the runtime asks the driver itself.
@@ -67,6 +68,12 @@ inline void* driver_function(const std::string& how, const char* name, const cha
     using LookupIn = void* (*)(void*, const char*);
     auto lookup_in = module != nullptr ? reinterpret_cast<LookupIn>(dlsym(module, "lookup_in")) : nullptr;
     if (lookup_in != nullptr) found = lookup_in(driver, name);
+  }
+  if (how == "driver-library-proc-address" && driver != nullptr && library != nullptr) {
+    void* module = dlopen(library, RTLD_NOW | RTLD_LOCAL);
+    using ProcAddressIn = void* (*)(void*, const char*, int, cuuint64_t);
+    auto in = module != nullptr ? reinterpret_cast<ProcAddressIn>(dlsym(module, "proc_address_in")) : nullptr;
+    if (in != nullptr) found = in(driver, base, version, flags);
   }
   if (how.starts_with("runtime-entry-point")) found = runtime_entry_point(how, base, flags, version);
   if (found == nullptr) std::fprintf(stderr, "no %s found for %s\n", name, how.c_str());
