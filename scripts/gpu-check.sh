@@ -283,9 +283,11 @@ for mode in 1 0; do
   run "capture while other streams allocate (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-capture others
   run "capture into a graph (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" -- build/bin/test-capture to-graph
   # The same captures begun and ended with the driver's calls, fetched by name,
-  # through cuGetProcAddress and through the runtime's cudaGetDriverEntryPoint
-  # (not linked: build/bin's programs link the simulated driver's names).
-  for how in driver-dlsym driver-proc-address runtime-entry-point runtime-entry-point-by-version; do
+  # through cuGetProcAddress (the program's, a library's) and through the
+  # runtime's cudaGetDriverEntryPoint (not linked: build/bin's programs link
+  # the simulated driver's names).
+  for how in driver-dlsym driver-proc-address driver-library-proc-address runtime-entry-point \
+    runtime-entry-point-by-version; do
     for variant in "" to-graph; do
       run "capture through the driver, $how ${variant:-begin} (expandable=$mode)" 0 "${pool[@]}" "${m[@]}" \
         -- build/bin/test-capture driver "$how" "$out/libtest-driver-lookup.so" $variant
@@ -397,7 +399,8 @@ $refused"
 $driver_refused
 cuIpcGetMemHandle: $driver_first, then cudaSuccess
 $driver_refused"
-  for how in driver-dlsym driver-proc-address runtime-entry-point runtime-entry-point-by-version; do
+  for how in driver-dlsym driver-proc-address driver-library-proc-address runtime-entry-point \
+    runtime-entry-point-by-version; do
     ipc_log="$out/ipc-$how-$mode.out"
     timeout 60 env "${pool[@]}" GPUPOOL_EXPANDABLE_SEGMENTS=$mode \
       build/bin/test-lifecycle ipc "$how" "$out/libtest-driver-lookup.so" >"$ipc_log" 2>&1
