@@ -75,7 +75,9 @@ inline void* driver_function(const std::string& how, const char* name, const cha
     auto in = module != nullptr ? reinterpret_cast<ProcAddressIn>(dlsym(module, "proc_address_in")) : nullptr;
     if (in != nullptr) found = in(driver, base, version, flags);
   }
-  if (how.starts_with("runtime-entry-point")) found = runtime_entry_point(how, base, flags, version);
+  if (how == "runtime-entry-point" || how == "runtime-entry-point-by-version") {
+    found = runtime_entry_point(how, base, flags, version);
+  }
   if (found == nullptr) std::fprintf(stderr, "no %s found for %s\n", name, how.c_str());
   return found;
 }
