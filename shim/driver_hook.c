@@ -213,76 +213,62 @@ static int hooked_v2(const char* symbol, void** pfn, int version, unsigned long 
 static int watching_v1(const char* symbol, void** pfn, int version, unsigned long long flags);
 static int watching_v2(const char* symbol, void** pfn, int version, unsigned long long flags, int* status);
 
-/* What the program gets for an entry point the driver found. */
-static void substitute(const char* symbol, void** pfn, int version, unsigned long long flags) {
+/* What a lookup through gpupool's cuGetProcAddress gets for an entry point
+   the driver found: through the program's (hooked_v1, _v2), what the core's
+   driver_entry gives; through a library's (watching_v1, _v2), gpupool's
+   function for a watched call (stream destroy, reset, frees, IPC handle,
+   captures) only, never one that takes a call over. cuGetProcAddress fetched
+   through either is the same kind again: later lookups through the fetched
+   copy must come here too. */
+static void substitute(const char* symbol, void** pfn, int version, unsigned long long flags, int watching_only) {
   if (symbol == NULL || pfn == NULL || *pfn == NULL) return;
   if (strcmp(symbol, "cuGetProcAddress") == 0) {
-    /* Later lookups through the fetched copy must come here too. */
     if (version >= 12000) {
       __atomic_store_n(&real_v2, as_v2(*pfn), __ATOMIC_RELEASE);
-      *pfn = AS_OBJECT(hooked_v2);
+      *pfn = watching_only ? AS_OBJECT(watching_v2) : AS_OBJECT(hooked_v2);
     } else {
       __atomic_store_n(&real_v1, as_v1(*pfn), __ATOMIC_RELEASE);
-      *pfn = AS_OBJECT(hooked_v1);
+      *pfn = watching_only ? AS_OBJECT(watching_v1) : AS_OBJECT(hooked_v1);
     }
     return;
   }
   if (!swappable(symbol)) return;
   const struct gpupool_core* core = gpupool_preload_core();
-  if (core->driver_entry != NULL) *pfn = core->driver_entry(symbol, version, flags, *pfn, lookup_driver);
-}
-
-/* What a library gets through its own cuGetProcAddress (watching_v1, _v2):
-   gpupool's function for a watched call (stream destroy, reset, frees, IPC
-   handle, captures), never one that takes a call over; and cuGetProcAddress
-   fetched through it, watching alike. */
-static void substitute_watched(const char* symbol, void** pfn, int version, unsigned long long flags) {
-  if (symbol == NULL || pfn == NULL || *pfn == NULL) return;
-  if (strcmp(symbol, "cuGetProcAddress") == 0) {
-    if (version >= 12000) {
-      __atomic_store_n(&real_v2, as_v2(*pfn), __ATOMIC_RELEASE);
-      *pfn = AS_OBJECT(watching_v2);
-    } else {
-      __atomic_store_n(&real_v1, as_v1(*pfn), __ATOMIC_RELEASE);
-      *pfn = AS_OBJECT(watching_v1);
-    }
-    return;
+  if (watching_only) {
+    if (core->watched_driver_entry != NULL) *pfn = core->watched_driver_entry(symbol, version, flags, *pfn);
+  } else if (core->driver_entry != NULL) {
+    *pfn = core->driver_entry(symbol, version, flags, *pfn, lookup_driver);
   }
-  if (!swappable(symbol)) return;
-  const struct gpupool_core* core = gpupool_preload_core();
-  if (core->watched_driver_entry != NULL) *pfn = core->watched_driver_entry(symbol, version, flags, *pfn);
 }
 
-static int watching_v1(const char* symbol, void** pfn, int version, unsigned long long flags) {
+static int through_v1(const char* symbol, void** pfn, int version, unsigned long long flags, int watching_only) {
   get_proc_address_v1_fn real = __atomic_load_n(&real_v1, __ATOMIC_ACQUIRE);
   if (real == NULL) return kDriverNotFound;
   const int result = real(symbol, pfn, version, flags);
-  if (result == 0) substitute_watched(symbol, pfn, version, flags);
+  if (result == 0) substitute(symbol, pfn, version, flags, watching_only);
   return result;
 }
 
-static int watching_v2(const char* symbol, void** pfn, int version, unsigned long long flags, int* status) {
+static int through_v2(const char* symbol, void** pfn, int version, unsigned long long flags, int* status,
+                      int watching_only) {
   get_proc_address_v2_fn real = __atomic_load_n(&real_v2, __ATOMIC_ACQUIRE);
   if (real == NULL) return kDriverNotFound;
   const int result = real(symbol, pfn, version, flags, status);
-  if (result == 0) substitute_watched(symbol, pfn, version, flags);
+  if (result == 0) substitute(symbol, pfn, version, flags, watching_only);
   return result;
 }
 
 static int hooked_v1(const char* symbol, void** pfn, int version, unsigned long long flags) {
-  get_proc_address_v1_fn real = __atomic_load_n(&real_v1, __ATOMIC_ACQUIRE);
-  if (real == NULL) return kDriverNotFound;
-  const int result = real(symbol, pfn, version, flags);
-  if (result == 0) substitute(symbol, pfn, version, flags);
-  return result;
+  return through_v1(symbol, pfn, version, flags, 0);
 }
-
 static int hooked_v2(const char* symbol, void** pfn, int version, unsigned long long flags, int* status) {
-  get_proc_address_v2_fn real = __atomic_load_n(&real_v2, __ATOMIC_ACQUIRE);
-  if (real == NULL) return kDriverNotFound;
-  const int result = real(symbol, pfn, version, flags, status);
-  if (result == 0) substitute(symbol, pfn, version, flags);
-  return result;
+  return through_v2(symbol, pfn, version, flags, status, 0);
+}
+static int watching_v1(const char* symbol, void** pfn, int version, unsigned long long flags) {
+  return through_v1(symbol, pfn, version, flags, 1);
+}
+static int watching_v2(const char* symbol, void** pfn, int version, unsigned long long flags, int* status) {
+  return through_v2(symbol, pfn, version, flags, status, 1);
 }
 
 /* A driver function fetched by its exported name, as XLA's CUDA stubs fetch

@@ -23,13 +23,17 @@ void* proc_address_in(void* handle, const char* base, int version, cuuint64_t fl
 }
 
 /* n cuMemAlloc/cuMemFree pairs through entry points fetched as a static
-   runtime fetches them; 0 when every call succeeded. */
+   runtime fetches them (cuGetProcAddress found with dlsym, fetched again
+   through itself, every other function through that); 0 when every call
+   succeeded. */
 int library_pairs(int n) {
   void* driver = dlopen("libcuda.so.1", RTLD_NOW);
   if (driver == NULL) return 1;
   CUresult (*get)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
   void* symbol = dlsym(driver, "cuGetProcAddress_v2");
   if (symbol == NULL) return 1;
+  memcpy(&get, &symbol, sizeof symbol);
+  if (get("cuGetProcAddress", &symbol, 12000, 0, NULL) != CUDA_SUCCESS) return 1;
   memcpy(&get, &symbol, sizeof symbol);
   void* alloc_fn = NULL;
   void* free_fn = NULL;
