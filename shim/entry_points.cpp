@@ -562,7 +562,8 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
 // ---------------------------------------------------------------- driver functions through the runtime
 
 // A runtime's version, at which its cudaGetDriverEntryPoint fetches; 0 where
-// unknown, which no watched call's version matches.
+// unknown, at which only the stream destroy and the reset (one signature at
+// every version) are watched, the frees, IPC handle and captures not.
 int runtime_version(const gpupool::shim::RuntimeFetches& runtime) {
   int version = 0;
   return runtime.get_version != nullptr && runtime.get_version(&version) == cudaSuccess ? version : 0;
