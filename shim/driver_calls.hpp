@@ -2,7 +2,7 @@
 // driver_entry_points.cpp (the calls of a static runtime gpupool takes over)
 // and driver_watch.cpp (the calls it watches wherever else it sees them).
 // The conversions between the driver's types and the runtime's, and the
-// runtime's calls' work both reuse (entry_points.cpp).
+// runtime's calls' work both reuse (entry_points.cpp and serve_*.cpp).
 #pragma once
 
 #include <cuda.h>
@@ -31,7 +31,8 @@ F* real_of(const std::atomic<void*>& slot, F*) {
   return reinterpret_cast<F*>(slot.load());
 }
 
-// entry_points.cpp: the runtime's calls' work, which the driver's reuse.
+// entry_points.cpp, serve_devices.cpp and serve_streams.cpp: the runtime's
+// calls' work, which the driver's reuse.
 // cudaMallocPitch's and cudaMalloc3D's (see there).
 bool allocate_pitched(void** ptr, size_t* pitch, size_t width, size_t rows, cudaError_t* result);
 // cudaFree's work, the driver's cuMemFree's too (`call` names it in lines).

@@ -4,7 +4,7 @@
 // preload library hands the program's runtime a cuGetProcAddress that asks
 // driver_entry() about each entry point it fetches; the allocation, stream,
 // capture and peer-access calls come back here and go through the same code
-// as the shared runtime's (entry_points.cpp), whose calls to "the real
+// as the shared runtime's (entry_points.cpp, serve_*.cpp), whose calls to "the real
 // runtime" are then served by the driver (driver_runtime.cpp). Anywhere else,
 // the few driver calls gpupool watches are driver_watch.cpp's.
 #include <cuda.h>

@@ -3,7 +3,7 @@
 // IPC handle and capture calls, reached through the driver directly (exported
 // by the preload, preload.c), looked up by name, fetched through
 // cuGetProcAddress (driver_hook.c, then driver_entry_points.cpp) or through
-// the runtime's cudaGetDriverEntryPoint (entry_points.cpp). Each calls
+// the runtime's cudaGetDriverEntryPoint (serve_caller_runtime.cpp). Each calls
 // the driver's own function with gpupool's books kept around it as for the
 // runtime's call, so that a block, stream or capture the program handles
 // through the driver is still one the pool knows.

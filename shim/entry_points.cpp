@@ -1,12 +1,14 @@
 // The CUDA runtime entry points gpupool intercepts, as libgpupool-core.so
 // serves them: the preload library (preload.c) forwards each call here through
 // the table gpupool_core_open returns, the only symbol this library exports.
+// Here: the guard around every call, the table, the process's lifecycle, and
+// the memory calls themselves (the hot ones inline into their exports); the
+// other calls are served beside (see serve.hpp).
 #include <cuda_runtime_api.h>
 #include <pthread.h>
 
 #include <cstdint>
 #include <cstdio>
-#include <functional>
 #include <string_view>
 
 #include "shim/caller_runtime.hpp"
@@ -18,6 +20,7 @@
 #include "shim/ptsz.h"
 #include "shim/real_cuda.hpp"
 #include "shim/runtime.hpp"
+#include "shim/serve.hpp"
 #include "shim/thread_state.hpp"
 
 // Hidden like everything here (only gpupool_core_open is exported): the
@@ -75,10 +78,13 @@ bool allocate_pitched(void** ptr, size_t* pitch, size_t width, size_t rows, cuda
 }  // namespace gpupool::shim
 using gpupool::shim::allocate_pitched;
 using gpupool::shim::close_library_opening;
+using gpupool::shim::enter;
 using gpupool::shim::explain_nothing_pooled;
 using gpupool::shim::fail;
 using gpupool::shim::guarded;
 using gpupool::shim::keep_books;
+using gpupool::shim::missing;
+using gpupool::shim::pass_on;
 using gpupool::shim::real;
 using gpupool::shim::RealCuda;
 using gpupool::shim::Runtime;
@@ -86,24 +92,6 @@ using gpupool::shim::step_aside;
 using gpupool::shim::stream_id;
 
 namespace {
-
-// Entry for every intercepted call: starts the runtime on first use and
-// serves a report a signal asked for.
-Runtime& enter() {
-  Runtime& rt = Runtime::get();
-  rt.poll_report_request();
-  return rt;
-}
-
-cudaError_t missing() { return fail(cudaErrorNotSupported); }
-
-// A call passed on to the runtime: cudaErrorNotSupported where it has no such
-// function (an older runtime), or where no runtime was found at all.
-template <auto function, typename... Args>
-cudaError_t pass_on(Args... args) {
-  const auto call = real().*function;
-  return call != nullptr ? call(args...) : missing();
-}
 
 cudaError_t free_result(FreeResult r, void* ptr, const char* call) {
   if (r == FreeResult::Freed) return cudaSuccess;
@@ -193,36 +181,6 @@ cudaError_t free_on(void* ptr, cudaStream_t stream, bool per_thread, const char*
   if (r == FreeResult::NotOwned) return real_call != nullptr ? real_call(ptr, stream) : missing();
   return free_result(r, ptr, call);
 }
-
-// The pool stops ordering on the stream before the runtime starts capturing
-// it: a fence recorded there in between would join the capture, and a wait
-// there would break it. If the runtime refuses, the pool takes it back.
-template <typename Begin>
-cudaError_t begin_capture(cudaStream_t stream, bool per_thread, cudaStreamCaptureMode mode, Begin&& begin) {
-  Runtime& rt = Runtime::get();
-  const bool tell = !rt.bypass();
-  const StreamId id = stream_id(stream, per_thread);
-  if (tell) rt.capture_began(id, mode);
-  const cudaError_t err = begin();
-  if (err != cudaSuccess && tell) keep_books("cudaStreamBeginCapture", [&] { rt.capture_ended(id); });
-  return err;
-}
-
-cudaError_t end_capture(cudaStream_t stream, bool per_thread, cudaError_t err) {
-  // The capture is over whatever the result (an invalidated one ends too),
-  // unless the runtime refused an end on another thread than the one that
-  // began it and says the capture goes on.
-  Runtime& rt = Runtime::get();
-  if (!rt.bypass()) {
-    keep_books("cudaStreamEndCapture", [&] {
-      const StreamId id = stream_id(stream, per_thread);
-      if (err == cudaErrorStreamCaptureWrongThread && rt.still_capturing(id)) return;
-      rt.capture_ended(id);
-    });
-  }
-  return err;
-}
-
 // ---------------------------------------------------------------- lifecycle
 
 void at_exit() {
@@ -330,39 +288,6 @@ cudaError_t free_stream_ordered(void* ptr, cudaStream_t stream, bool per_thread,
   return free_on(ptr, stream, per_thread, call);
 }
 
-cudaError_t begin_capture_in_books(cudaStream_t stream, bool per_thread, cudaStreamCaptureMode mode, const char* call,
-                                   const std::function<cudaError_t()>& begin) {
-  return guarded(call, [&] {
-    enter();
-    return begin_capture(stream, per_thread, mode, begin);
-  });
-}
-
-void end_capture_in_books(cudaStream_t stream, bool per_thread, cudaError_t err, const char* call) {
-  guarded(call, [&] {
-    enter();
-    return end_capture(stream, per_thread, err);
-  });
-}
-
-cudaError_t reset_in_books(int device, const char* call, const std::function<cudaError_t()>& reset) {
-  // The pool forgets the device's memory once it is gone. No runtime started
-  // yet (a reset through the driver before any runtime call): it holds nothing.
-  Runtime* runtime = Runtime::if_started();
-  const bool valid = runtime != nullptr && device >= 0 && device < kMaxDevices;
-  bool tell = valid && !runtime->bypass();
-  try {
-    if (tell) runtime->device_resetting(device);
-  } catch (...) {  // as guarded(): gpupool steps aside, the reset goes on
-    step_aside(call);
-    tell = false;
-  }
-  const bool aside = valid && !tell && stepped_aside();
-  const cudaError_t err = reset();
-  if (tell) keep_books(call, [&] { runtime->device_reset_answered(device, err); });
-  if (aside) keep_books(call, [&] { runtime->device_reset_after_stepping_aside(device, err); });
-  return err;
-}
 }  // namespace gpupool::shim
 
 namespace serve {
@@ -420,323 +345,6 @@ cudaError_t cudaFreeAsync_ptsz(void* ptr, cudaStream_t stream) {
   return free_on(ptr, stream, true, "cudaFreeAsync");
 }
 
-cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
-  Runtime& rt = enter();
-  const cudaError_t err = pass_on<&RealCuda::cudaMemGetInfo>(free_bytes, total_bytes);
-  if (err == cudaSuccess && !rt.bypass()) {
-    keep_books("cudaMemGetInfo", [&] { rt.adjust_mem_get_info(free_bytes, total_bytes); });
-  }
-  return err;
-}
-
-// The current device's reset, made by the runtime's function `pick` chooses
-// (none: cudaErrorNotSupported), `call` naming it.
-template <typename Pick>
-cudaError_t reset_device(const char* call, Pick pick) {
-  Runtime& rt = enter();
-  return gpupool::shim::reset_in_books(rt.current_device(), call, [&] {
-    const auto reset = pick(real());
-    return reset != nullptr ? reset() : missing();
-  });
-}
-
-cudaError_t cudaDeviceReset(void) {
-  return reset_device("cudaDeviceReset", [](const RealCuda& r) { return r.cudaDeviceReset; });
-}
-
-// CUDA 12's old name for the same reset; unseen, it would leave the pool
-// lending memory the reset freed. Where the runtime has no such call (CUDA
-// 13's, with a library built for CUDA 12 beside it), its cudaDeviceReset,
-// which CUDA documents as the same function.
-cudaError_t cudaThreadExit(void) {
-  return reset_device("cudaThreadExit", [](const RealCuda& r) {
-    return r.cudaThreadExit != nullptr ? r.cudaThreadExit : r.cudaDeviceReset;
-  });
-}
-
-// Trimming a device's default memory pool (PyTorch's cudaMallocAsync backend
-// and CuPy free their caches so) gives back gpupool's cache for that device
-// too: the program's stream-ordered memory is gpupool's.
-cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t min_bytes_to_keep) {
-  Runtime& rt = enter();
-  const cudaError_t err = pass_on<&RealCuda::cudaMemPoolTrimTo>(pool, min_bytes_to_keep);
-  if (err == cudaSuccess && !rt.bypass()) keep_books("cudaMemPoolTrimTo", [&] { rt.trim(pool, min_bytes_to_keep); });
-  return err;
-}
-
-// A pool the program made, made current, takes over its stream-ordered
-// allocations on that device from gpupool (cudaMallocAsync draws from it).
-cudaError_t cudaDeviceSetMemPool(int device, cudaMemPool_t pool) {
-  Runtime& rt = enter();
-  const cudaError_t err = pass_on<&RealCuda::cudaDeviceSetMemPool>(device, pool);
-  if (err == cudaSuccess && !rt.disabled()) {
-    keep_books("cudaDeviceSetMemPool", [&] { rt.current_pool_set(device, pool); });
-  }
-  return err;
-}
-
-// CUDA 13's way to make a pool current: for a device's pinned memory, the
-// same as cudaDeviceSetMemPool (host and managed pools are not gpupool's).
-cudaError_t cudaMemSetMemPool(cudaMemLocation* location, cudaMemAllocationType type, cudaMemPool_t pool) {
-  Runtime& rt = enter();
-  const cudaError_t err = pass_on<&RealCuda::cudaMemSetMemPool>(location, type, pool);
-  if (err == cudaSuccess && !rt.disabled() && location != nullptr && location->type == cudaMemLocationTypeDevice &&
-      type == cudaMemAllocationTypePinned) {
-    keep_books("cudaMemSetMemPool", [&] { rt.current_pool_set(location->id, pool); });
-  }
-  return err;
-}
-
-// Another device may now use the pool's memory: where that is a device's
-// default pool, the memory is gpupool's, whose pages must open to it too.
-cudaError_t cudaMemPoolSetAccess(cudaMemPool_t pool, const cudaMemAccessDesc* descs, size_t count) {
-  Runtime& rt = enter();
-  const cudaError_t err = pass_on<&RealCuda::cudaMemPoolSetAccess>(pool, descs, count);
-  if (err == cudaSuccess && !rt.disabled()) {
-    keep_books("cudaMemPoolSetAccess", [&] { rt.pool_access_set(pool, descs, count); });
-  }
-  return err;
-}
-
-// Destroying a device's current pool makes its default pool current again.
-cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool) {
-  Runtime& rt = enter();
-  const cudaError_t err = pass_on<&RealCuda::cudaMemPoolDestroy>(pool);
-  if (err == cudaSuccess && !rt.disabled()) keep_books("cudaMemPoolDestroy", [&] { rt.pool_destroyed(); });
-  return err;
-}
-
-// So do the figures of those pools that programs read (PyTorch's
-// cudaMallocAsync backend reports memory_allocated() and memory_reserved()
-// from them, CuPy its async pool's used and total bytes), and the resets of
-// their high watermarks.
-cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
-  Runtime& rt = enter();
-  const cudaError_t err = pass_on<&RealCuda::cudaMemPoolGetAttribute>(pool, attr, value);
-  if (err == cudaSuccess && !rt.bypass()) {
-    keep_books("cudaMemPoolGetAttribute", [&] { rt.add_pool_figure(pool, attr, value); });
-  }
-  return err;
-}
-
-cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
-  Runtime& rt = enter();
-  const cudaError_t err = pass_on<&RealCuda::cudaMemPoolSetAttribute>(pool, attr, value);
-  if (err == cudaSuccess && !rt.bypass()) keep_books("cudaMemPoolSetAttribute", [&] { rt.reset_pool_high(pool, attr); });
-  return err;
-}
-
-cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
-  Runtime& rt = enter();
-  const cudaError_t err = pass_on<&RealCuda::cudaDeviceEnablePeerAccess>(peer, flags);
-  // The current device may now access the peer's memory: pooled pages too.
-  if (err == cudaSuccess && !rt.bypass()) {
-    keep_books("cudaDeviceEnablePeerAccess",
-               [&] { rt.access_granted(rt.current_device(), peer, Runtime::kPeerAccess); });
-  }
-  return err;
-}
-
-cudaError_t cudaDeviceDisablePeerAccess(int peer) {
-  Runtime& rt = enter();
-  const cudaError_t err = pass_on<&RealCuda::cudaDeviceDisablePeerAccess>(peer);
-  // Pooled pages close to the current device too, unless the peer's default
-  // pool is open to it.
-  if (err == cudaSuccess && !rt.bypass()) {
-    keep_books("cudaDeviceDisablePeerAccess",
-               [&] { rt.access_revoked(rt.current_device(), peer, Runtime::kPeerAccess); });
-  }
-  return err;
-}
-
-cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
-  Runtime& rt = enter();
-  // A handle naming other memory than the block would corrupt silently (also
-  // once gpupool has stepped aside: the blocks it lent are still in use).
-  if (!rt.disabled() && !rt.ipc_exportable(ptr, "cudaIpcGetMemHandle", "cudaErrorInvalidValue")) {
-    return fail(cudaErrorInvalidValue);
-  }
-  return pass_on<&RealCuda::cudaIpcGetMemHandle>(handle, ptr);
-}
-
-// ---------------------------------------------------------------- driver functions through the runtime
-
-// A runtime's version, at which its cudaGetDriverEntryPoint fetches; 0 where
-// unknown, at which only the stream destroy and the reset (one signature at
-// every version) are watched, the frees, IPC handle and captures not.
-int runtime_version(const gpupool::shim::RuntimeFetches& runtime) {
-  int version = 0;
-  return runtime.get_version != nullptr && runtime.get_version(&version) == cudaSuccess ? version : 0;
-}
-
-// A driver function fetched through the caller's own runtime (see
-// RuntimeFetches), as `fetch` does: its answer, with a watched call's
-// function swapped for gpupool's (see watch_runtime_fetch).
-template <typename Fetch>
-cudaError_t fetched_driver_function(const char* call, const char* symbol, void** fn, int version,
-                                    unsigned long long flags, bool per_thread_default, Fetch&& fetch) {
-  enter();
-  const cudaError_t err = fetch();
-  if (err == cudaSuccess) {
-    keep_books(call, [&] { gpupool::shim::watch_runtime_fetch(symbol, fn, version, flags, per_thread_default); });
-  }
-  return err;
-}
-
-// The call without a version, or (per_thread_twin) its _ptsz twin.
-cudaError_t fetch_at_runtime_version(const char* symbol, void** fn, unsigned long long flags,
-                                     cudaDriverEntryPointQueryResult* status, bool per_thread_twin) {
-  const auto own = gpupool::shim::caller_runtime().fetches;
-  const auto entry_point = per_thread_twin ? own.entry_point_ptsz : own.entry_point;
-  return fetched_driver_function("cudaGetDriverEntryPoint", symbol, fn, runtime_version(own), flags, per_thread_twin,
-                                 [&] { return entry_point != nullptr ? entry_point(symbol, fn, flags, status) : missing(); });
-}
-
-// The call with a version, or (per_thread_twin) its _ptsz twin.
-cudaError_t fetch_by_version(const char* symbol, void** fn, unsigned int version, unsigned long long flags,
-                             cudaDriverEntryPointQueryResult* status, bool per_thread_twin) {
-  const auto own = gpupool::shim::caller_runtime().fetches;
-  const auto by_version = per_thread_twin ? own.entry_point_by_version_ptsz : own.entry_point_by_version;
-  return fetched_driver_function("cudaGetDriverEntryPointByVersion", symbol, fn, static_cast<int>(version), flags,
-                                 per_thread_twin, [&] {
-                                   return by_version != nullptr ? by_version(symbol, fn, version, flags, status)
-                                                                : missing();
-                                 });
-}
-
-cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigned long long flags,
-                                    cudaDriverEntryPointQueryResult* status) {
-  return fetch_at_runtime_version(symbol, fn, flags, status, false);
-}
-cudaError_t cudaGetDriverEntryPoint_ptsz(const char* symbol, void** fn, unsigned long long flags,
-                                         cudaDriverEntryPointQueryResult* status) {
-  return fetch_at_runtime_version(symbol, fn, flags, status, true);
-}
-cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int version,
-                                             unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
-  return fetch_by_version(symbol, fn, version, flags, status, false);
-}
-cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char* symbol, void** fn, unsigned int version,
-                                                  unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
-  return fetch_by_version(symbol, fn, version, flags, status, true);
-}
-
-// ---------------------------------------------------------------- errors
-
-// The caller's runtime's last error, and gpupool's for that runtime's callers.
-// A library whose own cudaGetLastError forwards to the function it fetched
-// by name from the runtime (the cudart stubs of TensorFlow and XLA) is handed
-// gpupool's (driver_hook.c), and counts as a runtime of its own
-// (caller_runtime.hpp): reading that runtime's error calls the library's
-// function, which comes back here on the same thread. The runtime behind it
-// is real()'s, which answers that inner call.
-constinit thread_local bool reading_runtime_error = false;
-
-cudaError_t read_runtime_error(cudaError_t (*read)(), cudaError_t (*real_read)()) {
-  if (reading_runtime_error) return real_read != nullptr ? real_read() : cudaSuccess;
-  reading_runtime_error = true;
-  const cudaError_t err = read();
-  reading_runtime_error = false;
-  return err;
-}
-
-cudaError_t cudaGetLastError(void) {
-  const gpupool::shim::CallerRuntime runtime = gpupool::shim::caller_runtime();
-  const cudaError_t runtime_error =
-      runtime.errors.get_last != nullptr ? read_runtime_error(runtime.errors.get_last, real().cudaGetLastError)
-                                         : cudaSuccess;
-  cudaError_t& ours = gpupool::shim::thread_error(runtime.number);
-  if (ours == cudaSuccess) return runtime_error;
-  const cudaError_t e = ours;
-  ours = cudaSuccess;
-  return e;
-}
-
-cudaError_t cudaPeekAtLastError(void) {
-  const gpupool::shim::CallerRuntime runtime = gpupool::shim::caller_runtime();
-  const cudaError_t ours = gpupool::shim::thread_error(runtime.number);
-  if (ours != cudaSuccess || runtime.errors.peek_at_last == nullptr) return ours;
-  return read_runtime_error(runtime.errors.peek_at_last, real().cudaPeekAtLastError);
-}
-
-// ---------------------------------------------------------------- streams
-
-cudaError_t cudaStreamCreate(cudaStream_t* stream) {
-  Runtime& rt = enter();
-  const cudaError_t err = pass_on<&RealCuda::cudaStreamCreate>(stream);
-  if (err == cudaSuccess && !rt.bypass()) {
-    keep_books("cudaStreamCreate", [&] { rt.stream_created(*stream, cudaStreamDefault); });
-  }
-  return err;
-}
-
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
-  Runtime& rt = enter();
-  const cudaError_t err = pass_on<&RealCuda::cudaStreamCreateWithFlags>(stream, flags);
-  if (err == cudaSuccess && !rt.bypass()) {
-    keep_books("cudaStreamCreateWithFlags", [&] { rt.stream_created(*stream, flags); });
-  }
-  return err;
-}
-
-cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags, int priority) {
-  Runtime& rt = enter();
-  const cudaError_t err = pass_on<&RealCuda::cudaStreamCreateWithPriority>(stream, flags, priority);
-  if (err == cudaSuccess && !rt.bypass()) {
-    keep_books("cudaStreamCreateWithPriority", [&] { rt.stream_created(*stream, flags); });
-  }
-  return err;
-}
-
-cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  Runtime& rt = enter();
-  const int device = !rt.bypass() && stream != nullptr ? rt.stream_destroying(stream) : -1;
-  const cudaError_t err = pass_on<&RealCuda::cudaStreamDestroy>(stream);
-  if (device >= 0) {
-    const StreamId id = reinterpret_cast<StreamId>(stream);
-    keep_books("cudaStreamDestroy", [&] { rt.stream_destroy_answered(id, device, err == cudaSuccess); });
-  }
-  return err;
-}
-
-cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
-  enter();
-  if (real().cudaStreamBeginCapture == nullptr) return missing();
-  return begin_capture(stream, false, mode, [&] { return real().cudaStreamBeginCapture(stream, mode); });
-}
-cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, cudaStreamCaptureMode mode) {
-  enter();
-  if (real().cudaStreamBeginCapture_ptsz == nullptr) return missing();
-  return begin_capture(stream, true, mode, [&] { return real().cudaStreamBeginCapture_ptsz(stream, mode); });
-}
-cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t stream, cudaGraph_t graph,
-                                                         const cudaGraphNode_t* deps, const cudaGraphEdgeData* data,
-                                                         size_t count, cudaStreamCaptureMode mode) {
-  enter();
-  if (real().cudaStreamBeginCaptureToGraph == nullptr) return missing();
-  return begin_capture(stream, false, mode,
-                       [&] { return real().cudaStreamBeginCaptureToGraph(stream, graph, deps, data, count, mode); });
-}
-cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t stream, cudaGraph_t graph,
-                                                              const cudaGraphNode_t* deps,
-                                                              const cudaGraphEdgeData* data, size_t count,
-                                                              cudaStreamCaptureMode mode) {
-  enter();
-  if (real().cudaStreamBeginCaptureToGraph_ptsz == nullptr) return missing();
-  return begin_capture(stream, true, mode, [&] {
-    return real().cudaStreamBeginCaptureToGraph_ptsz(stream, graph, deps, data, count, mode);
-  });
-}
-cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
-  enter();
-  if (real().cudaStreamEndCapture == nullptr) return missing();
-  return end_capture(stream, false, real().cudaStreamEndCapture(stream, graph));
-}
-cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t* graph) {
-  enter();
-  if (real().cudaStreamEndCapture_ptsz == nullptr) return missing();
-  return end_capture(stream, true, real().cudaStreamEndCapture_ptsz(stream, graph));
-}
 
 }  // namespace serve
 
