@@ -426,12 +426,16 @@ cc -O2 -shared -fPIC -I"$cuda_include" -Wl,-soname,libcudart.so.12 \
 two_runtimes() { timeout 60 env "$@" build/bin/test-two-runtimes "$out/cuda12/libtest-cuda12-user.so" 2>/dev/null | tail -1; }
 runtimes_alone=$(two_runtimes)
 runtimes_pooled=$(two_runtimes "${pool[@]}")
-# The one difference gpupool makes: the driver's free the library fetched
-# through its own runtime is gpupool's, watched.
+# The one difference gpupool makes: the driver's free and stream destroy the
+# library fetched through its own runtime are gpupool's, watched.
 watched='"driver_free12_watched": 1'
 unwatched='"driver_free12_watched": 0'
+destroy_watched='"driver_destroy12_watched": 1'
+destroy_unwatched='"driver_destroy12_watched": 0'
+runtimes_unwatched=${runtimes_pooled/"$watched"/"$unwatched"}
 if [ -n "$runtimes_alone" ] && [[ "$runtimes_pooled" == *"$watched"* ]] &&
-  [ "$runtimes_alone" = "${runtimes_pooled/"$watched"/"$unwatched"}" ]; then
+  [[ "$runtimes_pooled" == *"$destroy_watched"* ]] &&
+  [ "$runtimes_alone" = "${runtimes_unwatched/"$destroy_watched"/"$destroy_unwatched"}" ]; then
   record "two runtimes: each one's callers read their own last error" PASS ""
 else
   record "two runtimes: each one's callers read their own last error" FAIL \

@@ -21,6 +21,8 @@ class TwoRuntimes(ShimTest):
                 "oom12": 2, "get_after_oom12": 0, "get12_after_oom12": 2,
                 "oom": 2, "get12_after_oom": 0, "peek_after_oom": 2, "get_after_oom": 2,
                 "fetch_free12": 0, "driver_free12": 800, "driver_free12_watched": 0,
+                "fetch_destroy12": 0, "driver_destroy12_watched": 0, "fetch_refused12": 1,
+                "get_after_fetch_refused12": 0, "get12_after_fetch_refused12": 1,
                 "pair12": 0, "get12_at_end": 0, "get_at_end": 0}
 
     def test_each_runtime_s_callers_read_their_own_last_error(self):
@@ -40,8 +42,10 @@ class TwoRuntimes(ShimTest):
                 # the program's runtime) is too, and none of the program's is.
                 # Its fetch of a driver function is its own runtime's, at that
                 # runtime's version (the program's would give CUDA 13's
-                # signatures), and gpupool watches the function.
-                self.assertEqual(run.output_json(), dict(self.EXPECTED, driver_free12_watched=1))
+                # signatures), and gpupool watches the functions it watches;
+                # the error of a fetch that runtime refuses is its callers'.
+                self.assertEqual(run.output_json(),
+                                 dict(self.EXPECTED, driver_free12_watched=1, driver_destroy12_watched=1))
                 # gpupool served both: the program's two blocks and the library's one.
                 stats = run.report()["devices"]["0"]["stats"]
                 self.assertEqual(stats["allocation.all.allocated"], 3)

@@ -27,12 +27,12 @@ EXPORT cudaError_t cuda12_malloc_free(size_t size) {
 
 EXPORT cudaError_t cuda12_enable_peer_access(int peer) { return cudaDeviceEnablePeerAccess(peer, 0); }
 
-/* The driver's cuMemFree as this library's runtime fetches it (see
+/* The driver's function `symbol` as this library's runtime fetches it (see
    second_runtime.c), into fn. */
-EXPORT cudaError_t cuda12_fetch_driver_free(void** fn) {
+EXPORT cudaError_t cuda12_fetch_driver_function(const char* symbol, void** fn) {
   enum cudaDriverEntryPointQueryResult status;
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-  return cudaGetDriverEntryPoint("cuMemFree", fn, cudaEnableDefault, &status);
+  return cudaGetDriverEntryPoint(symbol, fn, cudaEnableDefault, &status);
 #pragma GCC diagnostic pop
 }

@@ -47,7 +47,8 @@ int main(int argc, char** argv) {
   const auto peek12 = library_function<Call>(library, "cuda12_peek_at_last_error");
   const auto malloc_free12 = library_function<cudaError_t (*)(size_t)>(library, "cuda12_malloc_free");
   const auto peer12 = library_function<cudaError_t (*)(int)>(library, "cuda12_enable_peer_access");
-  const auto fetch_free12 = library_function<cudaError_t (*)(void**)>(library, "cuda12_fetch_driver_free");
+  const auto fetch12 =
+      library_function<cudaError_t (*)(const char*, void**)>(library, "cuda12_fetch_driver_function");
   constexpr size_t kTooLarge = size_t{1} << 50;
 
   std::vector<std::pair<std::string, cudaError_t>> results;
@@ -86,17 +87,27 @@ int main(int argc, char** argv) {
   note("get_after_oom", cudaGetLastError());
   // The driver's cuMemFree as the library's runtime fetches it: that
   // runtime's answer (its own version's function), which gpupool watches.
+  auto watched = [](void* function) {
+    Dl_info where{};
+    return static_cast<cudaError_t>(dladdr(function, &where) != 0 && where.dli_fname != nullptr &&
+                                    std::strstr(where.dli_fname, "libgpupool") != nullptr);
+  };
   void* free12 = nullptr;
-  note("fetch_free12", fetch_free12(&free12));
+  note("fetch_free12", fetch12("cuMemFree", &free12));
   using DriverFree = int (*)(unsigned long long);
   DriverFree driver_free12 = nullptr;
   std::memcpy(&driver_free12, &free12, sizeof free12);
   // Memory no one lent: the fetched function's own answer.
   note("driver_free12", static_cast<cudaError_t>(driver_free12 != nullptr ? driver_free12(0x1000) : -1));
-  Dl_info where{};
-  const bool watched = dladdr(free12, &where) != 0 && where.dli_fname != nullptr &&
-                       std::strstr(where.dli_fname, "libgpupool") != nullptr;
-  note("driver_free12_watched", static_cast<cudaError_t>(watched));
+  note("driver_free12_watched", watched(free12));
+  void* destroy12 = nullptr;
+  note("fetch_destroy12", fetch12("cuStreamDestroy", &destroy12));
+  note("driver_destroy12_watched", watched(destroy12));
+  // A fetch the library's runtime refuses (nowhere to put the function): its
+  // error, which that runtime's callers read, and no one else.
+  note("fetch_refused12", fetch12("cuMemFree", nullptr));
+  note("get_after_fetch_refused12", cudaGetLastError());
+  note("get12_after_fetch_refused12", get12());
   // Both go on: an allocation each, and no error left anywhere.
   note("pair12", malloc_free12(1 << 20));
   CHECK_CUDA(cudaFree(block));
