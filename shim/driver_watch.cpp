@@ -50,7 +50,7 @@ bool destroys_stream(const char* symbol) {
 // through the runtime and destroyed through the driver stayed in the books,
 // and the next barrier named a dead handle (on CUDA 13 the program crashed).
 // The two versions take the same parameter and do the same.
-std::atomic<decltype(&cuStreamDestroy_v2)> driver_stream_destroy{nullptr};
+std::atomic<void*> driver_stream_destroy{nullptr};
 
 template <typename Destroy>
 CUresult destroy_in_books(CUstream s, Destroy&& destroy) {
@@ -71,7 +71,7 @@ CUresult destroy_in_books(CUstream s, Destroy&& destroy) {
 }
 
 CUresult observed_stream_destroy(CUstream s) {
-  return destroy_in_books(s, driver_stream_destroy.load(std::memory_order_acquire));
+  return destroy_in_books(s, real_of(driver_stream_destroy, &observed_stream_destroy));
 }
 
 bool resets_device(const char* symbol) {
@@ -83,10 +83,10 @@ bool resets_device(const char* symbol) {
 // driver's calls over (Numba's cuda.close(), CUDA.jl's unsafe_reset!): the
 // driver's own, with the books kept as at cudaDeviceReset. Unseen, the pool
 // went on lending memory the reset had freed. Both versions do the same.
-std::atomic<decltype(&cuDevicePrimaryCtxReset_v2)> driver_primary_ctx_reset{nullptr};
+std::atomic<void*> driver_primary_ctx_reset{nullptr};
 
 CUresult observed_primary_ctx_reset(CUdevice device) {
-  return driver_reset_in_books(device, driver_primary_ctx_reset.load(std::memory_order_acquire));
+  return driver_reset_in_books(device, real_of(driver_primary_ctx_reset, &observed_primary_ctx_reset));
 }
 
 // The driver's exported frees (cuMemFree's first version took 32-bit pointers).
@@ -127,18 +127,16 @@ CUresult mem_free_async_in_books(CUdeviceptr p, CUstream s, bool per_thread, Fre
       [&] { return free(p, s); });
 }
 
-std::atomic<decltype(&cuMemFree_v2)> driver_mem_free{nullptr};
-std::atomic<decltype(&cuMemFreeAsync)> driver_mem_free_async{nullptr};
-std::atomic<decltype(&cuMemFreeAsync)> driver_mem_free_async_ptsz{nullptr};
+std::atomic<void*> driver_mem_free{nullptr};
+std::atomic<void*> driver_mem_free_async{nullptr};
+std::atomic<void*> driver_mem_free_async_ptsz{nullptr};
 
-CUresult observed_mem_free(CUdeviceptr p) {
-  return mem_free_in_books(p, driver_mem_free.load(std::memory_order_acquire));
-}
+CUresult observed_mem_free(CUdeviceptr p) { return mem_free_in_books(p, real_of(driver_mem_free, &observed_mem_free)); }
 CUresult observed_mem_free_async(CUdeviceptr p, CUstream s) {
-  return mem_free_async_in_books(p, s, false, driver_mem_free_async.load(std::memory_order_acquire));
+  return mem_free_async_in_books(p, s, false, real_of(driver_mem_free_async, &observed_mem_free_async));
 }
 CUresult observed_mem_free_async_ptsz(CUdeviceptr p, CUstream s) {
-  return mem_free_async_in_books(p, s, true, driver_mem_free_async_ptsz.load(std::memory_order_acquire));
+  return mem_free_async_in_books(p, s, true, real_of(driver_mem_free_async_ptsz, &observed_mem_free_async_ptsz));
 }
 
 bool shares_memory(const char* symbol) { return symbol != nullptr && std::strcmp(symbol, "cuIpcGetMemHandle") == 0; }
@@ -163,10 +161,10 @@ CUresult ipc_handle_in_books(CUipcMemHandle* handle, CUdeviceptr p, Get&& get) {
   return judged == cudaSuccess ? get(handle, p) : cu(judged);
 }
 
-std::atomic<decltype(&cuIpcGetMemHandle)> driver_ipc_get_mem_handle{nullptr};
+std::atomic<void*> driver_ipc_get_mem_handle{nullptr};
 
 CUresult observed_ipc_get_mem_handle(CUipcMemHandle* handle, CUdeviceptr p) {
-  return ipc_handle_in_books(handle, p, driver_ipc_get_mem_handle.load(std::memory_order_acquire));
+  return ipc_handle_in_books(handle, p, real_of(driver_ipc_get_mem_handle, &observed_ipc_get_mem_handle));
 }
 
 // The capture's begins and ends, under any of their names (a library's dlsym
@@ -252,7 +250,13 @@ CUresult observed_end_capture(CUstream s, CUgraph* g) {
                               [=] { return real_of(real, &observed_end_capture<real, per_thread>)(s, g); });
 }
 
-struct WatchedCapture {
+// Every watched call as cuGetProcAddress names it, at the versions whose
+// signature gpupool's function for it has: where the driver's function goes
+// (per-thread: fetched with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
+// and gpupool's. A call that names no stream has one of each. The stream
+// destroy and the reset have one signature at every version (also at 0, a
+// version not known); cuMemFree took 32-bit pointers before 3.2.
+struct WatchedCall {
   const char* name;
   int since;  // the version from which the call has this signature
   int until;  // the version from which it has another (0: none yet)
@@ -262,7 +266,20 @@ struct WatchedCapture {
   void* per_thread;
 };
 
-const WatchedCapture kWatchedCaptures[] = {
+const WatchedCall kWatchedCalls[] = {
+    {"cuStreamDestroy", 0, 0, &driver_stream_destroy, &driver_stream_destroy, fn(observed_stream_destroy),
+     fn(observed_stream_destroy)},
+    {"cuStreamDestroy_v2", 0, 0, &driver_stream_destroy, &driver_stream_destroy, fn(observed_stream_destroy),
+     fn(observed_stream_destroy)},
+    {"cuDevicePrimaryCtxReset", 0, 0, &driver_primary_ctx_reset, &driver_primary_ctx_reset,
+     fn(observed_primary_ctx_reset), fn(observed_primary_ctx_reset)},
+    {"cuDevicePrimaryCtxReset_v2", 0, 0, &driver_primary_ctx_reset, &driver_primary_ctx_reset,
+     fn(observed_primary_ctx_reset), fn(observed_primary_ctx_reset)},
+    {"cuMemFree", 3020, 0, &driver_mem_free, &driver_mem_free, fn(observed_mem_free), fn(observed_mem_free)},
+    {"cuMemFreeAsync", 11020, 0, &driver_mem_free_async, &driver_mem_free_async_ptsz, fn(observed_mem_free_async),
+     fn(observed_mem_free_async_ptsz)},
+    {"cuIpcGetMemHandle", 4010, 0, &driver_ipc_get_mem_handle, &driver_ipc_get_mem_handle,
+     fn(observed_ipc_get_mem_handle), fn(observed_ipc_get_mem_handle)},
     {"cuStreamBeginCapture", 10000, 10010, &driver_begin_capture_v1, &driver_begin_capture_v1_ptsz,
      fn(observed_begin_capture_v1<driver_begin_capture_v1, false>),
      fn(observed_begin_capture_v1<driver_begin_capture_v1_ptsz, true>)},
@@ -276,17 +293,6 @@ const WatchedCapture kWatchedCaptures[] = {
      fn(observed_end_capture<driver_end_capture, false>), fn(observed_end_capture<driver_end_capture_ptsz, true>)},
 };
 
-// What the program gets for the capture call `symbol` fetched at `version`
-// (real_function): gpupool's watching one, or null where none is.
-void* watched_capture(const char* symbol, int version, bool per_thread, void* real_function) {
-  for (const WatchedCapture& w : kWatchedCaptures) {
-    if (std::strcmp(w.name, symbol) != 0 || version < w.since || (w.until != 0 && version >= w.until)) continue;
-    (per_thread ? w.real_per_thread : w.real)->store(real_function, std::memory_order_release);
-    return per_thread ? w.per_thread : w.legacy;
-  }
-  return nullptr;
-}
-
 }  // namespace
 
 bool watched_driver_call(const char* symbol) {
@@ -297,32 +303,12 @@ bool watched_driver_call(const char* symbol) {
 void* watching_driver_call(const char* symbol, int version, unsigned long long flags, void* real_function) {
   if (symbol == nullptr) return nullptr;
   const bool per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
-  if (destroys_stream(symbol)) {
-    driver_stream_destroy.store(reinterpret_cast<decltype(&cuStreamDestroy_v2)>(real_function),
-                                std::memory_order_release);
-    return reinterpret_cast<void*>(&observed_stream_destroy);
+  for (const WatchedCall& w : kWatchedCalls) {
+    if (std::strcmp(w.name, symbol) != 0 || version < w.since || (w.until != 0 && version >= w.until)) continue;
+    (per_thread ? w.real_per_thread : w.real)->store(real_function, std::memory_order_release);
+    return per_thread ? w.per_thread : w.legacy;
   }
-  if (resets_device(symbol)) {
-    driver_primary_ctx_reset.store(reinterpret_cast<decltype(&cuDevicePrimaryCtxReset_v2)>(real_function),
-                                   std::memory_order_release);
-    return reinterpret_cast<void*>(&observed_primary_ctx_reset);
-  }
-  if (std::strcmp(symbol, "cuMemFree") == 0 && version >= 3020) {  // before 3020, 32-bit pointers
-    driver_mem_free.store(reinterpret_cast<decltype(&cuMemFree_v2)>(real_function), std::memory_order_release);
-    return reinterpret_cast<void*>(&observed_mem_free);
-  }
-  if (std::strcmp(symbol, "cuMemFreeAsync") == 0 && version >= 11020) {
-    (per_thread ? driver_mem_free_async_ptsz : driver_mem_free_async)
-        .store(reinterpret_cast<decltype(&cuMemFreeAsync)>(real_function), std::memory_order_release);
-    return per_thread ? reinterpret_cast<void*>(&observed_mem_free_async_ptsz)
-                      : reinterpret_cast<void*>(&observed_mem_free_async);
-  }
-  if (shares_memory(symbol) && version >= 4010) {
-    driver_ipc_get_mem_handle.store(reinterpret_cast<decltype(&cuIpcGetMemHandle)>(real_function),
-                                    std::memory_order_release);
-    return reinterpret_cast<void*>(&observed_ipc_get_mem_handle);
-  }
-  return captures(symbol) ? watched_capture(symbol, version, per_thread, real_function) : nullptr;
+  return nullptr;
 }
 
 void watch_runtime_fetch(const char* symbol, void** fn, int version, unsigned long long flags,
