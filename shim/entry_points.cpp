@@ -78,19 +78,14 @@ bool allocate_pitched(void** ptr, size_t* pitch, size_t width, size_t rows, cuda
 }  // namespace gpupool::shim
 using gpupool::shim::allocate_pitched;
 using gpupool::shim::close_library_opening;
-using gpupool::shim::enter;
 using gpupool::shim::explain_nothing_pooled;
-using gpupool::shim::fail;
 using gpupool::shim::guarded;
 using gpupool::shim::keep_books;
-using gpupool::shim::missing;
-using gpupool::shim::pass_on;
-using gpupool::shim::real;
-using gpupool::shim::RealCuda;
 using gpupool::shim::Runtime;
 using gpupool::shim::step_aside;
-using gpupool::shim::stream_id;
 
+// The memory calls' shared work (see serve.hpp for the names it uses).
+namespace serve {
 namespace {
 
 cudaError_t free_result(FreeResult r, void* ptr, const char* call) {
@@ -181,6 +176,12 @@ cudaError_t free_on(void* ptr, cudaStream_t stream, bool per_thread, const char*
   if (r == FreeResult::NotOwned) return real_call != nullptr ? real_call(ptr, stream) : missing();
   return free_result(r, ptr, call);
 }
+
+}  // namespace
+}  // namespace serve
+
+namespace {
+
 // ---------------------------------------------------------------- lifecycle
 
 void at_exit() {
@@ -272,7 +273,7 @@ namespace gpupool::shim {
   int owner = -1;
   const FreeResult r = rt.deallocate(ptr, gpupool::kAnyStream, -1, &owner);
   if (r == FreeResult::NotOwned) return pass_on<&RealCuda::cudaFree>(ptr);
-  if (const cudaError_t err = free_result(r, ptr, call); err != cudaSuccess) return err;
+  if (const cudaError_t err = serve::free_result(r, ptr, call); err != cudaSuccess) return err;
   // free_synchronizes:1 keeps the rest of cudaFree's promise: the host goes on
   // once the memory's device has done all earlier work (the device barrier
   // already orders its reuse). Not during a capture, which a synchronization
@@ -285,7 +286,7 @@ namespace gpupool::shim {
 cudaError_t free_plain(void* ptr, const char* call) { return free_plain_here(ptr, call); }
 
 cudaError_t free_stream_ordered(void* ptr, cudaStream_t stream, bool per_thread, const char* call) {
-  return free_on(ptr, stream, per_thread, call);
+  return serve::free_on(ptr, stream, per_thread, call);
 }
 
 }  // namespace gpupool::shim

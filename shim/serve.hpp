@@ -36,7 +36,21 @@ cudaError_t pass_on(Args... args) {
 }  // namespace gpupool::shim
 
 namespace serve {
+
 #define GPUPOOL_ENTRY(name, params, args) cudaError_t name params;
 #include "shim/entry_points.def"
 #undef GPUPOOL_ENTRY
+
+// What their bodies use.
+using gpupool::StreamId;
+using gpupool::shim::enter;
+using gpupool::shim::fail;
+using gpupool::shim::keep_books;
+using gpupool::shim::missing;
+using gpupool::shim::pass_on;
+using gpupool::shim::real;
+using gpupool::shim::RealCuda;
+using gpupool::shim::Runtime;
+using gpupool::shim::stream_id;
+
 }  // namespace serve

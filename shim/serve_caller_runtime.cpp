@@ -10,11 +10,6 @@
 
 namespace serve {
 
-using gpupool::shim::enter;
-using gpupool::shim::keep_books;
-using gpupool::shim::missing;
-using gpupool::shim::real;
-
 // ---------------------------------------------------------------- driver functions through the runtime
 
 // A runtime's version, at which its cudaGetDriverEntryPoint fetches; 0 where

@@ -35,15 +35,6 @@ cudaError_t reset_in_books(int device, const char* call, const std::function<cud
 
 namespace serve {
 
-using gpupool::shim::enter;
-using gpupool::shim::fail;
-using gpupool::shim::keep_books;
-using gpupool::shim::missing;
-using gpupool::shim::pass_on;
-using gpupool::shim::real;
-using gpupool::shim::RealCuda;
-using gpupool::shim::Runtime;
-
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   Runtime& rt = enter();
   const cudaError_t err = pass_on<&RealCuda::cudaMemGetInfo>(free_bytes, total_bytes);

@@ -9,17 +9,7 @@
 #include "shim/guard.hpp"
 #include "shim/serve.hpp"
 
-using gpupool::StreamId;
-using gpupool::shim::enter;
-using gpupool::shim::guarded;
-using gpupool::shim::keep_books;
-using gpupool::shim::missing;
-using gpupool::shim::pass_on;
-using gpupool::shim::real;
-using gpupool::shim::RealCuda;
-using gpupool::shim::Runtime;
-using gpupool::shim::stream_id;
-
+namespace serve {
 namespace {
 
 // The pool stops ordering on the stream before the runtime starts capturing
@@ -52,6 +42,7 @@ cudaError_t end_capture(cudaStream_t stream, bool per_thread, cudaError_t err) {
 }
 
 }  // namespace
+}  // namespace serve
 
 namespace gpupool::shim {
 
@@ -59,14 +50,14 @@ cudaError_t begin_capture_in_books(cudaStream_t stream, bool per_thread, cudaStr
                                    const std::function<cudaError_t()>& begin) {
   return guarded(call, [&] {
     enter();
-    return begin_capture(stream, per_thread, mode, begin);
+    return serve::begin_capture(stream, per_thread, mode, begin);
   });
 }
 
 void end_capture_in_books(cudaStream_t stream, bool per_thread, cudaError_t err, const char* call) {
   guarded(call, [&] {
     enter();
-    return end_capture(stream, per_thread, err);
+    return serve::end_capture(stream, per_thread, err);
   });
 }
 
