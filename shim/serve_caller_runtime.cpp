@@ -12,6 +12,8 @@ namespace serve {
 
 // ---------------------------------------------------------------- driver functions through the runtime
 
+namespace {
+
 // A runtime's version, at which its cudaGetDriverEntryPoint fetches; 0 where
 // unknown, at which only the stream destroy and the reset (one signature at
 // every version) are watched, the frees, IPC handle and captures not.
@@ -55,6 +57,8 @@ cudaError_t fetch_by_version(const char* symbol, void** fn, unsigned int version
                                  });
 }
 
+}  // namespace
+
 cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigned long long flags,
                                     cudaDriverEntryPointQueryResult* status) {
   return fetch_at_runtime_version(symbol, fn, flags, status, false);
@@ -81,6 +85,8 @@ cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char* symbol, void** fn,
 // (caller_runtime.hpp): reading that runtime's error calls the library's
 // function, which comes back here on the same thread. The runtime behind it
 // is real()'s, which answers that inner call.
+namespace {
+
 constinit thread_local bool reading_runtime_error = false;
 
 cudaError_t read_runtime_error(cudaError_t (*read)(), cudaError_t (*real_read)()) {
@@ -90,6 +96,8 @@ cudaError_t read_runtime_error(cudaError_t (*read)(), cudaError_t (*real_read)()
   reading_runtime_error = false;
   return err;
 }
+
+}  // namespace
 
 cudaError_t cudaGetLastError(void) {
   const gpupool::shim::CallerRuntime runtime = gpupool::shim::caller_runtime();
