@@ -118,7 +118,8 @@ def cache_hit_latency(traces, verdicts):
                      f"{api['async']:.0f} ns stream-ordered, {api['plain']:.0f} ns plain (a plain reuse may record "
                      "one cudaEventRecord barrier); single pairs through the API, median "
                      f"{singles['async']['single_p50_ns']:.0f} ns stream-ordered and "
-                     f"{singles['plain']['single_p50_ns']:.0f} ns plain, clock reads included"))
+                     f"{singles['plain']['single_p50_ns']:.0f} ns plain, clock reads included (their own median: "
+                     f"{singles['async']['clock_ns']:.0f} and {singles['plain']['clock_ns']:.0f} ns)"))
     lines += ["", "Replay cost per trace operation (2 passes, default settings):", "",
               "| trace | ns per operation |", "|---|---:|"]
     for r in replay(["--passes", "2"] + traces):
